@@ -1,0 +1,32 @@
+# The two commands of the README. Each creates .venv and installs what it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: test report refs lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m ipykernel install --sys-prefix --name kdtree-workbench --display-name "kdtree-workbench" >/dev/null
+	touch $(STAMP)
+
+# lint, the full suite, then the full suite again under python -O (no behaviour may rest on assert)
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -n 2 -p no:cacheprovider
+	$(PY) -O -m pytest -q -n 2 -p no:cacheprovider -m "not slow"
+
+report: $(STAMP)
+	$(PY) -m workbench report
+
+refs: $(STAMP)
+	$(PY) -m workbench build-refs
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,77 @@
+"""``python -m workbench``: one argparse front end; each subcommand lives in workbench/commands/.
+
+Exit codes: 0 success, 2 bad input or arguments (one line on stderr, no traceback), 1 internal error.
+Each command module defines ``add_arguments(parser)`` and ``run(args) -> int``; it raises
+``UserError`` (or a library error listed in USER_ERRORS) for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module under workbench.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "build-refs": ("build_refs", "regenerate the golden bundles in refs/"),
+    "inspect": ("inspect", "validate a bundle and print its config, tensors, prompt and goldens"),
+    "generate": ("generate", "greedy (or sampled) decoding of a bundle"),
+    "import-hf": ("import_hf", "convert a HF DeepseekV3 / Kimi-K2 checkpoint directory to a bundle"),
+    "export-hf": ("export_hf", "write a bundle as a HF checkpoint directory transformers loads"),
+    "quantize": ("quantize", "quantize a bundle's MLP weights to INT4 W4A16"),
+    "bench": ("bench", "GPU benchmarks (kernels, engine)"),
+    "report": ("report", "run the notebooks with papermill into HTML reports"),
+}
+
+
+class UserError(Exception):
+    """Bad input or arguments: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's default prints usage; keep it one line
+        raise UserError(f"{self.prog}: {message}")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from .config import ConfigError
+    errs: list[type[BaseException]] = [UserError, ConfigError]
+    for mod, name in (("workbench.bundle", "BundleFormatError"),
+                      ("workbench.errors", "InputError")):
+        try:
+            errs.append(getattr(importlib.import_module(mod), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m workbench", description="kdtree-workbench command line")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(f"workbench.commands.{module}").add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    user_errors = _user_errors()
+    try:
+        args = build_parser().parse_args(argv)
+        return int(importlib.import_module(f"workbench.commands.{args._module}").run(args) or 0)
+    except user_errors as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
