@@ -45,21 +45,25 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s module is imported (commands pull in heavy libraries)."""
     parser = _Parser(prog="python -m workbench", description="kdtree-workbench command line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        importlib.import_module(f"workbench.commands.{module}").add_arguments(p)
+        if name == command:
+            importlib.import_module(f"workbench.commands.{module}").add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     user_errors = _user_errors()
     try:
-        args = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        command = next((a for a in argv if not a.startswith("-")), None)
+        args = build_parser(command).parse_args(argv)
         return int(importlib.import_module(f"workbench.commands.{args._module}").run(args) or 0)
     except user_errors as e:
         print(f"error: {e}", file=sys.stderr)

@@ -235,7 +235,7 @@ PRESETS: dict[str, ModelConfig] = {
         max_position_embeddings=4096, bos_token_id=None, eos_token_id=None,
     ),
     "tiny2": ModelConfig(
-        vocab_size=400, hidden_size=192, intermediate_size=256, moe_intermediate_size=48,
+        vocab_size=400, hidden_size=192, intermediate_size=256, moe_intermediate_size=32,
         num_hidden_layers=6, num_attention_heads=6, q_lora_rank=64, kv_lora_rank=48,
         qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=6,
         n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=2,

@@ -1,0 +1,65 @@
+import dataclasses
+import json
+
+import pytest
+
+from workbench.config import PRESETS, ConfigError, ModelConfig, preset
+
+
+def test_k2_derived_sizes_match_the_design_card():
+    k2 = preset("k2")
+    assert (k2.qk_head_dim, k2.kv_cache_dim, k2.n_moe_layers) == (192, 576, 60)
+    assert k2.softmax_scale == pytest.approx(0.130861, abs=1e-6)        # factor 32
+    assert k2.replace(rope_factor=64.0).softmax_scale == pytest.approx(0.144680, abs=1e-6)
+    assert k2.replace(rope_scaling_type=None).softmax_scale == pytest.approx(0.072169, abs=1e-6)
+
+
+def test_presets_have_the_issue_sizes():
+    tiny, tiny2, k2s = preset("tiny"), preset("tiny2"), preset("k2_slice")
+    assert tiny.num_hidden_layers == 4 and tiny.first_k_dense_replace == 1
+    assert (tiny.n_routed_experts, tiny.n_shared_experts) == (8, 1) and tiny.vocab_size > 500
+    assert (tiny2.hidden_size, tiny2.num_hidden_layers, tiny2.num_attention_heads) == (192, 6, 6)
+    assert (tiny2.kv_lora_rank, tiny2.n_routed_experts, tiny2.n_shared_experts) == (48, 6, 1)
+    assert (tiny2.first_k_dense_replace, tiny2.vocab_size) == (2, 400)
+    assert 2 <= k2s.num_hidden_layers <= 4
+    k2 = preset("k2")
+    assert all(getattr(k2s, f.name) == getattr(k2, f.name)
+               for f in dataclasses.fields(k2) if f.name != "num_hidden_layers")
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_hf_config_round_trip(name):
+    cfg = preset(name)
+    text = json.dumps(cfg.to_hf_dict())                  # must be plain JSON
+    assert ModelConfig.from_hf_dict(json.loads(text)) == cfg
+    assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_transformers_v5_rope_parameters_form_is_read():
+    d = preset("tiny").to_hf_dict()
+    rope = d.pop("rope_scaling")
+    d["rope_parameters"] = {**rope, "rope_theta": d.pop("rope_theta")}
+    assert ModelConfig.from_hf_dict(d) == preset("tiny")
+    d["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+    cfg = ModelConfig.from_hf_dict(d)
+    assert cfg.rope_scaling_type is None and cfg.rope_theta == 10000.0
+
+
+@pytest.mark.parametrize("change", [
+    {"hidden_size": 0}, {"hidden_size": True}, {"hidden_size": 7.0}, {"qk_rope_head_dim": 63},
+    {"num_experts_per_tok": 400}, {"n_group": 5}, {"topk_group": 2}, {"rms_norm_eps": float("nan")},
+    {"scoring_func": "softmax"}, {"rope_scaling_type": "linear"}, {"model_type": "llama"},
+    {"q_lora_rank": 0}, {"first_k_dense_replace": 99}, {"tie_word_embeddings": True},
+])
+def test_bad_values_raise_config_error(change):
+    with pytest.raises(ConfigError):
+        preset("k2").replace(**change)
+
+
+def test_unknown_fields_and_presets_are_rejected():
+    with pytest.raises(ConfigError, match="unknown model config field"):
+        ModelConfig.from_dict({**preset("tiny").to_dict(), "bogus": 1})
+    with pytest.raises(ConfigError, match="unknown preset"):
+        preset("huge")
+    with pytest.raises(ConfigError, match="model_type"):
+        ModelConfig.from_hf_dict({**preset("tiny").to_hf_dict(), "model_type": "llama"})
