@@ -50,6 +50,8 @@ def test_transformers_v5_rope_parameters_form_is_read():
     {"num_experts_per_tok": 400}, {"n_group": 5}, {"topk_group": 2}, {"rms_norm_eps": float("nan")},
     {"scoring_func": "softmax"}, {"rope_scaling_type": "linear"}, {"model_type": "llama"},
     {"q_lora_rank": 0}, {"first_k_dense_replace": 99}, {"tie_word_embeddings": True},
+    {"beta_fast": 0.0}, {"mscale": -1.0}, {"norm_topk_prob": 1}, {"eos_token_id": -1},
+    {"bos_token_id": "1"},
 ])
 def test_bad_values_raise_config_error(change):
     with pytest.raises(ConfigError):

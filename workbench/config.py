@@ -93,10 +93,21 @@ class ModelConfig:
         if self.model_type not in ("kimi_k2", "deepseek_v3"):
             raise ConfigError(f"model_type must be 'kimi_k2' or 'deepseek_v3', got {self.model_type!r}")
         for name in ("rms_norm_eps", "mla_norm_eps", "rope_theta", "rope_factor",
-                     "routed_scaling_factor"):
+                     "routed_scaling_factor", "beta_fast", "beta_slow"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(f"{name} must be a positive finite number, got {v!r}")
+        for name in ("mscale", "mscale_all_dim"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{name} must be a non-negative finite number, got {v!r}")
+        for name in ("norm_topk_prob", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("bos_token_id", "eos_token_id"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ConfigError(f"{name} must be None or a non-negative int, got {v!r}")
         if self.tie_word_embeddings:
             raise ConfigError("tie_word_embeddings=True is not supported (K2 unties lm_head)")
 

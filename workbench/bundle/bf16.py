@@ -1,0 +1,72 @@
+"""bfloat16 without a bfloat16 dtype: raw uint16 bits plus explicit conversions.
+
+bfloat16 is the top half of an IEEE float32 (1 sign, 8 exponent, 7 mantissa bits), so widening is
+a 16-bit shift and narrowing is a rounding of the low 16 bits (round to nearest, ties to even).
+numpy has no bfloat16 dtype; bundles hand these arrays out as ``BF16Array``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class BF16Array:
+    """A bfloat16 array: ``bits`` is a uint16 ndarray of any shape (possibly a read-only memmap).
+
+    ``float32()`` widens exactly; ``np.asarray(a)`` does the same. No arithmetic is defined.
+    """
+
+    __slots__ = ("bits",)
+
+    def __init__(self, bits: np.ndarray) -> None:
+        if not isinstance(bits, np.ndarray) or bits.dtype.kind != "u" or bits.dtype.itemsize != 2:
+            raise TypeError(f"BF16Array wants a uint16 ndarray, got {getattr(bits, 'dtype', type(bits))}")
+        self.bits = bits
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.bits.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.bits.ndim
+
+    @property
+    def size(self) -> int:
+        return self.bits.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.bits.nbytes
+
+    def float32(self) -> np.ndarray:
+        """Exact widening: float32 array of the same shape (a new, writable array)."""
+        wide = self.bits.astype(np.uint32) << np.uint32(16)                 # bits in the top half
+        return wide.view(np.float32)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.float32()
+        return out if dtype is None else out.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"BF16Array(shape={self.shape})"
+
+
+def bf16(x: Any) -> BF16Array:
+    """Round float values to bfloat16 (nearest, ties to even); ``x`` is cast to float32 first.
+
+    NaN stays NaN (quiet, sign kept), +-inf stay inf, finite values past bfloat16's max round to inf
+    as IEEE rounding prescribes. A BF16Array is returned unchanged.
+    """
+    if isinstance(x, BF16Array):
+        return x
+    f = np.asarray(x, dtype=np.float32)
+    u = f.view(np.uint32).astype(np.uint64)                       # room for the rounding carry
+    lsb = (u >> np.uint64(16)) & np.uint64(1)                     # ties go to the even result
+    rounded = (u + np.uint64(0x7FFF) + lsb) >> np.uint64(16)
+    nan = np.isnan(f)
+    quiet = (u >> np.uint64(16)) | np.uint64(0x0040)              # keep NaN a NaN after truncation
+    bits = np.where(nan, quiet, rounded).astype(np.uint16)
+    return BF16Array(bits.reshape(f.shape))

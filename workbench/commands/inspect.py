@@ -1,0 +1,104 @@
+"""``python -m workbench inspect BUNDLE [--json]``: validate a bundle and summarise it.
+
+Prints the key config fields, a tensor table summary (count, bytes by dtype, largest tensors), the
+INT4 matrices and their group sizes, prompt, golden tokens with their margins (the smallest
+marked), where the golden first departs from ``meta["fp32_golden"]`` if present, and provenance.
+A bad bundle raises BundleFormatError, which the CLI reports as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from typing import Any
+
+from ..bundle import Bundle, BundleFormatError, read_bundle
+
+_CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "first_k_dense_replace",
+                "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                "v_head_dim", "intermediate_size", "moe_intermediate_size", "n_routed_experts",
+                "n_shared_experts", "num_experts_per_tok", "n_group", "topk_group", "rope_scaling_type")
+_LARGEST = 5
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle", metavar="BUNDLE", help="path to a .kdtr bundle")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def divergence(golden: list[int], reference: list[int]) -> int | None:
+    """First index where the two token lists differ (a length difference counts); None if equal."""
+    for i, (a, b) in enumerate(zip(golden, reference, strict=False)):
+        if a != b:
+            return i
+    return None if len(golden) == len(reference) else min(len(golden), len(reference))
+
+
+def summarize(b: Bundle) -> dict[str, Any]:
+    """Everything ``inspect`` prints, as plain JSON-able values."""
+    by_dtype: Counter[str] = Counter()
+    count_by_dtype: Counter[str] = Counter()
+    rows = [e for e in b.entries if e.name in b.tensors]
+    for e in rows:
+        by_dtype[e.dtype_name] += e.nbytes
+        count_by_dtype[e.dtype_name] += 1
+    largest = sorted(rows, key=lambda e: (-e.nbytes, e.name))[:_LARGEST]
+    margins = [float(m) for m in b.margins]
+    out: dict[str, Any] = {
+        "path": b.path, "format_version": f"{b.version[0]}.{b.version[1]}", "file_bytes": b.file_bytes,
+        "config": {k: getattr(b.config, k) for k in _CONFIG_KEYS},
+        "tensors": {"count": len(rows), "total_bytes": sum(by_dtype.values()),
+                    "bytes_by_dtype": dict(sorted(by_dtype.items())),
+                    "count_by_dtype": dict(sorted(count_by_dtype.items())),
+                    "largest": [{"name": e.name, "dtype": e.dtype_name, "shape": list(e.shape),
+                                 "nbytes": e.nbytes} for e in largest]},
+        "int4": {"matrices": len(b.int4), "group_sizes": sorted({m.group_size for m in b.int4})},
+        "prompt": b.prompt.tolist(), "golden": b.golden.tolist(), "margins": margins,
+        "min_margin": None, "meta_keys": sorted(b.meta), "provenance": b.provenance,
+    }
+    if margins:
+        i = min(range(len(margins)), key=margins.__getitem__)
+        out["min_margin"] = {"step": i, "value": margins[i]}
+    if "fp32_golden" in b.meta:
+        ref = b.meta["fp32_golden"]
+        if not isinstance(ref, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ref):
+            raise BundleFormatError("bad_meta", "meta.fp32_golden must be a list of token ids", b.path)
+        out["fp32_golden_divergence"] = divergence(out["golden"], ref)
+    return out
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.3f} MB" if n >= 100_000 else f"{n} B"
+
+
+def _text(s: dict[str, Any]) -> str:
+    c, t = s["config"], s["tensors"]
+    lines = [f"bundle      {s['path']}  (KDTR {s['format_version']}, {s['file_bytes']} bytes): valid",
+             "config      " + " ".join(f"{k}={v}" for k, v in c.items()),
+             f"tensors     {t['count']} tensors, {_mb(t['total_bytes'])}"]
+    for d, n in t["bytes_by_dtype"].items():
+        lines.append(f"  {d:<9} {t['count_by_dtype'][d]:>6} tensors  {_mb(n)}")
+    for e in t["largest"]:
+        lines.append(f"  largest   {e['name']} {e['dtype']} {e['shape']} {_mb(e['nbytes'])}")
+    q = s["int4"]
+    lines.append(f"int4        {q['matrices']} quantized matrices"
+                 + (f", group size {', '.join(map(str, q['group_sizes']))}" if q["matrices"] else ""))
+    lines.append(f"prompt      {len(s['prompt'])} tokens: {s['prompt']}")
+    lines.append(f"golden      {len(s['golden'])} tokens (step, token, top1-top2 margin):")
+    low = s["min_margin"]["step"] if s["min_margin"] else -1
+    for i, (tok, m) in enumerate(zip(s["golden"], s["margins"], strict=True)):
+        lines.append(f"  {i:>4} {tok:>8} {m:>12.6f}" + ("   <-- min margin" if i == low else ""))
+    if "fp32_golden_divergence" in s:
+        d = s["fp32_golden_divergence"]
+        lines.append("fp32 golden " + ("identical" if d is None else f"first divergence at step {d}"))
+    lines.append(f"meta        keys: {', '.join(s['meta_keys']) or '(none)'}")
+    lines.append("provenance  " + " ".join(f"{k}={v}" for k, v in sorted(s["provenance"].items())))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    s = summarize(read_bundle(args.bundle))
+    sys.stdout.write((json.dumps(s, sort_keys=True) if args.json else _text(s)) + "\n")
+    return 0
