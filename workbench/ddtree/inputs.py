@@ -1,0 +1,31 @@
+"""Validation of a generation request, shared by AR and DDTree: one-line InputError, never assert."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import InputError
+from ..reference.generate import check_prompt
+from .config import SamplingParams
+
+
+def check_run(cfg: ModelConfig, prompt: Any, n_tokens: Any, sampling: Any) -> tuple[np.ndarray, int]:
+    """(prompt as int64 [P], n_tokens) or InputError; positions must stay under max_position_embeddings."""
+    toks = check_prompt(cfg, prompt)
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
+        raise InputError(f"n_tokens must be a positive int, got {n_tokens!r}")
+    if not isinstance(sampling, SamplingParams):
+        raise InputError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    if len(toks) + int(n_tokens) > cfg.max_position_embeddings:
+        raise InputError(f"prompt + n_tokens = {len(toks) + int(n_tokens)} exceeds max_position_embeddings "
+                         f"{cfg.max_position_embeddings}")
+    return toks, int(n_tokens)
+
+
+def check_budget(budget: Any) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
+        raise InputError(f"budget must be an int >= 1, got {budget!r}")
+    return int(budget)

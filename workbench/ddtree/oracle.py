@@ -1,0 +1,65 @@
+"""The oracle drafter: knows the target's true continuation and puts it on top with probability p.
+
+Legend: V vocabulary, L drafted positions, S known sequence length (prompt + continuation).
+
+For tests and acceptance sweeps. Its logits at an absolute position depend only on (seed, position),
+never on the call history, so any implementation can reproduce them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+
+MARGIN = 4.0      # the top token's logit sits this far above every other logit
+
+
+def oracle_logits(sequence: np.ndarray, vocab: int, start: int, n_drafted: int, p: float,
+                  seed: int) -> np.ndarray:
+    """Draft logits [L, V] float32 for positions start+1 .. start+L.
+
+    sequence: [S] the true token at every absolute position (prompt, then the target's continuation).
+    Per position: logits ~ N(0, 1) from ``default_rng([seed, position])``; with probability p the true
+    token is put on top (MARGIN above the largest other logit), otherwise a uniformly chosen other token
+    is, and the true token keeps its random logit. Past the known sequence a random token is on top.
+    """
+    out = np.empty((n_drafted, vocab), dtype=np.float32)
+    for i in range(n_drafted):
+        pos = start + 1 + i
+        rng = np.random.default_rng([seed, pos])
+        row = rng.standard_normal(vocab)                                   # [V]
+        hit = rng.random() < p
+        other = int(rng.integers(vocab - 1)) if vocab > 1 else 0
+        if pos < len(sequence):
+            true = int(sequence[pos])
+            top = true if hit else (other + (other >= true))               # uniform over tokens != true
+        else:
+            top = other
+        row[top] = np.delete(row, top).max() + MARGIN if vocab > 1 else 0.0
+        out[i] = row
+    return out
+
+
+class OracleDrafter:
+    """``propose(state)`` -> oracle logits [L, V] for the block after ``state.bonus`` at ``state.start``.
+
+    sequence: prompt followed by the target's true (greedy) continuation; p in [0, 1]; seed >= 0.
+    """
+
+    capture: tuple[int, ...] = ()
+
+    def __init__(self, sequence: Any, vocab: int, block_size: int, p: float, seed: int = 0) -> None:
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise InputError(f"oracle p must be a number in [0, 1], got {p!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise InputError(f"oracle seed must be a non-negative int, got {seed!r}")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2:
+            raise InputError(f"oracle block_size must be an int >= 2, got {block_size!r}")
+        self.sequence = np.asarray(sequence, dtype=np.int64)
+        self.vocab, self.block_size, self.p, self.seed = int(vocab), block_size, float(p), int(seed)
+
+    def propose(self, state: Any) -> np.ndarray:
+        return oracle_logits(self.sequence, self.vocab, state.start, self.block_size - 1, self.p, self.seed)
