@@ -4,7 +4,7 @@ import json
 import time
 
 import pytest
-from kdtr_corpus import reason_of
+from .kdtr_corpus import reason_of
 
 from workbench.bundle.strict_json import json_depth, loads_strict
 

@@ -5,7 +5,7 @@ import os
 import zipfile
 
 import numpy as np
-from kdtr_corpus import FIXED, RawBundle, reason_of
+from .kdtr_corpus import FIXED, RawBundle, reason_of
 
 from workbench.bundle import BundleFormatError, read_bundle
 

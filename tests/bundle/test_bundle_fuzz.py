@@ -7,7 +7,7 @@ import zlib
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kdtr_corpus import FIXED, content, small_bundle
+from .kdtr_corpus import FIXED, content, small_bundle
 
 from workbench.bundle import BundleFormatError, read_bundle_bytes
 

@@ -3,7 +3,7 @@
 import time
 
 import pytest
-from kdtr_corpus import MAGIC, RawBundle, RawEntry, content, reason_of
+from .kdtr_corpus import MAGIC, RawBundle, RawEntry, content, reason_of
 
 from workbench.bundle import read_bundle_bytes
 

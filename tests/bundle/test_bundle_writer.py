@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kdtr_corpus import small_inputs
+from .kdtr_corpus import small_inputs
 
 from workbench.bundle import BundleFormatError, read_bundle, write_bundle
 from workbench.bundle import writer as writer_mod

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kdtr_corpus import small_inputs
+from .kdtr_corpus import small_inputs
 
 from workbench import cli
 from workbench.bundle import write_bundle

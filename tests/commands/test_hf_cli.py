@@ -1,0 +1,126 @@
+"""import-hf / export-hf through the CLI: round trips, a transformers load, and one-line errors (exit 2)."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from workbench.bundle import bf16, read_bundle, write_bundle
+from workbench.cli import main
+from workbench.config import ModelConfig
+from workbench.quant.int4 import pack_int4, quantize_int4
+from workbench.reference.model import LatentCache, forward
+from workbench.weights import random_weights
+
+CFG = ModelConfig(
+    vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+    num_attention_heads=2, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+    v_head_dim=8, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+    max_position_embeddings=4096, bos_token_id=None, eos_token_id=None,
+)
+
+
+def _cli(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _same(a, b):
+    if hasattr(a, "bits") or hasattr(b, "bits"):
+        return np.array_equal(a.bits, b.bits)
+    return a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_export_loads_in_transformers_and_imports_back_unchanged(tmp_path, capsys):
+    w = random_weights(CFG, 0)
+    w["embed"] = bf16(w["embed"])                           # bf16 survives both directions
+    w["drafter.fc"] = np.zeros((2, 2), np.float32)
+    write_bundle(tmp_path / "m.kdtr", config=CFG, tensors=w, prompt=[1, 2, 3])
+    rc, out, err = _cli(capsys, "export-hf", tmp_path / "m.kdtr", tmp_path / "hf", "--max-shard-mb", "0.02")
+    assert (rc, err) == (0, "") and "1 drafter tensors left out" in out
+    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    toks = [5, 9, 33, 1]
+    with torch.no_grad():
+        hf = model(torch.tensor([toks])).logits[0].numpy()
+    ref = forward(CFG, w, toks, LatentCache.empty(CFG, 8)).logits
+    np.testing.assert_allclose(hf, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+
+    rc, out, err = _cli(capsys, "import-hf", tmp_path / "hf", tmp_path / "back.kdtr")
+    assert (rc, err) == (0, "")
+    b = read_bundle(tmp_path / "back.kdtr")
+    assert b.config == CFG and b.meta["source"] == "import-hf"
+    w.pop("drafter.fc")
+    assert b.tensors.keys() == w.keys() and all(_same(w[k], b.tensors[k]) for k in w)
+
+
+def test_int4_bundle_round_trips_bit_exactly(tmp_path, capsys):
+    w = random_weights(CFG, 1)
+    for e in range(CFG.n_routed_experts):
+        for p in ("w1", "w3", "w2"):
+            name = f"layers.1.ffn.experts.{e}.{p}"
+            codes, scale = quantize_int4(w.pop(name), 32)
+            w[name + ".packed"] = pack_int4(codes)
+            w[name + ".scale"] = bf16(scale.astype(np.float32)) if e % 2 else scale
+    write_bundle(tmp_path / "q.kdtr", config=CFG, tensors=w)
+    assert _cli(capsys, "export-hf", tmp_path / "q.kdtr", tmp_path / "hf")[0] == 0
+    conf = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert conf["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] == 32
+    rc, out, _ = _cli(capsys, "import-hf", tmp_path / "hf", tmp_path / "back.kdtr")
+    assert rc == 0 and "12 INT4 linears" in out
+    b = read_bundle(tmp_path / "back.kdtr")
+    assert b.tensors.keys() == w.keys() and all(_same(w[k], b.tensors[k]) for k in w)
+    assert len(b.int4) == 12 and b.meta["int4_linears"] == 12
+
+
+def _exported(tmp_path, capsys):
+    write_bundle(tmp_path / "m.kdtr", config=CFG, tensors=random_weights(CFG, 2))
+    assert _cli(capsys, "export-hf", tmp_path / "m.kdtr", tmp_path / "hf")[0] == 0
+    return tmp_path / "hf"
+
+
+def _set_config(path, **kv):
+    conf = json.loads((path / "config.json").read_text())
+    conf.update(kv)
+    (path / "config.json").write_text(json.dumps(conf))
+
+
+def _retensor(path, fn):
+    from safetensors.torch import load_file, save_file
+    t = load_file(str(path / "model.safetensors"))
+    fn(t)
+    save_file(t, str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("breakage, match", [
+    (lambda p: (p / "config.json").unlink(), "no config.json"),
+    (lambda p: _set_config(p, model_type="llama"), "unsupported model_type 'llama'"),
+    (lambda p: _retensor(p, lambda t: t.pop("model.norm.weight")), "missing weight tensor 'norm'"),
+    (lambda p: _retensor(p, lambda t: t.update({"lm_head.weight": torch.zeros(64, 8)})), "head has shape"),
+    (lambda p: (p / "model.safetensors").unlink(), "no \\*.safetensors"),
+])
+def test_bad_checkpoints_exit_2_with_one_line(tmp_path, capsys, breakage, match):
+    ck = _exported(tmp_path, capsys)
+    breakage(ck)
+    rc, out, err = _cli(capsys, "import-hf", ck, tmp_path / "x.kdtr")
+    assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert re.search(match, err)
+    assert not (tmp_path / "x.kdtr").exists()
+
+
+def test_bad_export_arguments_exit_2(tmp_path, capsys):
+    ck = _exported(tmp_path, capsys)
+    for argv in (("export-hf", tmp_path / "m.kdtr", ck),                     # destination not empty
+                 ("export-hf", tmp_path / "missing.kdtr", tmp_path / "o"),    # no bundle
+                 ("export-hf", tmp_path / "m.kdtr", tmp_path / "o", "--max-shard-mb", "0"),
+                 ("import-hf", tmp_path / "nowhere", tmp_path / "y.kdtr")):
+        rc, _, err = _cli(capsys, *argv)
+        assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "o").exists()

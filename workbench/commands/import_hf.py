@@ -1,0 +1,29 @@
+"""python -m workbench import-hf CKPT_DIR OUT.kdtr: a HF DeepseekV3 / Kimi-K2 checkpoint -> one bundle.
+
+Tensors keep their stored form: bf16 stays bfloat16, INT4 compressed-tensors linears stay packed
+(never dequantized). The checkpoint's quantization_config and skipped tensors go into the meta.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ckpt_dir", type=Path, help="checkpoint folder: config.json + *.safetensors (+ index)")
+    p.add_argument("out", type=Path, help="bundle file to write (.kdtr)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bundle import write_bundle
+    from ..weights import load_hf_checkpoint
+
+    cfg, weights, info = load_hf_checkpoint(args.ckpt_dir)
+    meta = {"source": "import-hf", "checkpoint": str(args.ckpt_dir),
+            "quantization_config": info["quantization_config"], "int4_linears": info["int4_linears"],
+            "skipped_tensors": info["skipped"]}
+    write_bundle(args.out, config=cfg, tensors=weights, meta=meta)
+    print(f"wrote {args.out}: {cfg.model_type}, {cfg.num_hidden_layers} layers, {len(weights)} tensors"
+          f" ({info['int4_linears']} INT4 linears, {len(info['skipped'])} checkpoint tensors skipped)")
+    return 0

@@ -1,0 +1,315 @@
+"""HF checkpoint folders (config.json + safetensors shards, compressed-tensors INT4) <-> weights dicts.
+
+Names go through ``workbench.weights`` (the one name map). bf16 tensors map to the bundle's
+``BF16Array``; INT4 ``weight_packed`` / ``weight_scale`` stay packed, bit for bit. torch and
+safetensors are imported on use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import ModelConfig
+from .errors import InputError
+from .weights import (
+    check_weights,
+    expected_shapes,
+    from_hf_name,
+    is_bf16,
+    is_linear_name,
+    tensor_shape,
+    to_hf_name,
+)
+
+# K2-Thinking's ignore list: with exactly the routed experts quantized, these four rules cover the rest.
+K2_IGNORE = ["lm_head", r"re:.*self_attn.*", r"re:.*shared_experts.*",
+             r"re:.*mlp\.(gate|up|gate_up|down)_proj.*"]
+_INDEX = "model.safetensors.index.json"
+_LABEL = "workbench_model_type"  # the config's own model_type when config.json says deepseek_v3
+
+
+def load_hf_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any], dict[str, Any]]:
+    """Read a DeepseekV3 / Kimi-K2 checkpoint directory -> (cfg, weights, quant_info).
+
+    config.json (model_type deepseek_v3 or kimi_k2; quantization_config validated when present) and
+    either ``model.safetensors.index.json`` with its shards or every ``*.safetensors`` file. bf16
+    tensors become bundle bfloat16 arrays (float32 if ``workbench.bundle`` is unavailable); INT4
+    ``weight_packed`` / ``weight_scale`` stay packed, ``weight_shape`` is checked and dropped. Layers
+    past num_hidden_layers (DeepSeek-V3's MTP layer) and ``rotary_emb.inv_freq`` are skipped.
+    quant_info: {"quantization_config": dict | None, "group_sizes": [G...], "int4_linears": n,
+    "skipped": [hf names]}.
+    """
+    d = Path(path)
+    if not d.is_dir():
+        raise InputError(f"{d}: not a checkpoint directory")
+    raw = _read_json(d / "config.json")
+    cfg = ModelConfig.from_hf_dict(raw)
+    if raw.get(_LABEL) in ("kimi_k2", "deepseek_v3"):  # written by save_hf_checkpoint, see there
+        cfg = cfg.replace(model_type=raw[_LABEL])
+    qcfg = raw.get("quantization_config")
+    group_sizes = _parse_quant_config(qcfg) if qcfg is not None else set()
+    tensors = _read_safetensors(d)
+    weights: dict[str, Any] = {}
+    shape_tensors: dict[str, Any] = {}
+    skipped = []
+    for hf, arr in tensors.items():
+        m = re.match(r"model\.layers\.([0-9]+)\.", hf)
+        if (m is not None and int(m.group(1)) >= cfg.num_hidden_layers) or hf.endswith("rotary_emb.inv_freq"):
+            skipped.append(hf)
+        elif hf.endswith((".weight_zero_point", ".weight_g_idx")):
+            raise InputError(f"{hf}: asymmetric or act-order INT4 is not supported (symmetric group only)")
+        elif hf.endswith(".weight_shape"):
+            shape_tensors[from_hf_name(hf[: -len("shape")] + "packed")[: -len(".packed")]] = arr
+        else:
+            weights[from_hf_name(hf)] = arr
+    check_weights(cfg, weights)
+    expected = expected_shapes(cfg)
+    packed = [n[: -len(".packed")] for n in weights if n.endswith(".packed")]
+    if packed and qcfg is None:
+        raise InputError("checkpoint has INT4 weight_packed tensors but no quantization_config")
+    for name in packed:
+        g = expected[name][1] // tensor_shape(weights[name + ".scale"])[1]
+        if g not in group_sizes:
+            raise InputError(f"{name}: group size {g} is not in quantization_config's {sorted(group_sizes)}")
+    for name, arr in shape_tensors.items():
+        if name not in packed:
+            raise InputError(f"{to_hf_name(name)}_shape without {to_hf_name(name)}_packed")
+        a = np.asarray(arr)
+        if a.shape != (2,) or a.dtype.kind not in "iu" or tuple(int(v) for v in a) != expected[name]:
+            raise InputError(f"{to_hf_name(name)}_shape is {a.tolist()}, expected {list(expected[name])}")
+    info = {"quantization_config": qcfg, "group_sizes": sorted(group_sizes), "int4_linears": len(packed),
+            "skipped": sorted(skipped)}
+    return cfg, weights, info
+
+
+def _read_json(p: Path) -> Any:
+    if not p.is_file():
+        raise InputError(f"{p.parent}: no {p.name}")
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{p}: not readable JSON ({e})") from None
+
+
+def _parse_quant_config(q: Any) -> set[int]:
+    """Validate a compressed-tensors pack-quantized W4A16 symmetric group config; return its group sizes."""
+    def bad(msg: str) -> InputError:
+        return InputError(f"unsupported quantization_config: {msg}")
+    if not isinstance(q, dict):
+        raise bad("not a JSON object")
+    if q.get("quant_method") != "compressed-tensors":
+        raise bad(f"quant_method {q.get('quant_method')!r} (want 'compressed-tensors')")
+    if q.get("format") != "pack-quantized":
+        raise bad(f"format {q.get('format')!r} (want 'pack-quantized')")
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise bad("config_groups missing or empty")
+    sizes = set()
+    for gname, g in groups.items():
+        w = g.get("weights") if isinstance(g, dict) else None
+        if not isinstance(w, dict):
+            raise bad(f"{gname} has no weights scheme")
+        want = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group"}
+        for key, val in want.items():
+            if w.get(key) != val or isinstance(w.get(key), bool) != isinstance(val, bool):
+                raise bad(f"{gname}.weights.{key} = {w.get(key)!r} (want {val!r})")
+        gs = w.get("group_size")
+        if isinstance(gs, bool) or not isinstance(gs, int) or gs < 1:
+            raise bad(f"{gname}.weights.group_size = {gs!r}")
+        if w.get("actorder") not in (None, False) or w.get("dynamic") not in (None, False):
+            raise bad(f"{gname}: act-order or dynamic quantization")
+        if g.get("input_activations") is not None:
+            raise bad(f"{gname}: quantized activations (only weight-only W4A16)")
+        sizes.add(gs)
+    return sizes
+
+
+def _read_safetensors(d: Path) -> dict[str, Any]:
+    """All tensors of the checkpoint, hf name -> array (bf16 -> bundle bfloat16 or float32)."""
+    from safetensors import SafetensorError, safe_open
+    if (d / _INDEX).is_file():
+        index = _read_json(d / _INDEX)
+        wm = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
+            raise InputError(f"{d / _INDEX}: weight_map missing or malformed")
+        files = sorted(set(wm.values()))
+        for f in files:
+            if Path(f).name != f or not (d / f).is_file():
+                raise InputError(f"{d / _INDEX}: shard {f!r} is missing or not a plain file name")
+    else:
+        wm = None
+        files = sorted(p.name for p in d.glob("*.safetensors"))
+        if not files:
+            raise InputError(f"{d}: no *.safetensors files")
+    out: dict[str, Any] = {}
+    for f in files:
+        try:
+            with safe_open(str(d / f), framework="pt") as st:
+                keys = list(st.keys())
+                if wm is not None and set(keys) != {k for k, v in wm.items() if v == f}:
+                    raise InputError(f"{d / f}: tensors do not match {_INDEX}")
+                for k in keys:
+                    if k in out:
+                        raise InputError(f"{k} appears in more than one shard")
+                    out[k] = _from_torch(st.get_tensor(k), k)
+        except (OSError, SafetensorError) as e:
+            raise InputError(f"{d / f}: not a readable safetensors file ({e})") from None
+    return out
+
+
+def _from_torch(t: Any, name: str) -> Any:
+    import torch
+    if t.dtype == torch.bfloat16:
+        bits = t.view(torch.int16).numpy().view(np.uint16)
+        try:
+            from .bundle import BF16Array
+        except ImportError:  # no bundle module: widen (exactly) to float32
+            return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return BF16Array(bits)
+    if t.dtype in (torch.float16, torch.float32, torch.float64, torch.int32, torch.int64):
+        return t.numpy()
+    raise InputError(f"{name}: unsupported tensor dtype {t.dtype} (dequantize FP8 checkpoints first)")
+
+
+def _to_torch(a: Any) -> Any:
+    import torch
+    if is_bf16(a):
+        return torch.from_numpy(np.array(a.bits, dtype=np.uint16).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(a, order="C"))                                 # a private, writable copy
+
+
+def _dtype_name(a: Any) -> str:
+    return "bfloat16" if is_bf16(a) else np.dtype(a.dtype).name
+
+
+def _ignore_list(fp_modules: list[str], quantized: list[str]) -> list[str]:
+    """K2-Thinking-style ignore rules that hit no quantized module, plus any FP linear they miss."""
+    def hits(rule: str, module: str) -> bool:
+        return re.match(rule[3:], module) is not None if rule.startswith("re:") else rule == module
+    rules = [r for r in K2_IGNORE if not any(hits(r, m) for m in quantized)]
+    rules += [m for m in fp_modules if not any(hits(r, m) for r in rules)]
+    return rules
+
+
+def quantization_config(group_size: int, ignore: list[str]) -> dict[str, Any]:
+    """The compressed-tensors pack-quantized W4A16 symmetric group config (K2-Thinking's layout)."""
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": group_size,
+               "dynamic": False, "actorder": None, "observer": "minmax", "block_structure": None}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                          "input_activations": None, "output_activations": None}},
+            "ignore": ignore, "kv_cache_scheme": None}
+
+
+def save_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig, weights: dict[str, Any],
+                       max_shard_bytes: int = 2 ** 30) -> list[str]:
+    """Write a checkpoint directory transformers loads; returns the file names written.
+
+    config.json (``cfg.to_hf_dict()``, plus ``quantization_config`` when INT4 tensors exist) and
+    safetensors shards of at most max_shard_bytes each (a larger tensor gets its own shard), with
+    ``model.safetensors.index.json`` when there is more than one. ``drafter.*`` tensors are left out.
+    config.json says model_type deepseek_v3 (what transformers implements) and keeps cfg.model_type in
+    ``workbench_model_type``, which load_hf_checkpoint restores. Atomic: everything goes to a temporary
+    sibling directory renamed onto ``path``, which must not exist or be an empty directory.
+    """
+    if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1:
+        raise InputError(f"max_shard_bytes must be a positive int, got {max_shard_bytes!r}")
+    check_weights(cfg, weights)
+    dest = Path(path)
+    _check_dest(dest)
+    tensors: list[tuple[str, Any]] = []  # (hf name, array) in canonical order
+    fp_modules, quantized, groups = [], [], set()
+    for name, shape in expected_shapes(cfg).items():
+        if name in weights:
+            tensors.append((to_hf_name(name), weights[name]))
+            if is_linear_name(name):
+                fp_modules.append(to_hf_name(name)[: -len(".weight")])
+            continue
+        hf = to_hf_name(name)
+        scale = weights[name + ".scale"]
+        tensors += [(hf + "_packed", weights[name + ".packed"]), (hf + "_scale", scale),
+                    (hf + "_shape", np.asarray(shape, dtype=np.int64))]
+        quantized.append(hf[: -len(".weight")])
+        groups.add(shape[1] // tensor_shape(scale)[1])
+    config = cfg.to_hf_dict()
+    # transformers implements (and converts expert weights for) model_type deepseek_v3 only; a
+    # kimi_k2 label would load unfused experts silently, so keep the label in a side key.
+    config["model_type"] = "deepseek_v3"
+    config[_LABEL] = cfg.model_type
+    config["torch_dtype"] = _dtype_name(weights["embed"])
+    if quantized:
+        if len(groups) > 1:
+            raise InputError(f"INT4 linears use several group sizes {sorted(groups)}; one is supported")
+        config["quantization_config"] = quantization_config(groups.pop(), _ignore_list(fp_modules, quantized))
+    shards: list[list[tuple[str, Any]]] = [[]]
+    size = 0
+    for hf, a in tensors:
+        nbytes = a.bits.nbytes if is_bf16(a) else a.nbytes
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((hf, a))
+        size += nbytes
+    return _write_checkpoint(dest, config, shards)
+
+
+def _check_dest(dest: Path) -> None:
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise InputError(f"{dest} exists and is not an empty directory")
+
+
+def _write_checkpoint(dest: Path, config: dict[str, Any], shards: list[list[tuple[str, Any]]]) -> list[str]:
+    from safetensors.torch import save_file
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        files = ["config.json"]
+        _write_text(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+        n = len(shards)
+        weight_map, total = {}, 0
+        for i, shard in enumerate(shards):
+            fname = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            save_file({hf: _to_torch(a) for hf, a in shard}, str(tmp / fname), metadata={"format": "pt"})
+            _fsync(tmp / fname)
+            files.append(fname)
+            for hf, a in shard:
+                weight_map[hf] = fname
+                total += a.bits.nbytes if is_bf16(a) else a.nbytes
+        if n > 1:
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            _write_text(tmp / _INDEX, json.dumps(index, indent=2) + "\n")
+            files.append(_INDEX)
+        _fsync(tmp)
+        _check_dest(dest)
+        if dest.exists():
+            dest.rmdir()
+        os.replace(tmp, dest)
+        _fsync(dest.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return files
+
+
+def _write_text(p: Path, text: str) -> None:
+    with open(p, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync(p: Path) -> None:
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
