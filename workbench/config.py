@@ -79,7 +79,8 @@ class ModelConfig:
         if self.num_experts_per_tok > self.n_routed_experts:
             raise ConfigError("num_experts_per_tok exceeds n_routed_experts")
         if self.n_routed_experts % self.n_group:
-            raise ConfigError(f"n_routed_experts {self.n_routed_experts} not divisible by n_group {self.n_group}")
+            raise ConfigError(f"n_routed_experts {self.n_routed_experts} is not divisible by "
+                              f"n_group {self.n_group}")
         if self.topk_group > self.n_group:
             raise ConfigError("topk_group exceeds n_group")
         if self.num_experts_per_tok > self.topk_group * (self.n_routed_experts // self.n_group):

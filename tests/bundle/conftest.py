@@ -1,6 +1,7 @@
 """Shared fixtures of the bundle tests: the small valid bundle (a few KB) as bytes."""
 
 import pytest
+
 from .kdtr_corpus import RawBundle, small_bundle
 
 

@@ -4,9 +4,10 @@ import json
 import time
 
 import pytest
-from .kdtr_corpus import reason_of
 
 from workbench.bundle.strict_json import json_depth, loads_strict
+
+from .kdtr_corpus import reason_of
 
 
 def _with_config(raw, text: bytes) -> bytes:

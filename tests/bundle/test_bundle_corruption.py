@@ -5,9 +5,10 @@ import os
 import zipfile
 
 import numpy as np
-from .kdtr_corpus import FIXED, RawBundle, reason_of
 
 from workbench.bundle import BundleFormatError, read_bundle
+
+from .kdtr_corpus import FIXED, RawBundle, reason_of
 
 
 def test_every_truncation_is_rejected_as_truncated(small_raw):

@@ -7,9 +7,10 @@ import zlib
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from .kdtr_corpus import FIXED, content, small_bundle
 
 from workbench.bundle import BundleFormatError, read_bundle_bytes
+
+from .kdtr_corpus import FIXED, content, small_bundle
 
 _SETTINGS = settings(max_examples=400, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

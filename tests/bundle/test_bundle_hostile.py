@@ -3,9 +3,10 @@
 import time
 
 import pytest
-from .kdtr_corpus import MAGIC, RawBundle, RawEntry, content, reason_of
 
 from workbench.bundle import read_bundle_bytes
+
+from .kdtr_corpus import MAGIC, RawBundle, RawEntry, content, reason_of
 
 U64 = 2**64 - 1
 

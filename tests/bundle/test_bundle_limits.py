@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from .kdtr_corpus import RawBundle
 
 resource = pytest.importorskip("resource")

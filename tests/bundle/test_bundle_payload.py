@@ -3,9 +3,10 @@ that carries them anyway (crafted with the independent encoder), with the same r
 
 import numpy as np
 import pytest
-from .kdtr_corpus import CODES, RawBundle, RawEntry, pad64, reason_of, small_inputs
 
 from workbench.bundle import BF16Array, BundleFormatError, bf16, write_bundle
+
+from .kdtr_corpus import CODES, RawBundle, RawEntry, pad64, reason_of, small_inputs
 
 
 def _raw_from(inputs: dict, tmp_path) -> RawBundle:

@@ -7,10 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from .kdtr_corpus import RawBundle, content, small_inputs
 
 from workbench.bundle import BF16Array, Bundle, read_bundle, read_bundle_bytes, write_bundle
 from workbench.config import preset
+
+from .kdtr_corpus import RawBundle, content, small_inputs
 
 DTYPES = ["float32", "float16", "float64", "int32", "int64", "uint8", "int8", "bfloat16"]
 

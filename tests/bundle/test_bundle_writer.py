@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from .kdtr_corpus import small_inputs
 
 from workbench.bundle import BundleFormatError, read_bundle, write_bundle
 from workbench.bundle import writer as writer_mod
 from workbench.config import preset
+
+from .kdtr_corpus import small_inputs
 
 
 @pytest.fixture

@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from .kdtr_corpus import small_inputs
 
 from workbench import cli
 from workbench.bundle import write_bundle
 from workbench.commands.inspect import divergence
+
+from .kdtr_corpus import small_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 
