@@ -4,7 +4,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test report refs lint clean
+.PHONY: test report refs lint clean browser
+
+# the report tests open every HTML report in headless Chromium (Debian's package)
+browser:
+	@command -v chromium >/dev/null 2>&1 || [ -n "$$CHROMIUM" ] || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "the report tests need chromium: run 'sudo apt-get install chromium' or set CHROMIUM" >&2; exit 1; fi; }
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # lint, the full suite, then the full suite again under python -O (no behaviour may rest on assert)
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 -p no:cacheprovider
 	$(PY) -O -m pytest -q -n 2 -p no:cacheprovider -m "not slow"

@@ -1,0 +1,146 @@
+"""Version ladder for the W4A16 GEMV/GEMM (style.md §2.4): validate every version, then time them.
+
+Run on a GPU:  python dev/kernels/int4_matmul.py [--quick] [--ncu]
+Versions (docs/perf.md has predictions and measurements):
+  s0  stream-only: the same 16-byte weight loads and grid, no math (the attainable rate per launch)
+  v1  tensor cores, swap A/B (weights = A of mma.m16n8k16), repacked tile layout, one 16-row tile per
+      block, KS warps split K, all CPW 16-byte weight loads of a warp issued before use (KB = 1).
+  v2  v1 + index math hoisted out of the unrolled loops + K split over KB blocks per tile (atomics).
+  v3  v2 + activation fragments loaded in phase 1 too (v2's serial L2 round trips per MMA step);
+      split-K partials reduced by the last-arriving block (deterministic, no memset, no atomics on out).
+      Measured slower than v2 (register spills at M=16, 2 waves with KB > 1): reverted.
+  v4  v2 without split-K; branch-free inner loop (exact slices, masked activation rows), G = 32 groups
+      start their MMA chain at zero (no partial-sum registers). This is the package kernel.
+The package's choose_config is the winner of the (MT, KS, CPW, KB) sweep below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+import numpy as np
+from numba import cuda, uint32
+
+from kernels_numba.intrinsics import ld_stream_v4
+
+
+@functools.cache
+def make_stream_kernel(K, KS, CPW, KB):
+    KC, TILE_W = K // 64, K * 2
+
+    @cuda.jit
+    def stream_kernel(out, wq):
+        warp, lane = cuda.threadIdx.x >> 5, cuda.threadIdx.x & 31
+        c0 = ((cuda.blockIdx.y % KB) * KS + warp) * CPW
+        base = cuda.blockIdx.x * TILE_W + c0 * 128 + lane * 4
+        acc = uint32(0)
+        for ci in range(CPW):
+            if c0 + ci < KC:
+                w = ld_stream_v4(wq, base + ci * 128)
+                acc ^= w[0] ^ w[1] ^ w[2] ^ w[3]
+        if acc == uint32(0x9E3779B9):            # practically never: keeps the loads alive
+            out[0] = acc
+    return stream_kernel
+
+
+def random_weights(n, k, gs, count, torch):
+    """``count`` random repacked weights on the GPU (random words = random nibbles in any layout)."""
+    from kernels_numba.int4_layout import Int4Weight
+    n16 = -(-n // 16)
+    ws = []
+    for _ in range(count):
+        wq = torch.randint(-2**31, 2**31 - 1, (n16 * k * 2,), dtype=torch.int32, device="cuda")
+        s = (torch.rand(n16 * 16 * (k // gs), device="cuda") * 0.01 + 0.001).half()
+        ws.append(Int4Weight(cuda.as_cuda_array(wq).view(np.uint32),
+                             cuda.as_cuda_array(s.view(torch.int32)).view(np.uint32), n, k, gs))
+    return ws
+
+
+def check_against_reference(rng, m, n, k, gs, config=None):
+    """Real repack of a gen_quant4 weight; returns max |out - ref| / max |ref|."""
+    from kernels_numba import int4_matmul, repack_int4
+    from workbench.quant.int4 import gen_quant4, int4_linear
+    _, packed, scales = gen_quant4(n, k, gs, seed=int(rng.integers(1 << 30)))
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    w = repack_int4(packed, scales).to_device()
+    out = cuda.to_device(np.full((m, n), np.nan, np.float32))
+    int4_matmul(cuda.to_device(x), w, out=out, config=config)
+    ref = int4_linear(x, packed, scales)
+    return float(np.abs(out.copy_to_host() - ref).max() / np.abs(ref).max())
+
+
+def configs_for(m, k):
+    from kernels_numba.int4_matmul import choose_config
+    mt = choose_config(m, k)[0]
+    kc = k // 64
+    out = [choose_config(m, k)]
+    for cpw in (1, 2, 4, 7, 8):
+        ks = kc // cpw
+        if kc % cpw == 0 and 2 <= ks <= 32 and (mt, ks, cpw) not in out:
+            out.append((mt, ks, cpw))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ncu", action="store_true", help="one launch of each shape, for ncu")
+    args = ap.parse_args(argv)
+    import torch
+
+    from kernels_numba import int4_matmul
+    from workbench.bench.common import copy_bandwidth, time_op
+    if args.ncu:
+        for (n, k) in [(2048, 7168), (7168, 2048)]:
+            w = random_weights(n, k, 32, 1, torch)[0]
+            for m in (1, 16):
+                x = torch.randn(m, k, device="cuda").half()
+                for _ in range(3):
+                    int4_matmul(x, w)
+        torch.cuda.synchronize()
+        return 0
+    rng = np.random.default_rng(0)
+    for (m, n, k, gs, cfg) in [(1, 2048, 7168, 32, None), (16, 7168, 2048, 32, None),
+                               (5, 1000, 1024, 64, None),
+                               (40, 48, 512, 128, None), (3, 2048, 7168, 32, (1, 14, 8)),
+                               (16, 7168, 2048, 32, (2, 8, 4))]:
+        err = check_against_reference(rng, m, n, k, gs, cfg)
+        print(f"check M={m} N={n} K={k} G={gs} cfg={cfg}: rel err {err:.2e}", "OK" if err < 1e-4 else "FAIL")
+    copy = copy_bandwidth()
+    print(f"copy {copy:.0f} GB/s")
+    count = 64
+    for (n, k) in [(2048, 7168), (7168, 2048)]:
+        ws = random_weights(n, k, 32, count, torch)
+        nbytes = n * k // 2 + n * (k // 32) * 2
+        srcs = [torch.empty(nbytes // 4, dtype=torch.int16, device="cuda") for _ in range(count)]
+        dsts = [torch.empty_like(t) for t in srcs]
+
+        def fc(dsts=dsts, srcs=srcs):
+            for i in range(count):
+                dsts[i].copy_(srcs[i])
+        st = time_op(fc, calls=count, reps=10)
+        print(f"s1 copy of {nbytes / 1e6:.2f} MB traffic per launch: {st['median_us']:.2f} us "
+              f"{nbytes / (st['median_us'] * 1e-6) / 1e9:.0f} GB/s")
+        for m in (1, 16) if args.quick else (1, 4, 16, 32, 64):
+            x = torch.randn(m, k, device="cuda").half()
+            outs = [torch.empty(m, n, device="cuda") for _ in range(count)]
+            for cfg in configs_for(m, k):
+                def fn(cfg=cfg, x=x, ws=ws, outs=outs):
+                    st = torch.cuda.current_stream()
+                    for i in range(count):
+                        int4_matmul(x, ws[i], out=outs[i], stream=st, config=cfg)
+                try:
+                    st = time_op(fn, calls=count, reps=10)
+                except Exception as e:  # noqa: BLE001 - a config that does not launch is reported
+                    print(f"v4 N={n} K={k} M={m} cfg={cfg}: failed {type(e).__name__}: {str(e)[:80]}")
+                    continue
+                gbs = nbytes / (st["median_us"] * 1e-6) / 1e9
+                print(f"v4 N={n} K={k} M={m} cfg={cfg}: {st['median_us']:.2f} us "
+                      f"{gbs:.0f} GB/s {100 * gbs / copy:.0f}% copy")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Host-side checks shared by the kernel wrappers: every check runs before any launch.
+
+The GPU has no bounds checking (numba_cuda.md §3), so these checks are the only protection:
+dtype, rank, shape, C-contiguity, 16-byte alignment, int32 index ranges, grid limits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from .intrinsics import SIMULATED
+
+INT32_MAX = 2**31 - 1
+GRID_Y_MAX = 65535
+
+
+class KernelInputError(ValueError):
+    """An input a kernel cannot take; raised by the host wrapper before launching."""
+
+
+def as_array(a, name: str):
+    """A numba device array (or, in the simulator, a numpy array) viewing ``a`` without a copy.
+
+    Accepts numba device arrays and anything with ``__cuda_array_interface__`` (torch CUDA tensors);
+    host numpy arrays are accepted only by the simulator (tests).
+    """
+    if a is None:
+        raise KernelInputError(f"{name}: missing array")
+    if SIMULATED:
+        if isinstance(a, np.ndarray) or cuda.is_cuda_array(a):
+            return a
+        raise KernelInputError(f"{name}: expected a numpy or device array, got {type(a).__name__}")
+    if cuda.is_cuda_array(a):
+        return cuda.as_cuda_array(a, sync=False)
+    raise KernelInputError(f"{name}: expected a CUDA array (numba device array or torch CUDA tensor), "
+                           f"got {type(a).__name__}")
+
+
+def _pointer(a) -> int:
+    if isinstance(a, np.ndarray):
+        return a.ctypes.data
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    return int(a.device_ctypes_pointer.value or 0)
+
+
+def check(a, name: str, dtype, shape: tuple, align: int = 16):
+    """Raise KernelInputError unless ``a`` has ``dtype``, ``shape`` (None = any), is C-contiguous
+    and its base address is a multiple of ``align`` bytes. Returns ``a`` as a device array."""
+    a = as_array(a, name)
+    if np.dtype(a.dtype) != np.dtype(dtype):
+        raise KernelInputError(f"{name}: dtype {np.dtype(a.dtype)} but {np.dtype(dtype)} is required")
+    if len(a.shape) != len(shape) or any(s is not None and s != d
+                                         for s, d in zip(shape, a.shape, strict=True)):
+        want = tuple("*" if s is None else s for s in shape)
+        raise KernelInputError(f"{name}: shape {tuple(a.shape)} but {want} is required")
+    contiguous = a.flags["C_CONTIGUOUS"] if isinstance(a, np.ndarray) else a.is_c_contiguous()
+    if not contiguous:
+        raise KernelInputError(f"{name}: must be C-contiguous")
+    if a.size and _pointer(a) % align:
+        raise KernelInputError(f"{name}: base address must be {align}-byte aligned")
+    if a.size > INT32_MAX:
+        raise KernelInputError(f"{name}: {a.size} elements exceed the int32 index range")
+    return a
+
+
+def flat(a):
+    """1-D view of a C-contiguous array (kernels index flat buffers with precomputed strides)."""
+    return a.reshape(a.size) if len(a.shape) != 1 else a
+
+
+def as_stream(stream):
+    """None -> default stream; a numba stream; an int handle or torch stream -> external stream."""
+    if stream is None or SIMULATED:
+        return 0
+    if hasattr(stream, "cuda_stream"):                     # torch.cuda.Stream
+        return cuda.external_stream(stream.cuda_stream)
+    if isinstance(stream, int):
+        return cuda.external_stream(stream) if stream else 0
+    return stream
+
+
+def stream_key(stream) -> int:
+    """An int identifying a stream (0 for the default stream), for per-stream scratch caches."""
+    h = getattr(stream, "handle", stream)
+    h = getattr(h, "value", h)
+    try:
+        return int(h or 0)
+    except (TypeError, ValueError):
+        return id(stream)
+
+
+def empty(shape, dtype, stream=0):
+    if SIMULATED:
+        return np.empty(shape, dtype)
+    return cuda.device_array(shape, dtype, stream=stream)

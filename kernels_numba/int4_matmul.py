@@ -1,0 +1,189 @@
+"""W4A16 GEMV/GEMM on tensor cores: ``out [M, N] = f16(x) [M, K] @ ((u - 8) * scale).T``, f32 accumulation.
+
+Legend: M activation rows, N output rows, K input columns, G group size; MT m8-tiles per block
+(the M bucket), KS warps per block splitting K, CPW 64-column chunks per warp, KC = K/64.
+
+Design (docs/perf.md has the version ladder and measurements; dev/kernels/int4_matmul.py the ladder):
+- "swap A/B": weights are the A operand of ``mma.m16n8k16`` (16 output rows per MMA), activations
+  the B operand (8 rows), so M = 1 wastes 7/8 of an MMA instead of 15/16, and one kernel covers
+  M = 1..64 with MT = 1, 2, 4, 8 m8-tiles (the M buckets); M > 64 adds grid rows of 64.
+- One block = one 16-row weight tile; its KS warps split K into contiguous slices. Each lane first
+  issues all CPW 16-byte weight loads of its slice (``ld.global.nc.L1::no_allocate``: weights are
+  read exactly once and must not evict activations), then dequantizes (lop3 magic-number trick,
+  exact) and runs the MMAs. The weights are streamed once for any M <= 64.
+- Scales are applied per group in f32 outside the MMA: ``acc += s * sum_k q x`` equals the
+  definition ``sum_k x (q s)`` up to rounding order, and q (integers |q| <= 8) is exact in f16.
+- Partial sums of the KS warps meet in shared memory; a fixed-order sum writes ``out`` (f32).
+- Branch-free inner loop: when KS * CPW == K/64 (the chosen configs) there are no chunk guards;
+  rows past M read row M-1 and are masked to zero; for G = 32 each 32-column half is one group,
+  so its two MMAs start from zero and no partial-sum registers are kept.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda, float32, uint32
+
+from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, flat
+from .int4_layout import Int4Weight
+from .intrinsics import SIMULATED, dequant_i4x8, h2_to_f32, ld_stream_v4, ld_v4, mma_16816
+
+MT_BUCKETS = (1, 2, 4, 8)          # m8 tiles per block: M <= 8, 16, 32, 64
+ZERO = float32(0.0)
+
+
+@functools.cache
+def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
+    """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
+    KC = K // 64                   # 64-column chunks per weight row tile
+    NS = K // G                    # scale groups per row
+    TILE_W = KC * 128              # uint32 words per 16-row tile
+    SPC = 2 if G == 32 else 1      # scale words a lane loads per chunk (= groups per chunk, G <= 64)
+    EXACT = KS * CPW == KC         # every warp's slice is full: no chunk guards
+    NACC = MT * 4                  # accumulator registers per lane
+    NOUT = MT * 128                # outputs per block (16 rows x 8 MT columns)
+    NTHR = KS * 32
+    NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
+    NWL = CPW * 4                  # weight words held per lane
+    NSL = CPW * SPC                # scale words held per lane
+    opts = {} if SIMULATED else {"max_registers": min(255, 65536 // NTHR // 8 * 8)}
+
+    @cuda.jit(**opts)
+    def int4_matmul_kernel(out, x, wq, sq, m_rows, n_rows):
+        tile = cuda.blockIdx.x                                # 16 output rows
+        m0 = cuda.blockIdx.y * (8 * MT)                       # first activation row of this block
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+        red = cuda.shared.array(NRED, float32)
+        tot = cuda.shared.array(NOUT, float32)
+        acc = cuda.local.array(NACC, float32)
+        prt = cuda.local.array(NACC, float32)
+        xb = cuda.local.array(MT, uint32)                     # first activation word index, per m8 tile
+        xm = cuda.local.array(MT, uint32)                     # 0xFFFFFFFF for rows < M, else 0
+        for i in range(NACC):
+            acc[i] = ZERO
+            prt[i] = ZERO
+        # phase 1: all 16-byte weight loads (and scale words) of this warp's slice in flight at
+        # once; index math once, constant offsets inside the unrolled loop
+        wl = cuda.local.array(NWL, uint32)
+        sl = cuda.local.array(NSL, uint32)
+        c0 = warp * CPW
+        wbase = tile * TILE_W + c0 * 128 + lane * 4
+        sbase = (tile * NS + (c0 * 64) // G) * 8 + g
+        for ci in range(CPW):
+            if EXACT or c0 + ci < KC:
+                w = ld_stream_v4(wq, wbase + ci * 128)
+                for j in range(4):
+                    wl[ci * 4 + j] = w[j]
+                for j in range(SPC):
+                    sl[ci * SPC + j] = sq[sbase + ((ci * 64) // G + j) * 8]
+        for mt in range(MT):
+            m = m0 + mt * 8 + g
+            xm[mt] = uint32(0xFFFFFFFF) if m < m_rows else uint32(0)
+            xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t
+        # phase 2: dequantize (exact), MMA, scale per group
+        for ci in range(CPW):
+            if EXACT or c0 + ci < KC:
+                for h in range(2):
+                    a = dequant_i4x8(wl[ci * 4 + 2 * h])
+                    b = dequant_i4x8(wl[ci * 4 + 2 * h + 1])
+                    s_lo, s_hi = h2_to_f32(sl[ci * SPC + h * (SPC - 1)])
+                    for mt in range(MT):
+                        xv = ld_v4(x, xb[mt] + ci * 64 + 32 * h)
+                        k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]
+                        if G == 32:                           # one group per half: start from zero
+                            d = mma_16816(a[0], a[1], a[2], a[3], k0, k1, ZERO, ZERO, ZERO, ZERO)
+                        else:
+                            d = mma_16816(a[0], a[1], a[2], a[3], k0, k1, prt[mt * 4], prt[mt * 4 + 1],
+                                          prt[mt * 4 + 2], prt[mt * 4 + 3])
+                        d = mma_16816(b[0], b[1], b[2], b[3], k2, k3, d[0], d[1], d[2], d[3])
+                        if G == 32 or h == 1:                 # end of a group (or of a chunk, G > 64)
+                            acc[mt * 4 + 0] += s_lo * d[0]
+                            acc[mt * 4 + 1] += s_lo * d[1]
+                            acc[mt * 4 + 2] += s_hi * d[2]
+                            acc[mt * 4 + 3] += s_hi * d[3]
+                            for r in range(4):
+                                prt[mt * 4 + r] = ZERO
+                        else:
+                            for r in range(4):
+                                prt[mt * 4 + r] = d[r]
+        # the KS warps' partial tiles meet in shared memory; fixed-order sum, one output per thread
+        for i in range(NACC):
+            red[(warp * NACC + i) * 32 + lane] = acc[i]
+        cuda.syncthreads()
+        for o in range(tid, NOUT, NTHR):
+            s = ZERO
+            for w_ in range(KS):
+                s += red[(w_ * NACC + (o >> 5)) * 32 + (o & 31)]
+            tot[o] = s
+        cuda.syncthreads()
+        for o in range(tid, NOUT, NTHR):
+            mt = o >> 7
+            r = (o >> 5) & 3
+            ln = o & 31
+            n = tile * 16 + (ln >> 2) + 8 * (r >> 1)
+            m = m0 + mt * 8 + 2 * (ln & 3) + (r & 1)
+            if n < n_rows and m < m_rows:
+                out[m * n_rows + n] = tot[o]
+
+    return int4_matmul_kernel
+
+
+# (MT, KS, CPW) measured best on the H200 per (M bucket, K) (docs/perf.md, v4 sweep); others: heuristic
+_TUNED = {(1, 7168): (1, 16, 7), (2, 7168): (2, 16, 7), (1, 2048): (1, 4, 8), (2, 2048): (2, 4, 8)}
+
+
+def choose_config(m: int, k: int, g: int = 32) -> tuple[int, int, int]:
+    """(MT, KS, CPW): the M bucket, warps per block, chunks per warp."""
+    mt = next(b for b in MT_BUCKETS if m <= 8 * b) if m <= 64 else 8
+    if (mt, k) in _TUNED and g == 32:
+        return _TUNED[(mt, k)]
+    kc = k // 64
+    cpw_max = 8 if mt <= 4 else 4                       # keep the unrolled loops in registers
+    ks_max = 32 if mt <= 2 else 16
+    cpw = min(cpw_max, max(1, -(-kc // ks_max)))
+    while cpw > 1 and kc % cpw:                         # prefer exact slices (no guards)
+        cpw -= 1
+    if g == 128 and cpw % 2 and cpw < kc:
+        cpw += 1                                        # a warp's slice starts on a 128-column group
+    return mt, -(-kc // cpw), cpw
+
+
+def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int, int, int] | None = None):
+    """``out [M, N] float32 = f16(x) @ W.T`` for a repacked W4A16 weight (``repack_int4``).
+
+    ``x`` float16 ``[M, K]`` C-contiguous, 16-byte aligned, M >= 1; ``weight`` an ``Int4Weight``
+    on the device (``.to_device()``); ``out`` optional float32 ``[M, N]`` (allocated if None).
+    Accepts numba device arrays or torch CUDA tensors; launches on ``stream`` (numba stream,
+    torch stream or raw handle; None = default). ``config`` (MT, KS, CPW) overrides
+    ``choose_config``. Raises KernelInputError before launching on any bad input.
+    """
+    if not isinstance(weight, Int4Weight) or weight.experts or weight.pair:
+        raise KernelInputError("weight must be a single-matrix Int4Weight from repack_int4(...).to_device()")
+    n, k, gs = weight.n, weight.k, weight.group_size
+    if gs not in (32, 64, 128) or k % 64 or k % gs or n < 1:
+        raise KernelInputError(f"unsupported weight: N={n} K={k} G={gs} (K % 64 == 0, G in 32/64/128)")
+    x = check(x, "x", np.float16, (None, k))
+    m = x.shape[0]
+    if m < 1:
+        raise KernelInputError("x must have at least one row")
+    wq = check(weight.wq, "weight.wq", np.uint32, (weight.n16 * k * 2,))
+    sq = check(weight.sq, "weight.sq", np.uint32, (weight.n16 * (k // gs) * 8,), align=4)
+    stream = as_stream(stream)
+    if out is None:
+        out = empty((m, n), np.float32, stream)
+    out = check(out, "out", np.float32, (m, n), align=4)
+    mt, ks, cpw = config or choose_config(m, k, gs)
+    if mt not in MT_BUCKETS or not 1 <= ks <= 32 or cpw < 1 or ks * cpw < k // 64 or (
+            gs == 128 and cpw % 2 and ks > 1):
+        raise KernelInputError(f"bad config MT={mt} KS={ks} CPW={cpw} for K={k} G={gs}")
+    grid = (weight.n16, -(-m // (8 * mt)))
+    if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
+        raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
+    make_int4_matmul_kernel(k, gs, mt, ks, cpw)[grid, ks * 32, stream](flat(out), flat(x), wq, sq, m, n)
+    return out

@@ -1,0 +1,229 @@
+"""The one module with GPU-only instructions, each with a simulator fallback of the same semantics.
+
+Kernels call only these names for PTX the numba API lacks (numba_cuda.md §3, §5.2), so the very
+kernel source that runs on the H200 also runs, thread by thread, in the CPU simulator
+(``NUMBA_ENABLE_CUDASIM=1``) where there is no inline PTX and no warp-level exchange.
+
+| name | GPU (inline PTX via ``numba.cuda.extending.intrinsic``) | simulator |
+|---|---|---|
+| ``ld_stream_v4(a, i)`` | ``ld.global.nc.L1::no_allocate.v4.u32``: 16 B read-once weights | 4 words |
+| ``ld_v4(a, i)`` | ``ld.global.v4.u32`` (cached: activations reused by many warps) | same bytes |
+| ``dequant_i4x8(w)`` | 4 lop3 + shift, ``sub``/``fma`` ``.f16x2``: 8 nibbles -> 4 half2 | numpy f16 |
+| ``mma_16816(a0..a3, b0, b1, c0..c3)`` | ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` | exchange |
+| ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
+| ``f32_to_h2(a, b)`` | two ``cvt.rn.f16.f32`` packed low = a, high = b | numpy float16 |
+
+``i`` is an element index into ``a`` (any 1-D array); the 16 bytes at element ``i`` must be
+16-byte aligned (the host wrappers check base pointers, the kernels keep offsets multiples of 16 B).
+``mma_16816`` is warp-collective: all 32 lanes of a warp must call it together (blockDim.x is a
+multiple of 32 in every kernel here). Fragment layout (PTX ISA, m16n8k16 .f16): lane = 4*g + t;
+A rows g / g+8, columns 2t..2t+1 (a0: row g, a1: row g+8) and 2t+8..2t+9 (a2, a3);
+B rows (k) 2t..2t+1 (b0) and 2t+8..2t+9 (b1), column g; C/D: c0, c1 = row g, columns 2t, 2t+1;
+c2, c3 = row g+8. In each half2 the low 16 bits hold the lower index.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from numba import config
+
+SIMULATED = bool(config.ENABLE_CUDASIM)
+
+# dequant_i4x8 expects the 8 nibbles of a word interleaved so that one mask pulls a half2 pair:
+# nibble position p holds fragment element NIBBLE_ORDER[p] (a0.lo, a0.hi, a1.lo, ..., a3.hi = 0..7).
+NIBBLE_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+# ---- simulator fallbacks -------------------------------------------------------------------
+
+def _sim_ld_u32x4(a, i):
+    i = int(i)
+    if a.dtype.itemsize == 4:
+        return tuple(np.uint32(np.asarray(a[i + j]).view(np.uint32)) for j in range(4))
+    n = 16 // a.dtype.itemsize
+    raw = np.array([a[i + j] for j in range(n)], dtype=a.dtype).view(np.uint32)
+    return tuple(np.uint32(v) for v in raw)
+
+
+def _sim_dequant(w):
+    w = int(w) & 0xFFFFFFFF
+    elem = [0] * 8
+    for p, e in enumerate(NIBBLE_ORDER):
+        elem[e] = ((w >> (4 * p)) & 0xF) - 8
+    halves = np.array(elem, dtype=np.float16).view(np.uint32)     # pairs (lo, hi) per register
+    return tuple(np.uint32(v) for v in halves)
+
+
+def _sim_h2_to_f32(u):
+    h = np.array([int(u) & 0xFFFFFFFF], dtype=np.uint32).view(np.float16)
+    return np.float32(h[0]), np.float32(h[1])
+
+
+def _sim_f32_to_h2(a, b):
+    return np.uint32(np.array([a, b], dtype=np.float32).astype(np.float16).view(np.uint32)[0])
+
+
+_lock = threading.Lock()
+
+
+def _warp_state():
+    th = threading.current_thread()
+    mgr = th._manager                                   # simulator BlockManager of this block
+    warp, lane = divmod(th.thread_id, 32)
+    with _lock:
+        states = mgr.__dict__.setdefault("_kdtree_warps", {})
+        if warp not in states:
+            if int(np.prod(mgr._block_dim)) % 32:
+                raise RuntimeError("warp-collective intrinsic needs blockDim a multiple of 32")
+            states[warp] = {"barrier": threading.Barrier(32), "slots": [None] * 32, "result": None}
+    return states[warp], lane
+
+
+def _fragment_maps():
+    """Row/column of each f16 of the A (16x16) and B (16x8) fragments, by [lane, register, half]."""
+    lane = np.arange(32)[:, None, None]
+    g, t = lane // 4, lane % 4
+    half = np.arange(2)[None, None, :]
+    reg = np.arange(4)[None, :, None]
+    a_row = g + 8 * (reg % 2) + 0 * half
+    a_col = 2 * t + 8 * (reg // 2) + half
+    b_k = 2 * t + 8 * np.arange(2)[None, :, None] + half
+    b_n = g + 0 * b_k
+    return a_row, a_col, b_k, b_n
+
+
+_AR, _AC, _BK, _BN = _fragment_maps()
+
+
+def _sim_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """One lane's share of mma.m16n8k16: deposit, wait for the warp; lane 0 computes D once."""
+    st, lane = _warp_state()
+    st["slots"][lane] = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+    st["barrier"].wait(timeout=120)
+    if lane == 0:
+        v = st["slots"]
+        regs = np.array([[int(r) & 0xFFFFFFFF for r in s[:6]] for s in v], dtype=np.uint32)   # [32, 6]
+        h = regs.view(np.float16).reshape(32, 6, 2).astype(np.float64)                      # [32, 6, 2]
+        A = np.zeros((16, 16))
+        B = np.zeros((16, 8))
+        A[_AR, _AC] = h[:, :4, :]
+        B[_BK, _BN] = h[:, 4:, :]
+        c = np.array([s[6:] for s in v], dtype=np.float64)                                   # [32, 4]
+        g, t = np.arange(32) // 4, np.arange(32) % 4
+        C = np.zeros((16, 8))
+        C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1] = c.T
+        st["result"] = (A @ B + C).astype(np.float32)   # f16 products exact; f32 result
+    st["barrier"].wait(timeout=120)
+    D = st["result"]
+    g, t = divmod(lane, 4)
+    return D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]
+
+
+# ---- GPU intrinsics ------------------------------------------------------------------------
+
+def _build_gpu():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    i32, f32 = ir.IntType(32), ir.FloatType()
+    u32x4 = types.UniTuple(types.uint32, 4)
+    f32x4 = types.UniTuple(types.float32, 4)
+
+    def _ptr(context, builder, aty, arr, idx):
+        ary = context.make_array(aty)(context, builder, value=arr)
+        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [idx], wraparound=False)
+        return builder.bitcast(ptr, i32.as_pointer())
+
+    def _tuple(context, builder, rty, struct, n):
+        return context.make_tuple(builder, rty, [builder.extract_value(struct, j) for j in range(n)])
+
+    def _ld(asm_op):
+        @intrinsic
+        def impl(typingctx, a, i):
+            if not isinstance(a, types.Array) or a.ndim != 1 or not isinstance(i, types.Integer):
+                return None
+
+            def codegen(context, builder, sig, args):
+                ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
+                fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32.as_pointer()])
+                asm = ir.InlineAsm(fty, f"{asm_op} {{$0, $1, $2, $3}}, [$4];", "=r,=r,=r,=r,l",
+                                   side_effect=False)
+                return _tuple(context, builder, sig.return_type, builder.call(asm, [ptr]), 4)
+            return u32x4(a, i), codegen
+        return impl
+
+    dq_ptx = (
+        "{\n.reg .b32 t0, t1, t2, t3, s, m1, m2, k1, k2, k3;\n"
+        "mov.b32 k1, 0x64086408;\nmov.b32 k2, 0x2c002c00;\nmov.b32 k3, 0xd480d480;\n"
+        "lop3.b32 t0, $4, 0x000f000f, 0x64006400, 0xea;\n"
+        "lop3.b32 t1, $4, 0x00f000f0, 0x64006400, 0xea;\n"
+        "shr.u32 s, $4, 8;\n"
+        "lop3.b32 t2, s, 0x000f000f, 0x64006400, 0xea;\n"
+        "lop3.b32 t3, s, 0x00f000f0, 0x64006400, 0xea;\n"
+        "sub.f16x2 $0, t0, k1;\nfma.rn.f16x2 $1, t1, k2, k3;\n"
+        "sub.f16x2 $2, t2, k1;\nfma.rn.f16x2 $3, t3, k2, k3;\n}"
+    )
+
+    @intrinsic
+    def dequant_i4x8(typingctx, w):
+        if not isinstance(w, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            v = context.cast(builder, args[0], sig.args[0], types.uint32)
+            fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+            asm = ir.InlineAsm(fty, dq_ptx, "=r,=r,=r,=r,r", side_effect=False)
+            return _tuple(context, builder, sig.return_type, builder.call(asm, [v]), 4)
+        return u32x4(w), codegen
+
+    @intrinsic
+    def mma_16816(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        def codegen(context, builder, sig, args):
+            pairs = list(zip(args, sig.args, strict=True))
+            ints = [context.cast(builder, v, t, types.uint32) for v, t in pairs[:6]]
+            flts = [context.cast(builder, v, t, types.float32) for v, t in pairs[6:]]
+            fty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            asm = ir.InlineAsm(
+                fty, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, "
+                "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=True)
+            return _tuple(context, builder, sig.return_type, builder.call(asm, ints + flts), 4)
+        return f32x4(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
+
+    @intrinsic
+    def h2_to_f32(typingctx, u):
+        def codegen(context, builder, sig, args):
+            v = context.cast(builder, args[0], sig.args[0], types.uint32)
+            fty = ir.FunctionType(ir.LiteralStructType([f32] * 2), [i32])
+            asm = ir.InlineAsm(fty, "{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, $2;\n"
+                               "cvt.f32.f16 $0, lo;\ncvt.f32.f16 $1, hi;\n}", "=f,=f,r")
+            return _tuple(context, builder, sig.return_type, builder.call(asm, [v]), 2)
+        return types.UniTuple(types.float32, 2)(u), codegen
+
+    @intrinsic
+    def f32_to_h2(typingctx, a, b):
+        def codegen(context, builder, sig, args):
+            x = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args, strict=True)]
+            fty = ir.FunctionType(i32, [f32, f32])
+            asm = ir.InlineAsm(fty, "{\n.reg .b16 lo, hi;\ncvt.rn.f16.f32 lo, $1;\n"
+                               "cvt.rn.f16.f32 hi, $2;\nmov.b32 $0, {lo, hi};\n}", "=r,f,f")
+            return builder.call(asm, x)
+        return types.uint32(a, b), codegen
+
+    return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"), dequant_i4x8,
+            mma_16816, h2_to_f32, f32_to_h2)
+
+
+if SIMULATED:
+    ld_stream_v4 = _sim_ld_u32x4
+    ld_v4 = _sim_ld_u32x4
+    dequant_i4x8 = _sim_dequant
+    mma_16816 = _sim_mma
+    h2_to_f32 = _sim_h2_to_f32
+    f32_to_h2 = _sim_f32_to_h2
+else:
+    ld_stream_v4, ld_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2 = _build_gpu()

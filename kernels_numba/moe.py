@@ -1,0 +1,156 @@
+"""Fused W4A16 MoE layer: route -> align on device -> gate/up (SiLU*up) -> down (x router weight) -> combine.
+
+Legend: T tokens, D model width, I expert width, E routed experts, K experts per token, S shared
+pseudo-experts, P = T*(K + S) (token, expert) pairs, G group size.
+
+Four launches, no host synchronisation, fixed grids (graph-capturable with a preallocated
+``MoEWorkspace``): ``moe_align_kernel`` (1 block), ``moe_gemm_kernel`` gate/up over (I/16 n-tiles,
+W workers), ``moe_gemm_kernel`` down over (D/16, W), ``moe_combine_kernel``. Mirrors
+workbench/reference/moe.py ``moe``: sum_k w_k SwiGLU_e(x) + shared SwiGLU(x), each linear the W4A16
+definition (activations rounded to f16, f32 accumulation); h = silu(gate) * up is rounded to f16
+as the reference's down linear does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validate import KernelInputError, as_stream, check, empty, flat
+from .int4_layout import Int4Weight, repack_int4
+from .moe_align import align_threads, make_align_kernel, make_combine_kernel
+from .moe_gemm import make_moe_gemm_kernel
+
+
+@dataclass(frozen=True)
+class MoEWeights:
+    """Repacked experts: ``w13`` gate/up pairs (X = E + S experts, n = I, k = D), ``w2`` (n = D, k = I)."""
+    w13: Int4Weight
+    w2: Int4Weight
+    n_routed: int
+    n_shared: int
+
+    def to_device(self, stream=0) -> MoEWeights:
+        return MoEWeights(self.w13.to_device(stream), self.w2.to_device(stream), self.n_routed, self.n_shared)
+
+
+@dataclass(frozen=True)
+class MoEWorkspace:
+    """Scratch of one fused_moe call shape (T tokens): reuse it across calls and graph replays."""
+    tile_expert: object   # int32 [P]
+    tile_rows: object     # int32 [P*8]
+    meta: object          # int32 [2]: tile count, bad-expert-id flag
+    h: object             # uint32 [P*I/2]: f16 activations of the down GEMM
+    y: object             # float32 [P*D]: weighted expert outputs per pair
+    n_tok: int
+
+
+def prepare_moe(w1, w1s, w3, w3s, w2, w2s, shared=None) -> MoEWeights:
+    """Host repack. Routed: ``w1``/``w3`` packed int32 [E, I, D/8] with float16 scales [E, I, D/G];
+    ``w2`` [E, D, I/8] with [E, D, I/G]. ``shared`` = (s1, s1s, s3, s3s, s2, s2s) of width S*I
+    ([S*I, D/8] ... [D, S*I/8]) or None; it is split into S experts of width I (SwiGLU is separable
+    over intermediate columns), routed to every token with weight 1."""
+    w1, w3, w2 = np.asarray(w1), np.asarray(w3), np.asarray(w2)
+    if w1.ndim != 3 or w1.shape != w3.shape or w2.ndim != 3 or w2.shape[0] != w1.shape[0]:
+        raise KernelInputError(f"expert stacks must be [E, I, D/8] x2 and [E, D, I/8], "
+                               f"got {w1.shape} {w3.shape} {w2.shape}")
+    e, i, d = w1.shape[0], w1.shape[1], w1.shape[2] * 8
+    parts = [(w1, np.asarray(w1s), w3, np.asarray(w3s), w2, np.asarray(w2s))]
+    s = 0
+    if shared is not None:
+        s1, s1s, s3, s3s, s2, s2s = (np.asarray(a) for a in shared)
+        if s1.shape[0] % i or s2.shape[0] != d:
+            raise KernelInputError(f"shared width {s1.shape[0]} is not a multiple of the expert width {i}")
+        s = s1.shape[0] // i
+
+        def split_rows(a):
+            return a.reshape(s, i, a.shape[-1])                                # [S, I, *]
+
+        def split_cols(a):
+            return a.reshape(d, s, a.shape[-1] // s).swapaxes(0, 1)           # [S, D, */S]
+        parts.append((split_rows(s1), split_rows(s1s), split_rows(s3), split_rows(s3s),
+                      np.ascontiguousarray(split_cols(s2)), np.ascontiguousarray(split_cols(s2s))))
+    cat = [np.concatenate([p[j] for p in parts]) for j in range(6)]
+    r1, r3, r2 = repack_int4(cat[0], cat[1]), repack_int4(cat[2], cat[3]), repack_int4(cat[4], cat[5])
+    x, n16 = e + s, r1.n16
+    wq = np.stack([np.asarray(r1.wq).reshape(x, n16, -1), np.asarray(r3.wq).reshape(x, n16, -1)], axis=2)
+    sq = np.stack([np.asarray(r1.sq).reshape(x, n16, -1), np.asarray(r3.sq).reshape(x, n16, -1)], axis=2)
+    w13 = Int4Weight(wq.reshape(-1), sq.reshape(-1), i, d, r1.group_size, x, pair=True)
+    return MoEWeights(w13, r2, e, s)
+
+
+def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0) -> MoEWorkspace:
+    p = n_tok * (k_top + weights.n_shared)
+    i, d = weights.w13.n, weights.w2.n
+    stream = as_stream(stream)
+    return MoEWorkspace(empty(p, np.int32, stream), empty(p * 8, np.int32, stream),
+                        empty(2, np.int32, stream), empty(p * i // 2, np.uint32, stream),
+                        empty(p * d, np.float32, stream), n_tok)
+
+
+def choose_moe_config(d: int, i: int, n_pairs: int) -> dict:
+    """Warps per block / chunks per warp of the two GEMMs and the worker count W (perf.md)."""
+    def ks(k, cpw):
+        return max(1, min(8, -(-(k // 64) // cpw)))
+    return {"gu": (ks(d, 2), 2), "dn": (ks(i, 2), 2), "workers": min(n_pairs, 64)}
+
+
+def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoEWorkspace | None = None,
+              stream=None, config: dict | None = None, check_routing: bool = False):
+    """``out [T, D] float32`` = the MoE layer for ``x`` float16 [T, D] routed by ``topk_ids`` int32
+    [T, K] (values in [0, E)) with ``topk_w`` float32 [T, K] (routed_scaling_factor included).
+
+    ``weights`` from ``prepare_moe(...).to_device()``; ``workspace`` from ``moe_workspace`` (pass
+    one for CUDA-graph capture: allocating inside a capture fails). Expert ids outside [0, E) are
+    dropped on the device and flagged in ``workspace.meta[1]``; ``check_routing=True`` synchronises
+    and raises KernelInputError for them. Raises KernelInputError before launching on bad shapes.
+    """
+    if not isinstance(weights, MoEWeights):
+        raise KernelInputError("weights must come from prepare_moe(...).to_device()")
+    w13, w2 = weights.w13, weights.w2
+    d, i, g, xe = w13.k, w13.n, w13.group_size, w13.experts
+    if i % 64 or d % 64 or w2.n != d or w2.k != i or w2.experts != xe:
+        raise KernelInputError(f"inconsistent expert shapes D={d} I={i} (both multiples of 64 required)")
+    x = check(x, "x", np.float16, (None, d))
+    t = x.shape[0]
+    ids = check(topk_ids, "topk_ids", np.int32, (t, None), align=4)
+    k = ids.shape[1]
+    tw = check(topk_w, "topk_w", np.float32, (t, k), align=4)
+    if t < 1 or not 1 <= k <= weights.n_routed:
+        raise KernelInputError(f"need T >= 1 tokens and 1 <= K <= E experts per token, got T={t} K={k}")
+    p = t * (k + weights.n_shared)
+    if p * max(d, i) * 8 > 2**31 - 1 or xe > 1024:
+        raise KernelInputError(f"T={t} tokens x {k + weights.n_shared} experts exceed the int32 / "
+                               "block limits")
+    stream = as_stream(stream)
+    ws = workspace or moe_workspace(t, k, weights, stream)
+    if ws.n_tok != t:
+        raise KernelInputError(f"workspace was made for T={ws.n_tok} tokens, x has {t}")
+    w13q = check(w13.wq, "w13.wq", np.uint32, (xe * w13.n16 * 2 * d * 2,))
+    w13s = check(w13.sq, "w13.sq", np.uint32, (xe * w13.n16 * 2 * (d // g) * 8,), align=4)
+    w2q = check(w2.wq, "w2.wq", np.uint32, (xe * w2.n16 * i * 2,))
+    w2s = check(w2.sq, "w2.sq", np.uint32, (xe * w2.n16 * (i // g) * 8,), align=4)
+    if out is None:
+        out = empty((t, d), np.float32, stream)
+    out = check(out, "out", np.float32, (t, d), align=4)
+    cfg = config or choose_moe_config(d, i, p)
+    nthr = align_threads(xe)
+    h = flat(ws.h)
+    make_align_kernel(xe, nthr)[1, nthr, stream](ws.tile_expert, ws.tile_rows, ws.meta, flat(ids), t, k,
+                                                 weights.n_routed, p)
+    ks, cpw = cfg["gu"]
+    make_moe_gemm_kernel(d, i, g, ks, cpw, True)[(w13.n16, cfg["workers"]), ks * 32, stream](
+        h, flat(x), w13q, w13s, ws.tile_expert, ws.tile_rows, ws.meta, flat(tw), t, k)
+    ks, cpw = cfg["dn"]
+    make_moe_gemm_kernel(i, d, g, ks, cpw, False)[(w2.n16, cfg["workers"]), ks * 32, stream](
+        ws.y, h.view(np.float16), w2q, w2s, ws.tile_expert, ws.tile_rows, ws.meta, flat(tw), t, k)
+    make_combine_kernel(d, k, weights.n_shared)[(-(-d // 128), t), 128, stream](flat(out), ws.y, t)
+    if check_routing:
+        if not isinstance(ws.meta, np.ndarray):
+            from numba import cuda
+            cuda.synchronize()
+        meta = ws.meta if isinstance(ws.meta, np.ndarray) else ws.meta.copy_to_host()
+        if int(meta[1]):
+            raise KernelInputError(f"topk_ids holds expert ids outside [0, {weights.n_routed})")
+    return out

@@ -1,0 +1,50 @@
+"""Run WITHOUT the simulator (subprocess of test_compile_ptx.py): compile every shipped kernel for sm_90
+with cuda.compile_ptx (no GPU or driver needed) and print one JSON object of instruction counts."""
+
+import json
+import sys
+
+from numba import config, cuda
+from numba import types as T
+
+from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel
+from kernels_numba.moe import choose_moe_config
+from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
+from kernels_numba.moe_gemm import make_moe_gemm_kernel
+
+KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+        "ldg_nc_v4": "ld.global.nc.L1::no_allocate.v4.u32",
+        "ldg_v4": "ld.global.v4.u32", "lop3": "lop3.b32", "hfma2": "fma.rn.f16x2", "local": ".local",
+        "atom_shared": "atom.shared", "bar": "bar.sync"}
+
+
+def counts(kernel, sig):
+    ptx, _ = cuda.compile_ptx(kernel, sig, cc=(9, 0))
+    return {k: ptx.count(v) for k, v in KEYS.items()}
+
+
+def main():
+    if config.ENABLE_CUDASIM:
+        raise SystemExit("must run without NUMBA_ENABLE_CUDASIM")
+    def a(t):
+        return t[::1]
+    out = {}
+    mm_sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), T.int64, T.int64)
+    for m, k in ((1, 7168), (16, 7168), (1, 2048), (16, 2048), (64, 2048), (3, 1024)):
+        for g in (32, 128):
+            cfg = choose_config(m, k, g)
+            out[f"int4_matmul M={m} K={k} G={g} {cfg}"] = counts(make_int4_matmul_kernel(k, g, *cfg), mm_sig)
+    gsig = (a(T.uint32), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
+            a(T.float32), T.int64, T.int64)
+    cfg = choose_moe_config(7168, 2048, 72)
+    out["moe gate_up"] = counts(make_moe_gemm_kernel(7168, 2048, 32, *cfg["gu"], True), gsig)
+    dsig = (a(T.float32),) + gsig[1:]
+    out["moe down"] = counts(make_moe_gemm_kernel(2048, 7168, 32, *cfg["dn"], False), dsig)
+    out["moe align"] = counts(make_align_kernel(385, 512),
+                              (a(T.int32), a(T.int32), a(T.int32), a(T.int32), *(T.int64,) * 4))
+    out["moe combine"] = counts(make_combine_kernel(7168, 8, 1), (a(T.float32), a(T.float32), T.int64))
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The intrinsics' semantics: simulator fallbacks against numpy, and the GPU versions against the same."""
+
+import numpy as np
+from numba import cuda, float32
+
+from kernels_numba import intrinsics as ki
+from kernels_numba.intrinsics import NIBBLE_ORDER
+
+from .helpers import dev, gpu, host, needs_gpu
+
+
+@cuda.jit
+def _probe_kernel(out, words, xs, a_frag):
+    """Each lane: dequantizes its word, runs one mma with a = dequantized nibbles, b = xs, c = lane."""
+    lane = cuda.threadIdx.x
+    q = ki.dequant_i4x8(words[lane])
+    xv = ki.ld_v4(xs, lane * 8)
+    wv = ki.ld_stream_v4(words, (lane // 4) * 4)
+    for j in range(4):
+        a_frag[lane * 4 + j] = q[j]
+    c = float32(lane)
+    d = ki.mma_16816(q[0], q[1], q[2], q[3], xv[0], xv[1], c, c, c, c)
+    lo, hi = ki.h2_to_f32(xv[2])
+    for j in range(4):
+        out[lane * 8 + j] = d[j]
+    out[lane * 8 + 4] = lo
+    out[lane * 8 + 5] = hi
+    out[lane * 8 + 6] = float32(wv[lane % 4] == words[(lane // 4) * 4 + lane % 4])
+    h = ki.f32_to_h2(lo * float32(3.0), hi)
+    out[lane * 8 + 7] = float32(h == ki.f32_to_h2(lo * float32(3.0), hi))
+
+
+def _expected(words, xs):
+    """Numpy model of the same computation from the PTX ISA fragment layout."""
+    q = np.zeros((32, 8), np.float64)
+    for p, e in enumerate(NIBBLE_ORDER):
+        q[:, e] = ((words >> np.uint32(4 * p)) & np.uint32(0xF)).astype(np.int64) - 8
+    xh = xs.reshape(32, 8).astype(np.float64)
+    A, B = np.zeros((16, 16)), np.zeros((16, 8))
+    for ln in range(32):
+        g, t = divmod(ln, 4)
+        A[g, 2 * t:2 * t + 2], A[g + 8, 2 * t:2 * t + 2] = q[ln, 0:2], q[ln, 2:4]
+        A[g, 2 * t + 8:2 * t + 10], A[g + 8, 2 * t + 8:2 * t + 10] = q[ln, 4:6], q[ln, 6:8]
+        B[2 * t:2 * t + 2, g], B[2 * t + 8:2 * t + 10, g] = xh[ln, 0:2], xh[ln, 2:4]
+    D = A @ B
+    out = np.zeros((32, 8))
+    for ln in range(32):
+        g, t = divmod(ln, 4)
+        out[ln, :4] = np.array([D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]]) + ln
+        out[ln, 4:6] = xh[ln, 4:6]
+    out[:, 6:] = 1.0
+    return out, q
+
+
+def _run(seed):
+    rng = np.random.default_rng(seed)
+    words = rng.integers(0, 2**32, 32, dtype=np.uint64).astype(np.uint32)
+    xs = rng.standard_normal(256).astype(np.float16)
+    out = dev(np.full(256, np.nan, np.float32))
+    frag = dev(np.zeros(128, np.uint32))
+    _probe_kernel[1, 32](out, dev(words), dev(xs), frag)
+    want, q = _expected(words, xs)
+    got = host(out).reshape(32, 8)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+    halves = host(frag).view(np.float16).reshape(32, 8).astype(np.float64)
+    np.testing.assert_array_equal(halves, q)
+
+
+def test_intrinsics_semantics():
+    _run(0)
+
+
+@gpu
+@needs_gpu
+def test_intrinsics_semantics_gpu():
+    for seed in range(3):
+        _run(seed)

@@ -1,0 +1,89 @@
+"""fused_moe against workbench.reference.moe.moe (routing from the reference moe_gate), both tiers."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kernels_numba import KernelInputError
+from kernels_numba.moe import fused_moe, moe_workspace, prepare_moe
+from workbench.config import preset
+from workbench.quant.int4 import gen_quant4
+from workbench.reference.moe import moe, moe_gate
+
+from .helpers import SIMULATED, assert_close, dev, gpu, host, needs_gpu, poisoned
+
+SMALL = {"gu": (1, 2), "dn": (1, 2), "workers": 2}     # few simulated blocks; exercises the worker loop
+
+
+def _model(cfg, seed):
+    """INT4 weights dict of layer 0 (reference names) + the kernel's repacked MoEWeights."""
+    e, i, d, s = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size, cfg.n_shared_experts
+    rng = np.random.default_rng(seed)
+    w, stacks, shared = {}, {}, []
+    for ex in [*range(e), "shared"]:
+        pre = f"layers.0.ffn.experts.{ex}" if ex != "shared" else "layers.0.ffn.shared"
+        width = i if ex != "shared" else s * i
+        for nm, (n, k) in (("w1", (width, d)), ("w3", (width, d)), ("w2", (d, width))):
+            _, p, sc = gen_quant4(n, k, 32, seed=int(rng.integers(1 << 30)))
+            w[f"{pre}.{nm}.packed"], w[f"{pre}.{nm}.scale"] = p, sc
+            (shared.extend((p, sc)) if ex == "shared" else stacks.setdefault(nm, []).append((p, sc)))
+    w["layers.0.ffn.gate"] = rng.standard_normal((e, d)).astype(np.float32) * 0.1
+    w["layers.0.ffn.gate_bias"] = rng.standard_normal(e).astype(np.float32) * 0.01
+    st = [np.stack([t[j] for t in stacks[nm]]) for nm in ("w1", "w3", "w2") for j in (0, 1)]
+    mw = prepare_moe(*st, shared=shared if s else None)
+    return w, (mw if SIMULATED else mw.to_device())
+
+
+def _check(cfg, t, seed, config=None):
+    w, mw = _model(cfg, seed)
+    x = np.random.default_rng(seed + 1).standard_normal((t, cfg.hidden_size)).astype(np.float16)
+    xf = x.astype(np.float32)
+    idx, tw = moe_gate(cfg, xf, w["layers.0.ffn.gate"], w["layers.0.ffn.gate_bias"])
+    out = poisoned((t, cfg.hidden_size))
+    fused_moe(dev(x), dev(idx.astype(np.int32)), dev(tw.astype(np.float32)), mw, out=out,
+              config=config, check_routing=True)
+    # h = silu(gate) * up is rounded to float16 before the down projection (as in the reference), so a
+    # summation-order difference in gate/up can move h by one f16 ulp (2^-11 relative): tolerance 2e-3
+    assert_close(host(out), moe(cfg, w, 0, xf), rtol=2e-3, atol_rel=2e-3, what=f"T={t}")
+    return w, mw
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_tiny_matches_reference(t):
+    _check(preset("tiny"), t, seed=t, config=SMALL)
+
+
+def test_bad_expert_ids_flagged_and_bad_shapes_raise():
+    cfg = preset("tiny")
+    _, mw = _model(cfg, 9)
+    x = dev(np.zeros((2, cfg.hidden_size), np.float16))
+    tw = dev(np.ones((2, 2), np.float32))
+    with pytest.raises(KernelInputError, match="outside"):
+        fused_moe(x, dev(np.array([[0, 8], [1, 2]], np.int32)), tw, mw, config=SMALL, check_routing=True)
+    with pytest.raises(KernelInputError, match="dtype"):
+        fused_moe(x, dev(np.zeros((2, 2), np.int64)), tw, mw)
+    with pytest.raises(KernelInputError, match="shape"):
+        fused_moe(x, dev(np.zeros((2, 2), np.int32)), dev(np.ones((2, 3), np.float32)), mw)
+    with pytest.raises(KernelInputError, match="workspace"):
+        fused_moe(x, dev(np.zeros((2, 2), np.int32)), tw, mw, workspace=moe_workspace(3, 2, mw))
+    with pytest.raises(KernelInputError, match="prepare_moe"):
+        fused_moe(x, dev(np.zeros((2, 2), np.int32)), tw, mw.w13)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("t", [1, 5, 33])
+def test_gpu_moe(t):
+    cfg = replace(preset("tiny"), hidden_size=1024, moe_intermediate_size=512, n_routed_experts=16,
+                  num_experts_per_tok=4, n_group=1, topk_group=1)
+    _check(cfg, t, seed=t)
+
+
+@gpu
+@needs_gpu
+def test_gpu_moe_k2_width():
+    """Real K2 widths (D = 7168, I = 2048, G = 32), few experts."""
+    cfg = replace(preset("tiny"), hidden_size=7168, moe_intermediate_size=2048, n_routed_experts=4,
+                  num_experts_per_tok=2, n_group=1, topk_group=1)
+    _check(cfg, 3, seed=7)

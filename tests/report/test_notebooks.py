@@ -1,0 +1,145 @@
+"""Every notebook in the smoke profile, through the same runner `make report` uses; assertions are
+on the files the notebooks write (CSV, PNG, manifest) and on what a headless browser loads.
+
+One test function, so that pytest-xdist runs the smoke report once, not once per worker; the
+checks are collected and all failures reported together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.report.browser import open_page
+from workbench.commands import report
+from workbench.report.profiles import NOTEBOOKS
+
+BENCH_FIXTURE = Path(__file__).parent / "fixtures" / "bench"
+
+
+def rows(out: Path, name: str) -> list[dict[str, str]]:
+    with open(out / "data" / f"{name}.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def check_01(out: Path) -> list[tuple[bool, str]]:
+    v = rows(out, "01_validation")
+    side = rows(out, "01_side_by_side_tiny")
+    return [
+        ([r["bundle"] for r in v] == ["tiny", "int4_tiny"], "01: validated bundles"),
+        (all(r["golden_reproduced"] == "True" for r in v), "01: goldens reproduced"),
+        (all(r["identical_file"] == "True" for r in rows(out, "01_rebuild")), "01: rebuild byte-identical"),
+        (len(side) == 32 and {"fp32_token", "int4_token", "same"} <= set(side[0]), "01: side by side"),
+        ((out / "figures" / "01_margins.png").stat().st_size > 1000, "01: margins figure"),
+    ]
+
+
+def check_02(out: Path) -> list[tuple[bool, str]]:
+    g = rows(out, "02_greedy_exact")
+    hist = {(r["drafter"], r["budget"]) for r in rows(out, "02_accept_hist")}
+    return [
+        (len(g) == 2 * (1 + 2 * 2), "02: 2 bundles x (AR + 2 drafters x 2 budgets) runs"),
+        (all(r["equals_golden"] == "True" for r in g), "02: every run equals the golden"),
+        ({r["backend"] for r in g} == {"reference"}, "02: smoke runs the reference only"),
+        (hist == {(d, b) for d in ("dflash", "oracle") for b in ("1", "4")}, "02: histogram cases"),
+        ((out / "figures" / "02_tree.png").is_file(), "02: tree drawing"),
+    ]
+
+
+def check_03(out: Path) -> list[tuple[bool, str]]:
+    s = rows(out, "03_teacher_forced_summary")
+    pairs = {(r["model"], r["group_size"]) for r in s}
+    want = {
+        ("tiny", "32"),
+        ("tiny", "64"),
+        ("tiny_moe128", "32"),
+        ("tiny_moe128", "64"),
+        ("tiny_moe128", "128"),
+    }
+    return [
+        (pairs == want, f"03: (model, G) pairs {sorted(pairs)}"),
+        (all(float(r["fp32_reproduces_forced"]) == 1.0 for r in s), "03: FP32 teacher forcing self-check"),
+        (
+            all(float(r["mean_kl_nats"]) > 0 and 0 <= float(r["top1_agreement"]) <= 1 for r in s),
+            "03: KL, top-1",
+        ),
+        ([r["group_size"] for r in rows(out, "03_group_sizes")] == ["32", "64", "128"], "03: group sizes"),
+        (len(rows(out, "03_hidden_state_error")) == 5 * 4, "03: 5 pairs x 4 layers of hidden-state error"),
+        ((out / "data" / "03_matrix_errors.csv").is_file(), "03: per-matrix CSV"),
+    ]
+
+
+def check_04(out: Path) -> list[tuple[bool, str]]:
+    model = rows(out, "04_bandwidth_model")
+    return [
+        (len(model) == 2 * 7 and all(float(r["ideal_speedup"]) > 3 for r in model), "04: bandwidth model"),
+        (len(rows(out, "04_kernels")) == 8, "04: the bench fixture CSV read back"),
+        ((out / "figures" / "04_kernels.png").is_file(), "04: measured figure"),
+    ]
+
+
+def check_05(out: Path) -> list[tuple[bool, str]]:
+    acc = rows(out, "05_acceptance")
+    full = [r for r in acc if r["oracle_p"] == "1.0" and r["budget"] == "16"]
+    cov = rows(out, "05_expert_coverage")
+    return [
+        (len(full) == 1 and float(full[0]["tau"]) == 8.0, "05: oracle p=1 accepts whole blocks (8)"),
+        (cov[0]["rows"] == "1" and float(cov[0]["measured_unique_experts"]) == 8.0, "05: one row, 8 experts"),
+        (all(float(r["measured_unique_experts"]) <= min(384, 8 * int(r["rows"])) for r in cov), "05: bounds"),
+        (len(rows(out, "05_speedup_model")) == len(acc), "05: speedup rows"),
+    ]
+
+
+@pytest.mark.slow
+def test_smoke_profile_of_every_notebook(tmp_path):
+    out = tmp_path / "reports"
+    p = argparse.ArgumentParser()
+    report.add_arguments(p)
+    rc = report.run(
+        p.parse_args(
+            [
+                "--profile",
+                "smoke",
+                "--out",
+                str(out),
+                "--quiet",
+                "--param",
+                f"bench_dir={json.dumps(str(BENCH_FIXTURE))}",
+            ]
+        )
+    )
+    runs = {r["name"]: r for r in json.loads((out / "manifest.json").read_text())["notebooks"]}
+    assert sorted(runs) == sorted(NOTEBOOKS)
+    assert {n: r["status"] for n, r in runs.items()} == {n: "ok" for n in NOTEBOOKS}, {
+        n: r["reason"] for n, r in runs.items()
+    }
+    assert rc == 0
+    checks = [
+        (
+            r["parameters"]["profile"] == "smoke" and r["parameters"]["out_dir"] == str(out.resolve()),
+            f"{n}: standard parameters",
+        )
+        for n, r in runs.items()
+    ]
+    for fn in (check_01, check_02, check_03, check_04, check_05):
+        checks += fn(out)
+    for name in [*NOTEBOOKS, "index"]:
+        page = open_page(out / (f"{name}.html" if name == "index" else runs[name]["html"]), tmp_path)
+        checks.append(
+            (
+                page["loaded"] == 1 and page["broken"] == 0 and page["errors"] == 0 and page["banner"] == 0,
+                f"browser: {name} loaded, no broken images, no error cells, no failure banner",
+            )
+        )
+        if name == "index":
+            checks.append(
+                (page["dom"].count('data-status="ok"') == len(NOTEBOOKS), "browser: index statuses")
+            )
+        else:
+            checks.append((page["images"] >= 1, f"browser: {name} has images"))
+    failed = [what for ok, what in checks if not ok]
+    assert not failed, "\n".join(failed)

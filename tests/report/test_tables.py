@@ -1,0 +1,57 @@
+"""CSV at full precision beside rounded HTML tables; benchmark CSV reading."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+
+from workbench.report import benchdata, tables
+
+
+def test_csv_keeps_full_precision(tmp_path):
+    x = 0.1 + 0.2
+    rows = [{"a": x, "b": np.float64(1 / 3), "c": None}, {"a": 1e-300, "d": [1, 2]}]
+    tables.write_csv(rows, tmp_path / "t.csv")
+    back = list(csv.DictReader(open(tmp_path / "t.csv")))
+    assert float(back[0]["a"]) == x and float(back[0]["b"]) == 1 / 3 and float(back[1]["a"]) == 1e-300
+    assert back[0]["c"] == "" and back[0]["d"] == "" and back[1]["d"] == "[1, 2]"
+
+
+def test_html_is_rounded_and_escaped():
+    html = tables.table_html([{"x": 3.14159265, "name": "<b>"}], digits=3)
+    assert "3.14<" in html and "3.1415" not in html and "&lt;b&gt;" in html
+    assert tables.fmt(float("nan")) == "nan" and tables.fmt([1.23456, 2]) == "1.235 2"
+
+
+def test_bench_results(tmp_path):
+    (tmp_path / "k.csv").write_text(
+        "case,impl,M,gbps,pct_copy\nc,a,4,2000.0,50\nc,a,1,1000,25\nc,b,1,3000,75\n"
+    )
+    (tmp_path / "k.json").write_text(json.dumps({"gpu": "X"}))
+    [(path, meta)] = benchdata.find_results(tmp_path)
+    rows = benchdata.read_csv(path)
+    assert meta == {"gpu": "X"} and rows[0]["M"] == 4 and rows[0]["gbps"] == 2000.0
+    assert benchdata.column(rows, "impl") == "impl" and benchdata.column(rows, "nope") is None
+    assert benchdata.copy_gbps(meta, rows) == 4000.0  # gbps / (pct_copy / 100)
+    assert benchdata.copy_gbps({"copy_gbps": 4100}, rows) == 4100.0
+    assert benchdata.series(rows, "M", "gbps", "impl") == {"a": ([1, 4], [1000, 2000.0]), "b": ([1], [3000])}
+    assert benchdata.series([{"impl": "a", "M": "", "gbps": 1.0}], "M", "gbps", "impl") == {}
+    assert [benchdata.family(c) for c in ("gate_up M=16", "moe T=4", "down copy ceiling", "x")] == [
+        "gate_up",
+        "moe",
+        "down",
+        "x",
+    ]
+    fams = benchdata.families([{"case": "d M=1"}, {"case": "moe T=1"}, {"case": "d copy ceiling"}], "case")
+    assert {k: len(v) for k, v in fams.items()} == {"d": 2, "moe": 1}
+    assert benchdata.is_ceiling({"case": "d copy ceiling"}, "case") and not benchdata.is_ceiling(
+        fams["moe"][0], "case"
+    )
+    assert benchdata.find_results(tmp_path / "missing") == []
+    assert benchdata.matmul_bytes(1, 2048, 7168, "bf16") == 2048 * 7168 * 2 + 2 * 7168 + 2 * 2048
+    assert (
+        benchdata.matmul_bytes(1, 2048, 7168, "int4", 32)
+        == 2048 * 7168 * (0.5 + 2 / 32) + 2 * 7168 + 2 * 2048
+    )

@@ -1,0 +1,141 @@
+"""Timing and metadata helpers shared by the kernel and engine benchmarks (GPU only, torch + numba).
+
+- ``time_op(fn, ...)``: CUDA-event timing of ``fn`` (which enqueues work on torch's current stream),
+  after warm-up, either launched eagerly back to back or captured once in a torch CUDA graph and
+  replayed; returns per-call statistics in microseconds.
+- ``copy_bandwidth()``: device-to-device copy rate (bytes read + written per second) measured now,
+  the ceiling every GB/s figure is compared with.
+- ``run_metadata()``: GPU, driver, CUDA, library versions, git SHA, time.
+- ``write_csv`` / ``write_json``: atomic writes (temp file in the same folder, fsync, os.replace).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import json
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from ..fileio import write_text_atomic
+
+
+def require_gpu() -> None:
+    """Raise UserError (one line, exit 2) unless torch sees a CUDA GPU."""
+    from workbench.cli import UserError
+    try:
+        import torch
+    except ImportError as e:
+        raise UserError(f"benchmarks need torch with CUDA: {e}") from None
+    if not torch.cuda.is_available():
+        raise UserError("benchmarks need a CUDA GPU (torch.cuda.is_available() is False)")
+
+
+def stats(samples_us: list[float]) -> dict[str, float]:
+    return {"median_us": statistics.median(samples_us), "min_us": min(samples_us), "max_us": max(samples_us)}
+
+
+def time_op(fn: Callable[[], None], *, calls: int = 1, reps: int = 20, warmup: int = 3,
+            graph: bool = True) -> dict[str, float]:
+    """Median/min/max microseconds per call of ``fn``, where one ``fn()`` makes ``calls`` calls.
+
+    graph=True captures ``fn`` once in a torch CUDA graph (numba kernels must launch on
+    ``cuda.external_stream(torch.cuda.current_stream().cuda_stream)``) and times replays, which
+    removes Python launch overhead; graph=False times eager back-to-back launches.
+    """
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    run = fn
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()                                     # warm-up on the capture stream
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            fn()
+        g.replay()
+        torch.cuda.synchronize()
+        run = g.replay
+    samples = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) * 1e3 / calls)
+    return stats(samples)
+
+
+def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
+    """Device-to-device copy of ``nbytes``: (read + written) bytes / median time, in GB/s."""
+    import torch
+    src = torch.empty(nbytes // 2, dtype=torch.int16, device="cuda").random_()
+    dst = torch.empty_like(src)
+    st = time_op(lambda: dst.copy_(src), reps=reps, graph=False)
+    return 2 * nbytes / (st["median_us"] * 1e-6) / 1e9
+
+
+def git_sha() -> str:
+    sha = os.environ.get("KDTREE_GIT_SHA")
+    if sha:
+        return sha
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                              timeout=10, cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_metadata(**extra) -> dict:
+    import numba
+    import numpy
+    import torch
+    meta = {
+        "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_sha": git_sha(), "python": platform.python_version(), "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda, "numba": numba.__version__, "numpy": numpy.__version__,
+    }
+    try:
+        from importlib.metadata import version
+        meta["numba_cuda"] = version("numba-cuda")
+    except Exception:                                # noqa: BLE001 - metadata is best effort
+        meta["numba_cuda"] = "unknown"
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        meta.update(gpu=p.name, sm_count=p.multi_processor_count, capability=f"{p.major}.{p.minor}",
+                    memory_gib=round(p.total_memory / 2**30, 1),
+                    l2_mib=round(getattr(p, "L2_cache_size", 0) / 2**20, 1))
+        try:
+            q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem",
+                                "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            meta["nvidia_smi"] = q.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            meta["nvidia_smi"] = "unavailable"
+    meta.update(extra)
+    return meta
+
+
+
+
+def write_json(path, obj) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_csv(path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    w.writerows(rows)
+    write_text_atomic(path, buf.getvalue())

@@ -1,0 +1,164 @@
+"""Fused-MoE part of ``bench kernels`` (K2 shape: D 7168, I 2048, 384 experts + 1 shared, top-8, G 32)."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+
+D, I, E, S, K, G = 7168, 2048, 384, 1, 8, 32
+EXPERT_BYTES = 3 * D * I // 2 + 3 * D * (I // G) * 2          # 24.77 MB: packed nibbles + f16 scales
+
+
+def k2_random_experts(torch, e=E, s=S, d=D, i=I, g=G):
+    """Random repacked K2-shape experts on the GPU (random words are random nibbles)."""
+    from numba import cuda
+
+    from kernels_numba.int4_layout import Int4Weight
+    from kernels_numba.moe import MoEWeights
+    x = e + s
+
+    def words(n):
+        t = torch.randint(-2**31, 2**31 - 1, (n,), dtype=torch.int32, device="cuda")
+        return cuda.as_cuda_array(t).view(np.uint32)
+
+    def scales(n):
+        h = (torch.rand(2 * n, device="cuda") * 0.004 + 0.001).half()
+        return cuda.as_cuda_array(h.view(torch.int32)).view(np.uint32)
+    n16 = i // 16
+    w13 = Int4Weight(words(x * n16 * 2 * d * 2), scales(x * n16 * 2 * (d // g) * 8), i, d, g, x, True)
+    w2 = Int4Weight(words(x * (d // 16) * i * 2), scales(x * (d // 16) * (i // g) * 8), d, i, g, x)
+    return MoEWeights(w13, w2, e, s)
+
+
+def routings(torch, t, sets, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.stack([torch.randperm(E, device="cuda", generator=gen)[:K] for _ in range(t)]).int()
+            for _ in range(sets)]
+
+
+def graph_of(torch, fn):
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def timed_replays(torch, g, ids, id_sets, reps):
+    samples, uniq = [], []
+    for r in range(reps):
+        ids.copy_(id_sets[r % len(id_sets)])
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) * 1e3)
+        uniq.append(len(torch.unique(id_sets[r % len(id_sets)])) + S)
+    return samples, uniq
+
+
+def _run_align(torch, align, nthr, ws, ids, t):
+    from numba import cuda
+    s_ = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+    align[1, nthr, s_](ws.tile_expert, ws.tile_rows, ws.meta, ids.view(-1), t, K, E, t * (K + S))
+
+
+def stats(samples):
+    return {"median_us": float(np.median(samples)), "min_us": float(min(samples)),
+            "max_us": float(max(samples))}
+
+
+def bench_moe(torch, copy, rows, log):
+    from kernels_numba.moe import choose_moe_config, fused_moe, moe_workspace
+    from kernels_numba.moe_align import align_threads, make_align_kernel
+
+    mw = k2_random_experts(torch)
+    tg = per_expert_tinygemm(torch)
+    for t in TOKENS:
+        id_sets = routings(torch, t, 8, seed=t)
+        ids = id_sets[0].clone()
+        x = torch.randn(t, D, device="cuda").half()
+        tw = torch.rand(t, K, device="cuda")
+        out = torch.empty(t, D, device="cuda")
+        ws = moe_workspace(t, K, mw)
+        cfgs = [("fused_moe (numba, 4 launches)", choose_moe_config(D, I, t * (K + S)))]
+        if t in (1, 64):
+            cfgs.append(("fused_moe alt config (16 warps/block)",
+                         {"gu": (16, 2), "dn": (16, 2), "workers": min(t * (K + S), 64)}))
+        floor_us = None
+        for impl, cfg in cfgs:
+            g = graph_of(torch, lambda cfg=cfg: fused_moe(x, ids, tw, mw, out=out, workspace=ws,  # noqa: B023
+                                                          stream=torch.cuda.current_stream(), config=cfg))
+            samples, uniq = timed_replays(torch, g, ids, id_sets, 24)
+            floor_us = np.median(uniq) * EXPERT_BYTES / (copy * 1e3)
+            st = stats(samples)
+            nbytes = float(np.median(uniq)) * EXPERT_BYTES
+            row = {"case": f"moe T={t}", "impl": impl, "timing": "graph, routing rotated", "T": t,
+                   "unique_experts": float(np.median(uniq)), "config": str(cfg),
+                   **{k: round(v, 2) for k, v in st.items()}, "bytes": int(nbytes),
+                   "gbs": round(nbytes / (st["median_us"] * 1e-6) / 1e9, 1),
+                   "floor_us": round(floor_us, 2), "pct_floor": round(100 * floor_us / st["median_us"], 1)}
+            row["pct_copy"] = row["pct_floor"]
+            rows.append(row)
+            log(row)
+        if t in (1, 64):      # stage breakdown: each launch of the layer captured alone
+            nthr = align_threads(E + S)
+            align = make_align_kernel(E + S, nthr)
+
+            ga = graph_of(torch, functools.partial(_run_align, torch, align, nthr, ws, ids, t))
+            sa, _ = timed_replays(torch, ga, ids, id_sets, 12)
+            rows.append({"case": f"moe T={t}", "impl": "fused_moe stage: align (1 block)", "timing": "graph",
+                         "T": t, **{k: round(v, 2) for k, v in stats(sa).items()}})
+            log(rows[-1])
+        samples = []
+        for r in range(6 if t < 64 else 3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            torch_moe_loop(torch, x, id_sets[r % 8], tw, tg)
+            torch.cuda.synchronize()
+            samples.append((time.perf_counter() - t0) * 1e6)
+        st = stats(samples[1:])
+        rows.append({"case": f"moe T={t}", "impl": "torch per-expert loop (tinygemm, eager)",
+                     "timing": "wall, eager",
+                     "T": t, **{k: round(v, 1) for k, v in st.items()},
+                     "pct_floor": round(100 * floor_us / st["median_us"], 1)})
+        log(rows[-1])
+
+
+def per_expert_tinygemm(torch):
+    """tinygemm operands for every expert: (gate, up, down) int4packs + (scale, zero) tables."""
+    def one(n, k):
+        u8 = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
+        sz = torch.zeros(k // G, n, 2, dtype=torch.bfloat16, device="cuda")
+        sz[..., 0] = 0.002
+        return torch.ops.aten._convert_weight_to_int4pack(u8, 8), sz
+    return [(one(I, D), one(I, D), one(D, I)) for _ in range(E + S)]
+
+
+def torch_moe_loop(torch, x, ids, tw, tg):
+    """The straightforward torch MoE: loop over the experts present, tinygemm for each projection."""
+    xb = x.bfloat16()
+    y = torch.zeros(x.shape[0], D, device="cuda", dtype=torch.float32)
+    mm = torch.ops.aten._weight_int4pack_mm
+    for e in torch.unique(ids).tolist():
+        rows, slot = torch.nonzero(ids == e, as_tuple=True)
+        xe = xb[rows]
+        (g_, gs), (u_, us), (d_, ds) = tg[e]
+        h = torch.nn.functional.silu(mm(xe, g_, G, gs)) * mm(xe, u_, G, us)
+        y.index_add_(0, rows, (mm(h, d_, G, ds).float() * tw[rows, slot, None]))
+    (g_, gs), (u_, us), (d_, ds) = tg[E]
+    y += mm(torch.nn.functional.silu(mm(xb, g_, G, gs)) * mm(xb, u_, G, us), d_, G, ds).float()
+    return y
+
+
+TOKENS = (1, 4, 16, 64)

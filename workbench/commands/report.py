@@ -1,0 +1,98 @@
+"""``python -m workbench report``: run the notebooks headless into HTML reports and an index page.
+
+Exit status 0 when every notebook finished, 1 when any failed (a cell raised, a per-cell or
+wall-clock limit was hit, or the kernel died), 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default="full", help="parameter set: smoke or full (default full)")
+    p.add_argument("--only", action="append", default=[], metavar="NAMES",
+                   help="comma-separated notebook names (stems, or a unique prefix such as 02); repeatable")
+    p.add_argument("--out", type=Path, default=ROOT / "reports", help="output folder (default reports/)")
+    p.add_argument("--notebooks", type=Path, default=ROOT / "notebooks",
+                   help="folder of py:percent notebooks (default notebooks/)")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=JSON",
+                   help="override a parameter in every selected notebook that declares it; repeatable")
+    p.add_argument("--kernel", default=None,
+                   help="Jupyter kernel name (default: kdtree-workbench if installed, else python3)")
+    p.add_argument("--cell-timeout", type=float, default=None, help="seconds per cell (profile default)")
+    p.add_argument("--wall-timeout", type=float, default=None, help="seconds per notebook (profile default)")
+    p.add_argument("--quiet", action="store_true", help="no per-notebook progress lines")
+
+
+def _select(folder: Path, only: list[str]) -> list[Path]:
+    from workbench.errors import InputError
+
+    if not folder.is_dir():
+        raise InputError(f"notebook folder not found: {folder}")
+    paths = sorted(folder.glob("*.py"))
+    if not only:
+        if not paths:
+            raise InputError(f"no notebooks (*.py) in {folder}")
+        return paths
+    chosen: list[Path] = []
+    for want in (w.strip() for arg in only for w in arg.split(",") if w.strip()):
+        hits = [p for p in paths if p.stem == want] or [p for p in paths if p.stem.startswith(want)]
+        if len(hits) != 1:
+            names = ", ".join(p.stem for p in paths)
+            raise InputError(f"--only {want!r} matches {len(hits)} notebooks (have: {names})")
+        if hits[0] not in chosen:
+            chosen.append(hits[0])
+    return chosen
+
+
+def _param_overrides(items: list[str], paths: list[Path]) -> dict[str, dict]:
+    from workbench.errors import InputError
+    from workbench.report.params import default_parameters, read_notebook
+
+    given: dict[str, object] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            raise InputError(f"--param wants NAME=JSON, got {item!r}")
+        try:
+            given[name.strip()] = json.loads(raw)
+        except ValueError:
+            raise InputError(f"--param {name}: value is not JSON: {raw!r} "
+                             "(quote strings: '\"cpu\"')") from None
+    declared = {p.stem: default_parameters(read_notebook(p), p.stem) for p in paths}
+    for name in given:
+        if not any(name in d for d in declared.values()):
+            raise InputError(f"--param {name}: no selected notebook declares it")
+    return {stem: {k: v for k, v in given.items() if k in d} for stem, d in declared.items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    from workbench.report import provenance
+    from workbench.report.profiles import get_profile
+    from workbench.report.runner import pick_kernel, run_report
+
+    profile = get_profile(args.profile)
+    paths = _select(args.notebooks, args.only)
+    cli = _param_overrides(args.param, paths)
+    overrides = {p.stem: {**profile.overrides.get(p.stem, {}), **cli.get(p.stem, {})} for p in paths}
+    kernel = pick_kernel(args.kernel)
+    cell = args.cell_timeout or profile.cell_timeout_s
+    wall = args.wall_timeout or profile.wall_timeout_s
+    progress = None if args.quiet else sys.stderr
+    if progress:
+        print(f"report: {len(paths)} notebook(s), profile {args.profile}, kernel {kernel}, "
+              f"out {args.out}", file=progress)
+    runs = run_report(paths, args.out, profile=args.profile, overrides=overrides, kernel=kernel,
+                      cell_timeout=cell, wall_timeout=wall, cwd=ROOT,
+                      provenance=provenance.collect(ROOT), progress=progress)
+    failed = [r for r in runs if r.status != "ok"]
+    if progress:
+        print(f"report: {len(runs) - len(failed)}/{len(runs)} ok; index: {args.out / 'index.html'}",
+              file=progress)
+    return 1 if failed else 0

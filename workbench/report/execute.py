@@ -1,0 +1,55 @@
+"""Child process of the runner: execute one notebook with papermill, record how it ended.
+
+``python -m workbench.report.execute SPEC.json`` reads {notebook, output, parameters, kernel,
+cell_timeout, cwd, result}, runs papermill and writes the result JSON
+{status, ename, evalue, cell_index}. Status is ``ok``, ``error`` (a cell raised), ``timeout`` (a
+cell ran past cell_timeout), ``dead_kernel`` or ``runner_error``. The runner enforces the
+whole-notebook wall limit from outside by killing this process and its kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+from ..fileio import write_json_atomic
+
+
+def execute(spec: dict[str, Any]) -> dict[str, Any]:
+    import papermill
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+    from papermill.exceptions import PapermillExecutionError
+
+    from .params import read_notebook
+
+    nb = read_notebook(spec["notebook"])
+    nb.metadata["kernelspec"] = {"name": spec["kernel"], "display_name": spec["kernel"], "language": "python"}
+    try:
+        papermill.execute_notebook(
+            nb, spec["output"], parameters=spec["parameters"], kernel_name=spec["kernel"],
+            language="python", cwd=spec["cwd"], execution_timeout=spec["cell_timeout"],
+            log_output=True, progress_bar=False, request_save_on_cell_execute=True)
+    except PapermillExecutionError as e:
+        return {"status": "error", "ename": e.ename, "evalue": str(e.evalue),
+                "cell_index": e.cell_index}
+    except CellTimeoutError as e:
+        return {"status": "timeout", "ename": "CellTimeoutError", "evalue": str(e).strip()}
+    except DeadKernelError as e:
+        return {"status": "dead_kernel", "ename": "DeadKernelError", "evalue": str(e).strip()}
+    except Exception as e:  # anything else papermill or the kernel manager raises
+        return {"status": "runner_error", "ename": type(e).__name__, "evalue": str(e).strip()}
+    return {"status": "ok"}
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # papermill's per-cell log
+    with open(argv[0], encoding="utf-8") as f:
+        spec = json.load(f)
+    write_json_atomic(spec["result"], execute(spec))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,127 @@
+"""Figures for the notebooks: captions with hardware and date, line plots with one line per
+implementation, acceptance histograms and a drawing of one DDTree round.
+
+Each figure is shown inline (PNG) and saved as ``out_dir/figures/<name>.png``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import MaxNLocator
+
+from ..fileio import save_figure_atomic
+from .provenance import hardware_line
+from .spec import RoundTrace
+
+
+def caption_text(what: str = "", hardware: str | None = None, date: str | None = None) -> str:
+    """'<what> Measured on <hardware>, <date UTC>.' (defaults: this machine, now)."""
+    hw = hardware or hardware_line()
+    day = date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return f"{what} Measured on {hw}, {day}.".strip()
+
+
+def finish(fig: Any, name: str, out_dir: str | Path, caption: str) -> None:
+    """Put ``caption`` under the figure, save it as PNG under out_dir/figures, show it, close it."""
+    from IPython.display import display
+
+    fig.text(0.01, 0.005, caption, fontsize=8, ha="left", va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    save_figure_atomic(fig, Path(out_dir) / "figures" / f"{name}.png", dpi=100)
+    display(fig)
+    plt.close(fig)
+
+
+def lines(ax: Any, series: dict[str, tuple[Iterable[float], Iterable[float]]], xlabel: str, ylabel: str,
+          title: str = "", logx: bool = False, logy: bool = False, marker: str = "o",
+          integer_x: bool = False) -> Any:
+    """One line per label: series[label] = (x, y). Axis labels should carry units."""
+    for label, (x, y) in series.items():
+        ax.plot(list(x), list(y), marker=marker, ms=3, label=label)
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+    return ax
+
+
+def histogram(ax: Any, counts: np.ndarray, title: str) -> Any:
+    """Bar chart of rounds per accepted length (bonus included) with the mean marked."""
+    counts = np.asarray(counts)
+    x = np.arange(counts.size)
+    ax.bar(x, counts, color="#4477aa")
+    total = counts.sum()
+    if total:
+        mean = float((x * counts).sum() / total)
+        ax.axvline(mean, color="#cc3311", ls="--", lw=1)
+        title = f"{title}\nmean {mean:.2f} tokens/round, {int(total)} rounds"
+    ax.set_xlabel("accepted tokens per round")
+    ax.set_ylabel("rounds")
+    ax.set_title(title, fontsize=9)
+    return ax
+
+
+def tree_layout(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(x = depth, y = leaf order from a depth-first walk) for nodes 0..N of a parent array."""
+    par = np.asarray(parents)
+    children: list[list[int]] = [[] for _ in par]
+    for i in range(1, par.size):
+        children[par[i]].append(i)
+    depth = np.zeros(par.size, dtype=np.int64)
+    y = np.zeros(par.size, dtype=np.float64)
+    next_leaf = [0.0]
+
+    def place(i: int) -> float:
+        kids = children[i]
+        for c in kids:
+            depth[c] = depth[i] + 1
+        y[i] = float(np.mean([place(c) for c in kids])) if kids else next_leaf[0]
+        if not kids:
+            next_leaf[0] += 1.0
+        return y[i]
+
+    place(0)
+    return depth, y
+
+
+def draw_round(ax: Any, trace: RoundTrace, title: str = "") -> Any:
+    """The draft tree of one round: accepted path in green, the target's bonus token in orange."""
+    tree = trace.tree
+    x, y = tree_layout(tree.parents)
+    on_path = set(trace.accepted)
+    for i in range(1, tree.parents.size):
+        p = tree.parents[i]
+        hit = i in on_path and p in on_path
+        ax.plot([x[p], x[i]], [y[p], y[i]], color="#228833" if hit else "#bbbbbb", lw=2.5 if hit else 0.8,
+                zorder=1)
+    labels = [trace.root, *tree.tokens.tolist()]
+    for i in range(tree.parents.size):
+        acc = i in on_path
+        ax.scatter(x[i], y[i], s=160, color="#228833" if acc else "white", edgecolors="#444444", zorder=2)
+        ax.text(x[i], y[i], str(labels[i]), ha="center", va="center", fontsize=6,
+                color="white" if acc else "black", zorder=3)
+    last = trace.accepted[-1]
+    bx, by = x[last] + 1, y.min() - 1.0                       # a row of its own below the tree
+    ax.plot([x[last], bx], [y[last], by], color="#ee7733", lw=2.5, ls="--", zorder=1)
+    ax.scatter(bx, by, s=220, color="#ee7733", edgecolors="#444444", marker="s", zorder=2)
+    ax.text(bx, by, str(trace.bonus), ha="center", va="center", fontsize=6, color="white", zorder=3)
+    ax.set_xlabel("depth (tokens after the root)")
+    ax.set_yticks([])
+    ax.set_title(title or f"{tree.n_nodes} nodes; accepted {len(trace.accepted) - 1} + bonus "
+                          f"(green path, orange square)", fontsize=9)
+    return ax

@@ -1,0 +1,118 @@
+"""Where and with what a report ran: git SHA, package versions, CPU/GPU, time; and device choice."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+PACKAGES = ("numpy", "torch", "numba", "numba-cuda", "transformers", "safetensors", "matplotlib",
+            "papermill", "jupytext", "nbconvert", "ipykernel")
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def git_state(root: Path) -> dict[str, Any]:
+    sha = _run(["git", "rev-parse", "HEAD"], root)
+    dirty = _run(["git", "status", "--porcelain"], root)
+    return {"sha": sha, "dirty": None if dirty is None else bool(dirty)}
+
+
+def gpus() -> list[dict[str, str]]:
+    """Real CUDA GPUs from nvidia-smi (name, driver, memory); [] when there is none."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    out = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    rows = [ln.split(", ") for ln in (out or "").splitlines() if ln.strip()]
+    return [{"name": r[0], "driver": r[1], "memory": r[2]} for r in rows if len(r) == 3]
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware_line() -> str:
+    """Short hardware description for plot captions: the GPU if one is used, else the CPU."""
+    g = gpus()
+    if g and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        return f"{g[0]['name']} (driver {g[0]['driver']})"
+    return f"CPU {cpu_name()} x{os.cpu_count()}"
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'gpu' with a real GPU and the simulator off, else 'cpu'; 'gpu' without one -> InputError."""
+    if device not in ("auto", "cpu", "gpu"):
+        raise InputError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
+    real = bool(gpus()) and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
+    if device == "gpu" and not real:
+        raise InputError("device='gpu' but no CUDA GPU is usable (none found, or NUMBA_ENABLE_CUDASIM=1)")
+    return device if device != "auto" else ("gpu" if real else "cpu")
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for p in PACKAGES:
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def collect(root: Path) -> dict[str, Any]:
+    """Everything the index page shows about the run."""
+    return {
+        "time_utc": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "git": git_state(root),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+        "gpus": gpus(),
+        "cuda_simulator": os.environ.get("NUMBA_ENABLE_CUDASIM") == "1",
+        "versions": versions(),
+        "python_executable": sys.executable,
+    }
+
+
+def run_line(profile: str, device: str, root: str | Path = ".") -> str:
+    """One line for the top of a report: profile, resolved device, hardware, git SHA, date."""
+    sha = (git_state(Path(root))["sha"] or "unknown")[:12]
+    day = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return (f"Profile **{profile}**, device **{resolve_device(device)}** ({hardware_line()}), "
+            f"git `{sha}`, run {day}.")
+
+
+def use_device(device: str) -> str:
+    """Resolve ``device`` and, for 'cpu', switch numba to its CUDA simulator (before numba is imported).
+
+    InputError if numba was already imported with the other setting (its config is read at import).
+    """
+    d = resolve_device(device)
+    want = d == "cpu"
+    numba = sys.modules.get("numba")
+    if numba is not None and bool(numba.config.ENABLE_CUDASIM) != want:
+        raise InputError(f"numba was imported before use_device({device!r}); call use_device first")
+    if want:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    return d

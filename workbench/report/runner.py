@@ -1,0 +1,179 @@
+"""Run notebooks headless, one child process each, with per-cell and whole-notebook limits.
+
+Layout under ``out``: ``<name>.ipynb`` (executed, partial on failure), ``<name>.html`` (code
+hidden, failure banner on top), ``logs/<name>.log`` (papermill's cell log), ``data/`` (what the
+notebooks write), ``manifest.json`` and ``index.html``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import psutil
+
+from ..errors import InputError
+from ..fileio import write_json_atomic
+from . import outcome
+from .index import write_index
+from .params import check_overrides, default_parameters, read_notebook
+from .render import render_html
+
+FALLBACK_KERNEL = "python3"
+PROJECT_KERNEL = "kdtree-workbench"
+
+
+@dataclass
+class NotebookRun:
+    name: str
+    status: str                      # "ok" or one of outcome.FAILED
+    reason: str                      # one line, "" when ok
+    duration_s: float
+    parameters: dict[str, Any]
+    ipynb: str | None                # paths relative to the output folder
+    html: str | None
+    log: str
+    started: str = ""
+
+
+def pick_kernel(requested: str | None = None) -> str:
+    """``requested`` if given, else the project kernel when installed, else ``python3``."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    specs = KernelSpecManager().find_kernel_specs()
+    if requested:
+        if requested not in specs and requested != FALLBACK_KERNEL:
+            raise InputError(f"unknown Jupyter kernel {requested!r} (installed: {', '.join(sorted(specs))})")
+        return requested
+    return PROJECT_KERNEL if PROJECT_KERNEL in specs else FALLBACK_KERNEL
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the child and everything below it (the kernel runs in its own session)."""
+    try:
+        procs = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in [*procs]:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.kill()
+    proc.wait()
+    psutil.wait_procs(procs, timeout=10)
+
+
+def _cells_started(ipynb: Path) -> str:
+    try:
+        cells = json.loads(ipynb.read_text(encoding="utf-8"))["cells"]
+    except (OSError, ValueError, KeyError):
+        return ""
+    done = sum(1 for c in cells if c.get("metadata", {}).get("papermill", {}).get("start_time"))
+    return f"cell {done}/{len(cells)}"
+
+
+def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: str,
+                 cell_timeout: float, wall_timeout: float, cwd: Path,
+                 progress: TextIO | None = None, label: str = "") -> NotebookRun:
+    """Execute ``path`` into ``out/<stem>.ipynb`` and ``.html``; never raises for notebook failures."""
+    name = path.stem
+    ipynb, html, log = out / f"{name}.ipynb", out / f"{name}.html", out / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    for stale in (ipynb, html):
+        stale.unlink(missing_ok=True)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="wb-report-") as tmp:
+        spec = {"notebook": str(path), "output": str(ipynb), "parameters": parameters, "kernel": kernel,
+                "cell_timeout": cell_timeout, "cwd": str(cwd), "result": str(Path(tmp, "result.json"))}
+        Path(tmp, "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+        with open(log, "w", encoding="utf-8") as logf:
+            cmd = [sys.executable, "-m", "workbench.report.execute", str(Path(tmp, "spec.json"))]
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=cwd, env=_child_env(cwd))
+            result = None
+            while result is None:
+                try:
+                    proc.wait(timeout=1.0)
+                    result = _read_result(Path(spec["result"]), proc.returncode)
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() - t0 > wall_timeout:
+                        _kill_tree(proc)
+                        result = {"status": "wall_timeout"}
+                    elif progress is not None and progress.isatty():
+                        progress.write(f"\r{label} {name}: {_cells_started(ipynb)}  "
+                                       f"{time.monotonic() - t0:5.0f} s ")
+                        progress.flush()
+    duration = time.monotonic() - t0
+    status, reason = result["status"], outcome.describe(result, ipynb, cell_timeout, wall_timeout)
+    has_nb = ipynb.is_file()
+    if has_nb:
+        try:
+            render_html(ipynb, html, status=status, reason=reason)
+        except Exception as e:  # a notebook cut off mid-write by a kill: keep the status, say why no HTML
+            status = status if status != "ok" else "runner_error"
+            reason = f"{reason}; no HTML: {type(e).__name__}: {e}".lstrip("; ")
+    return NotebookRun(name=name, status=status, reason=reason, duration_s=round(duration, 2),
+                       parameters=parameters, ipynb=ipynb.name if has_nb else None,
+                       html=html.name if html.is_file() else None, log=f"logs/{log.name}", started=started)
+
+
+def _child_env(cwd: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), env.get("PYTHONPATH", "")) if p)
+    env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # inline PNGs, even if Agg is set
+    env["WORKBENCH_REPORT"] = "1"                                      # progress bars update rarely
+    return env
+
+
+def _read_result(path: Path, returncode: int) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"status": "runner_error", "evalue": f"the runner's child process exited with code "
+                                                    f"{returncode} without a result (see the log)"}
+
+
+def resolve_parameters(path: Path, overrides: dict[str, Any], standard: dict[str, Any]) -> dict[str, Any]:
+    """Defaults of the parameters cell, then ``overrides`` (checked), then ``standard`` keys it declares."""
+    defaults = default_parameters(read_notebook(path), path.stem)
+    check_overrides(defaults, overrides, path.stem)
+    params = {**defaults, **overrides}
+    params.update({k: v for k, v in standard.items() if k in defaults})
+    return params
+
+
+def run_report(paths: list[Path], out: Path, *, profile: str, overrides: dict[str, dict[str, Any]],
+               kernel: str, cell_timeout: float, wall_timeout: float, cwd: Path,
+               provenance: dict[str, Any], progress: TextIO | None = None) -> list[NotebookRun]:
+    """Run every notebook in order, then write ``manifest.json`` and ``index.html`` under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    out_abs, root = out.resolve(), cwd.resolve()
+    # relative to the kernel's working directory when inside it, so committed reports name no machine path
+    out_param = str(out_abs.relative_to(root)) if out_abs.is_relative_to(root) else str(out_abs)
+    standard = {"profile": profile, "out_dir": out_param}
+    plans = [(p, resolve_parameters(p, overrides.get(p.stem, {}), standard)) for p in paths]
+    runs: list[NotebookRun] = []
+    for i, (path, params) in enumerate(plans, 1):
+        label = f"[{i}/{len(plans)}]"
+        run = run_notebook(path, out, params, kernel=kernel, cell_timeout=cell_timeout,
+                           wall_timeout=wall_timeout, cwd=cwd, progress=progress, label=label)
+        runs.append(run)
+        if progress is not None:
+            mark = "ok" if run.status == "ok" else f"FAILED ({run.status}: {run.reason})"
+            progress.write(f"\r{label} {run.name}: {mark}  {run.duration_s:.1f} s\n")
+            progress.flush()
+        manifest = {"profile": profile, "kernel": kernel, "cell_timeout_s": cell_timeout,
+                    "wall_timeout_s": wall_timeout, "provenance": provenance,
+                    "notebooks": [asdict(r) for r in runs],
+                    "pending": [p.stem for p, _ in plans[i:]]}
+        write_json_atomic(out / "manifest.json", manifest)
+        write_index(out / "index.html", manifest)
+    return runs
