@@ -1,0 +1,79 @@
+"""Block-wide reductions for the engine's 32-thread blocks, written without warp intrinsics.
+
+Every engine kernel runs with blocks of ``TPB`` = 32 threads (times KS slices) and loops inside the
+thread, so the
+CUDA simulator (one OS thread per CUDA thread) stays affordable at tiny shapes while the same
+source runs on the GPU. A reduction stores one value per thread in shared memory, synchronises,
+and lets every thread read all 32 slots: a broadcast read on the GPU, deterministic, and the
+result is identical in every thread (the sum order is fixed: slot 0 .. 31).
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import config, cuda
+
+TPB = 32                                    # threads per block along x in every engine kernel
+# K-slices along y for the long dot products (linear, experts, router, attention): a block is
+# (32, KS) threads, each slice sums every KS-th term and the slices meet in shared memory. On the
+# GPU this cuts each thread's dependent load chain KS-fold (decode at tiny shapes is latency-bound);
+# under the simulator KS = 1 keeps the simulated thread count low (the kernels take ``ks`` as a
+# factory argument, so tests also simulate KS > 1 at small shapes).
+KS = 1 if config.ENABLE_CUDASIM else 8
+
+
+def col_blocks(n: int) -> int:
+    """Grid size along the output columns of a column-parallel kernel (which loops over column tiles
+    with a block stride): one 32-column tile per block on the GPU; one block for all tiles under
+    the simulator, where every simulated thread costs an OS thread."""
+    return 1 if config.ENABLE_CUDASIM else (n + TPB - 1) // TPB
+
+
+@cuda.jit(device=True)
+def block_sum(sh, v):
+    """Sum of ``v`` over the block's 32 threads; ``sh`` is a float32 shared array [32]."""
+    t = cuda.threadIdx.x
+    sh[t] = v
+    cuda.syncthreads()
+    total = 0.0
+    for i in range(TPB):
+        total += sh[i]
+    cuda.syncthreads()                      # sh may be reused right after
+    return total
+
+
+@cuda.jit(device=True)
+def block_max(sh, v):
+    """Max of ``v`` over the block's 32 threads (-inf if all are -inf)."""
+    t = cuda.threadIdx.x
+    sh[t] = v
+    cuda.syncthreads()
+    m = -math.inf
+    for i in range(TPB):
+        m = max(m, sh[i])
+    cuda.syncthreads()
+    return m
+
+
+@cuda.jit(device=True)
+def block_argmax(shv, shi, v, i):
+    """(value, index) of the block-wide maximum of ``v``; ties go to the lowest index ``i``.
+
+    ``shv`` float32 [32], ``shi`` int32 [32] shared arrays; a thread without a candidate passes
+    v = -inf, i = a huge index.
+    """
+    t = cuda.threadIdx.x
+    shv[t] = v
+    shi[t] = i
+    cuda.syncthreads()
+    bv = shv[0]
+    bi = shi[0]
+    for k in range(1, TPB):
+        cv = shv[k]
+        ci = shi[k]
+        if cv > bv or (cv == bv and ci < bi):
+            bv = cv
+            bi = ci
+    cuda.syncthreads()
+    return bv, bi

@@ -1,0 +1,175 @@
+"""Absorbed MLA over the latent cache, mirroring ``workbench.reference.mla.mla_absorbed``.
+
+Legend: T rows (new tokens) in the buffers, n = meta[1] live rows, start = meta[0] cached rows
+before them, H heads, N qk_nope dims, R rope dims, V v_head dims, C kv_lora_rank, Q q_lora_rank,
+S cache rows. Cache row = [c_kv (C, normalised) || k_pe (R, rotated)] (interleaved rope order).
+
+One kernel shape serves prefill (causal ``vis``), decode (n = 1) and DDTree verify (the
+ancestor-or-self ``vis`` of the tree): new row i sees every cached row < start and new row j iff
+vis[i, j] != 0; its rope position is start + depth[i].
+
+- ``mla_prep_kernel``: per new row, q_norm(c_q) and the latent row (kv_norm(c_kv) || rope(k_pe)),
+  written to cache rows start + i.
+- ``make_mla_attention``: per (row, head) block, q_lat = W_UK^T q_nope, rope(q_pe), masked softmax
+  over the cache in shared memory, ctx = p @ c_kv, o = W_UV ctx. W_UK / W_UV are read from wkv_b
+  [H*(N+V), C] in place (no per-token absorption in a separate launch).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from .blockops import KS, TPB
+from .rmsnorm import row_rms_scale
+from .rope import rope_pair
+
+
+@cuda.jit
+def mla_prep_kernel(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank, c_rank, eps):
+    """a1 [T, Q+C+R] (or [T, H*(N+R)+C+R] when q_rank == 0) -> qn [T, Q], cache rows start+i.
+
+    grid (T,), block (32,). q_rank 0 skips the query norm (q comes straight from a1).
+    """
+    row = cuda.blockIdx.x
+    if row >= meta[1]:
+        return
+    sh = cuda.shared.array(TPB, np.float32)
+    tid = cuda.threadIdx.x
+    start = meta[0]
+    off = a1.shape[1] - cache.shape[1]                       # column where c_kv starts in a1
+    if q_rank > 0:
+        r = row_rms_scale(sh, a1, row, 0, q_rank, eps)
+        for j in range(tid, q_rank, TPB):
+            qn[row, j] = q_norm[j] * (a1[row, j] * r)
+    r2 = row_rms_scale(sh, a1, row, off, c_rank, eps)
+    dst = start + row
+    for j in range(tid, c_rank, TPB):
+        cache[dst, j] = kv_norm[j] * (a1[row, off + j] * r2)
+    pos = start + depth[row]
+    half = (cache.shape[1] - c_rank) // 2
+    for i in range(tid, half, TPB):
+        y0, y1 = rope_pair(a1[row, off + c_rank + 2 * i], a1[row, off + c_rank + 2 * i + 1], cos, sin, pos, i)
+        cache[dst, c_rank + 2 * i] = y0
+        cache[dst, c_rank + 2 * i + 1] = y1
+
+
+_ATTN_CACHE: dict = {}
+
+
+@cuda.jit(device=True)
+def _red(sh, v, lt, nt, op_max):
+    """Max (op_max) or sum of v over the block's nt threads (linear id lt); same result everywhere."""
+    sh[lt] = v
+    cuda.syncthreads()
+    r = sh[0]
+    for i in range(1, nt):
+        r = max(r, sh[i]) if op_max else r + sh[i]
+    cuda.syncthreads()
+    return r
+
+
+def make_mla_attention(n_heads: int, c_rank: int, r_dim: int, nope: int, v_dim: int, max_keys: int,
+                       ks: int = KS):
+    """The attention kernel specialised (closure constants) for these dims and <= max_keys keys.
+
+    kernel(o [T, H*V], q [T, >= H*(N+R)], cache [S, C+R], wkv_b [H*(N+V), C], cos, sin,
+           depth [T] int32, vis [T', T'] uint8, meta, scale); grid (T, H), block (32, ks).
+    Keys are spread over all 32*ks threads for the scores; for ctx = p @ c_kv, thread (c, s) sums
+    keys s, s + ks, ... of column c and the slices meet in shared memory.
+    Shared memory: 4 * (2C + R + ks*C + max_keys + 32*ks) bytes.
+    """
+    key = (n_heads, c_rank, r_dim, nope, v_dim, max_keys, ks)
+    if key in _ATTN_CACHE:
+        return _ATTN_CACHE[key]
+    C, R, N, V, MK = c_rank, r_dim, nope, v_dim, max_keys
+    QW = N + R                                               # query width per head
+    KW = N + V                                               # wkv_b rows per head
+    NT = TPB * ks
+
+    @cuda.jit
+    def mla_attention_kernel(o, q, cache, wkv_b, cos, sin, depth, vis, meta, scale):
+        row = cuda.blockIdx.x
+        h = cuda.blockIdx.y
+        if row >= meta[1]:
+            return
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        lt = ty * TPB + tx
+        start = meta[0]
+        nk = start + meta[1]
+        sh = cuda.shared.array(NT, np.float32)
+        q_lat = cuda.shared.array(C, np.float32)
+        q_pe = cuda.shared.array(R, np.float32)
+        ctx = cuda.shared.array(C, np.float32)
+        pc = cuda.shared.array((ks, C), np.float32)
+        p = cuda.shared.array(MK, np.float32)
+        qo = h * QW
+        wo = h * KW
+        pos = start + depth[row]
+        for i in range(lt, R // 2, NT):                      # rope the query's rope part
+            y0, y1 = rope_pair(q[row, qo + N + 2 * i], q[row, qo + N + 2 * i + 1], cos, sin, pos, i)
+            q_pe[2 * i] = y0
+            q_pe[2 * i + 1] = y1
+        for c in range(lt, C, NT):                           # q_lat[c] = sum_n W_UK[n, c] q_nope[n]
+            acc = np.float32(0.0)
+            for d in range(N):
+                acc += q[row, qo + d] * wkv_b[wo + d, c]
+            q_lat[c] = acc
+        cuda.syncthreads()
+        m = -math.inf                                        # scores, masked, into p[]
+        for j in range(lt, nk, NT):
+            s = -math.inf
+            if j < start or vis[row, j - start] != 0:
+                a = np.float32(0.0)
+                for c in range(C):
+                    a += q_lat[c] * cache[j, c]
+                b = np.float32(0.0)
+                for r in range(R):
+                    b += q_pe[r] * cache[j, C + r]
+                s = (a + b) * scale
+            p[j] = s
+            m = max(m, s)
+        m = _red(sh, m, lt, NT, True)
+        z = np.float32(0.0)
+        for j in range(lt, nk, NT):                          # unnormalised probabilities
+            e = np.float32(0.0)
+            if p[j] != -math.inf:
+                e = math.exp(p[j] - m)
+            p[j] = e
+            z += e
+        z = _red(sh, z, lt, NT, False)                       # ends with a barrier: p[] is complete
+        inv = np.float32(1.0) / z
+        for c in range(tx, C, TPB):                          # ctx = p @ c_kv, keys split over slices
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            j = ty
+            while j + 3 * ks < nk:                           # 4 independent loads in flight
+                a0 += p[j] * cache[j, c]
+                a1 += p[j + ks] * cache[j + ks, c]
+                a2 += p[j + 2 * ks] * cache[j + 2 * ks, c]
+                a3 += p[j + 3 * ks] * cache[j + 3 * ks, c]
+                j += 4 * ks
+            while j < nk:
+                a0 += p[j] * cache[j, c]
+                j += ks
+            pc[ty, c] = (a0 + a1) + (a2 + a3)
+        cuda.syncthreads()
+        for c in range(lt, C, NT):
+            acc = np.float32(0.0)
+            for y in range(ks):
+                acc += pc[y, c]
+            ctx[c] = acc * inv
+        cuda.syncthreads()
+        for v in range(lt, V, NT):                           # o = W_UV ctx
+            acc = np.float32(0.0)
+            for c in range(C):
+                acc += wkv_b[wo + N + v, c] * ctx[c]
+            o[row, h * V + v] = acc
+
+    _ATTN_CACHE[key] = mla_attention_kernel
+    return mla_attention_kernel

@@ -1,0 +1,71 @@
+"""Token-level kernels of the engine: embedding lookup, greedy argmax, the AR decode advance, row copy.
+
+Legend: T rows, n = meta[1] live rows, D model width, V vocabulary.
+meta (int32 [8], device): [0] start = cache rows before this step, [1] n live rows,
+[2] tokens written to the output buffer so far.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from .blockops import TPB, block_argmax
+
+BIG = 2 ** 30
+
+
+@cuda.jit
+def embed_kernel(h, table, ids, meta):
+    """h [T, D] = table [V, D][ids[t]] for t < meta[1]; grid (T,), block (32,)."""
+    row = cuda.blockIdx.x
+    if row >= meta[1]:
+        return
+    tok = ids[row]
+    for j in range(cuda.threadIdx.x, h.shape[1], TPB):
+        h[row, j] = table[tok, j]
+
+
+@cuda.jit
+def argmax_kernel(out, logits, meta):
+    """out [T] int32 = argmax(logits [T, V]) per row (ties to the lowest id); grid (T,), block (32,)."""
+    row = cuda.blockIdx.x
+    if row >= meta[1]:
+        return
+    shv = cuda.shared.array(TPB, np.float32)
+    shi = cuda.shared.array(TPB, np.int32)
+    bv = -math.inf
+    bi = BIG
+    for j in range(cuda.threadIdx.x, logits.shape[1], TPB):   # ascending j: strict > keeps the lowest
+        v = logits[row, j]
+        if v > bv:
+            bv = v
+            bi = j
+    bv, bi = block_argmax(shv, shi, bv, bi)
+    if cuda.threadIdx.x == 0:
+        out[row] = bi
+
+
+@cuda.jit
+def advance_kernel(ids, amax, outbuf, meta):
+    """AR bookkeeping on the device after a decode step: emit amax[0], feed it back, start += 1.
+
+    grid (1,), block (1,). Keeps the whole decode loop free of host round trips.
+    """
+    tok = amax[0]
+    outbuf[meta[2]] = tok
+    ids[0] = tok
+    meta[0] += 1
+    meta[2] += 1
+
+
+@cuda.jit
+def copy_rows_kernel(dst, src, meta):
+    """dst [T, D] = src [T, D] for rows < meta[1] (tapped hidden states); grid (T,), block (32,)."""
+    row = cuda.blockIdx.x
+    if row >= meta[1]:
+        return
+    for j in range(cuda.threadIdx.x, src.shape[1], TPB):
+        dst[row, j] = src[row, j]

@@ -1,0 +1,82 @@
+"""``python -m workbench generate``: reference AR == golden, DDTree on both backends, and one-line
+exit-2 errors for bad input (unknown drafter, budget < 1, token >= vocab, bad prompt syntax, dflash
+without drafter weights)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workbench.bundle import read_bundle, write_bundle
+from workbench.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "refs" / "tiny.kdtr")
+
+
+def _run(capsys, *argv):
+    rc = main(["generate", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_reference_ar_reproduces_the_golden(capsys):
+    rc, out, _ = _run(capsys, TINY, "--json")
+    assert rc == 0
+    assert json.loads(out) == [int(t) for t in read_bundle(TINY).golden]
+
+
+def test_reference_ar_plain_output_and_prompt(capsys):
+    rc, out, _ = _run(capsys, TINY, "--prompt", "1, 2,3", "--tokens", "3")
+    assert rc == 0 and len(out.split()) == 3
+
+
+def test_reference_ddtree_json_has_rounds(capsys):
+    b = read_bundle(TINY)
+    rc, out, _ = _run(capsys, TINY, "--mode", "ddtree", "--drafter", "oracle", "--budget", "4",
+                      "--tokens", "12",
+                      "--json")
+    res = json.loads(out)
+    assert rc == 0 and res["tokens"] == [int(t) for t in b.golden[:12]]
+    assert all(r["accepted_len"] == r["depth"] + 1 and r["tree_size"] == 4 for r in res["rounds"])
+
+
+@pytest.mark.slow
+def test_numba_backend_ar_runs_in_a_fresh_process():
+    """The CLI picks the simulator itself when no GPU is present (env var unset in the child)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    p = subprocess.run([sys.executable, "-m", "workbench", "generate", TINY, "--backend", "numba",
+                        "--tokens", "2",
+                        "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == [int(t) for t in read_bundle(TINY).golden[:2]]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--mode", "ddtree", "--drafter", "medusa"],
+    ["--mode", "ddtree", "--budget", "0"],
+    ["--prompt", "1,2,100000"],
+    ["--prompt", "1,,2"],
+    ["--prompt", "a,b"],
+    ["--tokens", "0"],
+    ["--backend", "numba", "--temperature", "1.0"],
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv):
+    rc, out, err = _run(capsys, TINY, *argv)
+    assert rc == 2
+    assert err.startswith("error:") and err.count("\n") == 1
+
+
+def test_dflash_without_drafter_weights_is_exit_2(capsys, tmp_path):
+    b = read_bundle(TINY)
+    tensors = {k: np.asarray(v) for k, v in b.tensors.items() if not k.startswith("drafter.")}
+    path = tmp_path / "nodrafter.kdtr"
+    write_bundle(path, config=b.config, tensors=tensors, prompt=b.prompt, golden=b.golden, margins=b.margins,
+                 meta=dict(b.meta))
+    rc, out, err = _run(capsys, str(path), "--mode", "ddtree", "--drafter", "dflash")
+    assert rc == 2 and "drafter" in err and err.count("\n") == 1

@@ -1,0 +1,50 @@
+"""Shared setup of the engine tests: golden bundles, one engine per bundle, tier-dependent sizes.
+
+Two tiers run the same tests: CI (numba's CUDA simulator, ~1-3 s per token row at tiny shapes, so
+few tokens and small budgets) and the GPU tier (KDTREE_GPU=1 on the H200: every golden token and
+every budget).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+
+from workbench.bundle import read_bundle
+from workbench.ddtree.config import DrafterConfig
+from workbench.reference.generate import greedy_generate
+
+GPU = os.environ.get("KDTREE_GPU") == "1"
+REFS = Path(__file__).resolve().parents[2] / "refs"
+BUNDLES = ("tiny", "tiny2", "int4_tiny", "int4_tiny2")
+MAX_BUDGET = 64
+# logits tolerance (max |engine - reference| over the vocabulary, every step): FP32 bundles differ
+# only by summation order (measured ~2e-5); W4A16 bundles also round activations to float16, where an
+# ulp of difference upstream can flip one rounding (measured ~5e-3).
+ATOL = {"tiny": 1e-3, "tiny2": 1e-3, "int4_tiny": 3e-2, "int4_tiny2": 3e-2}
+
+
+@functools.cache
+def bundle(name: str):
+    b = read_bundle(REFS / f"{name}.kdtr")
+    return b, b.weights(), DrafterConfig.from_dict(b.meta["drafter"])
+
+
+@functools.cache
+def engine(name: str):
+    """One engine per bundle, sized for the whole golden run and budgets up to MAX_BUDGET."""
+    from workbench.engine.runtime import Engine
+    b, w, dcfg = bundle(name)
+    p = len(b.prompt)
+    return Engine(b.config, w, max_len=p + len(b.golden) + MAX_BUDGET + 3, max_rows=max(p, MAX_BUDGET + 1),
+                  taps=dcfg.target_layer_ids)
+
+
+@functools.cache
+def reference_greedy(name: str, n: int, prompt_len: int | None = None):
+    """The reference's greedy run from the bundle prompt (or its first prompt_len tokens)."""
+    b, w, _ = bundle(name)
+    return greedy_generate(b.config, w, np.asarray(b.prompt[:prompt_len], np.int64), n)

@@ -1,0 +1,38 @@
+"""Engine greedy AR on the golden bundles: tokens == golden, logits == reference at every step.
+
+CI (simulator) checks the first few golden tokens (4 on tiny, 3 on int4_tiny, 2 on the tiny2
+bundles, whose rows cost ~3 s each simulated); the GPU tier checks all of them.
+"""
+
+import numpy as np
+import pytest
+
+from tests.engine.common import ATOL, GPU, bundle, engine, reference_greedy
+from workbench.engine.ar import engine_ar_generate
+
+SIM_TOKENS = {"tiny": 4, "int4_tiny": 3, "tiny2": 2, "int4_tiny2": 2}
+
+
+@pytest.mark.parametrize("name", [
+    "tiny", "int4_tiny",
+    pytest.param("tiny2", marks=pytest.mark.slow), pytest.param("int4_tiny2", marks=pytest.mark.slow)])
+def test_engine_ar_matches_golden_and_reference_logits(name):
+    b, _, _ = bundle(name)
+    n = len(b.golden) if GPU else SIM_TOKENS[name]
+    res = engine_ar_generate(engine(name), b.prompt, n, return_logits=True)
+    np.testing.assert_array_equal(res.tokens, np.asarray(b.golden[:n]))
+    ref = reference_greedy(name, n)
+    err = np.abs(res.logits - ref.logits).max(axis=1)            # [n] per step
+    assert err.max() <= ATOL[name], f"logit error per step {err}"
+    assert not np.array_equal(res.logits[0], np.zeros_like(res.logits[0]))
+
+
+def test_engine_ar_rejects_bad_requests():
+    from workbench.errors import InputError
+    b, _, _ = bundle("tiny")
+    with pytest.raises(InputError):
+        engine_ar_generate(engine("tiny"), [b.config.vocab_size], 1)
+    with pytest.raises(InputError):
+        engine_ar_generate(engine("tiny"), b.prompt, 0)
+    with pytest.raises(InputError):
+        engine_ar_generate(engine("tiny"), b.prompt, 10_000)

@@ -1,0 +1,84 @@
+"""Engine DDTree == reference DDTree == golden (tokens and per-round tree size / accepted length /
+depth, so the trees agree too), both drafters; with the oracle at p = 1 every round accepts a full
+path (accepted length = tree depth + 1).
+
+GPU tier: all four bundles, budgets 1, 4, 16, 64, both drafters, the bundle prompt and all golden
+tokens. CI (simulator, ~1-3 s per row): a subset that covers each drafter and the FP32/INT4 paths
+with few tokens and the first 3 prompt tokens (the expected tokens are then the reference's greedy
+continuation of that prompt, which the reference tests tie to the goldens); budgets 16 and 64
+verify 17 / 65 rows per round and run on the GPU tier only.
+"""
+
+import numpy as np
+import pytest
+
+from tests.engine.common import BUNDLES, GPU, bundle, engine, reference_greedy
+from workbench.ddtree.speculative import ddtree_generate
+from workbench.engine.ddtree import engine_ddtree_generate
+
+if GPU:
+    CASES = [(n, d, bud, None) for n in BUNDLES for d in ("oracle", "dflash") for bud in (1, 4, 16, 64)]
+else:
+    CASES = [("tiny", "oracle", 4, 5), ("tiny", "dflash", 1, 3), ("int4_tiny", "dflash", 4, 2),
+             pytest.param("int4_tiny2", "oracle", 4, 3, marks=pytest.mark.slow)]
+SIM_PROMPT = 3
+
+
+def _prompt_and_expected(name: str, n: int):
+    """(prompt, expected tokens): the bundle prompt and golden on the GPU tier; a short prompt and
+    the reference's greedy continuation under the simulator."""
+    b, _, _ = bundle(name)
+    if GPU:
+        return np.asarray(b.prompt, np.int64), np.asarray(b.golden[:n])
+    prompt = np.asarray(b.prompt[:SIM_PROMPT], np.int64)
+    return prompt, reference_greedy(name, n, SIM_PROMPT).tokens
+
+
+@pytest.mark.parametrize("name,drafter,budget,n_sim", CASES)
+def test_engine_ddtree_matches_reference_and_golden(name, drafter, budget, n_sim):
+    b, w, dcfg = bundle(name)
+    n = len(b.golden) if GPU else n_sim
+    prompt, expected = _prompt_and_expected(name, n)
+    l_draft = dcfg.block_size - 1
+    cont = reference_greedy(name, n + l_draft, len(prompt)).tokens     # the oracle's true continuation
+    kw = dict(drafter_config=dcfg, oracle_p=1.0, oracle_seed=0, continuation=cont)
+    got = engine_ddtree_generate(engine(name), w, prompt, n, drafter, budget, **kw)
+    want = ddtree_generate(b.config, w, prompt, n, drafter, budget, **kw)
+    np.testing.assert_array_equal(got.tokens, expected)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    assert [(r.tree_size, r.accepted_len, r.depth) for r in got.rounds] == \
+        [(r.tree_size, r.accepted_len, r.depth) for r in want.rounds]
+    if drafter == "oracle":
+        assert all(r.accepted_len == r.depth + 1 for r in got.rounds), got.rounds
+        assert all(r.tree_size == budget for r in got.rounds)
+
+
+def test_engine_ddtree_oracle_partial_acceptance():
+    """p = 0.5: acceptance varies per round and the engine still equals the reference exactly."""
+    name = "tiny"
+    b, w, dcfg = bundle(name)
+    n = len(b.golden) if GPU else 3
+    prompt, expected = _prompt_and_expected(name, n)
+    cont = reference_greedy(name, n + dcfg.block_size - 1, len(prompt)).tokens
+    kw = dict(drafter_config=dcfg, oracle_p=0.5, oracle_seed=3, continuation=cont)
+    got = engine_ddtree_generate(engine(name), w, prompt, n, "oracle", 2, **kw)
+    want = ddtree_generate(b.config, w, prompt, n, "oracle", 2, **kw)
+    np.testing.assert_array_equal(got.tokens, expected)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    assert [r.accepted_len for r in got.rounds] == [r.accepted_len for r in want.rounds]
+
+
+def test_engine_ddtree_rejects_bad_requests():
+    from workbench.ddtree.config import SamplingParams
+    from workbench.errors import InputError
+    b, w, dcfg = bundle("tiny")
+    eng = engine("tiny")
+    with pytest.raises(InputError):
+        engine_ddtree_generate(eng, w, b.prompt, 2, "oracle", 0)
+    with pytest.raises(InputError):
+        engine_ddtree_generate(eng, w, b.prompt, 2, "nope", 4)
+    with pytest.raises(InputError):
+        engine_ddtree_generate(eng, w, b.prompt, 2, "oracle", 4, SamplingParams(temperature=1.0))
+    no_drafter = {k: v for k, v in w.items() if not k.startswith("drafter.")}
+    with pytest.raises(InputError):
+        engine_ddtree_generate(eng, no_drafter, b.prompt, 2, "dflash", 4, drafter_config=dcfg)

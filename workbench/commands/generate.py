@@ -1,0 +1,144 @@
+"""``python -m workbench generate BUNDLE``: greedy (or sampled) decoding of a bundle.
+
+Backends: ``reference`` (numpy) and ``numba`` (the engine; under numba's CUDA simulator when no GPU
+is present). Modes: ``ar`` (one token per step) and ``ddtree`` (speculative, drafter dflash or
+oracle). Output: the tokens on one line, or with --json a JSON list (ar) or an object with the
+tokens and per-round statistics (ddtree: tree size, accepted length, depth).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ..cli import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle", metavar="BUNDLE", help="path to a .kdtr bundle")
+    p.add_argument("--prompt", default=None, help="comma-separated token ids (default: the bundle's prompt)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="tokens to generate (default: the bundle's golden length, or 24)")
+    p.add_argument("--backend", choices=("reference", "numba"), default="reference")
+    p.add_argument("--mode", choices=("ar", "ddtree"), default="ar")
+    p.add_argument("--budget", type=int, default=16, help="DDTree node budget B >= 1 (default 16)")
+    p.add_argument("--drafter", choices=("dflash", "oracle"), default="dflash")
+    p.add_argument("--oracle-p", type=float, default=1.0, help="oracle drafter hit probability in [0, 1]")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampler and the oracle drafter")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def parse_prompt(text: str) -> list[int]:
+    """'1,2,3' -> [1, 2, 3]; UserError on anything else (empty items, non-integers)."""
+    items = [t.strip() for t in text.split(",")]
+    try:
+        return [int(t, 10) for t in items]
+    except ValueError:
+        raise UserError(f"--prompt must be comma-separated integers like 1,2,3, got {text!r}") from None
+
+
+def use_simulator_without_gpu() -> None:
+    """Select numba's CUDA simulator when no GPU is present; must run before numba.cuda is imported."""
+    if "NUMBA_ENABLE_CUDASIM" in os.environ:
+        return
+    if "numba.cuda" in sys.modules:
+        return
+    try:
+        import torch
+        has_gpu = bool(torch.cuda.is_available())
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+        if "numba" in sys.modules:
+            from numba.core import config
+            config.reload_config()
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.budget < 1:
+        raise UserError(f"--budget must be >= 1, got {args.budget}")
+    if args.tokens is not None and args.tokens < 1:
+        raise UserError(f"--tokens must be >= 1, got {args.tokens}")
+    if not 0.0 <= args.oracle_p <= 1.0:
+        raise UserError(f"--oracle-p must lie in [0, 1], got {args.oracle_p}")
+    if args.seed < 0:
+        raise UserError(f"--seed must be >= 0, got {args.seed}")
+    prompt = parse_prompt(args.prompt) if args.prompt is not None else None
+    if args.backend == "numba":
+        use_simulator_without_gpu()
+
+    import numpy as np
+
+    from ..bundle import read_bundle
+    from ..ddtree.config import SamplingParams
+    from ..reference.generate import check_prompt
+
+    b = read_bundle(args.bundle)
+    cfg = b.config
+    weights = b.weights()
+    toks = check_prompt(cfg, prompt if prompt is not None else [int(t) for t in b.prompt])
+    n = args.tokens if args.tokens is not None else (len(b.golden) or 24)
+    sampling = SamplingParams(temperature=float(args.temperature), seed=int(args.seed))
+    dcfg = b.meta.get("drafter") if isinstance(b.meta, dict) else None
+    if args.mode == "ar":
+        tokens = _ar(args, cfg, weights, toks, n, sampling)
+        _print(args, [int(t) for t in tokens], None)
+        return 0
+    res = _ddtree(args, cfg, weights, toks, n, sampling, dcfg)
+    rounds = [{"tree_size": r.tree_size, "accepted_len": r.accepted_len, "depth": r.depth}
+              for r in res.rounds]
+    _print(args, [int(t) for t in np.asarray(res.tokens)], rounds)
+    return 0
+
+
+def _ar(args, cfg, weights, toks, n, sampling):
+    if args.backend == "reference":
+        if sampling.greedy:
+            from ..reference.generate import greedy_generate
+            return greedy_generate(cfg, weights, toks, n).tokens
+        from ..ddtree.ar import ar_generate
+        return ar_generate(cfg, weights, toks, n, sampling).tokens
+    _greedy_only(sampling)
+    from ..engine.ar import engine_ar_generate, engine_for
+    return engine_ar_generate(engine_for(cfg, weights, len(toks), n), toks, n).tokens
+
+
+def _ddtree(args, cfg, weights, toks, n, sampling, dcfg: Any):
+    common = dict(drafter_config=dcfg, oracle_p=args.oracle_p, oracle_seed=args.seed)
+    if args.backend == "reference":
+        from ..ddtree.speculative import ddtree_generate
+        return ddtree_generate(cfg, weights, toks, n, args.drafter, args.budget, sampling, **common)
+    _greedy_only(sampling)
+    import numpy as np
+
+    from ..ddtree.drafter import make_drafter
+    from ..engine.ar import engine_for
+    from ..engine.ddtree import engine_ddtree_generate
+    draft = make_drafter(args.drafter, cfg, weights, toks, n, args.budget, np.float32, drafter_config=dcfg,
+                         oracle_p=args.oracle_p, oracle_seed=args.seed)
+    eng = engine_for(cfg, weights, len(toks), n, args.budget, taps=tuple(draft.capture))
+    return engine_ddtree_generate(eng, weights, toks, n, draft, args.budget, sampling)
+
+
+def _greedy_only(sampling) -> None:
+    if not sampling.greedy:
+        raise UserError("--backend numba decodes greedily only; use --temperature 0 or --backend reference")
+
+
+def _print(args, tokens: list[int], rounds: list[dict] | None) -> None:
+    if args.json:
+        if rounds is None:
+            print(json.dumps(tokens))
+        else:
+            mean = sum(r["accepted_len"] for r in rounds) / len(rounds) if rounds else None
+            print(json.dumps({"tokens": tokens, "rounds": rounds, "mean_accepted": mean}))
+    else:
+        print(" ".join(str(t) for t in tokens))
+        if rounds is not None:
+            acc = [r["accepted_len"] for r in rounds]
+            print(f"rounds {len(rounds)}, accepted lengths {acc}", file=sys.stderr)

@@ -1,0 +1,1 @@
+"""The numba.cuda decode engine: AR and DDTree generation of a bundle on the GPU (or the CUDA simulator)."""

@@ -1,0 +1,75 @@
+"""Greedy autoregressive generation on the engine (mirrors ``workbench.reference.generate.greedy_generate``).
+
+One eager prefill of the prompt, then the captured decode step replayed once per token: the argmax
+is fed back on the device (tokens_numba.advance_kernel), so the loop issues no host copies until the
+end, unless per-step logits are requested (tests compare them with the reference).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..reference.generate import check_prompt
+from .devarray import sim_speed
+from .runtime import Engine
+
+
+@dataclass
+class EngineARResult:
+    tokens: np.ndarray                 # [n] int64
+    logits: np.ndarray | None          # [n, V] float32 when requested
+
+
+def engine_for(cfg, weights: dict[str, Any], prompt_len: int, n_tokens: int, budget: int = 0,
+               taps: tuple[int, ...] = (), use_graphs: bool | None = None) -> Engine:
+    """An engine sized for one request (prompt + n_tokens, and DDTree verify rows up to ``budget``)."""
+    extra = budget + 2 if budget else 1
+    return Engine(cfg, weights, max_len=prompt_len + n_tokens + extra + 1,
+                  max_rows=max(prompt_len, budget + 1), taps=taps, use_graphs=use_graphs)
+
+
+def engine_ar_generate(engine: Engine, prompt: Any, n_tokens: int, return_logits: bool = False,
+                       timing: dict | None = None) -> EngineARResult:
+    """Generate ``n_tokens`` greedily (argmax, ties to the lowest id) after prefilling ``prompt``.
+
+    timing: if a dict, receives ``decode_s``, the synchronised wall time of the n_tokens - 1 decode
+    steps after the prefill (the benchmark's tokens/s).
+    """
+    cfg = engine.cfg
+    toks = check_prompt(cfg, prompt)
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
+        raise InputError(f"n_tokens must be a positive int, got {n_tokens!r}")
+    p = len(toks)
+    if p + n_tokens > engine.buf.max_len:
+        raise InputError(f"prompt + tokens = {p + n_tokens} exceeds the engine's cache of "
+                         f"{engine.buf.max_len} rows")
+    with sim_speed():
+        step = engine.decode_step()                          # captured before the prefill overwrites state
+        engine.prefill(toks)
+        logits = [] if return_logits else None
+        if return_logits:
+            logits.append(engine.fetch(engine.buf.logits)[p - 1].copy())
+        first = int(engine.fetch(engine.buf.amax)[p - 1])
+        out = np.zeros(engine.buf.max_len, np.int32)
+        out[0] = first
+        engine.put(engine.buf.out, out)
+        ids = np.zeros(engine.buf.max_rows, np.int32)
+        ids[0] = first
+        engine.put(engine.buf.ids, ids)
+        engine.put(engine.buf.depth, np.zeros(engine.buf.max_rows, np.int32))
+        engine.set_meta(p, 1, 1)
+        engine.sync()
+        t0 = time.perf_counter()
+        for _ in range(n_tokens - 1):
+            step.run(engine.stream)
+            if return_logits:
+                logits.append(engine.fetch(engine.buf.logits)[0].copy())
+        tokens = engine.fetch(engine.buf.out)[:n_tokens].astype(np.int64)
+        if timing is not None:
+            timing["decode_s"] = time.perf_counter() - t0
+    return EngineARResult(tokens=tokens, logits=np.stack(logits) if return_logits else None)

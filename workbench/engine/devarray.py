@@ -1,0 +1,92 @@
+"""Device arrays of the engine, and the simulator's fast path.
+
+On a GPU these are numba ``DeviceNDArray`` objects. Under the CUDA simulator they are ``memoryview``s
+of host numpy arrays: the simulator passes non-ndarray kernel arguments through unchanged, so the
+kernels index a memoryview directly instead of the simulator's two-level array wrapper (several
+times faster per element; dtypes are preserved: float32 stays 'f', int32 'i'). The kernel source is
+the same either way; only the container the simulated kernels index differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+from numba import config as numba_config
+from numba import cuda
+
+
+def simulated() -> bool:
+    return bool(numba_config.ENABLE_CUDASIM)
+
+
+def to_device(a: np.ndarray):
+    a = np.ascontiguousarray(a)
+    if simulated():
+        return memoryview(a.copy())
+    return cuda.to_device(a)
+
+
+def zeros(shape, dtype=np.float32):
+    return to_device(np.zeros(shape, dtype=dtype))
+
+
+def upload(dev, host: np.ndarray, stream=0) -> None:
+    """Copy a host array of the same shape and dtype into ``dev``."""
+    if simulated():
+        np.asarray(dev)[...] = host
+    else:
+        dev.copy_to_device(np.ascontiguousarray(host), stream=stream)
+
+
+def download(dev, stream=0) -> np.ndarray:
+    """A host copy of ``dev`` (the caller synchronises the stream on a GPU)."""
+    if simulated():
+        return np.array(np.asarray(dev))
+    return dev.copy_to_host(stream=stream)
+
+
+def host_buffer(shape, dtype) -> np.ndarray:
+    """A reusable host staging array: page-locked on a GPU (fast, truly async copies), plain numpy
+    under the simulator."""
+    if simulated():
+        return np.zeros(shape, dtype=dtype)
+    return cuda.pinned_array(shape, dtype=dtype)
+
+
+def download_into(dev, host: np.ndarray, stream=0) -> np.ndarray:
+    """Copy ``dev`` into the preallocated ``host`` (the caller synchronises on a GPU)."""
+    if simulated():
+        host[...] = np.asarray(dev)
+    else:
+        dev.copy_to_host(host, stream=stream)
+    return host
+
+
+def sub(dev, i: int):
+    """The i-th slice along the first axis, as a device array of the same kind (a view)."""
+    if simulated():
+        return memoryview(np.asarray(dev)[i])
+    return dev[i]
+
+
+def shape(dev) -> tuple[int, ...]:
+    return tuple(dev.shape)
+
+
+@contextlib.contextmanager
+def sim_speed() -> Iterator[None]:
+    """Under the simulator, shorten the interpreter's thread switch interval while kernels run: the
+    simulator polls its CUDA threads from the main thread, and the default 5 ms slices make every
+    barrier wait for one. No effect on a GPU."""
+    if not simulated():
+        yield
+        return
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(2e-4)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)

@@ -1,0 +1,51 @@
+"""CUDA-graph capture and replay of numba launch sequences through torch (numba_cuda.md §7).
+
+On a GPU, a step (a Python function launching numba kernels on a given stream) runs once eagerly,
+which compiles every kernel, then once more inside ``torch.cuda.graph`` with the launches on
+``cuda.external_stream`` of the capturing torch stream; later calls replay the graph (about 0.6 us
+per launch instead of about 16 us from Python). Under the CUDA simulator (or with graphs off) the
+step just runs eagerly; the launch sequence is the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from numba import config as numba_config
+from numba import cuda
+
+
+def on_gpu() -> bool:
+    """True on a real CUDA device (not the simulator)."""
+    return not numba_config.ENABLE_CUDASIM and cuda.is_available()
+
+
+def default_stream():
+    """The stream every engine launch and copy goes to: torch's current stream on a GPU, else 0."""
+    if on_gpu():
+        import torch
+        return cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+    return 0
+
+
+class StepGraph:
+    """A captured launch sequence; ``run(stream)`` replays it (or launches eagerly without graphs)."""
+
+    def __init__(self, fn: Callable[[object], None], use_graph: bool) -> None:
+        self.fn = fn
+        self.graph = None
+        if use_graph:
+            import torch
+            self.fn(default_stream())                        # compile + warm up outside the capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self.fn(cuda.external_stream(torch.cuda.current_stream().cuda_stream))
+            torch.cuda.synchronize()
+            self.graph = g
+
+    def run(self, stream) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.fn(stream)

@@ -1,0 +1,139 @@
+"""The engine: device weights, buffers and captured steps for one model, reused across generations.
+
+``Engine(cfg, weights, max_len, max_rows, taps)`` uploads once and allocates once; a generation
+resets the control words (meta, ctl) and overwrites the cache rows it uses, so nothing is allocated
+per token. Steps: ``prefill`` (eager, P rows, causal), ``decode`` (graph: one token, argmax fed back
+on the device), ``verify(budget)`` (graph: KV compaction of the previous round, tree compile,
+forward over budget + 1 rows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kernels_numba.blockops import TPB
+from kernels_numba.kv import kv_compact_kernel
+from kernels_numba.rope import rope_tables
+from kernels_numba.tokens import advance_kernel
+from kernels_numba.tree import tree_compile_kernel
+
+from ..config import ModelConfig
+from ..errors import InputError
+from .buffers import allocate
+from .devarray import download, download_into, sub, to_device, upload
+from .graphs import StepGraph, default_stream, on_gpu
+from .model import launch_forward
+from .weights import upload_model
+
+
+class Engine:
+    """Device state for one model. max_len: cache rows (prompt + generated + budget + 1 must fit);
+    max_rows: widest step (prompt length and budget + 1); taps: target layers whose outputs the
+    drafter reads (captured in prefill and verify)."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, Any], max_len: int, max_rows: int,
+                 taps: tuple[int, ...] = (), use_graphs: bool | None = None) -> None:
+        if max_len < 2 or max_rows < 1:
+            raise InputError(f"engine sizes must be positive, got max_len={max_len}, max_rows={max_rows}")
+        self.cfg = cfg
+        self.taps = tuple(int(t) for t in taps)
+        self.model = upload_model(cfg, weights)
+        self.buf = allocate(self.model, max_len, max_rows, len(self.taps))
+        self.cache_views = [sub(self.buf.cache, i) for i in range(cfg.num_hidden_layers)]
+        self.feat_views = [sub(self.buf.feats, i) for i in range(self.buf.feats.shape[0])]
+        cos, sin = rope_tables(cfg, max_len)
+        self.cos = to_device(cos)
+        self.sin = to_device(sin)
+        self.gpu = on_gpu()
+        self.use_graphs = self.gpu if use_graphs is None else (use_graphs and self.gpu)
+        self.stream = default_stream()
+        self._decode: StepGraph | None = None
+        self._verify: dict[int, StepGraph] = {}
+
+    # ---- host <-> device control ------------------------------------------------------------
+    def set_meta(self, start: int, n: int, emitted: int = 0) -> None:
+        self.put(self.buf.meta, np.array([start, n, emitted, 0, 0, 0, 0, 0], np.int32))
+
+    def sync(self) -> None:
+        if self.gpu:
+            self.stream.synchronize()
+
+    def fetch(self, dev) -> np.ndarray:
+        """Device array -> host copy (synchronises)."""
+        host = download(dev, self.stream)
+        self.sync()
+        return host
+
+    def fetch_into(self, dev, host: np.ndarray) -> np.ndarray:
+        """Device array -> preallocated (pinned) host array (synchronises)."""
+        download_into(dev, host, self.stream)
+        self.sync()
+        return host
+
+    def put(self, dev, host: np.ndarray) -> None:
+        """Host array -> device array of the same shape and dtype (stream-ordered)."""
+        upload(dev, host, self.stream)
+
+    # ---- steps ------------------------------------------------------------------------------
+    def prefill(self, tokens: np.ndarray) -> None:
+        """Run the prompt [P] from position 0 (causal); leaves logits/amax for its P rows."""
+        p = int(tokens.shape[0])
+        t = self.buf.max_rows
+        if p > t or p >= self.buf.max_len:
+            raise InputError(f"prompt of {p} tokens exceeds the engine's sizes "
+                             f"(rows {t}, cache {self.buf.max_len})")
+        ids = np.zeros(t, np.int32)
+        ids[:p] = tokens
+        depth = np.zeros(t, np.int32)
+        depth[:p] = np.arange(p)
+        vis = np.zeros((t, t), np.uint8)
+        vis[:p, :p] = np.tril(np.ones((p, p), np.uint8))
+        s = self.stream
+        self.put(self.buf.ids, ids)
+        self.put(self.buf.depth, depth)
+        self.put(self.buf.vis, vis)
+        self.set_meta(0, p)
+        launch_forward(self, p, s, self.taps)
+
+    def decode_step(self) -> StepGraph:
+        """The one-token decode step (captured on first use): forward over row 0, then the device-side
+        advance (emit argmax, feed it back as ids[0], start += 1)."""
+        if self._decode is None:
+            b = self.buf
+
+            def step(s):
+                launch_forward(self, 1, s, ())
+                advance_kernel[1, 1, s](b.ids, b.amax, b.out, b.meta)
+
+            self._prepare_dummy()
+            self._decode = StepGraph(step, self.use_graphs)
+        return self._decode
+
+    def verify_step(self, budget: int) -> StepGraph:
+        """The DDTree verify step for ``budget`` (captured once per budget)."""
+        if budget + 1 > self.buf.max_rows:
+            raise InputError(f"budget {budget} exceeds the engine's max rows {self.buf.max_rows - 1}")
+        if budget not in self._verify:
+            b = self.buf
+
+            def step(s):
+                kv_compact_kernel[self.cfg.num_hidden_layers, TPB, s](b.cache, b.ctl)
+                tree_compile_kernel[1, TPB, s](b.ids, b.depth, b.vis, b.meta, b.ctl)
+                launch_forward(self, budget + 1, s, self.taps)
+
+            self._prepare_dummy()
+            self._verify[budget] = StepGraph(step, self.use_graphs)
+        return self._verify[budget]
+
+    def _prepare_dummy(self) -> None:
+        # a harmless state for the eager warm-up run that precedes a capture: one row at position 0
+        ctl = np.zeros(self.buf.ctl.shape, np.int32)
+        ctl[2, 0] = -1
+        ctl[4, 3] = 1
+        self.put(self.buf.ctl, ctl)
+        self.put(self.buf.vis, np.eye(self.buf.max_rows, dtype=np.uint8))
+        self.put(self.buf.depth, np.zeros(self.buf.max_rows, np.int32))
+        self.set_meta(0, 1)
+
