@@ -121,3 +121,9 @@ for path, meta in results:
     plots.finish(fig, f"04_{path.stem}", out_dir, plots.caption_text(
         f"{path.name}.", hardware=str(meta.get("gpu", "unknown GPU")),
         date=str(meta.get("time_utc", "unknown date"))))
+
+# %% [markdown]
+# ## The whole decode step
+# These kernels assembled into the engine's decode step, its AR tokens/s against HF transformers and
+# its per-token time against the sum of its kernels' times, are shown in `05_ddtree_budget`, where
+# that step is the baseline of the verify cost and of DDTree's speedup.

@@ -8,6 +8,14 @@
 # draft trees routed through a K2-sized router (E = 384, top-8), compares it with the analytic
 # curve E·(1 − (1 − k/E)^N) for N independent tokens, and combines both into a bandwidth-model
 # estimate of the speedup at K2 scale.
+#
+# Next to these it shows the **measured** numbers of this workbench's numba engine on a GPU
+# (`python -m workbench bench engine`): the AR baseline against HF transformers, the decode step
+# against the sum of its kernels, the verify step against the budget, and DDTree tokens/s against
+# AR over oracle p and budget, with the engine's acceptance checked against the reference's. They
+# come from the committed H200 results in `reports/bench/` unless this machine has a GPU, in which
+# case the benchmark runs again here. Every section says whether its numbers are **measured** or
+# a **model**.
 
 # %%
 import numpy as np
@@ -15,7 +23,7 @@ from IPython.display import Markdown, display
 
 from workbench.config import preset
 from workbench.ddtree import DrafterConfig, ddtree_generate
-from workbench.report import bundles, plots, provenance, spec, tables
+from workbench.report import benchdata, bundles, enginedata, plots, provenance, spec, tables
 from workbench.report.progress import progress
 
 # %% tags=["parameters"]
@@ -29,12 +37,18 @@ coverage_trees = 4
 coverage_preset = "k2"
 router_seed = 0
 group_size = 32
+engine_bench_dir = "reports/bench"
+rerun_engine_on_gpu = True
+engine_ref_budgets = None
+engine_ref_ps = None
+engine_oracle_seed = 1
 refs_dir = "refs"
 out_dir = "reports"
 profile = "full"
 device = "auto"
 
 # %%
+dev = provenance.resolve_device(device)
 display(Markdown(provenance.run_line(profile, device)))
 b = bundles.load(refs_dir, [bundle_name])[bundle_name]
 cfg, weights, prompt = b.config, b.weights(), b.prompt
@@ -69,6 +83,122 @@ plots.lines(axes[1], {f"budget {bud}": (oracle_ps, [r["tau"] for r in acc_rows
             "acceptance vs oracle p")
 plots.finish(fig, "05_acceptance", out_dir, plots.caption_text(
     f"{bundle_name}, {n_tokens} tokens, block size {dcfg.block_size}, numpy reference."))
+
+# %% [markdown]
+# ## Measured on the GPU: the engine benchmark
+# Results of `python -m workbench bench engine` (numba engine, CUDA-graph replay, greedy) on the
+# `tiny2` bundles. On a machine with a GPU the benchmark runs again here into `<out_dir>/bench`;
+# otherwise the committed results in `engine_bench_dir` are shown, with their GPU and date.
+
+# %%
+engine_source = engine_bench_dir
+if dev == "gpu" and rerun_engine_on_gpu:
+    engine_source = f"{out_dir}/bench"
+    ok, tail = benchdata.rerun(engine_source, what="engine")
+    display(Markdown(f"Engine benchmark re-run on this GPU into `{engine_source}`: "
+                     f"{'ok' if ok else 'FAILED; the committed results are shown instead'}."
+                     f"\n\n```\n{tail}\n```"))
+    engine_source = engine_source if ok else engine_bench_dir
+eng = enginedata.load_engine(engine_source)
+if eng is None:
+    display(Markdown(f"**No engine benchmark results in `{engine_source}`.** They are written on a GPU by "
+                     "`python -m workbench bench engine --out reports/bench` and committed; the measured "
+                     "sections below stay empty until then."))
+else:
+    display(Markdown(f"**Measured** on **{eng.hardware}**, {eng.date} (`{eng.path}`; numba "
+                     f"{eng.meta.get('numba_cuda', '?')} / torch {eng.meta.get('torch', '?')})."))
+
+# %% [markdown]
+# ### The AR baseline: engine vs HF transformers, and where the decode step goes (measured)
+# Tokens/s of greedy AR decoding on the same GPU: this engine against transformers'
+# `DeepseekV3ForCausalLM.generate` (float32, eager attention) on the same weights. Then the
+# engine's per-token time (graph replay) against the sum of its kernels' own device times
+# (profiler over eager decode steps), and that sum kernel by kernel.
+
+# %%
+if eng is not None:
+    tables.show_table(enginedata.ar_table(eng), "05_engine_ar", out_dir,
+                      caption=f"Measured on {eng.hardware}, {eng.date}.")
+    tables.show_table(enginedata.kernel_sum_table(eng), "05_engine_kernel_sum", out_dir,
+                      caption=f"Measured on {eng.hardware}, {eng.date}; µs per token.")
+    for m in eng.models("kernel_breakdown"):
+        tables.show_table(enginedata.kernel_breakdown(eng, m), f"05_engine_kernels_{m}", out_dir,
+                          caption=f"{m}: kernel time per decoded token, measured on {eng.hardware}, "
+                                  f"{eng.date}.")
+
+# %% [markdown]
+# ### Verify cost against the budget (measured)
+# Time of one verify forward (B + 1 rows, graph replay) against the budget B, next to the device
+# top-k of the draft rows and the host build of the tree; the dotted line is the engine's measured
+# AR decode time per token.
+
+# %%
+if eng is not None:
+    for m in eng.models("verify"):
+        ver = enginedata.verify_table(eng, m)
+        tables.show_table(ver, f"05_engine_verify_{m}", out_dir, caption=f"{m}, measured; budget 0 = 1 row.")
+        pos = [r for r in ver if r["budget"] >= 1]
+        bx = [r["budget"] for r in pos]
+        fig, ax = plots.plt.subplots(figsize=(7.5, 4))
+        plots.lines(ax, {"verify step (B + 1 rows)": (bx, [r["verify_us"] for r in pos]),
+                         "device top-k + host tree build": (bx, [r["topk_us"] + r["build_us"] for r in pos])},
+                    "tree budget B (nodes)", "time per round (µs)", f"{m}: verify cost vs budget (measured)",
+                    logx=True, logy=True)
+        ar_us = enginedata.ar_us_per_token(eng, m)
+        if ar_us is not None:
+            ax.axhline(ar_us, color="gray", ls=":", lw=1, label=f"AR decode, {ar_us:.0f} µs/token")
+            ax.legend(fontsize=8)
+        plots.finish(fig, f"05_engine_verify_{m}", out_dir, plots.caption_text(
+            f"{m}, numba engine, CUDA-graph replay.", hardware=eng.hardware, date=eng.date))
+
+# %% [markdown]
+# ### DDTree against AR over oracle p and budget (measured), with the reference's τ
+# Tokens/s of greedy DDTree with the oracle drafter (seed `engine_oracle_seed`) on the engine,
+# against the engine's AR in the same run; measured speedup = their ratio. τ (tokens per round,
+# bonus included) is reported by the engine and recomputed here by the numpy reference for the same
+# model, tokens and oracle (the reference column is empty where this profile skips that run).
+# `speedup_ref_tau` = τ_ref × AR µs/token ÷ µs per round: the speedup the reference's
+# acceptance gives at the engine's measured costs.
+
+# %%
+spec_rows = []
+if eng is not None and eng.section("spec"):
+    e_model, e_tokens, e_budgets, e_ps = enginedata.spec_settings(eng)
+    eb = bundles.load(refs_dir, [e_model])[e_model]
+    e_dcfg = DrafterConfig.from_dict(eb.meta["drafter"])
+    e_w = eb.weights()
+    ref_grid = [(p, bud) for p in (engine_ref_ps or e_ps) for bud in (engine_ref_budgets or e_budgets)]
+    ref_tau = {}
+    for p, bud in progress(ref_grid, "reference τ"):
+        r = ddtree_generate(eb.config, e_w, eb.prompt, e_tokens, drafter="oracle", budget=bud,
+                            drafter_config=e_dcfg, oracle_p=p, oracle_seed=engine_oracle_seed)
+        ref_tau[(float(p), int(bud))] = r.mean_accepted
+    spec_rows = enginedata.spec_table(eng, e_model, ref_tau)
+    ar_tps = enginedata.spec_ar_tok_s(eng, e_model)
+    tables.show_table(spec_rows, "05_engine_spec", out_dir, digits=5, caption=(
+        f"{e_model}, {e_tokens} tokens per run; tok/s and speedup over AR ({ar_tps:.0f} tok/s) measured on "
+        f"{eng.hardware}, {eng.date}; tau_ref from the numpy reference on this machine."))
+    checked = [r for r in spec_rows if r["same_tau"] is not None]
+    best = "; ".join(f"p = {r['oracle_p']:g}: **{r['speedup']:.2f}×** at B = {r['budget']} "
+                     f"(τ {r['tau_engine']:.2f})" for r in enginedata.best_budget(spec_rows))
+    display(Markdown(f"Engine τ equals the reference τ in **{sum(r['same_tau'] for r in checked)} of "
+                     f"{len(checked)}** runs checked here; DDTree tokens equal AR's in "
+                     f"**{sum(bool(r['same_tokens_as_ar']) for r in spec_rows)} of {len(spec_rows)}** runs. "
+                     f"Best measured speedup per oracle p: {best}."))
+    fig, axes = plots.plt.subplots(1, 2, figsize=(11.5, 4))
+    plots.lines(axes[0], {f"DDTree B={bud}": (e_ps, [r["ddtree_tok_s"] for r in spec_rows
+                                                    if r["budget"] == bud]) for bud in e_budgets},
+                "oracle p (top-1 accuracy per position)", "tokens/s",
+                "DDTree vs AR tokens/s (measured)")
+    axes[0].axhline(ar_tps, color="black", ls="--", lw=1, label=f"AR {ar_tps:.0f} tok/s")
+    axes[0].legend(fontsize=7)
+    plots.lines(axes[1], {f"p={p}": (e_budgets, [r["speedup"] for r in spec_rows
+                                                 if r["oracle_p"] == p]) for p in e_ps},
+                "tree budget B (nodes)", "speedup over AR (x, measured)",
+                "measured speedup vs budget", logx=True)
+    axes[1].axhline(1.0, color="gray", lw=0.8, ls=":")
+    plots.finish(fig, "05_engine_spec", out_dir, plots.caption_text(
+        f"{e_model}, oracle drafter, numba engine.", hardware=eng.hardware, date=eng.date))
 
 # %% [markdown]
 # ## MoE expert coverage of real draft trees at K2 scale
@@ -106,12 +236,16 @@ plots.finish(fig, "05_expert_coverage", out_dir, plots.caption_text(
     f"{coverage_drafter} trees from {bundle_name}, random K2 router (seed {router_seed})."))
 
 # %% [markdown]
-# ## Verify cost and speedup at K2 scale (bandwidth model)
+# ## Verify cost and speedup at K2 scale (bandwidth model, not measured)
 # **A model, not a measurement:** one forward reads MLA, router and head in bf16 and the MLPs and
 # the touched experts in INT4 (group size `group_size`), and takes time proportional to those
 # bytes. KV-cache reads, activations, the drafter's own cost and compute limits are left out, so
 # this is an upper bound on the speedup: τ(B) × bytes(1 row) / bytes(B + 1 rows), with the
-# experts touched at B + 1 rows taken from the measured coverage above.
+# experts touched at B + 1 rows taken from the measured coverage above. Its inputs τ (reference,
+# `bundle_name`) and coverage are measured; its outputs `cost_vs_decode` and `model_speedup` are
+# not. For scale, the left panel also shows the verify cost the engine **measured** on the tiny
+# model (time of B + 1 rows over the 1-row step): tiny2's step is latency-bound, not bandwidth-bound,
+# so the two curves answer different questions and only the measured one is a time.
 
 # %%
 one = spec.forward_weight_bytes(k2, k2.num_experts_per_tok, group_size)   # one row touches exactly k experts
@@ -122,14 +256,27 @@ for row in acc_rows:
     bytes_b = spec.forward_weight_bytes(k2, touched, group_size)
     cost_rows.append({**row, "verify_rows": n_rows, "experts_touched": touched, "verify_GB": bytes_b / 1e9,
                       "cost_vs_decode": bytes_b / one, "model_speedup": row["tau"] * one / bytes_b})
-tables.show_table(cost_rows, "05_speedup_model", out_dir)
+tables.show_table(cost_rows, "05_speedup_model", out_dir,
+                  caption="MODEL (K2 weight bytes), not measured; tau measured on the reference.")
 fig, axes = plots.plt.subplots(1, 2, figsize=(11, 3.8))
-plots.lines(axes[0], {"verify": (budgets, [r["cost_vs_decode"] for r in cost_rows
-                                          if r["drafter"] == labels[0]])},
-            "tree budget (nodes)", "weight bytes vs one decode row (x)", "verify cost (model)", logx=True)
+cost_lines = {"MODEL: K2 weight bytes, B + 1 rows vs 1 row": (
+    budgets, [r["cost_vs_decode"] for r in cost_rows if r["drafter"] == labels[0]])}
+measured_note = ""
+if eng is not None and eng.models("verify"):
+    vm = eng.models("verify")[0]
+    vrows = [r for r in enginedata.verify_table(eng, vm) if r["budget"] >= 1 and r["x_decode_step"]]
+    if vrows:
+        cost_lines[f"MEASURED: {vm} engine time, B + 1 rows vs 1 row"] = (
+            [r["budget"] for r in vrows], [r["x_decode_step"] for r in vrows])
+        measured_note = f" Measured engine line: {vm} on {eng.hardware}, {eng.date}."
+plots.lines(axes[0], cost_lines, "tree budget (nodes)", "verify cost vs one decode row (x)",
+            "verify cost: model vs measured", logx=True)
 plots.lines(axes[1], {d: (budgets, [r["model_speedup"] for r in cost_rows if r["drafter"] == d])
                       for d in labels},
-            "tree budget (nodes)", "speedup over AR (x, model)", "speedup (bandwidth model)", logx=True)
+            "tree budget (nodes)", "speedup over AR (x, MODEL)", "speedup (bandwidth MODEL, not measured)",
+            logx=True)
 axes[1].axhline(1.0, color="gray", lw=0.8, ls=":")
 plots.finish(fig, "05_speedup_model", out_dir, plots.caption_text(
-    f"K2 ({coverage_preset}) bytes model, INT4 G={group_size}; τ measured on {bundle_name}."))
+    f"MODEL: K2 ({coverage_preset}) weight-bytes model, INT4 G={group_size}, not a measurement."
+    f"{measured_note} "
+    f"Model inputs τ and coverage: numpy reference on {bundle_name}."))

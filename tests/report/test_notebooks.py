@@ -86,11 +86,15 @@ def check_05(out: Path) -> list[tuple[bool, str]]:
     acc = rows(out, "05_acceptance")
     full = [r for r in acc if r["oracle_p"] == "1.0" and r["budget"] == "16"]
     cov = rows(out, "05_expert_coverage")
+    spec, verify = rows(out, "05_engine_spec"), rows(out, "05_engine_verify_tiny2")
     return [
         (len(full) == 1 and float(full[0]["tau"]) == 8.0, "05: oracle p=1 accepts whole blocks (8)"),
         (cov[0]["rows"] == "1" and float(cov[0]["measured_unique_experts"]) == 8.0, "05: one row, 8 experts"),
         (all(float(r["measured_unique_experts"]) <= min(384, 8 * int(r["rows"])) for r in cov), "05: bounds"),
         (len(rows(out, "05_speedup_model")) == len(acc), "05: speedup rows"),
+        (all(r["same_tau"] == "True" for r in spec if r["same_tau"]) and any(r["same_tau"] for r in spec),
+         "05: the engine's measured tau equals the reference's wherever both exist"),
+        (verify[0]["budget"] == "0" and verify[-1]["budget"] == "256", "05: verify budgets 0..256"),
     ]
 
 

@@ -16,8 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
+
 H200_PEAK_GBPS = 4800.0        # datasheet HBM3e bandwidth of the H200 (4.8 TB/s)
 GBPS_NAMES = ("gbs", "gbps", "GB/s", "eff_gbps")
+ENGINE_CSV = "engine_results.csv"      # written by ``python -m workbench bench engine``
+ENGINE_META = "engine_meta.json"
 
 
 def _num(v: str) -> Any:
@@ -35,16 +39,19 @@ def read_csv(path: str | Path) -> list[dict[str, Any]]:
 
 
 def find_results(bench_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
-    """(csv path, metadata) for every CSV under bench_dir; metadata from a JSON with the same stem,
-    else the only JSON in the folder, else {}."""
+    """(csv path, metadata) for every kernel-benchmark CSV under bench_dir (the engine benchmark's
+    ``engine_results.csv`` is left out: see enginedata). Metadata from ``<stem>.json`` or
+    ``<stem>_meta.json``, else the only JSON in the folder that is not ``engine_meta.json``, else {}."""
     d = Path(bench_dir)
     if not d.is_dir():
         return []
-    jsons = sorted(d.glob("*.json"))
+    jsons = [j for j in sorted(d.glob("*.json")) if j.name != ENGINE_META]
     out = []
     for p in sorted(d.glob("*.csv")):
-        twin = p.with_suffix(".json")
-        meta_path = twin if twin.is_file() else (jsons[0] if len(jsons) == 1 else None)
+        if p.name == ENGINE_CSV:
+            continue
+        twins = [t for t in (p.with_suffix(".json"), p.with_name(f"{p.stem}_meta.json")) if t.is_file()]
+        meta_path = twins[0] if twins else (jsons[0] if len(jsons) == 1 else None)
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path else {}
         out.append((p, meta))
     return out
@@ -67,9 +74,12 @@ def copy_gbps(meta: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
     return float(sum(ratios) / len(ratios)) if ratios else None
 
 
-def rerun(out_dir: str | Path, timeout_s: float = 1800) -> tuple[bool, str]:
-    """Run ``python -m workbench bench kernels --out out_dir``; (ok, last lines of its output)."""
-    cmd = [sys.executable, "-m", "workbench", "bench", "kernels", "--out", str(out_dir)]
+def rerun(out_dir: str | Path, timeout_s: float = 1800, what: str = "kernels") -> tuple[bool, str]:
+    """Run ``python -m workbench bench <what> --out out_dir`` (what: 'kernels' or 'engine');
+    (ok, last lines of its output)."""
+    if what not in ("kernels", "engine"):
+        raise InputError(f"what must be 'kernels' or 'engine', got {what!r}")
+    cmd = [sys.executable, "-m", "workbench", "bench", what, "--out", str(out_dir)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:

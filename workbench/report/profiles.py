@@ -35,7 +35,8 @@ PROFILES: dict[str, Profile] = {
                                             "seed": 11, "name": "tiny_moe128"}],
             "n_free": 8, "n_forced": 48},
         "05_ddtree_budget": {"budgets": [1, 4, 16], "oracle_ps": [0.5, 1.0], "n_tokens": 16,
-                             "coverage_budget": 64, "coverage_trees": 2},
+                             "coverage_budget": 64, "coverage_trees": 2,
+                             "engine_ref_budgets": [8], "engine_ref_ps": [0.8, 1.0]},
     }),
 }
 
