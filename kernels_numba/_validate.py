@@ -82,16 +82,6 @@ def as_stream(stream):
     return stream
 
 
-def stream_key(stream) -> int:
-    """An int identifying a stream (0 for the default stream), for per-stream scratch caches."""
-    h = getattr(stream, "handle", stream)
-    h = getattr(h, "value", h)
-    try:
-        return int(h or 0)
-    except (TypeError, ValueError):
-        return id(stream)
-
-
 def empty(shape, dtype, stream=0):
     if SIMULATED:
         return np.empty(shape, dtype)

@@ -2,14 +2,17 @@
 
 Exit codes: 0 success, 2 bad input or arguments (one line on stderr, no traceback), 1 internal error.
 Each command module defines ``add_arguments(parser)`` and ``run(args) -> int``; it raises
-``UserError`` (or a library error listed in USER_ERRORS) for bad input.
+``UserError`` (or a library error listed in ``_user_errors``) for bad input; an OSError naming a
+path (missing folder, permission) is also reported as one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 
 # subcommand -> (module under workbench.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -28,21 +31,28 @@ class UserError(Exception):
     """Bad input or arguments: reported as one line, exit code 2."""
 
 
+def check_out_file(path: str | os.PathLike) -> None:
+    """Raise UserError unless ``path`` can be written as a file: not a directory, in an existing folder.
+
+    Commands call it before their work, so a mistyped output path fails at once with one line.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{path} is a directory; give a file path")
+    if not p.absolute().parent.is_dir():
+        raise UserError(f"{path}: folder {p.absolute().parent} does not exist")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's default prints usage; keep it one line
         raise UserError(f"{self.prog}: {message}")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from .bundle import BundleFormatError
     from .config import ConfigError
-    errs: list[type[BaseException]] = [UserError, ConfigError]
-    for mod, name in (("workbench.bundle", "BundleFormatError"),
-                      ("workbench.errors", "InputError")):
-        try:
-            errs.append(getattr(importlib.import_module(mod), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errs)
+    from .errors import InputError
+    return UserError, ConfigError, BundleFormatError, InputError
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -73,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # an unwritable or unreadable path the user gave: one line, not a traceback
+        if e.filename is None:
+            raise
+        print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
     except SystemExit as e:  # --help
         return int(e.code or 0)
 

@@ -17,6 +17,33 @@ class ConfigError(ValueError):
     """A configuration value is invalid or inconsistent (one-line message)."""
 
 
+def check_int(name: str, v: Any, lo: int) -> None:
+    """ConfigError unless ``v`` is an int (a bool is not) >= lo; lo is 1 (positive) or 0 (non-negative)."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ConfigError(f"{name} must be a {'positive' if lo == 1 else 'non-negative'} int, got {v!r}")
+
+
+def check_number(name: str, v: Any, positive: bool = True) -> None:
+    """ConfigError unless ``v`` is a finite int or float, > 0 (positive) or >= 0."""
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            or (v <= 0 if positive else v < 0)):
+        raise ConfigError(f"{name} must be a {'positive' if positive else 'non-negative'} finite number, "
+                          f"got {v!r}")
+
+
+def config_from_dict(cls: type, d: Any, what: str) -> Any:
+    """``cls(**d)`` for a JSON object; ConfigError for a non-object, an unknown field or a missing one."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{what} must be a JSON object")
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ConfigError(f"unknown {what} field(s): {', '.join(unknown)}")
+    try:
+        return cls(**d)
+    except TypeError as e:
+        raise ConfigError(f"bad {what}: {e}") from None
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 163840                 # V
@@ -63,13 +90,9 @@ class ModelConfig:
                 "n_group", "topk_group", "original_max_position_embeddings",
                 "max_position_embeddings")
         for name in ints:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name} must be a positive int, got {v!r}")
+            check_int(name, getattr(self, name), 1)
         for name in ("n_shared_experts", "first_k_dense_replace"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ConfigError(f"{name} must be a non-negative int, got {v!r}")
+            check_int(name, getattr(self, name), 0)
         if self.q_lora_rank is not None and (isinstance(self.q_lora_rank, bool)
                                              or not isinstance(self.q_lora_rank, int)
                                              or self.q_lora_rank < 1):
@@ -95,13 +118,9 @@ class ModelConfig:
             raise ConfigError(f"model_type must be 'kimi_k2' or 'deepseek_v3', got {self.model_type!r}")
         for name in ("rms_norm_eps", "mla_norm_eps", "rope_theta", "rope_factor",
                      "routed_scaling_factor", "beta_fast", "beta_slow"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ConfigError(f"{name} must be a positive finite number, got {v!r}")
+            check_number(name, getattr(self, name))
         for name in ("mscale", "mscale_all_dim"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ConfigError(f"{name} must be a non-negative finite number, got {v!r}")
+            check_number(name, getattr(self, name), positive=False)
         for name in ("norm_topk_prob", "tie_word_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -212,16 +231,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        if not isinstance(d, dict):
-            raise ConfigError("model config must be a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
-        try:
-            return cls(**d)
-        except TypeError as e:
-            raise ConfigError(f"bad model config: {e}") from None
+        return config_from_dict(cls, d, "model config")
 
 
 _NOT_HF = {"rope_scaling_type", "rope_factor", "original_max_position_embeddings", "beta_fast",

@@ -38,8 +38,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
-    return write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True, allow_nan=True) + "\n")
+def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int = 1) -> Path:
+    return write_text_atomic(path, json.dumps(obj, indent=indent, sort_keys=True, allow_nan=True) + "\n")
 
 
 def save_figure_atomic(fig: Any, path: str | os.PathLike, **savefig_kw: Any) -> Path:

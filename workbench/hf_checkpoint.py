@@ -265,6 +265,9 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig, weights: dict[
 def _check_dest(dest: Path) -> None:
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InputError(f"{dest} exists and is not an empty directory")
+    ancestor = next(p for p in dest.absolute().parents if p.exists())  # where the new folders start
+    if not ancestor.is_dir():
+        raise InputError(f"{dest}: {ancestor} is not a directory")
 
 
 def _write_checkpoint(dest: Path, config: dict[str, Any], shards: list[list[tuple[str, Any]]]) -> list[str]:

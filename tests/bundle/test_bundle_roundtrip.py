@@ -22,7 +22,7 @@ def _bits(v) -> tuple:
     return a.shape, le.str, np.ascontiguousarray(a, le).tobytes()
 
 
-def test_small_bundle_round_trip(tmp_path, small_raw):
+def test_small_bundle_round_trip(small_raw):
     inp = small_inputs()
     b = read_bundle_bytes(small_raw)
     assert b.config == preset("tiny") and b.meta == inp["meta"]

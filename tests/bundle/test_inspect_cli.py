@@ -18,19 +18,13 @@ from .kdtr_corpus import small_inputs
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def only_inspect(monkeypatch):
-    """The CLI with just this command registered (other commands are other modules' business)."""
-    monkeypatch.setattr(cli, "COMMANDS", {"inspect": cli.COMMANDS["inspect"]})
-
-
 def _bundle(tmp_path, **meta) -> Path:
     p = tmp_path / "b.kdtr"
     write_bundle(p, **dict(small_inputs(), meta=dict(small_inputs()["meta"], **meta)))
     return p
 
 
-def test_text_summary(tmp_path, capsys, only_inspect):
+def test_text_summary(tmp_path, capsys):
     p = _bundle(tmp_path, fp32_golden=[5, 6, 9, 8])
     assert cli.main(["inspect", str(p)]) == 0
     out = capsys.readouterr().out
@@ -42,7 +36,7 @@ def test_text_summary(tmp_path, capsys, only_inspect):
     assert "first divergence at step 2" in out and "seed=1234" in out
 
 
-def test_json_summary(tmp_path, capsys, only_inspect):
+def test_json_summary(tmp_path, capsys):
     p = _bundle(tmp_path, fp32_golden=[5, 6, 7, 8])
     assert cli.main(["inspect", str(p), "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
@@ -61,7 +55,7 @@ def test_divergence():
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "missing", "directory", "bad_meta"])
-def test_bad_bundles_exit_2_with_one_line(tmp_path, capsys, only_inspect, damage):
+def test_bad_bundles_exit_2_with_one_line(tmp_path, capsys, damage):
     p = _bundle(tmp_path, **({"fp32_golden": "oops"} if damage == "bad_meta" else {}))
     raw = p.read_bytes()
     if damage == "truncate":

@@ -57,6 +57,19 @@ def test_numba_backend_ar_runs_in_a_fresh_process():
     assert json.loads(p.stdout) == [int(t) for t in read_bundle(TINY).golden[:2]]
 
 
+@pytest.mark.parametrize("mode", [
+    ["--mode", "ar"],
+    pytest.param(["--mode", "ddtree", "--drafter", "oracle", "--budget", "2"], marks=pytest.mark.slow)])
+def test_numba_backend_samples_like_the_reference(capsys, mode):
+    """--temperature 1: the engine draws from the reference's Generator, so the tokens agree per seed."""
+    argv = [TINY, "--prompt", "5,6,7", "--tokens", "3", "--temperature", "1.0", "--seed", "4", *mode]
+    rc, out, err = _run(capsys, *argv, "--backend", "numba")
+    assert rc == 0, err
+    rc, ref, err = _run(capsys, *argv, "--backend", "reference")
+    assert rc == 0, err
+    assert out.split() == ref.split() and len(ref.split()) == 3
+
+
 @pytest.mark.parametrize("argv", [
     ["--mode", "ddtree", "--drafter", "medusa"],
     ["--mode", "ddtree", "--budget", "0"],
@@ -64,7 +77,7 @@ def test_numba_backend_ar_runs_in_a_fresh_process():
     ["--prompt", "1,,2"],
     ["--prompt", "a,b"],
     ["--tokens", "0"],
-    ["--backend", "numba", "--temperature", "1.0"],
+    ["--backend", "numba", "--temperature", "-1"],
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv):
     rc, out, err = _run(capsys, TINY, *argv)

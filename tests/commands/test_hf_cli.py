@@ -8,19 +8,12 @@ import pytest
 import torch
 import transformers
 
+from tests.test_weights import CFG  # the 2-layer MoE model the weight-map tests export
 from workbench.bundle import bf16, read_bundle, write_bundle
 from workbench.cli import main
-from workbench.config import ModelConfig
 from workbench.quant.int4 import pack_int4, quantize_int4
 from workbench.reference.model import LatentCache, forward
 from workbench.weights import random_weights
-
-CFG = ModelConfig(
-    vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
-    num_attention_heads=2, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
-    v_head_dim=8, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
-    max_position_embeddings=4096, bos_token_id=None, eos_token_id=None,
-)
 
 
 def _cli(capsys, *argv):
@@ -120,7 +113,10 @@ def test_bad_export_arguments_exit_2(tmp_path, capsys):
     for argv in (("export-hf", tmp_path / "m.kdtr", ck),                     # destination not empty
                  ("export-hf", tmp_path / "missing.kdtr", tmp_path / "o"),    # no bundle
                  ("export-hf", tmp_path / "m.kdtr", tmp_path / "o", "--max-shard-mb", "0"),
-                 ("import-hf", tmp_path / "nowhere", tmp_path / "y.kdtr")):
+                 ("import-hf", tmp_path / "nowhere", tmp_path / "y.kdtr"),
+                 ("import-hf", ck, tmp_path / "no_folder" / "y.kdtr"),        # output folder missing
+                 ("import-hf", ck, tmp_path),                                  # output is a folder
+                 ("export-hf", tmp_path / "m.kdtr", tmp_path / "m.kdtr" / "o")):  # parent is a file
         rc, _, err = _cli(capsys, *argv)
         assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1, (argv, err)
     assert not (tmp_path / "o").exists()

@@ -36,3 +36,18 @@ def test_engine_ar_rejects_bad_requests():
         engine_ar_generate(engine("tiny"), b.prompt, 0)
     with pytest.raises(InputError):
         engine_ar_generate(engine("tiny"), b.prompt, 10_000)
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(7, marks=pytest.mark.slow)])
+def test_engine_ar_sampled_equals_reference(seed):  # CI: 3-token prompt, 3 tokens
+    """T = 1: same Generator, one draw per token, as ``ar_generate``: the same tokens."""
+    from workbench.ddtree.ar import ar_generate
+    from workbench.ddtree.config import SamplingParams
+    b, w, _ = bundle("tiny")
+    n = len(b.golden) if GPU else 3
+    prompt = np.asarray(b.prompt if GPU else b.prompt[:3], np.int64)
+    sp = SamplingParams(temperature=1.0, seed=seed)
+    got = engine_ar_generate(engine("tiny"), prompt, n, sampling=sp)
+    want = ar_generate(b.config, w, prompt, n, sp)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    assert not np.array_equal(got.tokens, reference_greedy("tiny", n, len(prompt)).tokens)  # sampler live

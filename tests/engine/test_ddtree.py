@@ -5,8 +5,8 @@ path (accepted length = tree depth + 1).
 GPU tier: all four bundles, budgets 1, 4, 16, 64, both drafters, the bundle prompt and all golden
 tokens. CI (simulator, ~1-3 s per row): a subset that covers each drafter and the FP32/INT4 paths
 with few tokens and the first 3 prompt tokens (the expected tokens are then the reference's greedy
-continuation of that prompt, which the reference tests tie to the goldens); budgets 16 and 64
-verify 17 / 65 rows per round and run on the GPU tier only.
+continuation of that prompt, which the reference tests tie to the goldens); budget 16 (17 verify rows)
+runs one dflash round (slow), budget 64 the GPU tier only. The dflash cases run the device drafter.
 """
 
 import numpy as np
@@ -20,7 +20,8 @@ if GPU:
     CASES = [(n, d, bud, None) for n in BUNDLES for d in ("oracle", "dflash") for bud in (1, 4, 16, 64)]
 else:
     CASES = [("tiny", "oracle", 4, 5), ("tiny", "dflash", 1, 3), ("int4_tiny", "dflash", 4, 2),
-             pytest.param("int4_tiny2", "oracle", 4, 3, marks=pytest.mark.slow)]
+             pytest.param("int4_tiny2", "oracle", 4, 3, marks=pytest.mark.slow),
+             pytest.param("tiny", "dflash", 16, 2, marks=pytest.mark.slow)]
 SIM_PROMPT = 3
 
 
@@ -68,8 +69,28 @@ def test_engine_ddtree_oracle_partial_acceptance():
     assert [r.accepted_len for r in got.rounds] == [r.accepted_len for r in want.rounds]
 
 
-def test_engine_ddtree_rejects_bad_requests():
+@pytest.mark.parametrize("drafter,budget,seed", [
+    ("dflash", 2, 5), pytest.param("oracle", 4, 0, marks=pytest.mark.slow)])
+def test_engine_ddtree_sampled_equals_reference(drafter, budget, seed):
+    """T = 1: the engine draws from the same Generator in the same node order as the reference, so
+    tokens and rounds agree exactly, and the run differs from the greedy one (the sampler is live)."""
     from workbench.ddtree.config import SamplingParams
+    name = "tiny"
+    b, w, dcfg = bundle(name)
+    n = len(b.golden) if GPU else 3
+    prompt, greedy = _prompt_and_expected(name, n)
+    cont = reference_greedy(name, n + dcfg.block_size - 1, len(prompt)).tokens
+    kw = dict(drafter_config=dcfg, oracle_p=0.7, oracle_seed=1, continuation=cont)
+    sp = SamplingParams(temperature=1.0, seed=seed)
+    got = engine_ddtree_generate(engine(name), w, prompt, n, drafter, budget, sp, **kw)
+    want = ddtree_generate(b.config, w, prompt, n, drafter, budget, sp, **kw)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    assert [(r.tree_size, r.accepted_len, r.depth) for r in got.rounds] == \
+        [(r.tree_size, r.accepted_len, r.depth) for r in want.rounds]
+    assert not np.array_equal(got.tokens, greedy)
+
+
+def test_engine_ddtree_rejects_bad_requests():
     from workbench.errors import InputError
     b, w, dcfg = bundle("tiny")
     eng = engine("tiny")
@@ -77,8 +98,25 @@ def test_engine_ddtree_rejects_bad_requests():
         engine_ddtree_generate(eng, w, b.prompt, 2, "oracle", 0)
     with pytest.raises(InputError):
         engine_ddtree_generate(eng, w, b.prompt, 2, "nope", 4)
-    with pytest.raises(InputError):
-        engine_ddtree_generate(eng, w, b.prompt, 2, "oracle", 4, SamplingParams(temperature=1.0))
+    with pytest.raises(InputError):                     # sampling must be a SamplingParams
+        engine_ddtree_generate(eng, w, b.prompt, 2, "oracle", 4, {"temperature": 1.0})
     no_drafter = {k: v for k, v in w.items() if not k.startswith("drafter.")}
     with pytest.raises(InputError):
         engine_ddtree_generate(eng, no_drafter, b.prompt, 2, "dflash", 4, drafter_config=dcfg)
+
+
+@pytest.mark.slow
+def test_engine_ddtree_host_drafter_fallback_equals_reference():
+    """device_drafter=False (the path of INT4-packed drafter projections): the numpy drafter on the
+    copied-back tapped features gives the reference's tokens and rounds too."""
+    name = "tiny"
+    b, w, dcfg = bundle(name)
+    n = len(b.golden) if GPU else 2
+    prompt, expected = _prompt_and_expected(name, n)
+    got = engine_ddtree_generate(engine(name), w, prompt, n, "dflash", 2, drafter_config=dcfg,
+                                 device_drafter=False)
+    want = ddtree_generate(b.config, w, prompt, n, "dflash", 2, drafter_config=dcfg)
+    np.testing.assert_array_equal(got.tokens, expected)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    assert [(r.tree_size, r.accepted_len, r.depth) for r in got.rounds] == \
+        [(r.tree_size, r.accepted_len, r.depth) for r in want.rounds]

@@ -96,4 +96,6 @@ def test_quantize_refusals(fp_bundle, tmp_path, capsys):
     _fails(["quantize", src, str(twice), "--group", "128"], capsys, "group size 128")   # K = 64 experts
     _fails(["quantize", str(tmp_path / "missing.kdtr"), str(twice)], capsys, "missing.kdtr")
     _fails(["quantize", src], capsys, "OUT")
+    _fails(["quantize", src, str(tmp_path / "no_folder" / "q.kdtr")], capsys, "does not exist")
+    _fails(["quantize", src, str(tmp_path)], capsys, "is a directory")
     assert not twice.exists()

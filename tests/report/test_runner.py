@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from tests.report.browser import open_page
+from workbench.cli import main
 from workbench.commands import report
 from workbench.errors import InputError
 from workbench.report.runner import pick_kernel
@@ -162,6 +163,16 @@ def test_param_override_and_only_prefix(tmp_path):
 def test_bad_arguments_raise_one_line_errors(tmp_path, argv, message):
     with pytest.raises(InputError, match=message):
         run_cli("--out", str(tmp_path), *argv)
+    assert not (tmp_path / "index.html").exists()
+
+
+@pytest.mark.parametrize("option, value", [("--cell-timeout", "-1"), ("--wall-timeout", "nan"),
+                                           ("--cell-timeout", "0"), ("--wall-timeout", "soon")])
+def test_bad_timeouts_exit_2_before_running(tmp_path, capsys, option, value):
+    argv = ["report", "--notebooks", str(FIXTURES), "--out", str(tmp_path), "--only", "ok", option, value]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and option in err, err
     assert not (tmp_path / "index.html").exists()
 
 

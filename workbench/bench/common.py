@@ -6,23 +6,18 @@
 - ``copy_bandwidth()``: device-to-device copy rate (bytes read + written per second) measured now,
   the ceiling every GB/s figure is compared with.
 - ``run_metadata()``: GPU, driver, CUDA, library versions, git SHA, time.
-- ``write_csv`` / ``write_json``: atomic writes (temp file in the same folder, fsync, os.replace).
+Results are written with ``workbench.report.tables.write_csv`` and ``workbench.fileio.write_json_atomic``.
 """
 
 from __future__ import annotations
 
-import csv
 import datetime
-import io
-import json
 import os
 import platform
 import statistics
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-
-from ..fileio import write_text_atomic
 
 
 def require_gpu() -> None:
@@ -40,6 +35,21 @@ def stats(samples_us: list[float]) -> dict[str, float]:
     return {"median_us": statistics.median(samples_us), "min_us": min(samples_us), "max_us": max(samples_us)}
 
 
+def capture_graph(fn: Callable[[], None]):
+    """``fn`` captured in a torch CUDA graph, after one warm-up call on the capture stream."""
+    import torch
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()                                         # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
 def time_op(fn: Callable[[], None], *, calls: int = 1, reps: int = 20, warmup: int = 3,
             graph: bool = True) -> dict[str, float]:
     """Median/min/max microseconds per call of ``fn``, where one ``fn()`` makes ``calls`` calls.
@@ -54,15 +64,7 @@ def time_op(fn: Callable[[], None], *, calls: int = 1, reps: int = 20, warmup: i
     torch.cuda.synchronize()
     run = fn
     if graph:
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()                                     # warm-up on the capture stream
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g):
-            fn()
+        g = capture_graph(fn)
         g.replay()
         torch.cuda.synchronize()
         run = g.replay
@@ -124,18 +126,3 @@ def run_metadata(**extra) -> dict:
             meta["nvidia_smi"] = "unavailable"
     meta.update(extra)
     return meta
-
-
-
-
-def write_json(path, obj) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
-def write_csv(path, rows: list[dict]) -> None:
-    buf = io.StringIO()
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    w = csv.DictWriter(buf, fieldnames=fields)
-    w.writeheader()
-    w.writerows(rows)
-    write_text_atomic(path, buf.getvalue())

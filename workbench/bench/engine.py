@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fileio import save_figure_atomic
-from .common import require_gpu, run_metadata, write_csv, write_json
+from ..fileio import save_figure_atomic, write_json_atomic
+from ..report.tables import write_csv
+from .common import require_gpu, run_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 AR_TOKENS = 256
@@ -280,10 +281,10 @@ def run_engine_bench(out_dir) -> int:
     bench_ar("int4_tiny2", rows)
     bench_verify("tiny2", rows)
     bench_spec(ar, "tiny2", rows)
-    write_csv(out / "engine_results.csv", rows)
-    write_json(out / "engine_meta.json", run_metadata(bench="engine", ar_tokens=AR_TOKENS,
-                                                      hf_tokens=HF_TOKENS,
-                                                      spec_tokens=SPEC_TOKENS))
+    write_csv(rows, out / "engine_results.csv")
+    write_json_atomic(out / "engine_meta.json", run_metadata(bench="engine", ar_tokens=AR_TOKENS,
+                                                             hf_tokens=HF_TOKENS, spec_tokens=SPEC_TOKENS),
+                      indent=2)
     try:
         plot(rows, out / "engine_plot.png")
     except Exception as e:                                   # noqa: BLE001 - the CSV/JSON are the results

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import copy_bandwidth, run_metadata, time_op, write_csv, write_json
+from ..fileio import write_json_atomic
+from ..report.tables import write_csv
+from .common import copy_bandwidth, run_metadata, time_op
 
 SHAPES = {"gate_up": (2048, 7168), "down": (7168, 2048)}       # (N, K)
 MS = (1, 2, 4, 8, 16, 32, 64)
@@ -145,9 +147,9 @@ def run(out_dir: Path) -> dict:
             fn(torch, copy, rows, log)
         except Exception:  # noqa: BLE001 - keep what was measured, report the failure
             log(f"section {name} FAILED:\n{traceback.format_exc()}")
-        write_csv(out_dir / "kernels.csv", rows)
+        write_csv(rows, out_dir / "kernels.csv")
     meta["wall_s"] = round(time.time() - t0, 1)
-    write_json(out_dir / "kernels_meta.json", meta)
+    write_json_atomic(out_dir / "kernels_meta.json", meta, indent=2)
     try:
         from .kernels_plot import plot
         plot(rows, out_dir / "kernels.png", copy)

@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 
+from .common import capture_graph, stats
+
 D, I, E, S, K, G = 7168, 2048, 384, 1, 8, 32
 EXPERT_BYTES = 3 * D * I // 2 + 3 * D * (I // G) * 2          # 24.77 MB: packed nibbles + f16 scales
 
@@ -41,16 +43,7 @@ def routings(torch, t, sets, seed):
 def graph_of(torch, fn):
     fn()
     torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
+    return capture_graph(fn)
 
 
 def timed_replays(torch, g, ids, id_sets, reps):
@@ -71,11 +64,6 @@ def _run_align(torch, align, nthr, ws, ids, t):
     from numba import cuda
     s_ = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
     align[1, nthr, s_](ws.tile_expert, ws.tile_rows, ws.meta, ids.view(-1), t, K, E, t * (K + S))
-
-
-def stats(samples):
-    return {"median_us": float(np.median(samples)), "min_us": float(min(samples)),
-            "max_us": float(max(samples))}
 
 
 def bench_moe(torch, copy, rows, log):

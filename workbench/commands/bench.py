@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 
@@ -25,11 +24,5 @@ def run(args) -> int:
         res = run_kernels(out)
         print(summary(res["rows"], res["meta"]["copy_gbs"]))
         return 0
-    try:
-        engine = importlib.import_module("workbench.bench.engine")
-    except ImportError as e:
-        raise UserError(f"the engine benchmark is not available: {e}") from None
-    entry = getattr(engine, "run_engine_bench", None) or getattr(engine, "run", None)
-    if entry is None:
-        raise UserError("workbench.bench.engine has no run_engine_bench(out_dir)")
-    return int(entry(out) or 0)
+    from workbench.bench.engine import run_engine_bench
+    return int(run_engine_bench(out) or 0)

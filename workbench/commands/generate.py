@@ -1,9 +1,11 @@
 """``python -m workbench generate BUNDLE``: greedy (or sampled) decoding of a bundle.
 
 Backends: ``reference`` (numpy) and ``numba`` (the engine; under numba's CUDA simulator when no GPU
-is present). Modes: ``ar`` (one token per step) and ``ddtree`` (speculative, drafter dflash or
-oracle). Output: the tokens on one line, or with --json a JSON list (ar) or an object with the
-tokens and per-round statistics (ddtree: tree size, accepted length, depth).
+is present; at --temperature > 0 it samples on the host from the copied-back logits with the
+reference's Generator, so both backends give the same tokens for the same --seed). Modes: ``ar``
+(one token per step) and ``ddtree`` (speculative, drafter dflash or oracle). Output: the tokens on
+one line, or with --json a JSON list (ar) or an object with the tokens and per-round statistics
+(ddtree: tree size, accepted length, depth).
 """
 
 from __future__ import annotations
@@ -103,9 +105,8 @@ def _ar(args, cfg, weights, toks, n, sampling):
             return greedy_generate(cfg, weights, toks, n).tokens
         from ..ddtree.ar import ar_generate
         return ar_generate(cfg, weights, toks, n, sampling).tokens
-    _greedy_only(sampling)
     from ..engine.ar import engine_ar_generate, engine_for
-    return engine_ar_generate(engine_for(cfg, weights, len(toks), n), toks, n).tokens
+    return engine_ar_generate(engine_for(cfg, weights, len(toks), n), toks, n, sampling=sampling).tokens
 
 
 def _ddtree(args, cfg, weights, toks, n, sampling, dcfg: Any):
@@ -113,7 +114,6 @@ def _ddtree(args, cfg, weights, toks, n, sampling, dcfg: Any):
     if args.backend == "reference":
         from ..ddtree.speculative import ddtree_generate
         return ddtree_generate(cfg, weights, toks, n, args.drafter, args.budget, sampling, **common)
-    _greedy_only(sampling)
     import numpy as np
 
     from ..ddtree.drafter import make_drafter
@@ -123,11 +123,6 @@ def _ddtree(args, cfg, weights, toks, n, sampling, dcfg: Any):
                          oracle_p=args.oracle_p, oracle_seed=args.seed)
     eng = engine_for(cfg, weights, len(toks), n, args.budget, taps=tuple(draft.capture))
     return engine_ddtree_generate(eng, weights, toks, n, draft, args.budget, sampling)
-
-
-def _greedy_only(sampling) -> None:
-    if not sampling.greedy:
-        raise UserError("--backend numba decodes greedily only; use --temperature 0 or --backend reference")
 
 
 def _print(args, tokens: list[int], rounds: list[dict] | None) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..cli import check_out_file
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("ckpt_dir", type=Path, help="checkpoint folder: config.json + *.safetensors (+ index)")
@@ -19,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from ..bundle import write_bundle
     from ..weights import load_hf_checkpoint
 
+    check_out_file(args.out)
     cfg, weights, info = load_hf_checkpoint(args.ckpt_dir)
     meta = {"source": "import-hf", "checkpoint": str(args.ckpt_dir),
             "quantization_config": info["quantization_config"], "int4_linears": info["int4_linears"],

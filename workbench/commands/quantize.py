@@ -15,7 +15,7 @@ import argparse
 
 import numpy as np
 
-from ..cli import UserError
+from ..cli import UserError, check_out_file
 from ..quant.int4 import GROUP_SIZES
 from ..quant.policy import POLICIES
 
@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from ..quant.policy import quantize_weights
     from ..reference.generate import greedy_generate
 
+    check_out_file(args.out)
     b = read_bundle(args.bundle)
     if b.int4 or "quant" in b.meta:
         raise UserError(f"{args.bundle} is already quantized ({len(b.int4)} INT4 linears); "

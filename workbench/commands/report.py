@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def seconds(text: str) -> float:
+    """argparse type of the timeouts: a positive finite number of seconds."""
+    v = float(text)                                     # ValueError: argparse says "invalid seconds value"
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return v
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,8 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a parameter in every selected notebook that declares it; repeatable")
     p.add_argument("--kernel", default=None,
                    help="Jupyter kernel name (default: kdtree-workbench if installed, else python3)")
-    p.add_argument("--cell-timeout", type=float, default=None, help="seconds per cell (profile default)")
-    p.add_argument("--wall-timeout", type=float, default=None, help="seconds per notebook (profile default)")
+    p.add_argument("--cell-timeout", type=seconds, help="seconds per cell (profile default)")
+    p.add_argument("--wall-timeout", type=seconds, help="seconds per notebook (profile default)")
     p.add_argument("--quiet", action="store_true", help="no per-notebook progress lines")
 
 
@@ -82,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
     cli = _param_overrides(args.param, paths)
     overrides = {p.stem: {**profile.overrides.get(p.stem, {}), **cli.get(p.stem, {})} for p in paths}
     kernel = pick_kernel(args.kernel)
-    cell = args.cell_timeout or profile.cell_timeout_s
-    wall = args.wall_timeout or profile.wall_timeout_s
+    cell = profile.cell_timeout_s if args.cell_timeout is None else args.cell_timeout
+    wall = profile.wall_timeout_s if args.wall_timeout is None else args.wall_timeout
     progress = None if args.quiet else sys.stderr
     if progress:
         print(f"report: {len(paths)} notebook(s), profile {args.profile}, kernel {kernel}, "

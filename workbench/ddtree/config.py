@@ -11,14 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import ConfigError, ModelConfig
+from ..config import ConfigError, ModelConfig, check_int, check_number, config_from_dict
 
 DRAFTERS = ("dflash", "oracle")
-
-
-def _positive_int(name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"{name} must be a positive int, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -42,7 +37,7 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         for name in ("block_size", "n_layers", "n_heads", "head_dim", "intermediate_size"):
-            _positive_int(name, getattr(self, name))
+            check_int(name, getattr(self, name), 1)
         if self.block_size < 2:
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
         if self.head_dim % 2:
@@ -55,13 +50,9 @@ class DrafterConfig:
                 raise ConfigError(f"target_layer_ids must hold non-negative ints, got {ids!r}")
         if len(set(ids)) != len(ids):
             raise ConfigError(f"target_layer_ids must be distinct, got {ids!r}")
-        m = self.mask_token_id
-        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-            raise ConfigError(f"mask_token_id must be a non-negative int, got {m!r}")
+        check_int("mask_token_id", self.mask_token_id, 0)
         for name in ("rope_theta", "rms_norm_eps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ConfigError(f"{name} must be a positive finite number, got {v!r}")
+            check_number(name, getattr(self, name))
 
     @property
     def n_drafted(self) -> int:               # L: positions 1..B_s-1 of the block get logits
@@ -88,19 +79,9 @@ class DrafterConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DrafterConfig:
-        if not isinstance(d, dict):
-            raise ConfigError("drafter config must be a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown drafter config field(s): {', '.join(unknown)}")
-        kw = dict(d)
-        if isinstance(kw.get("target_layer_ids"), list):
-            kw["target_layer_ids"] = tuple(kw["target_layer_ids"])
-        try:
-            return cls(**kw)
-        except TypeError as e:
-            raise ConfigError(f"bad drafter config: {e}") from None
+        if isinstance(d, dict) and isinstance(d.get("target_layer_ids"), list):
+            d = {**d, "target_layer_ids": tuple(d["target_layer_ids"])}    # JSON has no tuples
+        return config_from_dict(cls, d, "drafter config")
 
 
 @dataclass(frozen=True)
@@ -116,8 +97,7 @@ class SamplingParams:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ConfigError(f"temperature must be a finite number >= 0, got {t!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+        check_int("seed", self.seed, 0)
 
     @property
     def greedy(self) -> bool:

@@ -1,8 +1,13 @@
-"""Greedy autoregressive generation on the engine (mirrors ``workbench.reference.generate.greedy_generate``).
+"""Autoregressive generation on the engine (mirrors ``workbench.reference.generate.greedy_generate`` at
+T = 0 and ``workbench.ddtree.ar.ar_generate`` at T > 0).
 
-One eager prefill of the prompt, then the captured decode step replayed once per token: the argmax
-is fed back on the device (tokens_numba.advance_kernel), so the loop issues no host copies until the
-end, unless per-step logits are requested (tests compare them with the reference).
+One eager prefill of the prompt, then the captured decode step replayed once per token. Greedy: the
+argmax is fed back on the device (tokens_numba.advance_kernel), so the loop issues no host copies
+until the end, unless per-step logits are requested (tests compare them with the reference).
+Sampled (T > 0): after each step the host copies the one logits row back, draws the token with the
+reference's own ``sample_tokens`` and the run's one Generator (same seed, same one-uniform-per-token
+order, so the same tokens as ``ar_generate`` unless a uniform lands within the ~1e-5 logit
+difference of a CDF boundary), and writes it over the argmax the device fed back.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from ..ddtree.config import GREEDY, SamplingParams
+from ..ddtree.sampling import make_rng, sample_tokens
 from ..errors import InputError
 from ..reference.generate import check_prompt
-from .devarray import sim_speed
+from .devarray import head_rows, host_buffer, sim_speed
 from .runtime import Engine
 
 
@@ -34,8 +41,10 @@ def engine_for(cfg, weights: dict[str, Any], prompt_len: int, n_tokens: int, bud
 
 
 def engine_ar_generate(engine: Engine, prompt: Any, n_tokens: int, return_logits: bool = False,
-                       timing: dict | None = None) -> EngineARResult:
-    """Generate ``n_tokens`` greedily (argmax, ties to the lowest id) after prefilling ``prompt``.
+                       timing: dict | None = None, sampling: SamplingParams = GREEDY) -> EngineARResult:
+    """Generate ``n_tokens`` after prefilling ``prompt``: greedily (argmax, ties to the lowest id) at
+    ``sampling.temperature`` 0, else one draw per token from softmax(logits / T) on the host with the
+    Generator seeded by ``sampling.seed`` (the reference ``ar_generate``'s stream and order).
 
     timing: if a dict, receives ``decode_s``, the synchronised wall time of the n_tokens - 1 decode
     steps after the prefill (the benchmark's tokens/s).
@@ -44,6 +53,8 @@ def engine_ar_generate(engine: Engine, prompt: Any, n_tokens: int, return_logits
     toks = check_prompt(cfg, prompt)
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
         raise InputError(f"n_tokens must be a positive int, got {n_tokens!r}")
+    if not isinstance(sampling, SamplingParams):
+        raise InputError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
     p = len(toks)
     if p + n_tokens > engine.buf.max_len:
         raise InputError(f"prompt + tokens = {p + n_tokens} exceeds the engine's cache of "
@@ -54,7 +65,16 @@ def engine_ar_generate(engine: Engine, prompt: Any, n_tokens: int, return_logits
         logits = [] if return_logits else None
         if return_logits:
             logits.append(engine.fetch(engine.buf.logits)[p - 1].copy())
-        first = int(engine.fetch(engine.buf.amax)[p - 1])
+        sampled = not sampling.greedy
+        if sampled:
+            rng = make_rng(sampling)
+            row_h = host_buffer((1, cfg.vocab_size), np.float32)
+            row_d = head_rows(engine.buf.logits, 1)                  # [1, V] view of row 0
+            last = engine.fetch(engine.buf.logits)[p - 1:p]         # [1, V]
+            first = int(sample_tokens(last, sampling, rng)[0])
+            drawn = [first]
+        else:
+            first = int(engine.fetch(engine.buf.amax)[p - 1])
         out = np.zeros(engine.buf.max_len, np.int32)
         out[0] = first
         engine.put(engine.buf.out, out)
@@ -69,7 +89,16 @@ def engine_ar_generate(engine: Engine, prompt: Any, n_tokens: int, return_logits
             step.run(engine.stream)
             if return_logits:
                 logits.append(engine.fetch(engine.buf.logits)[0].copy())
-        tokens = engine.fetch(engine.buf.out)[:n_tokens].astype(np.int64)
+            if sampled:                                          # replace the fed-back argmax
+                tok = int(sample_tokens(engine.fetch_into(row_d, row_h), sampling, rng)[0])
+                drawn.append(tok)
+                ids[0] = tok
+                engine.put(engine.buf.ids, ids)
+        if sampled:
+            engine.sync()
+            tokens = np.asarray(drawn, np.int64)
+        else:
+            tokens = engine.fetch(engine.buf.out)[:n_tokens].astype(np.int64)
         if timing is not None:
             timing["decode_s"] = time.perf_counter() - t0
     return EngineARResult(tokens=tokens, logits=np.stack(logits) if return_logits else None)

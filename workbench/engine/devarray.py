@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -72,18 +73,70 @@ def sub(dev, i: int):
     return dev[i]
 
 
+def head_rows(dev, n: int):
+    """The first ``n`` rows along the first axis, as a device array of the same kind (a view)."""
+    if simulated():
+        return memoryview(np.asarray(dev)[:n])
+    return dev[:n]
+
+
+def tail_rows(dev, start: int):
+    """Rows ``start`` .. end along the first axis, as a device array of the same kind (a view)."""
+    if simulated():
+        return memoryview(np.asarray(dev)[start:])
+    return dev[start:]
+
+
 def shape(dev) -> tuple[int, ...]:
     return tuple(dev.shape)
+
+
+_SHARED_LOCKED = False
+
+
+def _lock_sim_shared_arrays() -> None:
+    """Make the simulator's ``cuda.shared.array`` thread-safe (once per process).
+
+    numba's simulator creates a block's shared array on first use with an unlocked look-up-then-insert
+    keyed by call site; with the short switch interval below, two threads of a block can both miss
+    and each get a private array, silently breaking a block reduction (one suspected occurrence in
+    a loaded test run). This version does the same keyed allocation under a lock.
+    """
+    global _SHARED_LOCKED
+    if _SHARED_LOCKED:
+        return
+    from numba.cuda.simulator import kernelapi
+    lock = threading.Lock()
+    original = kernelapi.FakeCUDAShared.array
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None or shape == 0:
+            return original(self, shape, dtype, alignment)
+        frame = sys._getframe(1)
+        key = (frame.f_code.co_filename, frame.f_lineno)
+        with lock:
+            res = self._allocations.get(key)
+            if res is None:
+                if isinstance(dtype, kernelapi.types.Type):
+                    dtype = kernelapi.numpy_support.as_dtype(dtype)
+                res = np.empty(shape, dtype)
+                self._allocations[key] = res
+        return res
+
+    kernelapi.FakeCUDAShared.array = array
+    _SHARED_LOCKED = True
 
 
 @contextlib.contextmanager
 def sim_speed() -> Iterator[None]:
     """Under the simulator, shorten the interpreter's thread switch interval while kernels run: the
     simulator polls its CUDA threads from the main thread, and the default 5 ms slices make every
-    barrier wait for one. No effect on a GPU."""
+    barrier wait for one. Also makes the simulator's shared-array allocation thread-safe
+    (``_lock_sim_shared_arrays``). No effect on a GPU."""
     if not simulated():
         yield
         return
+    _lock_sim_shared_arrays()
     old = sys.getswitchinterval()
     sys.setswitchinterval(2e-4)
     try:

@@ -95,8 +95,8 @@ class DeviceModel:
 
 
 def upload_model(cfg: ModelConfig, weights: dict[str, Any]) -> DeviceModel:
-    """All target weights on the device (drafter.* weights are not uploaded; the dflash drafter runs
-    on the host reference)."""
+    """All target weights on the device (drafter.* weights are uploaded per generation by
+    ``engine.dflash.DeviceDFlash``)."""
     layers = []
     mlp_width = 1
     any_int4 = False

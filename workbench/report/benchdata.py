@@ -18,7 +18,6 @@ from typing import Any
 
 from ..errors import InputError
 
-H200_PEAK_GBPS = 4800.0        # datasheet HBM3e bandwidth of the H200 (4.8 TB/s)
 GBPS_NAMES = ("gbs", "gbps", "GB/s", "eff_gbps")
 ENGINE_CSV = "engine_results.csv"      # written by ``python -m workbench bench engine``
 ENGINE_META = "engine_meta.json"

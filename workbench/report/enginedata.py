@@ -84,7 +84,7 @@ def load_engine(bench_dir: str | Path) -> EngineResults | None:
     return EngineResults(path, rows, meta)
 
 
-def _num(v: Any) -> bool:
+def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -92,11 +92,11 @@ def ar_table(res: EngineResults) -> list[dict[str, Any]]:
     """AR decode per (model, impl): tokens/s, µs/token, golden ok, and x_over_hf_eager = tok_s over
     the same model's 'hf_eager' tok_s (None without one)."""
     ar = res.section("ar")
-    hf = {r["model"]: r["tok_s"] for r in ar if r.get("impl") == "hf_eager" and _num(r.get("tok_s"))}
+    hf = {r["model"]: r["tok_s"] for r in ar if r.get("impl") == "hf_eager" and _is_num(r.get("tok_s"))}
     return [{"model": r["model"], "impl": r["impl"], "tokens": r.get("tokens"), "tok_s": r["tok_s"],
              "us_per_token": r.get("us_per_token"), "golden_ok": r.get("golden_ok"),
              "x_over_hf_eager": r["tok_s"] / hf[r["model"]] if r["model"] in hf else None}
-            for r in ar if _num(r.get("tok_s"))]
+            for r in ar if _is_num(r.get("tok_s"))]
 
 
 def kernel_sum_table(res: EngineResults) -> list[dict[str, Any]]:
@@ -109,7 +109,7 @@ def kernel_sum_table(res: EngineResults) -> list[dict[str, Any]]:
 
 def kernel_breakdown(res: EngineResults, model: str) -> list[dict[str, Any]]:
     """One row per kernel, most time first, with its share of the summed kernel time (%)."""
-    rows = [r for r in res.section("kernel_breakdown", model) if _num(r.get("us"))]
+    rows = [r for r in res.section("kernel_breakdown", model) if _is_num(r.get("us"))]
     total = sum(r["us"] for r in rows)
     rows.sort(key=lambda r: -r["us"])
     return [{"kernel": r["impl"], "launches_per_token": r.get("launches_per_token"), "us_per_token": r["us"],
@@ -120,14 +120,14 @@ def kernel_breakdown(res: EngineResults, model: str) -> list[dict[str, Any]]:
 def ar_us_per_token(res: EngineResults, model: str) -> float | None:
     """The engine's measured AR decode time per token for ``model`` (the 'ar' section), or None."""
     return next((float(r["us_per_token"]) for r in res.section("ar", model)
-                 if r.get("impl") == "engine" and _num(r.get("us_per_token"))), None)
+                 if r.get("impl") == "engine" and _is_num(r.get("us_per_token"))), None)
 
 
 def verify_table(res: EngineResults, model: str) -> list[dict[str, Any]]:
     """Verify step per budget (sorted): µs, rows, device top-k and host build µs, and x_decode_step =
     µs over the same run's 1-row step (budget 0), None when that row is missing."""
-    rows = sorted((r for r in res.section("verify", model) if _num(r.get("budget")) and _num(r.get("us"))),
-                  key=lambda r: r["budget"])
+    rows = sorted((r for r in res.section("verify", model)
+                   if _is_num(r.get("budget")) and _is_num(r.get("us"))), key=lambda r: r["budget"])
     one = next((r["us"] for r in rows if r["budget"] == 0), None)
     return [{"budget": r["budget"], "rows": r.get("rows"), "verify_us": r["us"], "topk_us": r.get("topk_us"),
              "build_us": r.get("build_us"), "x_decode_step": r["us"] / one if one else None} for r in rows]
@@ -142,7 +142,7 @@ def spec_settings(res: EngineResults) -> tuple[str, int, list[int], list[float]]
     if not dd:
         raise InputError(f"{res.path}: no DDTree rows in the 'spec' section")
     n = res.meta.get("spec_tokens")
-    n_tokens = int(n) if _num(n) else int(dd[0]["tokens"]) + 1
+    n_tokens = int(n) if _is_num(n) else int(dd[0]["tokens"]) + 1
     return (str(dd[0]["model"]), n_tokens, sorted({int(r["budget"]) for r in dd}),
             sorted({float(r["p"]) for r in dd}))
 
@@ -150,7 +150,7 @@ def spec_settings(res: EngineResults) -> tuple[str, int, list[int], list[float]]
 def spec_ar_tok_s(res: EngineResults, model: str) -> float:
     """AR tokens/s measured in the 'spec' section (the baseline of its speedups); InputError if absent."""
     ar = next((r["tok_s"] for r in res.section("spec", model)
-               if r.get("impl") == "ar" and _num(r.get("tok_s"))), None)
+               if r.get("impl") == "ar" and _is_num(r.get("tok_s"))), None)
     if ar is None:
         raise InputError(f"{res.path}: no AR row in the 'spec' section for {model!r}")
     return float(ar)
@@ -170,10 +170,10 @@ def spec_table(res: EngineResults, model: str,
         tau, per_round = r.get("tau"), r.get("us_per_round")
         out.append({"budget": r["budget"], "oracle_p": r["p"], "ddtree_tok_s": r["tok_s"],
                     "speedup": r["tok_s"] / ar, "tau_engine": tau, "tau_ref": tau_ref,
-                    "same_tau": None if tau_ref is None else _num(tau) and abs(tau_ref - tau) < 1e-9,
+                    "same_tau": None if tau_ref is None else _is_num(tau) and abs(tau_ref - tau) < 1e-9,
                     "us_per_round": per_round,
                     "speedup_ref_tau": tau_ref * 1e6 / ar / per_round
-                    if tau_ref is not None and _num(per_round) else None,
+                    if tau_ref is not None and _is_num(per_round) else None,
                     "same_tokens_as_ar": r.get("tokens_equal_ar")})
     return out
 

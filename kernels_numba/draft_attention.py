@@ -1,0 +1,203 @@
+"""Kernels of the DFlash drafter on the device, mirroring ``workbench.ddtree.dflash.dflash_propose``.
+
+Legend: T buffer rows, n = meta[1] live rows, F tapped target layers, D model width, H drafter heads,
+d drafter head dim (even), S drafter cache rows, Bs block rows, P context rows in the cache,
+MK = most keys one attention launch may see (P + Bs).
+
+- ``gather_rows``: the context input [n, F*D] = the tapped target features of the committed rows,
+  concatenated in the drafter's layer order (``speculative.features``), read in place from the
+  engine's tap buffer [F', T', D].
+- ``head_norm_rope``: per (row, head), RMSNorm over d (weight [d], like ``dflash._heads``) then plain
+  RoPE at position pos0 + row on interleaved pairs, written to rows out_row0 + row of out (a
+  projection buffer in place, or the drafter cache); with ``norm`` False a plain copy (values).
+- ``draft_attention``: non-causal attention of the block's queries over [cache K/V rows 0..P) ||
+  block K/V (Bs rows), softmax(q.k * scale) per head in float32, every block row sees every key.
+
+Blocks are 32 threads (blockops.TPB); each host wrapper checks shapes and dtypes before launching
+(KernelInputError).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from ._validate import KernelInputError
+from .blockops import TPB, block_max, block_sum
+from .rmsnorm import row_rms_scale
+from .rope import rope_pair
+
+
+@cuda.jit
+def gather_rows_kernel(out, feats, rows, taps, meta):
+    """out [T, F*D] row i = feats[taps[0], rows[i]] || ... || feats[taps[F-1], rows[i]]; grid (T,)."""
+    i = cuda.blockIdx.x
+    if i >= meta[1]:
+        return
+    r = rows[i]
+    d = feats.shape[2]
+    for f in range(taps.shape[0]):
+        src = taps[f]
+        for j in range(cuda.threadIdx.x, d, TPB):
+            out[i, f * d + j] = feats[src, r, j]
+
+
+@cuda.jit
+def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm):
+    """y [T, H*d] -> out [S, H*d] rows out_row0 + row; grid (T, H), block (32,). In-place ok."""
+    row = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    if row >= meta[1]:
+        return
+    tid = cuda.threadIdx.x
+    d = w.shape[0]
+    off = h * d
+    dst = out_row0 + row
+    if norm == 0:                                            # uniform over the block
+        for j in range(tid, d, TPB):
+            out[dst, off + j] = y[row, off + j]
+        return
+    sh = cuda.shared.array(TPB, np.float32)
+    r = row_rms_scale(sh, y, row, off, d, eps)               # ends with a barrier: reads done
+    pos = pos0 + row
+    for i in range(tid, d // 2, TPB):
+        x0 = w[2 * i] * (y[row, off + 2 * i] * r)
+        x1 = w[2 * i + 1] * (y[row, off + 2 * i + 1] * r)
+        a, b = rope_pair(x0, x1, cos, sin, pos, i)
+        out[dst, off + 2 * i] = a
+        out[dst, off + 2 * i + 1] = b
+
+
+_ATTN: dict = {}
+MAX_KEYS = 11_264               # p[] in static shared memory: 4 * (MAX_KEYS + d + 32) bytes < 48 KiB
+
+
+def make_draft_attention(head_dim: int, max_keys: int):
+    """kernel(o [Bs, H*d], q [Bs, H*d], kc [S, H*d], vc [S, H*d], kb [Bs, H*d], vb [Bs, H*d],
+    n_ctx int32, meta, scale float32); grid (Bs, H), block (32,); keys n_ctx + meta[1] <= max_keys.
+    Shared memory: 4 * (max_keys + d + 32) bytes."""
+    key = (head_dim, max_keys)
+    if key in _ATTN:
+        return _ATTN[key]
+    HD, MK = head_dim, max_keys
+
+    @cuda.jit
+    def draft_attention_kernel(o, q, kc, vc, kb, vb, n_ctx, meta, scale):
+        row = cuda.blockIdx.x
+        h = cuda.blockIdx.y
+        nb = meta[1]
+        if row >= nb:
+            return
+        tid = cuda.threadIdx.x
+        off = h * HD
+        nk = n_ctx + nb
+        sh = cuda.shared.array(TPB, np.float32)
+        qs = cuda.shared.array(HD, np.float32)
+        p = cuda.shared.array(MK, np.float32)
+        for c in range(tid, HD, TPB):
+            qs[c] = q[row, off + c]
+        cuda.syncthreads()
+        m = -math.inf
+        for j in range(tid, nk, TPB):                        # scores over cache || block keys
+            acc = np.float32(0.0)
+            if j < n_ctx:
+                for c in range(HD):
+                    acc += qs[c] * kc[j, off + c]
+            else:
+                for c in range(HD):
+                    acc += qs[c] * kb[j - n_ctx, off + c]
+            s = acc * scale
+            p[j] = s
+            m = max(m, s)
+        m = block_max(sh, m)
+        z = np.float32(0.0)
+        for j in range(tid, nk, TPB):
+            e = math.exp(p[j] - m)
+            p[j] = e
+            z += e
+        z = block_sum(sh, z)                                 # barriers inside: p[] is complete
+        inv = np.float32(1.0) / z
+        for c in range(tid, HD, TPB):                        # o = softmax @ [vc || vb]
+            acc = np.float32(0.0)
+            for j in range(n_ctx):
+                acc += p[j] * vc[j, off + c]
+            for j in range(nb):
+                acc += p[n_ctx + j] * vb[j, off + c]
+            o[row, off + c] = acc * inv
+
+    _ATTN[key] = draft_attention_kernel
+    return draft_attention_kernel
+
+
+def _info(a, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of a device array (a memoryview under the engine's simulator path)."""
+    if isinstance(a, memoryview):
+        x = np.asarray(a)
+        return x.shape, x.dtype
+    if hasattr(a, "shape") and hasattr(a, "dtype"):
+        return tuple(a.shape), np.dtype(a.dtype)
+    raise KernelInputError(f"{name}: expected a device array, got {type(a).__name__}")
+
+
+def _want(a, name: str, dtype, ndim: int) -> tuple[int, ...]:
+    shape, dt = _info(a, name)
+    if dt != np.dtype(dtype) or len(shape) != ndim:
+        raise KernelInputError(f"{name}: {dt} of rank {len(shape)} but {np.dtype(dtype)} of rank {ndim} "
+                               "is required")
+    return shape
+
+
+def gather_rows(out, feats, rows, taps, meta, n: int, stream=0) -> None:
+    """Launch ``gather_rows_kernel`` over n rows (n >= meta[1]): out [T, F*D] float32, feats [F', T', D]
+    float32, rows [>= n] int32 (< T'), taps [F] int32 (< F')."""
+    o = _want(out, "out", np.float32, 2)
+    f = _want(feats, "feats", np.float32, 3)
+    r = _want(rows, "rows", np.int32, 1)
+    t = _want(taps, "taps", np.int32, 1)
+    if o[1] != t[0] * f[2] or not 0 < n <= min(o[0], r[0]):
+        raise KernelInputError(f"gather_rows: out {o}, feats {f}, rows {r}, taps {t}, n {n} disagree")
+    gather_rows_kernel[n, TPB, stream](out, feats, rows, taps, meta)
+
+
+def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: float, n: int, n_heads: int,
+                   norm: bool = True, stream=0) -> None:
+    """Launch ``head_norm_rope_kernel`` over (n, n_heads) blocks: y [T, H*d] float32, out [S, H*d]
+    float32 (rows out_row0 .. out_row0+n-1 written), w [d], cos / sin [>= pos0 + n, d/2] float32."""
+    ys = _want(y, "y", np.float32, 2)
+    os_ = _want(out, "out", np.float32, 2)
+    (d,) = _want(w, "w", np.float32, 1)
+    cs = _want(cos, "cos", np.float32, 2)
+    if _want(sin, "sin", np.float32, 2) != cs:
+        raise KernelInputError("head_norm_rope: cos and sin differ in shape")
+    if d % 2 or ys[1] != n_heads * d or os_[1] != ys[1] or cs[1] != d // 2:
+        raise KernelInputError(f"head_norm_rope: y {ys}, out {os_}, w ({d},), cos {cs}, heads {n_heads} "
+                               "disagree")
+    if not 0 < n <= ys[0] or out_row0 < 0 or out_row0 + n > os_[0] or pos0 < 0 or pos0 + n > cs[0]:
+        raise KernelInputError(f"head_norm_rope: rows {n} at out row {out_row0} / position {pos0} exceed "
+                               f"y {ys}, out {os_} or the rope table {cs}")
+    head_norm_rope_kernel[(n, n_heads), TPB, stream](out, y, w, cos, sin, np.int32(out_row0), np.int32(pos0),
+                                                     meta, np.float32(eps), np.int32(1 if norm else 0))
+
+
+def draft_attention(o, q, kc, vc, kb, vb, n_ctx: int, meta, scale: float, n: int, n_heads: int,
+                    head_dim: int, max_keys: int, stream=0) -> None:
+    """Launch the attention for n block rows (= meta[1]) and n_heads heads over n_ctx cache rows:
+    o, q, kb, vb [>= n, H*d] float32, kc, vc [S >= n_ctx, H*d] float32, n_ctx + n <= max_keys <= MAX_KEYS
+    (the drafter cache of one generation must stay under ~11k rows)."""
+    hd = n_heads * head_dim
+    shapes = {name: _want(a, name, np.float32, 2)
+              for name, a in (("o", o), ("q", q), ("kc", kc), ("vc", vc), ("kb", kb), ("vb", vb))}
+    if any(s[1] != hd for s in shapes.values()):
+        raise KernelInputError(f"draft_attention: widths {shapes} differ from H*d = {hd}")
+    if not 0 < n <= min(shapes[k][0] for k in ("o", "q", "kb", "vb")):
+        raise KernelInputError(f"draft_attention: {n} block rows exceed the buffers {shapes}")
+    if not 0 < max_keys <= MAX_KEYS or head_dim > 512:
+        raise KernelInputError(f"draft_attention: max_keys {max_keys} must lie in 1..{MAX_KEYS} and head_dim "
+                               f"{head_dim} <= 512 (static shared memory)")
+    if n_ctx < 0 or n_ctx > min(shapes["kc"][0], shapes["vc"][0]) or n_ctx + n > max_keys:
+        raise KernelInputError(f"draft_attention: {n_ctx} context rows + {n} block rows exceed the cache "
+                               f"{shapes['kc']} or max_keys {max_keys}")
+    make_draft_attention(head_dim, max_keys)[(n, n_heads), TPB, stream](
+        o, q, kc, vc, kb, vb, np.int32(n_ctx), meta, np.float32(scale))

@@ -1,0 +1,118 @@
+"""The dflash drafter kernels (kernels_numba.draft_attention) against numpy on fresh random inputs,
+their input checks, and an sm_90 compile (subprocess without the simulator)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernels_numba._validate import KernelInputError
+from kernels_numba.draft_attention import draft_attention, gather_rows, head_norm_rope
+from workbench.ddtree.config import DrafterConfig
+from workbench.ddtree.dflash import rope_plain
+from workbench.reference.layers import rmsnorm
+from workbench.reference.rope import apply_rope
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _meta(n):
+    m = np.zeros(8, np.int32)
+    m[1] = n
+    return m
+
+
+def test_gather_rows_concatenates_taps_in_order():
+    rng = np.random.default_rng(1)
+    feats = rng.standard_normal((3, 6, 5)).astype(np.float32)            # [F', T', D]
+    taps = np.array([2, 0], np.int32)
+    rows = np.array([4, 1, 3, 0, 0, 0], np.int32)
+    out = np.zeros((6, 10), np.float32)
+    gather_rows(out, feats, rows, taps, _meta(3), 3)
+    want = np.concatenate([feats[2][rows[:3]], feats[0][rows[:3]]], axis=-1)
+    np.testing.assert_array_equal(out[:3], want)
+    assert not out[3:].any()
+    with pytest.raises(KernelInputError):
+        gather_rows(np.zeros((6, 9), np.float32), feats, rows, taps, _meta(3), 3)
+    with pytest.raises(KernelInputError):
+        gather_rows(out, feats, rows.astype(np.int64), taps, _meta(3), 3)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_head_norm_rope_matches_reference(norm):
+    rng = np.random.default_rng(2)
+    dcfg = DrafterConfig(n_heads=2, head_dim=8)
+    n, h, d, row0, pos0 = 3, 2, 8, 2, 5
+    y = rng.standard_normal((4, h * d)).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    cos, sin = rope_plain(dcfg, np.arange(16))
+    out = np.zeros((7, h * d), np.float32)
+    c32, s32 = cos.astype(np.float32), sin.astype(np.float32)
+    head_norm_rope(out, y, w, c32, s32, row0, pos0, _meta(n), 1e-6, n, h, norm)
+    x = y[:n].reshape(n, h, d)
+    if norm:
+        c, s = rope_plain(dcfg, np.arange(pos0, pos0 + n))
+        x = apply_rope(rmsnorm(x, w, 1e-6).transpose(1, 0, 2), c, s).transpose(1, 0, 2)
+    np.testing.assert_allclose(out[row0:row0 + n], x.reshape(n, h * d), rtol=1e-5, atol=1e-5)
+    assert not out[:row0].any() and not out[row0 + n:].any()
+    with pytest.raises(KernelInputError):                                 # past the rope table
+        head_norm_rope(out, y, w, cos[:6].astype(np.float32), sin[:6].astype(np.float32), row0, pos0,
+                       _meta(n), 1e-6, n, h, norm)
+
+
+def test_draft_attention_matches_numpy():
+    rng = np.random.default_rng(3)
+    h, d, n_ctx, bs = 2, 8, 5, 4
+    q, kb, vb = (rng.standard_normal((bs, h * d)).astype(np.float32) for _ in range(3))
+    kc, vc = (rng.standard_normal((9, h * d)).astype(np.float32) for _ in range(2))
+    o = np.zeros((bs, h * d), np.float32)
+    scale = d ** -0.5
+    draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, 16)
+    k = np.concatenate([kc[:n_ctx], kb]).reshape(-1, h, d)                # [T, H, d]
+    v = np.concatenate([vc[:n_ctx], vb]).reshape(-1, h, d)
+    s = np.einsum("shd,thd->hst", q.reshape(bs, h, d), k) * scale
+    a = np.exp(s - s.max(-1, keepdims=True))
+    a /= a.sum(-1, keepdims=True)
+    want = np.einsum("hst,thd->shd", a, v).reshape(bs, h * d)
+    np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(KernelInputError):                                 # more keys than max_keys
+        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, 8)
+    with pytest.raises(KernelInputError):                                 # H*d disagrees
+        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d + 2, 16)
+
+
+PROBE = """
+import json, sys
+from types import SimpleNamespace
+from numba import config, cuda
+from numba import types as T
+import numba.cuda.dispatcher as disp
+assert not config.ENABLE_CUDASIM
+disp.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))   # device fns, no driver
+from kernels_numba.draft_attention import gather_rows_kernel, head_norm_rope_kernel, make_draft_attention
+f2, f3, f1, i1 = T.float32[:, ::1], T.float32[:, :, ::1], T.float32[::1], T.int32[::1]
+out = {}
+for name, k, sig in [
+        ("gather", gather_rows_kernel, (f2, f3, i1, i1, i1)),
+        ("norm_rope", head_norm_rope_kernel, (f2, f2, f1, f2, f2, T.int32, T.int32, i1, T.float32, T.int32)),
+        ("attention", make_draft_attention(128, 4104), (f2,) * 6 + (T.int32, i1, T.float32))]:
+    ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0))
+    out[name] = {"bar": ptx.count("bar.sync"), "local": ptx.count(".local")}
+json.dump(out, sys.stdout)
+"""
+
+
+def test_kernels_compile_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    c = json.loads(res.stdout)
+    assert set(c) == {"gather", "norm_rope", "attention"}
+    assert c["attention"]["bar"] >= 4 and c["norm_rope"]["bar"] >= 2       # the block reductions
+    assert all(v["local"] == 0 for v in c.values()), c                   # no local-memory spills
