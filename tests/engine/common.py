@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from workbench.bundle import read_bundle
 from workbench.ddtree.config import DrafterConfig
@@ -48,3 +49,8 @@ def reference_greedy(name: str, n: int, prompt_len: int | None = None):
     """The reference's greedy run from the bundle prompt (or its first prompt_len tokens)."""
     b, w, _ = bundle(name)
     return greedy_generate(b.config, w, np.asarray(b.prompt[:prompt_len], np.int64), n)
+
+# The simulated end-to-end engine runs (10-25 s each on 2 cores) run once per `make test`, in the
+# full pass; the `python -O` pass (which exists to show no behaviour rests on assert) skips them
+# along with the other `slow` tests. On the GPU tier they all run.
+E2E = pytest.mark.slow

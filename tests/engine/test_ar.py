@@ -7,12 +7,13 @@ bundles, whose rows cost ~3 s each simulated); the GPU tier checks all of them.
 import numpy as np
 import pytest
 
-from tests.engine.common import ATOL, GPU, bundle, engine, reference_greedy
+from tests.engine.common import ATOL, E2E, GPU, bundle, engine, reference_greedy
 from workbench.engine.ar import engine_ar_generate
 
 SIM_TOKENS = {"tiny": 4, "int4_tiny": 3, "tiny2": 2, "int4_tiny2": 2}
 
 
+@E2E
 @pytest.mark.parametrize("name", [
     "tiny", "int4_tiny",
     pytest.param("tiny2", marks=pytest.mark.slow), pytest.param("int4_tiny2", marks=pytest.mark.slow)])
@@ -38,6 +39,7 @@ def test_engine_ar_rejects_bad_requests():
         engine_ar_generate(engine("tiny"), b.prompt, 10_000)
 
 
+@E2E
 @pytest.mark.parametrize("seed", [0, pytest.param(7, marks=pytest.mark.slow)])
 def test_engine_ar_sampled_equals_reference(seed):  # CI: 3-token prompt, 3 tokens
     """T = 1: same Generator, one draw per token, as ``ar_generate``: the same tokens."""

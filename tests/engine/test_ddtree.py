@@ -12,7 +12,7 @@ runs one dflash round (slow), budget 64 the GPU tier only. The dflash cases run 
 import numpy as np
 import pytest
 
-from tests.engine.common import BUNDLES, GPU, bundle, engine, reference_greedy
+from tests.engine.common import BUNDLES, E2E, GPU, bundle, engine, reference_greedy
 from workbench.ddtree.speculative import ddtree_generate
 from workbench.engine.ddtree import engine_ddtree_generate
 
@@ -35,6 +35,7 @@ def _prompt_and_expected(name: str, n: int):
     return prompt, reference_greedy(name, n, SIM_PROMPT).tokens
 
 
+@E2E
 @pytest.mark.parametrize("name,drafter,budget,n_sim", CASES)
 def test_engine_ddtree_matches_reference_and_golden(name, drafter, budget, n_sim):
     b, w, dcfg = bundle(name)
@@ -54,6 +55,7 @@ def test_engine_ddtree_matches_reference_and_golden(name, drafter, budget, n_sim
         assert all(r.tree_size == budget for r in got.rounds)
 
 
+@E2E
 def test_engine_ddtree_oracle_partial_acceptance():
     """p = 0.5: acceptance varies per round and the engine still equals the reference exactly."""
     name = "tiny"
@@ -69,6 +71,7 @@ def test_engine_ddtree_oracle_partial_acceptance():
     assert [r.accepted_len for r in got.rounds] == [r.accepted_len for r in want.rounds]
 
 
+@E2E
 @pytest.mark.parametrize("drafter,budget,seed", [
     ("dflash", 2, 5), pytest.param("oracle", 4, 0, marks=pytest.mark.slow)])
 def test_engine_ddtree_sampled_equals_reference(drafter, budget, seed):
