@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from workbench.bench.kernels_moe import EXPERT_BYTES, k2_random_experts
+from workbench.bench.kernels_moe import EXPERT_BYTES, graph_of, k2_random_experts, timed_replays
 
 
 def time_moe(torch, mw, t, k, cfg, reps=20, sets=8, seed=0):
@@ -31,27 +31,7 @@ def time_moe(torch, mw, t, k, cfg, reps=20, sets=8, seed=0):
 
     def fn():
         fused_moe(x, ids, tw, mw, out=out, workspace=ws, stream=torch.cuda.current_stream(), config=cfg)
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    samples, uniq = [], []
-    for r in range(reps):
-        ids.copy_(ids_sets[r % sets])
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3)
-        uniq.append(len(torch.unique(ids_sets[r % sets])) + mw.n_shared)
-    return samples, uniq
+    return timed_replays(torch, graph_of(torch, fn), ids, ids_sets, reps, n_shared=mw.n_shared)
 
 
 def check_small(torch):

@@ -46,7 +46,8 @@ def graph_of(torch, fn):
     return capture_graph(fn)
 
 
-def timed_replays(torch, g, ids, id_sets, reps):
+def timed_replays(torch, g, ids, id_sets, reps, n_shared=S):
+    """Replay ``g`` reps times, rotating the routing sets into ``ids``: (us per replay, experts read)."""
     samples, uniq = [], []
     for r in range(reps):
         ids.copy_(id_sets[r % len(id_sets)])
@@ -56,7 +57,7 @@ def timed_replays(torch, g, ids, id_sets, reps):
         b.record()
         b.synchronize()
         samples.append(a.elapsed_time(b) * 1e3)
-        uniq.append(len(torch.unique(id_sets[r % len(id_sets)])) + S)
+        uniq.append(len(torch.unique(id_sets[r % len(id_sets)])) + n_shared)
     return samples, uniq
 
 

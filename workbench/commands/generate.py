@@ -119,7 +119,7 @@ def _ddtree(args, cfg, weights, toks, n, sampling, dcfg: Any):
     from ..ddtree.drafter import make_drafter
     from ..engine.ar import engine_for
     from ..engine.ddtree import engine_ddtree_generate
-    draft = make_drafter(args.drafter, cfg, weights, toks, n, args.budget, np.float32, drafter_config=dcfg,
+    draft = make_drafter(args.drafter, cfg, weights, toks, n, np.float32, drafter_config=dcfg,
                          oracle_p=args.oracle_p, oracle_seed=args.seed)
     eng = engine_for(cfg, weights, len(toks), n, args.budget, taps=tuple(draft.capture))
     return engine_ddtree_generate(eng, weights, toks, n, draft, args.budget, sampling)

@@ -30,7 +30,7 @@ class Drafter(Protocol):
 
 
 def make_drafter(drafter: Any, cfg: ModelConfig, weights: dict[str, Any], prompt: np.ndarray, n_tokens: int,
-                 budget: int, dtype: Any, *, drafter_config: Any = None, oracle_p: float = 1.0,
+                 dtype: Any, *, drafter_config: Any = None, oracle_p: float = 1.0,
                  oracle_seed: int = 0, continuation: Any = None) -> Drafter:
     """A Drafter for one generation: ``drafter`` is "dflash", "oracle" or already a Drafter (returned as is).
 

@@ -117,7 +117,7 @@ def ddtree_generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_to
     """
     toks, n_tokens = check_run(cfg, prompt, n_tokens, sampling)
     check_budget(budget)
-    draft = make_drafter(drafter, cfg, weights, toks, n_tokens, budget, dtype, drafter_config=drafter_config,
+    draft = make_drafter(drafter, cfg, weights, toks, n_tokens, dtype, drafter_config=drafter_config,
                          oracle_p=oracle_p, oracle_seed=oracle_seed, continuation=continuation)
     rng = make_rng(sampling)
     state = prefill(cfg, weights, toks, len(toks) + n_tokens + budget + 1, draft, sampling, rng, dtype)

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..ddtree.config import GREEDY, SamplingParams
+from ..ddtree.inputs import check_run
 from ..ddtree.sampling import make_rng, sample_tokens
 from ..errors import InputError
-from ..reference.generate import check_prompt
 from .devarray import head_rows, host_buffer, sim_speed
 from .runtime import Engine
 
@@ -50,11 +50,7 @@ def engine_ar_generate(engine: Engine, prompt: Any, n_tokens: int, return_logits
     steps after the prefill (the benchmark's tokens/s).
     """
     cfg = engine.cfg
-    toks = check_prompt(cfg, prompt)
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
-        raise InputError(f"n_tokens must be a positive int, got {n_tokens!r}")
-    if not isinstance(sampling, SamplingParams):
-        raise InputError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    toks, n_tokens = check_run(cfg, prompt, n_tokens, sampling)
     p = len(toks)
     if p + n_tokens > engine.buf.max_len:
         raise InputError(f"prompt + tokens = {p + n_tokens} exceeds the engine's cache of "

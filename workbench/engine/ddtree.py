@@ -58,7 +58,7 @@ def engine_ddtree_generate(engine: Engine, weights: dict[str, Any], prompt: Any,
     cfg = engine.cfg
     toks, n_tokens = check_run(cfg, prompt, n_tokens, sampling)
     budget = check_budget(budget)
-    draft = make_drafter(drafter, cfg, weights, toks, n_tokens, budget, np.float32,
+    draft = make_drafter(drafter, cfg, weights, toks, n_tokens, np.float32,
                          drafter_config=drafter_config,
                          oracle_p=oracle_p, oracle_seed=oracle_seed, continuation=continuation)
     missing = [k for k in draft.capture if k not in engine.taps]

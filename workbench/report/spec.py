@@ -48,7 +48,7 @@ def capture_round(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_toke
     InputError when ``n_tokens`` are generated before that round.
     """
     toks = np.asarray(prompt, dtype=np.int64)
-    draft = make_drafter(drafter, cfg, weights, toks, n_tokens, budget, dtype, **drafter_kw)
+    draft = make_drafter(drafter, cfg, weights, toks, n_tokens, dtype, **drafter_kw)
     rng = make_rng(GREEDY)
     state = prefill(cfg, weights, toks, len(toks) + n_tokens + budget + 1, draft, GREEDY, rng, dtype)
     for i in range(round_index + 1):
