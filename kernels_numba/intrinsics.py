@@ -12,11 +12,16 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``mma_16816(a0..a3, b0, b1, c0..c3)`` | ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` | exchange |
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
 | ``f32_to_h2(a, b)`` | two ``cvt.rn.f16.f32`` packed low = a, high = b | numpy float16 |
+| ``ld_u32(a, i)`` | ``ld.global.nc.u32``: a 4-byte read-only word, no index wraparound code | ``a[i]`` |
+| ``ld_cg_f32(a, i)`` | ``ld.global.cg.f32``: read through L2 (data another SM wrote this launch) | ``a[i]`` |
+| ``syncwarp()`` | ``bar.warp.sync`` (all 32 lanes) | barrier of the warp's 32 threads |
+| ``bcast0(v)`` | ``shfl.sync.idx.b32``: lane 0's 32-bit integer to all 32 lanes | exchange |
 
 ``i`` is an element index into ``a`` (any 1-D array); the 16 bytes at element ``i`` must be
 16-byte aligned (the host wrappers check base pointers, the kernels keep offsets multiples of 16 B).
-``mma_16816`` is warp-collective: all 32 lanes of a warp must call it together (blockDim.x is a
-multiple of 32 in every kernel here). Fragment layout (PTX ISA, m16n8k16 .f16): lane = 4*g + t;
+``mma_16816``, ``syncwarp`` and ``bcast0`` are warp-collective: all 32 lanes of a warp must call
+them together (blockDim.x is a multiple of 32 in every kernel here).
+Fragment layout (PTX ISA, m16n8k16 .f16): lane = 4*g + t;
 A rows g / g+8, columns 2t..2t+1 (a0: row g, a1: row g+8) and 2t+8..2t+9 (a2, a3);
 B rows (k) 2t..2t+1 (b0) and 2t+8..2t+9 (b1), column g; C/D: c0, c1 = row g, columns 2t, 2t+1;
 c2, c3 = row g+8. In each half2 the low 16 bits hold the lower index.
@@ -79,6 +84,29 @@ def _warp_state():
                 raise RuntimeError("warp-collective intrinsic needs blockDim a multiple of 32")
             states[warp] = {"barrier": threading.Barrier(32), "slots": [None] * 32, "result": None}
     return states[warp], lane
+
+
+def _sim_syncwarp():
+    st, _ = _warp_state()
+    st["barrier"].wait(timeout=120)
+
+
+def _sim_bcast0(v):
+    st, lane = _warp_state()
+    if lane == 0:
+        st["bcast"] = v
+    st["barrier"].wait(timeout=120)
+    r = st["bcast"]
+    st["barrier"].wait(timeout=120)                      # nobody overwrites before every lane read
+    return r
+
+
+def _sim_ld_u32(a, i):
+    return np.uint32(np.asarray(a[int(i)]).view(np.uint32))
+
+
+def _sim_ld_cg_f32(a, i):
+    return np.float32(a[int(i)])
 
 
 def _fragment_maps():
@@ -214,8 +242,51 @@ def _build_gpu():
             return builder.call(asm, x)
         return types.uint32(a, b), codegen
 
+    @intrinsic
+    def ld_u32(typingctx, a, i):
+        if not isinstance(a, types.Array) or a.ndim != 1 or a.dtype.bitwidth != 32 or \
+                not isinstance(i, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32.as_pointer()]), "ld.global.nc.u32 $0, [$1];", "=r,l")
+            return builder.call(asm, [ptr])
+        return types.uint32(a, i), codegen
+
+    @intrinsic
+    def ld_cg_f32(typingctx, a, i):
+        if not isinstance(a, types.Array) or a.dtype != types.float32 or not isinstance(i, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]], wraparound=False)
+            asm = ir.InlineAsm(ir.FunctionType(f32, [f32.as_pointer()]), "ld.global.cg.f32 $0, [$1];", "=f,l")
+            return builder.call(asm, [ptr])
+        return types.float32(a, i), codegen
+
+    @intrinsic
+    def syncwarp(typingctx):
+        def codegen(context, builder, sig, args):
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "bar.warp.sync 0xffffffff;", "",
+                                      side_effect=True), [])
+            return context.get_dummy_value()
+        return types.none(), codegen
+
+    @intrinsic
+    def bcast0(typingctx, v):
+        if not isinstance(v, types.Integer) or v.bitwidth != 32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32]), "shfl.sync.idx.b32 $0, $1, 0, 0x1f, 0xffffffff;",
+                               "=r,r", side_effect=True)
+            return builder.call(asm, [args[0]])
+        return v(v), codegen
+
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"), dequant_i4x8,
-            mma_16816, h2_to_f32, f32_to_h2)
+            mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, syncwarp, bcast0)
 
 
 if SIMULATED:
@@ -225,5 +296,10 @@ if SIMULATED:
     mma_16816 = _sim_mma
     h2_to_f32 = _sim_h2_to_f32
     f32_to_h2 = _sim_f32_to_h2
+    ld_u32 = _sim_ld_u32
+    ld_cg_f32 = _sim_ld_cg_f32
+    syncwarp = _sim_syncwarp
+    bcast0 = _sim_bcast0
 else:
-    ld_stream_v4, ld_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2 = _build_gpu()
+    (ld_stream_v4, ld_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, syncwarp,
+     bcast0) = _build_gpu()

@@ -4,8 +4,8 @@ Legend: T tokens, D model width, I expert width, E routed experts, K experts per
 pseudo-experts, P = T*(K + S) (token, expert) pairs, G group size.
 
 Four launches, no host synchronisation, fixed grids (graph-capturable with a preallocated
-``MoEWorkspace``): ``moe_align_kernel`` (1 block), ``moe_gemm_kernel`` gate/up over (I/16 n-tiles,
-W workers), ``moe_gemm_kernel`` down over (D/16, W), ``moe_combine_kernel``. Mirrors
+``MoEWorkspace``): ``moe_align_kernel`` (1 block), ``moe_gemm_kernel`` gate/up and down, each a
+persistent stream-K grid (moe_gemm.py), ``moe_combine_kernel``. Mirrors
 workbench/reference/moe.py ``moe``: sum_k w_k SwiGLU_e(x) + shared SwiGLU(x), each linear the W4A16
 definition (activations rounded to f16, f32 accumulation); h = silu(gate) * up is rounded to f16
 as the reference's down linear does.
@@ -13,12 +13,14 @@ as the reference's down linear does.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from ._validate import KernelInputError, as_stream, check, empty, flat
 from .int4_layout import Int4Weight, repack_int4
+from .intrinsics import SIMULATED
 from .moe_align import align_threads, make_align_kernel, make_combine_kernel
 from .moe_gemm import make_moe_gemm_kernel
 
@@ -41,9 +43,14 @@ class MoEWorkspace:
     tile_expert: object   # int32 [P]
     tile_rows: object     # int32 [P*8]
     meta: object          # int32 [2]: tile count, bad-expert-id flag
-    h: object             # uint32 [P*I/2]: f16 activations of the down GEMM
+    h: object             # uint16 [P*I]: float16 bits of the down GEMM's activations
     y: object             # float32 [P*D]: weighted expert outputs per pair
+    part: object          # float32 [2 * max_warps * max_nmat * 128]: partial fragments of split units
+    cnt_gu: object        # int32 [P*I/16]: per-unit step counters of the gate/up GEMM
+    cnt_dn: object        # int32 [P*D/16]: and of the down GEMM
     n_tok: int
+    max_warps: int
+    max_nmat: int
 
 
 def prepare_moe(w1, w1s, w3, w3s, w2, w2s, shared=None) -> MoEWeights:
@@ -80,20 +87,41 @@ def prepare_moe(w1, w1s, w3, w3s, w2, w2s, shared=None) -> MoEWeights:
     return MoEWeights(w13, r2, e, s)
 
 
-def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0) -> MoEWorkspace:
+def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
+                  config: dict | None = None) -> MoEWorkspace:
+    """Scratch for ``n_tok`` tokens; ``config`` (default ``choose_moe_config``) sizes the part buffer."""
     p = n_tok * (k_top + weights.n_shared)
     i, d = weights.w13.n, weights.w2.n
+    cfg = config or choose_moe_config(d, i, p)
+    warps = cfg["blocks"] * max(cfg["gu"][0], cfg["dn"][0])
+    nmat = max(2 * cfg["gu"][3], cfg["dn"][3])
     stream = as_stream(stream)
     return MoEWorkspace(empty(p, np.int32, stream), empty(p * 8, np.int32, stream),
-                        empty(2, np.int32, stream), empty(p * i // 2, np.uint32, stream),
-                        empty(p * d, np.float32, stream), n_tok)
+                        empty(2, np.int32, stream), empty(p * i, np.uint16, stream),
+                        empty(p * d, np.float32, stream), empty(2 * warps * nmat * 128, np.float32, stream),
+                        empty(p * (i // 16), np.int32, stream), empty(p * (d // 16), np.int32, stream),
+                        n_tok, warps, nmat)
+
+
+@functools.cache
+def _sm_count() -> int:
+    """SMs of the current GPU (132 on an H200, assumed where there is none: compile-only checks)."""
+    from numba import cuda
+    if SIMULATED or not cuda.is_available():
+        return 132
+    return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
 def choose_moe_config(d: int, i: int, n_pairs: int) -> dict:
-    """Warps per block / chunks per warp of the two GEMMs and the worker count W (perf.md)."""
-    def ks(k, cpw):
-        return max(1, min(8, -(-(k // 64) // cpw)))
-    return {"gu": (ks(d, 2), 2), "dn": (ks(i, 2), 2), "workers": min(n_pairs, 64)}
+    """Per GEMM (warps per block, chunks per step, steps in flight, n-tiles per unit), the persistent
+    grid's block count and the register cap (docs/perf.md, MoE v3 sweep)."""
+    def sc(k, want):
+        kc = k // 64
+        return max(c for c in range(1, want + 1) if kc % c == 0)
+    if SIMULATED:
+        return {"gu": (2, sc(d, 2), 2, 1), "dn": (2, sc(i, 2), 2, 1), "blocks": 3, "maxreg": 128}
+    return {"gu": (16, sc(d, 2), 2, 1), "dn": (16, sc(i, 2), 2, 2 if (d // 16) % 2 == 0 else 1),
+            "blocks": _sm_count(), "maxreg": 128}
 
 
 def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoEWorkspace | None = None,
@@ -124,7 +152,8 @@ def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoE
         raise KernelInputError(f"T={t} tokens x {k + weights.n_shared} experts exceed the int32 / "
                                "block limits")
     stream = as_stream(stream)
-    ws = workspace or moe_workspace(t, k, weights, stream)
+    cfg = config or choose_moe_config(d, i, p)
+    ws = workspace or moe_workspace(t, k, weights, stream, cfg)
     if ws.n_tok != t:
         raise KernelInputError(f"workspace was made for T={ws.n_tok} tokens, x has {t}")
     w13q = check(w13.wq, "w13.wq", np.uint32, (xe * w13.n16 * 2 * d * 2,))
@@ -134,17 +163,23 @@ def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoE
     if out is None:
         out = empty((t, d), np.float32, stream)
     out = check(out, "out", np.float32, (t, d), align=4)
-    cfg = config or choose_moe_config(d, i, p)
+    nb = cfg["blocks"]
+    (wgu, scgu, dpgu, ntgu), (wdn, scdn, dpdn, ntdn) = cfg["gu"], cfg["dn"]
+    if (nb < 1 or not 1 <= wgu <= 32 or not 1 <= wdn <= 32 or nb * max(wgu, wdn) > ws.max_warps
+            or (d // 64) % scgu or (i // 64) % scdn or min(scgu, scdn, dpgu, dpdn, ntgu, ntdn) < 1
+            or not 1 <= dpgu <= 4 or not 1 <= dpdn <= 4 or w13.n16 % ntgu or w2.n16 % ntdn
+            or max(2 * ntgu, ntdn) > ws.max_nmat):
+        raise KernelInputError(f"bad MoE config {cfg} for D={d} I={i} (workspace holds {ws.max_warps} warps)")
     nthr = align_threads(xe)
-    h = flat(ws.h)
+    n_gu, n_dn = p * w13.n16, p * w2.n16
     make_align_kernel(xe, nthr)[1, nthr, stream](ws.tile_expert, ws.tile_rows, ws.meta, flat(ids), t, k,
-                                                 weights.n_routed, p)
-    ks, cpw = cfg["gu"]
-    make_moe_gemm_kernel(d, i, g, ks, cpw, True)[(w13.n16, cfg["workers"]), ks * 32, stream](
-        h, flat(x), w13q, w13s, ws.tile_expert, ws.tile_rows, ws.meta, flat(tw), t, k)
-    ks, cpw = cfg["dn"]
-    make_moe_gemm_kernel(i, d, g, ks, cpw, False)[(w2.n16, cfg["workers"]), ks * 32, stream](
-        ws.y, h.view(np.float16), w2q, w2s, ws.tile_expert, ws.tile_rows, ws.meta, flat(tw), t, k)
+                                                 weights.n_routed, p, ws.cnt_gu, n_gu)
+    make_moe_gemm_kernel(d, i, g, True, *cfg["gu"], cfg["maxreg"])[nb, wgu * 32, stream](
+        ws.h, flat(x), w13q, w13s, ws.tile_expert, ws.tile_rows, ws.meta, flat(tw), t, k,
+        ws.part, ws.cnt_gu, ws.cnt_dn, n_dn)
+    make_moe_gemm_kernel(i, d, g, False, *cfg["dn"], cfg["maxreg"])[nb, wdn * 32, stream](
+        ws.y, ws.h, w2q, w2s, ws.tile_expert, ws.tile_rows, ws.meta, flat(tw), t, k,
+        ws.part, ws.cnt_dn, ws.cnt_dn, 0)
     make_combine_kernel(d, k, weights.n_shared)[(-(-d // 128), t), 128, stream](flat(out), ws.y, t)
     if check_routing:
         if not isinstance(ws.meta, np.ndarray):

@@ -24,8 +24,11 @@ def make_align_kernel(EX: int, NTHR: int):
     PER = -(-EX // NTHR)                                  # experts per thread in the scan
 
     @cuda.jit
-    def moe_align_kernel(tile_expert, tile_rows, meta, topk_ids, n_tok, k_top, n_routed, max_tiles):
+    def moe_align_kernel(tile_expert, tile_rows, meta, topk_ids, n_tok, k_top, n_routed, max_tiles,
+                         cnt, n_cnt):
         tid = cuda.threadIdx.x
+        for i in range(tid, n_cnt, NTHR):                     # the gate/up GEMM's unit counters
+            cnt[i] = 0
         counts = cuda.shared.array(EX, int32)
         starts = cuda.shared.array(EX, int32)
         fill = cuda.shared.array(EX, int32)

@@ -1,15 +1,28 @@
-"""The two expert GEMM kernels of the fused MoE, over the 8-row expert tiles of moe_align.py.
+"""The two expert GEMM kernels of the fused MoE, stream-K over the 8-row expert tiles of moe_align.py.
 
-Legend: D model width, I expert width, G group size, KS warps per block splitting the input dim,
-CPW 64-column chunks per warp per batch, NBT batches; one block = one 16-row weight tile (n-tile)
-x a strided subset of the expert tiles (worker ``blockIdx.y`` takes tiles y, y + W, ...; surplus
-workers exit when ``meta[0]`` tiles are done). Per tile the lane (g, t) feeds activation row
-``tile_rows[8j + g]`` (zeros for padding) as the B operand of ``mma.m16n8k16``; weights are the A
-operand, repacked by int4_layout.py (same scheme as int4_matmul.py, whose docstring explains it).
+Legend: D model width, I expert width, G group size, KC = K/64 chunks of a weight row tile, SC chunks
+per step, KSTEPS = KC/SC steps per unit, DP steps in flight per warp, WPB warps per block, NT n-tiles
+per unit, NMAT 16-row matrices per unit (gate and up count two).
 
-- gate/up: gate and up tiles of the same 16 rows share the activation fragments;
-  the epilogue writes ``h[pair, n] = f16(silu(gate) * up)`` (the down GEMM's f16 activations).
+Work: a *unit* is NT consecutive 16-row weight tiles (n-tiles) of one expert tile ``j`` (8 token
+rows), KC chunks of K; units are ordered ``u = j * NU + group`` (NU = N16 / NT) and a flat *step*
+index runs over ``meta[0] * NU * KSTEPS``. Every warp of the persistent grid takes one contiguous,
+equal share of the steps (stream-K), so the load is balanced whatever the routing, and nothing
+waits on a wave tail. Per step a lane holds SC 16-byte weight loads per matrix; DP steps are in
+flight while one computes (the load of step s + DP is issued right after step s is used, in the same
+unrolled slot).
+
+Per lane (g, t) the activation row ``tile_rows[8j + g]`` is the B operand of ``mma.m16n8k16``;
+weights are the A operand, repacked by int4_layout.py (int4_matmul.py's docstring explains it).
+A warp whose share covers a whole unit finishes it from registers. A unit split between warps is
+summed deterministically: each part stores its fragment in the part buffer (slot 2w for the first
+segment of warp w's share, 2w + 1 for its last), adds its step count to the unit counter, and the
+warp that completes the count sums the slots in warp order and finishes the unit.
+
+- gate/up: gate and up tiles of the same 16 rows share the activation fragments; the unit's
+  epilogue writes ``h[pair, n] = f16(silu(gate) * up)`` (float16 bits, the down GEMM's input).
 - down: the epilogue writes ``y[pair, n] = w_pair * (h_pair . W2[n])`` in float32.
+Counters must be zero at launch: moe_align zeroes the gate/up ones, the gate/up kernel the down ones.
 """
 
 from __future__ import annotations
@@ -17,130 +30,205 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int32, int64, uint16, uint32
 
-from .intrinsics import SIMULATED, dequant_i4x8, f32_to_h2, h2_to_f32, ld_stream_v4, ld_v4, mma_16816
+from .intrinsics import (
+    SIMULATED,
+    bcast0,
+    dequant_i4x8,
+    f32_to_h2,
+    h2_to_f32,
+    ld_cg_f32,
+    ld_stream_v4,
+    ld_u32,
+    ld_v4,
+    mma_16816,
+    syncwarp,
+)
 
 ZERO = float32(0.0)
 
 
 @functools.cache
-def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, KS: int, CPW: int, GATE_UP: bool):
-    """GATE_UP: weights are gate/up pairs [X, N16, 2, KC*128] -> h (f16 as uint32 pairs);
-    else single matrices [X, N16, KC*128] -> y float32 scaled by the router weight."""
+def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: int, SC: int, DP: int, NT: int,
+                         MAXREG: int):
+    """GATE_UP: weights are gate/up pairs [X, N16, 2, KC*128] -> h (float16 bits, uint16);
+    else single matrices [X, N16, KC*128] -> y float32 scaled by the router weight.
+    A unit is NT consecutive n-tiles (NMAT = NT or 2 NT matrices sharing the activation loads)."""
     KC = KIN // 64
+    KSTEPS = KC // SC
     NS = KIN // G
-    NMAT = 2 if GATE_UP else 1
+    NMAT = NT * (2 if GATE_UP else 1)          # 16-row matrices per unit, consecutive in memory
     TW = KC * 128                              # words per 16-row tile of one matrix
-    N16 = NOUT_ROWS // 16
-    EXW = N16 * NMAT * TW                      # words per expert
-    EXS = N16 * NMAT * NS * 8                  # scale words per expert
-    SPC = 2 if G == 32 else 1
-    NBT = -(-KC // (KS * CPW))                 # batches of CPW chunks per warp
-    EXACT = NBT * KS * CPW == KC               # no chunk guards
+    NU = NOUT_ROWS // 16 // NT                 # units per expert tile
+    SPC = 2 if G == 32 else 1                  # scale words per chunk and matrix
     NACC = NMAT * 4
-    NRED = KS * NACC * 32
-    NTOT = NMAT * 128
-    NTHR = KS * 32
-    NWL, NSL = NMAT * CPW * 4, NMAT * CPW * SPC
-    # 64 registers x 256 threads: four blocks (32 warps) per SM keep enough loads in flight
-    opts = {} if SIMULATED else {"max_registers": min(255, max(64, 65536 // NTHR // 4 // 8 * 8))}
+    STW = SC * NMAT * 4                        # weight words per lane per step
+    STS = SC * NMAT * SPC                      # scale words per lane per step
+    NTHR = WPB * 32
+    SLOT = NMAT * 128                          # floats of one stored partial fragment
+    RW, RS = DP * STW, DP * STS                # register ring sizes
+    opts = {} if SIMULATED else {"max_registers": MAXREG}
+
+    LG = G.bit_length() - 1                    # log2(G)
+    # ctx slots: compute side (tile, unit group, activation row base, steps done in the unit) and
+    # prefetch side (the same for the step being loaded, its weight-word and scale-word bases)
+    CJ, CN, CX, CK, PJ, PN, PK, PW, PS = range(9)
 
     @cuda.jit(**opts)
-    def moe_gemm_kernel(dst, act, wq, sq, tile_expert, tile_rows, meta, topk_w, n_tok, k_top):
-        nt = cuda.blockIdx.x
+    def moe_gemm_kernel(dst, act, wq, sq, tile_expert, tile_rows, meta, topk_w, n_tok, k_top,
+                        part, cnt, cnt_next, n_next):
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
         g = lane >> 2
         t = lane & 3
-        red = cuda.shared.array(NRED, float32)
-        tot = cuda.shared.array(NTOT, float32)
+        nthr_all = cuda.gridDim.x * NTHR
+        for i in range(cuda.blockIdx.x * NTHR + tid, n_next, nthr_all):
+            cnt_next[i] = 0                                   # the next stage's unit counters
+        nw = int64(cuda.gridDim.x * WPB)
+        gw = int64(cuda.blockIdx.x * WPB + warp)
+        total = int64(meta[0]) * (NU * KSTEPS)
+        a = gw * total // nw                                  # this warp's steps [a, b)
+        b = (gw + 1) * total // nw
+        tk = n_tok * k_top
+        rw = cuda.local.array(RW, uint32)                     # DP steps of weights in flight
+        rs = cuda.local.array(RS, uint32)                     # and their scale words
         acc = cuda.local.array(NACC, float32)
         prt = cuda.local.array(NACC, float32)
-        wl = cuda.local.array(NWL, uint32)
-        sl = cuda.local.array(NSL, uint32)
-        tk = n_tok * k_top
-        for j in range(cuda.blockIdx.y, meta[0], cuda.gridDim.y):
-            e = tile_expert[j]
-            pair = tile_rows[j * 8 + g]
-            if GATE_UP:                                   # activation row = the pair's token
-                row = -1 if pair < 0 else (pair // k_top if pair < tk else (pair - tk) % n_tok)
-            else:                                         # activation row = the pair's h row
-                row = pair
-            xmask = uint32(0xFFFFFFFF) if row >= 0 else uint32(0)
-            xrow = max(row, 0) * KIN + 8 * t              # padding reads row 0, masked to zero
+        ctx = cuda.local.array(9, int64)
+        for i in range(NACC):
+            acc[i] = ZERO
+        u_a = a // KSTEPS                                     # both sides start at step a
+        ctx[CJ] = ctx[PJ] = u_a // NU
+        ctx[CN] = ctx[PN] = u_a - (u_a // NU) * NU
+        ctx[CK] = ctx[PK] = a - u_a * KSTEPS
+
+        def finish(s):
+            """End of this warp's segment of the current unit: finish it, or store the part (the
+            last part of a unit split between warps sums all parts in warp order and finishes it)."""
+            u0 = (ctx[CJ] * NU + ctx[CN]) * KSTEPS
+            seg0 = max(a, u0)
+            done = seg0 == u0 and ctx[CK] == KSTEPS - 1
+            if not done:
+                slot = 2 * gw + (0 if seg0 == a else 1)
+                for i in range(NACC):
+                    part[slot * SLOT + i * 32 + lane] = acc[i]
+                cuda.threadfence()
+                syncwarp()
+                old = 0
+                if lane == 0:
+                    old = cuda.atomic.add(cnt, u0 // KSTEPS, int32(s - seg0 + 1))
+                done = bcast0(int32(old + s - seg0 + 1)) == KSTEPS
+                if done:
+                    cuda.threadfence()
+                    for i in range(NACC):
+                        acc[i] = ZERO
+                    w = ((u0 + 1) * nw - 1) // total                  # the warp holding step u0
+                    while w < nw and w * total // nw < u0 + KSTEPS:
+                        w0 = w * total // nw
+                        if w0 < (w + 1) * total // nw:               # non-empty share
+                            sl = 2 * w + (0 if w0 >= u0 else 1)
+                            for i in range(NACC):
+                                acc[i] += ld_cg_f32(part, sl * SLOT + i * 32 + lane)
+                        w += 1
+            if done:                                          # epilogue of the unit
+                j = ctx[CJ]
+                for q in range(4):
+                    m = 2 * t + (q & 1)
+                    p = tile_rows[j * 8 + m]
+                    if p >= 0:
+                        for nti in range(NT):
+                            n = (ctx[CN] * NT + nti) * 16 + g + 8 * (q >> 1)
+                            if GATE_UP:
+                                gv = acc[8 * nti + q]
+                                hv = gv / (float32(1.0) + math.exp(-gv)) * acc[8 * nti + 4 + q]
+                                dst[p * NOUT_ROWS + n] = uint16(f32_to_h2(hv, ZERO) & 0xFFFF)
+                            else:
+                                wgt = topk_w[p] if p < tk else float32(1.0)
+                                dst[p * NOUT_ROWS + n] = wgt * acc[4 * nti + q]
             for i in range(NACC):
                 acc[i] = ZERO
-                prt[i] = ZERO
-            wbase = e * EXW + nt * NMAT * TW + lane * 4
-            sbase = e * EXS + nt * NMAT * NS * 8 + g
-            for bt in range(NBT):
-                c0 = (bt * KS + warp) * CPW
-                # phase 1: this batch's weight and scale loads in flight together
-                for ci in range(CPW):
-                    if EXACT or c0 + ci < KC:
+
+        def step(r, s):
+            """Slot r holds step s: use it (if s is this warp's), then refill it with step s + DP."""
+            if s >= a:
+                ks = ctx[CK]
+                if s == a or ks == 0:                         # a new unit: its activation row
+                    pair = tile_rows[ctx[CJ] * 8 + g]
+                    if GATE_UP:                               # activation row = the pair's token
+                        row = -1 if pair < 0 else (pair // k_top if pair < tk else (pair - tk) % n_tok)
+                    else:                                     # activation row = the pair's h row
+                        row = pair
+                    ctx[CX] = max(row, 0) * KIN + 8 * t       # padding columns read row 0: never stored
+                xs = ctx[CX] + ks * (SC * 64)
+                for ci in range(SC):
+                    for h in range(2):
+                        xv = ld_v4(act, xs + ci * 64 + 32 * h)
                         for mi in range(NMAT):
-                            w = ld_stream_v4(wq, wbase + mi * TW + (c0 + ci) * 128)
-                            for q in range(4):
-                                wl[(mi * CPW + ci) * 4 + q] = w[q]
-                            for q in range(SPC):
-                                sl[(mi * CPW + ci) * SPC + q] = sq[
-                                    sbase + (mi * NS + ((c0 + ci) * 64) // G + q) * 8]
-                # phase 2: activations (L2-resident), dequantize, MMA, scale per group
-                for ci in range(CPW):
-                    if EXACT or c0 + ci < KC:
-                        for h in range(2):
-                            xv = ld_v4(act, xrow + (c0 + ci) * 64 + 32 * h)
-                            k0, k1, k2, k3 = xv[0] & xmask, xv[1] & xmask, xv[2] & xmask, xv[3] & xmask
-                            for mi in range(NMAT):
-                                a = dequant_i4x8(wl[(mi * CPW + ci) * 4 + 2 * h])
-                                b = dequant_i4x8(wl[(mi * CPW + ci) * 4 + 2 * h + 1])
-                                if G == 32:                       # one group per half: start at zero
-                                    d = mma_16816(a[0], a[1], a[2], a[3], k0, k1, ZERO, ZERO, ZERO, ZERO)
-                                else:
-                                    d = mma_16816(a[0], a[1], a[2], a[3], k0, k1, prt[mi * 4],
-                                                  prt[mi * 4 + 1], prt[mi * 4 + 2], prt[mi * 4 + 3])
-                                d = mma_16816(b[0], b[1], b[2], b[3], k2, k3, d[0], d[1], d[2], d[3])
-                                if G == 32 or h == 1:
-                                    s_lo, s_hi = h2_to_f32(sl[(mi * CPW + ci) * SPC + h * (SPC - 1)])
-                                    acc[mi * 4 + 0] += s_lo * d[0]
-                                    acc[mi * 4 + 1] += s_lo * d[1]
-                                    acc[mi * 4 + 2] += s_hi * d[2]
-                                    acc[mi * 4 + 3] += s_hi * d[3]
-                                    for r in range(4):
-                                        prt[mi * 4 + r] = ZERO
-                                else:
-                                    for r in range(4):
-                                        prt[mi * 4 + r] = d[r]
-            # cross-warp sum in shared memory, fixed order
-            for i in range(NACC):
-                red[(warp * NACC + i) * 32 + lane] = acc[i]
-            cuda.syncthreads()
-            for o in range(tid, NTOT, NTHR):
-                s = ZERO
-                for w_ in range(KS):
-                    s += red[(w_ * NACC + (o >> 5)) * 32 + (o & 31)]
-                tot[o] = s
-            cuda.syncthreads()
-            # epilogue: thread -> (row pair nl, nl + 1 of the tile, column m); fragment index
-            # o = r*32 + ln with n_local = (ln >> 2) + 8*(r >> 1), m = 2*(ln & 3) + (r & 1)
-            for q in range(tid, 64, NTHR):
-                m = q & 7
-                nl = (q >> 3) * 2
-                p = tile_rows[j * 8 + m]
-                if p >= 0:
-                    o0 = (((nl >> 3) << 1) | (m & 1)) * 32 + (((nl & 7) << 2) | (m >> 1))
-                    o1 = o0 + 4                                   # n_local + 1: ln + 4
-                    if GATE_UP:
-                        g0, g1 = tot[o0], tot[o1]
-                        h0 = g0 / (float32(1.0) + math.exp(-g0)) * tot[128 + o0]
-                        h1 = g1 / (float32(1.0) + math.exp(-g1)) * tot[128 + o1]
-                        dst[(p * NOUT_ROWS + nt * 16 + nl) >> 1] = f32_to_h2(h0, h1)
-                    else:
-                        wgt = topk_w[p] if p < tk else float32(1.0)
-                        dst[p * NOUT_ROWS + nt * 16 + nl] = wgt * tot[o0]
-                        dst[p * NOUT_ROWS + nt * 16 + nl + 1] = wgt * tot[o1]
-            cuda.syncthreads()                                    # shared memory reused next tile
+                            wi = ((r * SC + ci) * NMAT + mi) * 4 + 2 * h
+                            si = ((r * SC + ci) * NMAT + mi) * SPC
+                            qa = dequant_i4x8(rw[wi])
+                            qb = dequant_i4x8(rw[wi + 1])
+                            if G == 32 or h == 0:
+                                d = mma_16816(qa[0], qa[1], qa[2], qa[3], xv[0], xv[1],
+                                              ZERO, ZERO, ZERO, ZERO)
+                            else:
+                                d = mma_16816(qa[0], qa[1], qa[2], qa[3], xv[0], xv[1], prt[mi * 4],
+                                              prt[mi * 4 + 1], prt[mi * 4 + 2], prt[mi * 4 + 3])
+                            d = mma_16816(qb[0], qb[1], qb[2], qb[3], xv[2], xv[3], d[0], d[1], d[2], d[3])
+                            if G == 32 or h == 1:             # a group (G = 32) or a chunk (G > 32) ends
+                                s_lo, s_hi = h2_to_f32(rs[si + h * (SPC - 1)])
+                                acc[mi * 4 + 0] += s_lo * d[0]
+                                acc[mi * 4 + 1] += s_lo * d[1]
+                                acc[mi * 4 + 2] += s_hi * d[2]
+                                acc[mi * 4 + 3] += s_hi * d[3]
+                            else:
+                                for q in range(4):
+                                    prt[mi * 4 + q] = d[q]
+                if ks == KSTEPS - 1 or s == b - 1:            # this warp's segment of the unit ends
+                    finish(s)
+                ctx[CK] = ks + 1                              # advance to the next step
+                if ks + 1 == KSTEPS:
+                    ctx[CK] = 0
+                    ctx[CN] += 1
+                    if ctx[CN] == NU:
+                        ctx[CN] = 0
+                        ctx[CJ] += 1
+            ns = s + DP
+            if ns < b:                                        # refill slot r with step ns
+                ks2 = ctx[PK]
+                if ns == a or ks2 == 0:                       # a new unit: its weight and scale bases
+                    mat = (tile_expert[ctx[PJ]] * NU + ctx[PN]) * NMAT
+                    ctx[PW] = mat * TW + lane * 4 + ks2 * (SC * 128)
+                    ctx[PS] = mat * (NS * 8) + g
+                wb = ctx[PW]
+                for ci in range(SC):
+                    sb = ctx[PS] + (((ks2 * SC + ci) * 64) >> LG) * 8
+                    for mi in range(NMAT):
+                        wv = ld_stream_v4(wq, wb + mi * TW + ci * 128)
+                        for q in range(4):
+                            rw[((r * SC + ci) * NMAT + mi) * 4 + q] = wv[q]
+                        for q in range(SPC):
+                            rs[((r * SC + ci) * NMAT + mi) * SPC + q] = ld_u32(sq, sb + (mi * NS + q) * 8)
+                ctx[PW] = wb + SC * 128
+                ctx[PK] = ks2 + 1
+                if ks2 + 1 == KSTEPS:
+                    ctx[PK] = 0
+                    ctx[PN] += 1
+                    if ctx[PN] == NU:
+                        ctx[PN] = 0
+                        ctx[PJ] += 1
+
+        s = a - DP
+        while s < b:                                          # slots 0..DP-1 written out: static indices
+            step(0, s)
+            if DP > 1 and s + 1 < b:
+                step(1, s + 1)
+            if DP > 2 and s + 2 < b:
+                step(2, s + 2)
+            if DP > 3 and s + 3 < b:
+                step(3, s + 3)
+            s += DP
 
     return moe_gemm_kernel

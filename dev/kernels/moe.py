@@ -1,46 +1,79 @@
 """Version ladder for the fused W4A16 MoE (style.md §2.4): validate, then time at the K2 shape.
 
-Run on a GPU:  python dev/kernels/moe.py
-Versions (docs/perf.md has predictions and measurements):
-  v1  align (1 block) -> gate/up GEMM over (I/16 n-tiles x W workers) with SiLU*up epilogue ->
-      down GEMM (x router weight) -> combine; 4 launches, graph-captured. Swept: warps per block
-      (KS), chunks per warp per batch (CPW) and workers W.
+Run on a GPU:  python dev/kernels/moe.py [--quick]
+Versions (docs/perf.md has predictions and measurements), all timed in the same run:
+  v2  align (1 block) -> gate/up GEMM over (I/16 n-tiles x W workers), one 8-row expert tile per
+      block pass, KS warps split K and meet in shared memory -> down GEMM -> combine
+      (the previous package kernel, kept as _moe_gemm_v2_snapshot.py.txt).
+  v3  the same 4 launches; both GEMMs are persistent stream-K grids: every warp takes an equal
+      contiguous share of (unit, K-step) work, DP steps of 16-byte weight loads in flight per warp,
+      units split between warps summed deterministically by the last part (the package kernel).
+  v4  v3 with NT n-tiles per unit (2 NT gate/up matrices, NT down matrices share each activation load,
+      the unit's index math and its epilogue).
+  v5  v4 with the hot loop's instructions cut (SASS, offline: ~220 -> ~150 per KB of weights): running
+      step / unit counters instead of 64-bit divisions per step, scale words through ld_u32 (no index
+      wraparound code; constant offsets fold into the loads), no masking of padding columns (their
+      results are never stored). ncu on v4: issue-bound (0.6 warp-instructions per scheduler-cycle).
+Swept: warps per block, chunks per step (SC), steps in flight (DP), n-tiles per unit (NT), blocks per
+SM, register cap.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.machinery
+import importlib.util
 import sys
+from pathlib import Path
 
 import numpy as np
 
-from workbench.bench.kernels_moe import EXPERT_BYTES, graph_of, k2_random_experts, timed_replays
+from workbench.bench.kernels_moe import (
+    ALT_CONFIGS,
+    EXPERT_BYTES,
+    graph_of,
+    k2_random_experts,
+    routings,
+    timed_replays,
+)
 
 
-def time_moe(torch, mw, t, k, cfg, reps=20, sets=8, seed=0):
-    """Median/min/max us of one graph-captured fused_moe call, rotating over ``sets`` routings."""
-    from kernels_numba.moe import fused_moe, moe_workspace
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    e = mw.n_routed
-    ids_sets = [torch.stack([torch.randperm(e, device="cuda", generator=gen)[:k] for _ in range(t)]).int()
-                for _ in range(sets)]
-    x = torch.randn(t, mw.w13.k, device="cuda").half()
-    ids = ids_sets[0].clone()
-    tw = torch.rand(t, k, device="cuda")
-    out = torch.empty(t, mw.w13.k, device="cuda")
-    ws = moe_workspace(t, k, mw)
-
-    def fn():
-        fused_moe(x, ids, tw, mw, out=out, workspace=ws, stream=torch.cuda.current_stream(), config=cfg)
-    return timed_replays(torch, graph_of(torch, fn), ids, ids_sets, reps, n_shared=mw.n_shared)
+def load_snapshot(stem: str):
+    """An earlier package module kept as dev/kernels/<stem>.py.txt, imported inside kernels_numba."""
+    path = Path(__file__).with_name(f"{stem}.py.txt")
+    loader = importlib.machinery.SourceFileLoader(f"kernels_numba.{stem}", str(path))
+    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(mod)
+    return mod
 
 
-def check_small(torch):
+def fused_moe_v2(v2, x, ids, tw, mw, out, ws, stream, cfg):
+    """The v2 launch sequence (align and combine are unchanged in v3)."""
+    from kernels_numba.moe_align import align_threads, make_align_kernel, make_combine_kernel
+    w13, w2 = mw.w13, mw.w2
+    d, i, g, xe = w13.k, w13.n, w13.group_size, w13.experts
+    t, k = ids.shape
+    p = t * (k + mw.n_shared)
+    nthr = align_threads(xe)
+    make_align_kernel(xe, nthr)[1, nthr, stream](ws.tile_expert, ws.tile_rows, ws.meta, ids.view(-1), t, k,
+                                                 mw.n_routed, p, ws.cnt_gu, 0)
+    h32 = ws.h.view(np.uint32)
+    ks, cpw = cfg["gu"]
+    v2.make_moe_gemm_kernel(d, i, g, ks, cpw, True)[(w13.n16, cfg["workers"]), ks * 32, stream](
+        h32, x.view(-1), w13.wq, w13.sq, ws.tile_expert, ws.tile_rows, ws.meta, tw.view(-1), t, k)
+    ks, cpw = cfg["dn"]
+    v2.make_moe_gemm_kernel(i, d, g, ks, cpw, False)[(w2.n16, cfg["workers"]), ks * 32, stream](
+        ws.y, ws.h, w2.wq, w2.sq, ws.tile_expert, ws.tile_rows, ws.meta, tw.view(-1), t, k)
+    make_combine_kernel(d, k, mw.n_shared)[(-(-d // 128), t), 128, stream](out.view(-1), ws.y, t)
+
+
+def check_small(torch, v2):
     """prepare_moe on gen_quant4 experts vs workbench.reference.moe at D=1024, I=512, E=16."""
     from dataclasses import replace
 
     from numba import cuda
 
-    from kernels_numba.moe import fused_moe, prepare_moe
+    from kernels_numba.moe import fused_moe, moe_workspace, prepare_moe
     from workbench.config import preset
     from workbench.quant.int4 import gen_quant4
     from workbench.reference.moe import moe, moe_gate
@@ -65,49 +98,160 @@ def check_small(torch):
     shared = [a for nm in ("w1", "w3", "w2") for a in st[(True, nm)][0]]
     mw = prepare_moe(stk("w1", 0), stk("w1", 1), stk("w3", 0), stk("w3", 1), stk("w2", 0), stk("w2", 1),
                      shared=shared).to_device()
-    worst = 0.0
     for t in (1, 5, 33):
         x = rng.standard_normal((t, d)).astype(np.float16)
         idx, w = moe_gate(cfg, x.astype(np.float32), W["layers.0.ffn.gate"], W["layers.0.ffn.gate_bias"])
         ref = moe(cfg, W, 0, x.astype(np.float32))
-        out = cuda.to_device(np.full((t, d), np.nan, np.float32))
-        fused_moe(cuda.to_device(x), cuda.to_device(idx.astype(np.int32)),
-                  cuda.to_device(w.astype(np.float32)), mw, out=out, check_routing=True)
-        err = float(np.abs(out.copy_to_host() - ref).max() / np.abs(ref).max())
-        worst = max(worst, err)
-        print(f"check fused_moe T={t}: rel err {err:.2e}", "OK" if err < 1e-3 else "FAIL")
-    return worst
+        xd, idd, wd = (torch.from_numpy(a).cuda() for a in (x, idx.astype(np.int32), w.astype(np.float32)))
+        nt_cfgs = [{"gu": (16, 1, 2, 2), "dn": (16, 1, 2, 4), "blocks": 132, "maxreg": 128},
+                   {"gu": (16, 1, 3, 4), "dn": (16, 1, 2, 8), "blocks": 132, "maxreg": 128}]
+        for name, kcfg in [("v2", None), ("v3", None), ("v4 NT=2/4", nt_cfgs[0]), ("v4 NT=4/8", nt_cfgs[1])]:
+            out = torch.full((t, d), float("nan"), device="cuda")
+            ws = moe_workspace(t, 4, mw, config=kcfg)
+            if name == "v2":
+                fused_moe_v2(v2, xd, idd, wd, mw, out, ws, 0, v2_config(t * 5))
+            else:
+                fused_moe(xd, idd, wd, mw, out=out, workspace=ws, config=kcfg, check_routing=True)
+            cuda.synchronize()
+            err = float(np.abs(out.cpu().numpy() - ref).max() / np.abs(ref).max())
+            print(f"check {name} fused_moe T={t}: rel err {err:.2e}", "OK" if err < 1e-3 else "FAIL")
 
 
-def main() -> int:
-    import torch
+def v2_config(p):
+    return {"gu": (8, 2), "dn": (8, 2), "workers": min(p, 64)}
 
+
+def time_version(torch, name, mw, t, cfg, v2, reps=24):
+    """(median us, floor us) of one graph-captured layer call, routing rotated over 8 sets."""
+    from kernels_numba.moe import fused_moe, moe_workspace
+    id_sets = routings(torch, t, 8, seed=t)
+    ids = id_sets[0].clone()
+    x = torch.randn(t, mw.w13.k, device="cuda").half()
+    tw = torch.rand(t, 8, device="cuda")
+    out = torch.empty(t, mw.w13.k, device="cuda")
+    ws = moe_workspace(t, 8, mw, config=None if name == "v2" else cfg)
+
+    def fn():
+        s = torch.cuda.current_stream()
+        if name == "v2":
+            from numba import cuda
+            fused_moe_v2(v2, x, ids, tw, mw, out, ws, cuda.external_stream(s.cuda_stream), cfg)
+        else:
+            fused_moe(x, ids, tw, mw, out=out, workspace=ws, stream=s, config=cfg)
+    samples, uniq = timed_replays(torch, graph_of(torch, fn), ids, id_sets, reps, n_shared=mw.n_shared)
+    return float(np.median(samples)), float(np.median(uniq))
+
+
+EXTRA_CONFIGS = [{"gu": (16, 1, 2, 1), "dn": (16, 2, 2, 1), "blocks": 132, "maxreg": 128},
+                 {"gu": (8, 2, 2, 1), "dn": (8, 2, 2, 2), "blocks": 264, "maxreg": 128},
+                 {"gu": (16, 1, 2, 2), "dn": (16, 1, 2, 4), "blocks": 132, "maxreg": 128}]
+
+
+def v3_configs(quick):
+    """(warps per block, chunks per step, steps in flight, n-tiles per unit) per GEMM, blocks, regs."""
     from kernels_numba.moe import choose_moe_config
+    out = [choose_moe_config(7168, 2048, 9)] + ALT_CONFIGS + EXTRA_CONFIGS
+    return out[:3] if quick else out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ncu", action="store_true", help="one eager layer call at T = 1 and 64, for ncu")
+    args = ap.parse_args(argv)
+    import torch
+    if args.ncu:
+        return ncu_calls(torch)
+
     from workbench.bench.common import copy_bandwidth
-    check_small(torch)
+    v2 = load_snapshot("_moe_gemm_v2_snapshot")
+    check_small(torch, v2)
     copy = copy_bandwidth()
     print(f"copy {copy:.0f} GB/s")
     mw = k2_random_experts(torch)
-    eb = EXPERT_BYTES
     for t in (1, 4, 16, 64):
-        p = t * 9
-        base = choose_moe_config(7168, 2048, p)
-        cfgs = [base] + [{"gu": gu, "dn": dn, "workers": w} for gu, dn, w in
-                         [((16, 2), (16, 2), min(p, 16)), ((8, 4), (8, 2), min(p, 64)),
-                          ((28, 4), (16, 2), min(p, 64)), ((16, 2), (8, 4), min(p, 128)),
-                          ((16, 4), (16, 2), min(p, 64))]]
-        for cfg in cfgs:
+        runs = [("v2", v2_config(t * 9))] + [("v3", c) for c in v3_configs(args.quick)]
+        for name, cfg in runs:
             try:
-                samples, uniq = time_moe(torch, mw, t, 8, cfg)
+                med, uniq = time_version(torch, name, mw, t, cfg, v2)
             except Exception as e:  # noqa: BLE001 - a config that does not launch is reported
-                print(f"v1 T={t} cfg={cfg}: failed {type(e).__name__}: {str(e)[:100]}")
+                print(f"{name} T={t} cfg={cfg}: failed {type(e).__name__}: {str(e)[:120]}")
                 continue
-            floor = [u * eb / (copy * 1e3) for u in uniq]                     # us at copy bandwidth
-            frac = [f / s for f, s in zip(floor, samples, strict=True)]
-            print(f"v1 T={t} cfg={cfg}: median {np.median(samples):.1f} us, "
-                  f"unique experts ~{np.mean(uniq):.1f}, floor {np.median(floor):.1f} us, "
-                  f"{100 * np.median(frac):.0f}% of floor")
+            floor = uniq * EXPERT_BYTES / (copy * 1e3)
+            print(f"{name} T={t} cfg={cfg}: {med:.1f} us, unique experts {uniq:.0f}, floor {floor:.1f} us, "
+                  f"{100 * floor / med:.0f}% of floor", flush=True)
+    stage_breakdown(torch, mw)
     return 0
+
+
+def ncu_calls(torch):
+    """One eager v3 layer call per T (ncu profiles its launches); prints the GEMMs' register use."""
+    from kernels_numba.moe import choose_moe_config, fused_moe, moe_workspace
+    from kernels_numba.moe_gemm import make_moe_gemm_kernel
+    mw = k2_random_experts(torch)
+    for t in (1, 64):
+        ids = routings(torch, t, 1, seed=t)[0]
+        x = torch.randn(t, 7168, device="cuda").half()
+        cfg = choose_moe_config(7168, 2048, t * 9)
+        fused_moe(x, ids, torch.rand(t, 8, device="cuda"), mw, workspace=moe_workspace(t, 8, mw, config=cfg),
+                  config=cfg)
+        torch.cuda.synchronize()
+        for name, args in (("gate_up", (7168, 2048, 32, True, *cfg["gu"])), ("down", (2048, 7168, 32, False,
+                                                                                     *cfg["dn"]))):
+            k = make_moe_gemm_kernel(*args, cfg["maxreg"])
+            print(f"T={t} {name} {cfg}: regs/thread {k.get_regs_per_thread()}, "
+                  f"local bytes/thread {k.get_local_mem_per_thread()}", flush=True)
+    return 0
+
+
+def stage_launchers(mw, cfg, ws, x, ids, tw, out, t):
+    """name -> launch(stream) for each of the four v3 launches of one layer call."""
+    from kernels_numba.moe_align import align_threads, make_align_kernel, make_combine_kernel
+    from kernels_numba.moe_gemm import make_moe_gemm_kernel
+    p, xe = t * 9, mw.w13.experts
+    wg, wd, nb = cfg["gu"][0], cfg["dn"][0], cfg["blocks"]
+    gu = make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"])
+    dn = make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"])
+    nthr = align_threads(xe)
+    common = (ws.tile_expert, ws.tile_rows, ws.meta, tw.view(-1), t, 8, ws.part)
+    return {
+        "align": lambda s: make_align_kernel(xe, nthr)[1, nthr, s](
+            ws.tile_expert, ws.tile_rows, ws.meta, ids.view(-1), t, 8, mw.n_routed, p, ws.cnt_gu, p * 128),
+        "gate_up": lambda s: gu[nb, wg * 32, s](ws.h, x.view(-1), mw.w13.wq, mw.w13.sq, *common[:6],
+                                                ws.part, ws.cnt_gu, ws.cnt_dn, p * 448),
+        "down": lambda s: dn[nb, wd * 32, s](ws.y, ws.h, mw.w2.wq, mw.w2.sq, *common[:6],
+                                             ws.part, ws.cnt_dn, ws.cnt_dn, 0),
+        "combine": lambda s: make_combine_kernel(7168, 8, 1)[(56, t), 128, s](out.view(-1), ws.y, t),
+    }
+
+
+def stage_breakdown(torch, mw):
+    """Graphs of the first 1, 2, 3, 4 launches of a v3 layer call (T = 1 and 64): each stage's time is
+    the difference of consecutive prefixes (each prefix is a valid sequence: counters are zeroed)."""
+    from numba import cuda
+
+    from kernels_numba.moe import choose_moe_config, fused_moe, moe_workspace
+    for t in (1, 64):
+        id_sets = routings(torch, t, 1, seed=t)
+        ids = id_sets[0].clone()
+        x = torch.randn(t, 7168, device="cuda").half()
+        tw = torch.rand(t, 8, device="cuda")
+        out = torch.empty(t, 7168, device="cuda")
+        cfg = choose_moe_config(7168, 2048, t * 9)
+        ws = moe_workspace(t, 8, mw, config=cfg)
+        fused_moe(x, ids, tw, mw, out=out, workspace=ws, config=cfg)
+        stages = list(stage_launchers(mw, cfg, ws, x, ids, tw, out, t).items())
+        prev = 0.0
+        for n in range(1, len(stages) + 1):
+            def fn(n=n, stages=stages):
+                s = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+                for _, launch in stages[:n]:
+                    launch(s)
+            samples, _ = timed_replays(torch, graph_of(torch, fn), ids, id_sets, 12)
+            med = float(np.median(samples))
+            print(f"v3 stages T={t} up to {stages[n - 1][0]}: {med:.1f} us (this stage {med - prev:.1f} us)",
+                  flush=True)
+            prev = med
 
 
 if __name__ == "__main__":

@@ -34,14 +34,15 @@ def main():
         for g in (32, 128):
             cfg = choose_config(m, k, g)
             out[f"int4_matmul M={m} K={k} G={g} {cfg}"] = counts(make_int4_matmul_kernel(k, g, *cfg), mm_sig)
-    gsig = (a(T.uint32), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
-            a(T.float32), T.int64, T.int64)
+    gsig = (a(T.uint16), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
+            a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
     cfg = choose_moe_config(7168, 2048, 72)
-    out["moe gate_up"] = counts(make_moe_gemm_kernel(7168, 2048, 32, *cfg["gu"], True), gsig)
-    dsig = (a(T.float32),) + gsig[1:]
-    out["moe down"] = counts(make_moe_gemm_kernel(2048, 7168, 32, *cfg["dn"], False), dsig)
+    out["moe gate_up"] = counts(make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"]), gsig)
+    dsig = (a(T.float32), a(T.uint16)) + gsig[2:]
+    out["moe down"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]), dsig)
     out["moe align"] = counts(make_align_kernel(385, 512),
-                              (a(T.int32), a(T.int32), a(T.int32), a(T.int32), *(T.int64,) * 4))
+                              (a(T.int32), a(T.int32), a(T.int32), a(T.int32), *(T.int64,) * 4,
+                               a(T.int32), T.int64))
     out["moe combine"] = counts(make_combine_kernel(7168, 8, 1), (a(T.float32), a(T.float32), T.int64))
     json.dump(out, sys.stdout)
 

@@ -13,10 +13,10 @@ from workbench.reference.moe import moe, moe_gate
 
 from .helpers import SIMULATED, assert_close, dev, gpu, host, needs_gpu, poisoned
 
-SMALL = {"gu": (1, 2), "dn": (1, 2), "workers": 2}     # few simulated blocks; exercises the worker loop
+SMALL = {"gu": (2, 1, 2, 1), "dn": (1, 1, 3, 2), "blocks": 3, "maxreg": 128}   # few simulated warps
 
 
-def _model(cfg, seed):
+def _model(cfg, seed, group=32):
     """INT4 weights dict of layer 0 (reference names) + the kernel's repacked MoEWeights."""
     e, i, d, s = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size, cfg.n_shared_experts
     rng = np.random.default_rng(seed)
@@ -25,7 +25,7 @@ def _model(cfg, seed):
         pre = f"layers.0.ffn.experts.{ex}" if ex != "shared" else "layers.0.ffn.shared"
         width = i if ex != "shared" else s * i
         for nm, (n, k) in (("w1", (width, d)), ("w3", (width, d)), ("w2", (d, width))):
-            _, p, sc = gen_quant4(n, k, 32, seed=int(rng.integers(1 << 30)))
+            _, p, sc = gen_quant4(n, k, group, seed=int(rng.integers(1 << 30)))
             w[f"{pre}.{nm}.packed"], w[f"{pre}.{nm}.scale"] = p, sc
             (shared.extend((p, sc)) if ex == "shared" else stacks.setdefault(nm, []).append((p, sc)))
     w["layers.0.ffn.gate"] = rng.standard_normal((e, d)).astype(np.float32) * 0.1
@@ -35,8 +35,8 @@ def _model(cfg, seed):
     return w, (mw if SIMULATED else mw.to_device())
 
 
-def _check(cfg, t, seed, config=None):
-    w, mw = _model(cfg, seed)
+def _check(cfg, t, seed, config=None, group=32):
+    w, mw = _model(cfg, seed, group)
     x = np.random.default_rng(seed + 1).standard_normal((t, cfg.hidden_size)).astype(np.float16)
     xf = x.astype(np.float32)
     idx, tw = moe_gate(cfg, xf, w["layers.0.ffn.gate"], w["layers.0.ffn.gate_bias"])
@@ -52,6 +52,17 @@ def _check(cfg, t, seed, config=None):
 @pytest.mark.parametrize("t", [1, 3])
 def test_tiny_matches_reference(t):
     _check(preset("tiny"), t, seed=t, config=SMALL)
+
+
+# stream-K shares (warps per block, chunks per step, steps in flight, n-tiles per unit): one warp doing
+# everything (whole units only); more warps than steps (empty shares, every unit split); steps of 2
+# chunks with 3 in flight and 4 n-tiles per unit; group size 64 (one scale per chunk)
+@pytest.mark.parametrize("config,group", [
+    ({"gu": (1, 2, 1, 1), "dn": (1, 1, 1, 1), "blocks": 1, "maxreg": 128}, 32),
+    ({"gu": (2, 1, 2, 2), "dn": (3, 1, 2, 1), "blocks": 11, "maxreg": 128}, 32),
+    ({"gu": (2, 2, 3, 4), "dn": (2, 1, 4, 8), "blocks": 3, "maxreg": 128}, 64)])
+def test_tiny_stream_k_shares(config, group):
+    _check(preset("tiny"), 2, seed=11, config=config, group=group)
 
 
 def test_bad_expert_ids_flagged_and_bad_shapes_raise():

@@ -47,11 +47,15 @@ def graph_of(torch, fn):
 
 
 def timed_replays(torch, g, ids, id_sets, reps, n_shared=S):
-    """Replay ``g`` reps times, rotating the routing sets into ``ids``: (us per replay, experts read)."""
+    """Replay ``g`` reps times, rotating the routing sets into ``ids``: (us per replay, experts read).
+
+    A ~50 us spin kernel queued before the start event keeps the GPU busy while the host submits the
+    graph, so the interval is the graph's GPU time, not the host's launch latency."""
     samples, uniq = [], []
     for r in range(reps):
         ids.copy_(id_sets[r % len(id_sets)])
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(100_000)
         a.record()
         g.replay()
         b.record()
@@ -64,7 +68,8 @@ def timed_replays(torch, g, ids, id_sets, reps, n_shared=S):
 def _run_align(torch, align, nthr, ws, ids, t):
     from numba import cuda
     s_ = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-    align[1, nthr, s_](ws.tile_expert, ws.tile_rows, ws.meta, ids.view(-1), t, K, E, t * (K + S))
+    align[1, nthr, s_](ws.tile_expert, ws.tile_rows, ws.meta, ids.view(-1), t, K, E, t * (K + S),
+                       ws.cnt_gu, ws.cnt_gu.size)
 
 
 def bench_moe(torch, copy, rows, log):
@@ -80,10 +85,8 @@ def bench_moe(torch, copy, rows, log):
         tw = torch.rand(t, K, device="cuda")
         out = torch.empty(t, D, device="cuda")
         ws = moe_workspace(t, K, mw)
-        cfgs = [("fused_moe (numba, 4 launches)", choose_moe_config(D, I, t * (K + S)))]
-        if t in (1, 64):
-            cfgs.append(("fused_moe alt config (16 warps/block)",
-                         {"gu": (16, 2), "dn": (16, 2), "workers": min(t * (K + S), 64)}))
+        cfgs = [("fused_moe (numba, 4 launches)", choose_moe_config(D, I, t * (K + S)))] + [
+            (f"fused_moe alt config {c['gu']}/{c['dn']}", c) for c in ALT_CONFIGS]
         floor_us = None
         for impl, cfg in cfgs:
             g = graph_of(torch, lambda cfg=cfg: fused_moe(x, ids, tw, mw, out=out, workspace=ws,  # noqa: B023
@@ -151,3 +154,6 @@ def torch_moe_loop(torch, x, ids, tw, tg):
 
 
 TOKENS = (1, 4, 16, 64)
+# stream-K tilings timed beside the default (warps/block, chunks/step, steps in flight, n-tiles/unit)
+ALT_CONFIGS = [{"gu": (16, 1, 3, 1), "dn": (16, 1, 3, 2), "blocks": 132, "maxreg": 128},
+               {"gu": (16, 2, 2, 1), "dn": (16, 4, 2, 1), "blocks": 132, "maxreg": 128}]
