@@ -178,7 +178,8 @@ def main(argv=None) -> int:
                 print(f"{name} T={t} cfg={cfg}: failed {type(e).__name__}: {str(e)[:120]}")
                 continue
             floor = uniq * EXPERT_BYTES / (copy * 1e3)
-            print(f"{name} T={t} cfg={cfg}: {med:.1f} us, unique experts {uniq:.0f}, floor {floor:.1f} us, "
+            label = name if name == "v2" else "v5"
+            print(f"{label} T={t} cfg={cfg}: {med:.1f} us, unique experts {uniq:.0f}, floor {floor:.1f} us, "
                   f"{100 * floor / med:.0f}% of floor", flush=True)
     stage_breakdown(torch, mw)
     return 0
@@ -249,7 +250,7 @@ def stage_breakdown(torch, mw):
                     launch(s)
             samples, _ = timed_replays(torch, graph_of(torch, fn), ids, id_sets, 12)
             med = float(np.median(samples))
-            print(f"v3 stages T={t} up to {stages[n - 1][0]}: {med:.1f} us (this stage {med - prev:.1f} us)",
+            print(f"v5 stages T={t} up to {stages[n - 1][0]}: {med:.1f} us (this stage {med - prev:.1f} us)",
                   flush=True)
             prev = med
 

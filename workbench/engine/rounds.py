@@ -1,0 +1,152 @@
+"""One DDTree generation's state on the engine and its round steps, named as in the reference loop
+(``workbench.ddtree.speculative``): prefill, draft, build_tree, verify, walk, commit.
+
+Legend: P prompt length, V vocabulary, L drafted positions, B budget, K = min(B, V) candidates per
+position, N <= B tree nodes (root not counted), A accepted nodes (root included), T engine rows
+(max_rows), W control-block width, F tapped layers, D model width.
+
+Every buffer is allocated once, in ``EngineSpecState.__init__``. The tree lives in the host control
+block ``ctl`` (int32 [5, W], layout in kernels_numba.tree): the heap writes rows 0-2, ``verify`` adds
+the bonus, the previous round's accepted path and the scalars, and uploads it once. The reference's
+commit (KV gather of the accepted rows) is split: ``commit`` does the host bookkeeping, and the next
+round's verify step compacts the latent cache on the device before it writes the new tree's rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels_numba.tree import build_tree_host, topk_logprobs, walk_host
+
+from ..ddtree.config import SamplingParams
+from ..ddtree.dflash import DFlashDrafter
+from ..ddtree.drafter import Drafter
+from ..ddtree.oracle import OracleDrafter, oracle_logits
+from ..ddtree.sampling import make_rng, sample_tokens
+from ..ddtree.speculative import RoundStats, features
+from .devarray import head_rows, host_buffer, to_device, zeros
+from .dflash import DeviceDFlash, device_dflash_supported
+from .runtime import Engine
+
+
+class EngineSpecState:
+    """Everything the rounds of one generation read and write (the reference ``SpecState``, on the engine).
+
+    As in the reference (a host drafter's ``propose`` is handed this object): start, the position of
+    the bonus token (not yet committed); bonus; tokens, the generated ids (the bonus included);
+    new_features [n, F*D], the tapped features of positions start-n .. start-1 the host drafter has
+    not seen (empty without a host drafter); rounds. The latent cache is the engine's.
+    new_rows [n]: the tap-buffer rows the device drafter has not read (the prompt, then the accepted
+    nodes). prev_accepted [A], prev_start: the last round's accepted node indices and bonus position,
+    which the next verify step's KV compaction keeps.
+    device_drafter: as in ``engine_ddtree_generate``. The caller has checked that the engine taps
+    ``drafter.capture`` and fits the request.
+    """
+
+    start: int
+    bonus: int
+    tokens: list[int]
+    new_features: np.ndarray
+    rounds: list[RoundStats]
+    new_rows: np.ndarray
+    prev_accepted: np.ndarray
+    prev_start: int
+
+    def __init__(self, engine: Engine, drafter: Drafter, budget: int, sampling: SamplingParams,
+                 device_drafter: bool = True) -> None:
+        cfg, buf = engine.cfg, engine.buf
+        self.engine, self.drafter, self.budget, self.sampling = engine, drafter, budget, sampling
+        self.n_pos = n_pos = drafter.block_size - 1                          # L
+        self.k = k = min(budget, cfg.vocab_size)                              # K
+        self.tap_idx = [engine.taps.index(t) for t in drafter.capture]       # tap-buffer index per layer read
+        self.lpk = zeros((2, n_pos, k), np.float64)                           # [2, L, K] top-k log-probs, ids
+        self.lpk_h = host_buffer((2, n_pos, k), np.float64)                   # and its pinned host copy
+        self.ctl = host_buffer(buf.ctl.shape, np.int32)                       # [5, W] control block
+        self.post_h = host_buffer(buf.max_rows, np.int32)                     # [T] target's token per node
+        self.ids_h = np.zeros((n_pos, k), np.int32)                           # [L, K] top-k token ids
+        self.device = None                                                    # the device dflash drafter
+        if device_drafter and isinstance(drafter, DFlashDrafter) and \
+                device_dflash_supported(drafter.weights, drafter.dcfg):
+            self.device = DeviceDFlash(engine, drafter.weights, drafter.dcfg)
+            self.tap_idx = []                                                 # no tapped feature to the host
+        self.feats_h = host_buffer(buf.feats.shape, np.float32) if self.tap_idx else None   # [F, T, D]
+        if self.device is not None:
+            self.table = self.device.logits                                   # [L, V], written in place
+        elif isinstance(drafter, OracleDrafter):                              # [S + L + 1, V], row = position
+            self.table = to_device(oracle_logits(drafter.sequence, cfg.vocab_size, -1,
+                                                 buf.max_len + n_pos + 1, drafter.p, drafter.seed))
+        else:
+            self.table = zeros((n_pos, cfg.vocab_size), np.float32)          # [L, V], uploaded per round
+        self.ctl[...] = 0
+        self.acc = np.zeros(n_pos + 2, np.int32)                              # the walk's accepted nodes
+        self.rng = make_rng(sampling)
+
+    def prefill(self, toks: np.ndarray) -> None:
+        """Capture the verify step (its warm-up run overwrites what a prefill leaves), prefill the prompt
+        [P], take the first token (the first bonus) and queue the prompt's features for the drafter."""
+        eng, p = self.engine, len(toks)
+        self.step = eng.verify_step(self.budget)
+        eng.prefill(toks)
+        if self.sampling.greedy:
+            first = int(eng.fetch(eng.buf.amax)[p - 1])
+        else:
+            first = int(sample_tokens(eng.fetch(eng.buf.logits)[p - 1:p], self.sampling, self.rng)[0])
+        # the tap buffer [F, T, D] stands in for the reference's {layer: hidden}, indexed by tap_idx
+        feats = eng.fetch(eng.buf.feats) if self.tap_idx else None
+        self.start, self.bonus, self.tokens, self.rounds = p, first, [first], []
+        self.new_features = features(feats, self.tap_idx, np.arange(p))      # [P, F*D]
+        self.new_rows = np.arange(p, dtype=np.int32)
+        self.prev_accepted, self.prev_start = np.zeros(0, np.int32), 0
+
+    def draft(self) -> None:
+        """Draft logits for positions start+1 .. start+L -> per-position top-k on the device -> the
+        [2, L, K] table copied back into ``lpk_h``."""
+        eng = self.engine
+        row0 = 0
+        if self.device is not None:
+            self.device.propose(self.bonus, self.start, self.new_rows, self.new_rows.size)
+        elif isinstance(self.drafter, OracleDrafter):
+            row0 = self.start + 1
+        else:
+            eng.put(self.table, np.asarray(self.drafter.propose(self), np.float32))    # [L, V]
+        topk_logprobs(self.lpk, self.table, row0, self.k, self.n_pos, eng.stream)
+        eng.fetch_into(self.lpk, self.lpk_h)
+
+    def build_tree(self) -> int:
+        """The best-first heap over the top-k table, into ctl rows 0-2 (root token left out); returns N."""
+        np.copyto(self.ids_h, self.lpk_h[1], casting="unsafe")              # token ids (exact in float64)
+        return build_tree_host(self.lpk_h[0], self.ids_h, self.budget, self.n_pos, self.ctl)
+
+    def verify(self, n: int) -> np.ndarray:
+        """Upload the control block, run the verify step (KV compaction of the previous round, tree
+        compile, ONE forward over root + N nodes) and return the target's token per node [N+1]: the
+        device's argmax at T = 0; at T > 0, N + 1 draws in node order from the copied-back logits."""
+        eng, ctl, prev = self.engine, self.ctl, self.prev_accepted
+        ctl[0, 0] = self.bonus
+        ctl[3, :prev.size] = prev
+        ctl[4, :4] = (self.start, prev.size, self.prev_start, n + 1)
+        eng.put(eng.buf.ctl, ctl)
+        self.step.run(eng.stream)
+        if self.sampling.greedy:
+            return eng.fetch_into(eng.buf.amax, self.post_h)[:n + 1]
+        return sample_tokens(eng.fetch(head_rows(eng.buf.logits, n + 1)), self.sampling, self.rng)
+
+    def walk(self, n: int, post: np.ndarray) -> tuple[np.ndarray, int]:
+        """The accepted node indices [A] (root first) and the bonus token."""
+        count, bonus = walk_host(self.ctl, n, post, self.acc)
+        return self.acc[:count].copy(), int(bonus)
+
+    def commit(self, n: int, accepted: np.ndarray, bonus: int) -> None:
+        """Append the accepted tokens and the bonus, queue the accepted nodes' features (host drafter) or
+        tap rows (device drafter), record the round and move to the bonus."""
+        eng, ctl = self.engine, self.ctl
+        feats = eng.fetch_into(eng.buf.feats, self.feats_h) if self.tap_idx else None     # [F, T, D]
+        self.tokens.extend(int(ctl[0, i]) for i in accepted[1:])
+        self.tokens.append(bonus)
+        self.rounds.append(RoundStats(tree_size=int(n), accepted_len=accepted.size,
+                                      depth=int(ctl[1, 1:n + 1].max()) if n else 0))
+        self.new_features = features(feats, self.tap_idx, accepted)          # [A, F*D]
+        self.new_rows = self.prev_accepted = accepted
+        self.prev_start = self.start
+        self.start += accepted.size
+        self.bonus = bonus
