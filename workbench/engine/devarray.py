@@ -98,9 +98,10 @@ def _lock_sim_shared_arrays() -> None:
     """Make the simulator's ``cuda.shared.array`` thread-safe (once per process).
 
     numba's simulator creates a block's shared array on first use with an unlocked look-up-then-insert
-    keyed by call site; with the short switch interval below, two threads of a block can both miss
-    and each get a private array, silently breaking a block reduction (one suspected occurrence in
-    a loaded test run). This version does the same keyed allocation under a lock.
+    keyed by call site; a thread preempted between the two (the simulator's thread mode) lets two
+    threads of a block both miss and each get a private array, silently breaking a block reduction
+    (one suspected occurrence in a loaded test run). This version does the same keyed allocation
+    under a lock.
     """
     global _SHARED_LOCKED
     if _SHARED_LOCKED:
@@ -129,17 +130,14 @@ def _lock_sim_shared_arrays() -> None:
 
 @contextlib.contextmanager
 def sim_speed() -> Iterator[None]:
-    """Under the simulator, shorten the interpreter's thread switch interval while kernels run: the
-    simulator polls its CUDA threads from the main thread, and the default 5 ms slices make every
-    barrier wait for one. Also makes the simulator's shared-array allocation thread-safe
-    (``_lock_sim_shared_arrays``). No effect on a GPU."""
+    """Under the simulator, run launches with the faster block executor of ``simexec.fast_blocks``
+    (pooled simulated threads, blocking barriers, greenlets when installed; same semantics) and make
+    the simulator's shared-array allocation thread-safe (``_lock_sim_shared_arrays``). No effect on
+    a GPU."""
     if not simulated():
         yield
         return
+    from .simexec import fast_blocks
     _lock_sim_shared_arrays()
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(2e-4)
-    try:
+    with fast_blocks():
         yield
-    finally:
-        sys.setswitchinterval(old)
