@@ -1,15 +1,14 @@
-"""Engine DDTree == reference DDTree == golden greedy tokens (tokens and per-round tree size /
-accepted length / depth, so the trees agree too) on every golden bundle, with both drafters and
-budgets 1, 4, 16 and 64; with the oracle at p = 1 every round accepts a full path (accepted length =
-tree depth + 1) of a full tree (size = budget).
+"""Engine DDTree == reference DDTree == golden tokens (tokens and per-round tree size / accepted
+length / depth, so the trees agree too) on every golden bundle, with both drafters and budgets 1, 4,
+16 and 64, from the bundle prompt; with the oracle at p = 1 every round accepts a full path (accepted
+length = tree depth + 1) of a full tree (size = budget).
 
-GPU tier: the bundle prompt and all golden tokens. CI (simulator): the same 32 cases from the first
-3 prompt tokens (the expected tokens are then the reference's greedy continuation of that prompt,
-which the reference tests tie to the goldens), for exactly SIM_ROUNDS[budget] rounds: two rounds
-(so the second verify compacts the first one's accepted KV rows) up to budget 16, one round at
-budget 64 (a simulated 65-row verify takes 7-35 s with greenlet installed, 20-65 s without). The
-dflash cases run the device drafter.
-"""
+GPU tier: all golden tokens. CI (simulator): the same 32 cases for exactly SIM_ROUNDS[budget] rounds:
+two rounds (so the second verify compacts the first one's accepted KV rows) up to budget 16, one
+round at budget 64 (a simulated 65-row verify takes 7-35 s with greenlet installed, 20-65 s
+without). The other tests (partial acceptance, sampling, host drafter) start from the first 3
+prompt tokens under the simulator and compare with the reference's greedy continuation of that
+prompt. The dflash cases run the device drafter."""
 
 import numpy as np
 import pytest
@@ -35,10 +34,10 @@ def _prompt_and_expected(name: str, n: int):
 
 
 def _tokens_for_rounds(name: str, drafter: str, budget: int, rounds: int, kw: dict) -> int:
-    """The n_tokens that make a run from the short prompt take exactly ``rounds`` rounds (read off
+    """The n_tokens that make a run from the bundle prompt take exactly ``rounds`` rounds (read off
     the reference's rounds: the first token comes from the prefill, each round adds accepted_len)."""
     b, w, _ = bundle(name)
-    prompt = np.asarray(b.prompt[:SIM_PROMPT], np.int64)
+    prompt = np.asarray(b.prompt, np.int64)
     longest = 1 + rounds * kw["drafter_config"].block_size     # a round adds <= block_size
     ref = ddtree_generate(b.config, w, prompt, longest, drafter, budget, **kw)
     return 1 + sum(r.accepted_len for r in ref.rounds[:rounds - 1]) + 1
@@ -50,11 +49,12 @@ def test_engine_ddtree_matches_reference_and_golden(name, drafter, budget):
     b, w, dcfg = bundle(name)
     l_draft = dcfg.block_size - 1
     n_max = len(b.golden) if GPU else 1 + SIM_ROUNDS[budget] * dcfg.block_size
-    n_prompt = len(b.prompt) if GPU else SIM_PROMPT
-    cont = reference_greedy(name, n_max + l_draft, n_prompt).tokens     # the oracle's true continuation
+    cont = reference_greedy(name, n_max + l_draft).tokens               # the oracle's true continuation
     kw = dict(drafter_config=dcfg, oracle_p=1.0, oracle_seed=0, continuation=cont)
     n = n_max if GPU else _tokens_for_rounds(name, drafter, budget, SIM_ROUNDS[budget], kw)
-    prompt, expected = _prompt_and_expected(name, n)
+    prompt, expected = np.asarray(b.prompt, np.int64), np.asarray(b.golden[:n])
+    if len(expected) < n:
+        raise AssertionError(f"{name}: {n} tokens asked, the bundle holds {len(b.golden)} golden tokens")
     got = engine_ddtree_generate(engine(name), w, prompt, n, drafter, budget, **kw)
     want = ddtree_generate(b.config, w, prompt, n, drafter, budget, **kw)
     np.testing.assert_array_equal(got.tokens, expected)
