@@ -114,7 +114,8 @@ def _sm_count() -> int:
 
 def choose_moe_config(d: int, i: int, n_pairs: int) -> dict:
     """Per GEMM (warps per block, chunks per step, steps in flight, n-tiles per unit), the persistent
-    grid's block count and the register cap (docs/perf.md, MoE v3 sweep)."""
+    grid's block count and the register cap: the best of the v3-v5 sweeps on the H200 at T = 1..64
+    (docs/perf.md). One config serves every ``n_pairs``: stream-K balances any amount of work."""
     def sc(k, want):
         kc = k // 64
         return max(c for c in range(1, want + 1) if kc % c == 0)
