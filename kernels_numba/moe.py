@@ -45,12 +45,10 @@ class MoEWorkspace:
     meta: object          # int32 [2]: tile count, bad-expert-id flag
     h: object             # uint16 [P*I]: float16 bits of the down GEMM's activations
     y: object             # float32 [P*D]: weighted expert outputs per pair
-    part: object          # float32 [2 * max_warps * max_nmat * 128]: partial fragments of split units
+    part: object          # float32 [2 * warps * NMAT * 128]: partial fragments of split units
     cnt_gu: object        # int32 [P*I/16]: per-unit step counters of the gate/up GEMM
     cnt_dn: object        # int32 [P*D/16]: and of the down GEMM
     n_tok: int
-    max_warps: int
-    max_nmat: int
 
 
 def prepare_moe(w1, w1s, w3, w3s, w2, w2s, shared=None) -> MoEWeights:
@@ -92,15 +90,18 @@ def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
     """Scratch for ``n_tok`` tokens; ``config`` (default ``choose_moe_config``) sizes the part buffer."""
     p = n_tok * (k_top + weights.n_shared)
     i, d = weights.w13.n, weights.w2.n
-    cfg = config or choose_moe_config(d, i, p)
-    warps = cfg["blocks"] * max(cfg["gu"][0], cfg["dn"][0])
-    nmat = max(2 * cfg["gu"][3], cfg["dn"][3])
     stream = as_stream(stream)
+    part = _part_size(config or choose_moe_config(d, i))
     return MoEWorkspace(empty(p, np.int32, stream), empty(p * 8, np.int32, stream),
                         empty(2, np.int32, stream), empty(p * i, np.uint16, stream),
-                        empty(p * d, np.float32, stream), empty(2 * warps * nmat * 128, np.float32, stream),
+                        empty(p * d, np.float32, stream), empty(part, np.float32, stream),
                         empty(p * (i // 16), np.int32, stream), empty(p * (d // 16), np.int32, stream),
-                        n_tok, warps, nmat)
+                        n_tok)
+
+
+def _part_size(cfg: dict) -> int:
+    """Floats of the part buffer a config needs: 2 slots per warp, NMAT 16 x 8 fragments per slot."""
+    return 2 * cfg["blocks"] * max(cfg["gu"][0], cfg["dn"][0]) * max(2 * cfg["gu"][3], cfg["dn"][3]) * 128
 
 
 @functools.cache
@@ -112,10 +113,10 @@ def _sm_count() -> int:
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def choose_moe_config(d: int, i: int, n_pairs: int) -> dict:
+def choose_moe_config(d: int, i: int) -> dict:
     """Per GEMM (warps per block, chunks per step, steps in flight, n-tiles per unit), the persistent
     grid's block count and the register cap: the best of the v3-v5 sweeps on the H200 at T = 1..64
-    (docs/perf.md). One config serves every ``n_pairs``: stream-K balances any amount of work."""
+    (docs/perf.md). One config serves every token count: stream-K balances any amount of work."""
     def sc(k, want):
         kc = k // 64
         return max(c for c in range(1, want + 1) if kc % c == 0)
@@ -135,6 +136,26 @@ def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoE
     dropped on the device and flagged in ``workspace.meta[1]``; ``check_routing=True`` synchronises
     and raises KernelInputError for them. Raises KernelInputError before launching on bad shapes.
     """
+    stream = as_stream(stream)
+    stages, out, ws = moe_stages(x, topk_ids, topk_w, weights, out, workspace, stream, config)
+    for _, launch in stages:
+        launch(stream)
+    if check_routing:
+        if not isinstance(ws.meta, np.ndarray):
+            from numba import cuda
+            cuda.synchronize()
+        meta = ws.meta if isinstance(ws.meta, np.ndarray) else ws.meta.copy_to_host()
+        if int(meta[1]):
+            raise KernelInputError(f"topk_ids holds expert ids outside [0, {weights.n_routed})")
+    return out
+
+
+def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoEWorkspace | None = None,
+               stream=None, config: dict | None = None):
+    """Every check of ``fused_moe`` (same arguments), then ``(stages, out, workspace)``: stages are
+    ``(name, launch(stream))`` for align, gate_up, down and combine in launch order; ``fused_moe``
+    runs them all, a benchmark may time a prefix. ``out`` / ``workspace`` are allocated on
+    ``stream`` when None."""
     if not isinstance(weights, MoEWeights):
         raise KernelInputError("weights must come from prepare_moe(...).to_device()")
     w13, w2 = weights.w13, weights.w2
@@ -153,7 +174,7 @@ def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoE
         raise KernelInputError(f"T={t} tokens x {k + weights.n_shared} experts exceed the int32 / "
                                "block limits")
     stream = as_stream(stream)
-    cfg = config or choose_moe_config(d, i, p)
+    cfg = config or choose_moe_config(d, i)
     ws = workspace or moe_workspace(t, k, weights, stream, cfg)
     if ws.n_tok != t:
         raise KernelInputError(f"workspace was made for T={ws.n_tok} tokens, x has {t}")
@@ -166,27 +187,25 @@ def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoE
     out = check(out, "out", np.float32, (t, d), align=4)
     nb = cfg["blocks"]
     (wgu, scgu, dpgu, ntgu), (wdn, scdn, dpdn, ntdn) = cfg["gu"], cfg["dn"]
-    if (nb < 1 or not 1 <= wgu <= 32 or not 1 <= wdn <= 32 or nb * max(wgu, wdn) > ws.max_warps
-            or (d // 64) % scgu or (i // 64) % scdn or min(scgu, scdn, dpgu, dpdn, ntgu, ntdn) < 1
-            or not 1 <= dpgu <= 4 or not 1 <= dpdn <= 4 or w13.n16 % ntgu or w2.n16 % ntdn
-            or max(2 * ntgu, ntdn) > ws.max_nmat):
-        raise KernelInputError(f"bad MoE config {cfg} for D={d} I={i} (workspace holds {ws.max_warps} warps)")
+    if (nb < 1 or not 1 <= wgu <= 32 or not 1 <= wdn <= 32 or (d // 64) % scgu or (i // 64) % scdn
+            or min(scgu, scdn, dpgu, dpdn, ntgu, ntdn) < 1 or not 1 <= dpgu <= 4 or not 1 <= dpdn <= 4
+            or w13.n16 % ntgu or w2.n16 % ntdn):
+        raise KernelInputError(f"bad MoE config {cfg} for D={d} I={i}")
+    if _part_size(cfg) > ws.part.size:
+        raise KernelInputError(f"MoE config {cfg} needs a part buffer of {_part_size(cfg)} floats, the "
+                               f"workspace has {ws.part.size}: make it with moe_workspace(..., config=...)")
     nthr = align_threads(xe)
-    n_gu, n_dn = p * w13.n16, p * w2.n16
-    make_align_kernel(xe, nthr)[1, nthr, stream](ws.tile_expert, ws.tile_rows, ws.meta, flat(ids), t, k,
-                                                 weights.n_routed, p, ws.cnt_gu, n_gu)
-    make_moe_gemm_kernel(d, i, g, True, *cfg["gu"], cfg["maxreg"])[nb, wgu * 32, stream](
-        ws.h, flat(x), w13q, w13s, ws.tile_expert, ws.tile_rows, ws.meta, flat(tw), t, k,
-        ws.part, ws.cnt_gu, ws.cnt_dn, n_dn)
-    make_moe_gemm_kernel(i, d, g, False, *cfg["dn"], cfg["maxreg"])[nb, wdn * 32, stream](
-        ws.y, ws.h, w2q, w2s, ws.tile_expert, ws.tile_rows, ws.meta, flat(tw), t, k,
-        ws.part, ws.cnt_dn, ws.cnt_dn, 0)
-    make_combine_kernel(d, k, weights.n_shared)[(-(-d // 128), t), 128, stream](flat(out), ws.y, t)
-    if check_routing:
-        if not isinstance(ws.meta, np.ndarray):
-            from numba import cuda
-            cuda.synchronize()
-        meta = ws.meta if isinstance(ws.meta, np.ndarray) else ws.meta.copy_to_host()
-        if int(meta[1]):
-            raise KernelInputError(f"topk_ids holds expert ids outside [0, {weights.n_routed})")
-    return out
+    align = make_align_kernel(xe, nthr)
+    gate_up = make_moe_gemm_kernel(d, i, g, True, *cfg["gu"], cfg["maxreg"])
+    down = make_moe_gemm_kernel(i, d, g, False, *cfg["dn"], cfg["maxreg"])
+    combine = make_combine_kernel(d, k, weights.n_shared)
+    tiles = (ws.tile_expert, ws.tile_rows, ws.meta, flat(tw), t, k, ws.part)
+    stages = [
+        ("align", lambda s: align[1, nthr, s](ws.tile_expert, ws.tile_rows, ws.meta, flat(ids), t, k,
+                                              weights.n_routed, p, ws.cnt_gu, p * w13.n16)),
+        ("gate_up", lambda s: gate_up[nb, wgu * 32, s](ws.h, flat(x), w13q, w13s, *tiles, ws.cnt_gu,
+                                                       ws.cnt_dn, p * w2.n16)),
+        ("down", lambda s: down[nb, wdn * 32, s](ws.y, ws.h, w2q, w2s, *tiles, ws.cnt_dn, ws.cnt_dn, 0)),
+        ("combine", lambda s: combine[(-(-d // 128), t), 128, s](flat(out), ws.y, t)),
+    ]
+    return stages, out, ws

@@ -150,7 +150,7 @@ EXTRA_CONFIGS = [{"gu": (16, 1, 2, 1), "dn": (16, 2, 2, 1), "blocks": 132, "maxr
 def v3_configs(quick):
     """(warps per block, chunks per step, steps in flight, n-tiles per unit) per GEMM, blocks, regs."""
     from kernels_numba.moe import choose_moe_config
-    out = [choose_moe_config(7168, 2048, 9)] + ALT_CONFIGS + EXTRA_CONFIGS
+    out = [choose_moe_config(7168, 2048)] + ALT_CONFIGS + EXTRA_CONFIGS
     return out[:3] if quick else out
 
 
@@ -193,7 +193,7 @@ def ncu_calls(torch):
     for t in (1, 64):
         ids = routings(torch, t, 1, seed=t)[0]
         x = torch.randn(t, 7168, device="cuda").half()
-        cfg = choose_moe_config(7168, 2048, t * 9)
+        cfg = choose_moe_config(7168, 2048)
         fused_moe(x, ids, torch.rand(t, 8, device="cuda"), mw, workspace=moe_workspace(t, 8, mw, config=cfg),
                   config=cfg)
         torch.cuda.synchronize()
@@ -205,43 +205,17 @@ def ncu_calls(torch):
     return 0
 
 
-def stage_launchers(mw, cfg, ws, x, ids, tw, out, t):
-    """name -> launch(stream) for each of the four v3 launches of one layer call."""
-    from kernels_numba.moe_align import align_threads, make_align_kernel, make_combine_kernel
-    from kernels_numba.moe_gemm import make_moe_gemm_kernel
-    p, xe = t * 9, mw.w13.experts
-    wg, wd, nb = cfg["gu"][0], cfg["dn"][0], cfg["blocks"]
-    gu = make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"])
-    dn = make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"])
-    nthr = align_threads(xe)
-    common = (ws.tile_expert, ws.tile_rows, ws.meta, tw.view(-1), t, 8, ws.part)
-    return {
-        "align": lambda s: make_align_kernel(xe, nthr)[1, nthr, s](
-            ws.tile_expert, ws.tile_rows, ws.meta, ids.view(-1), t, 8, mw.n_routed, p, ws.cnt_gu, p * 128),
-        "gate_up": lambda s: gu[nb, wg * 32, s](ws.h, x.view(-1), mw.w13.wq, mw.w13.sq, *common[:6],
-                                                ws.part, ws.cnt_gu, ws.cnt_dn, p * 448),
-        "down": lambda s: dn[nb, wd * 32, s](ws.y, ws.h, mw.w2.wq, mw.w2.sq, *common[:6],
-                                             ws.part, ws.cnt_dn, ws.cnt_dn, 0),
-        "combine": lambda s: make_combine_kernel(7168, 8, 1)[(56, t), 128, s](out.view(-1), ws.y, t),
-    }
-
-
 def stage_breakdown(torch, mw):
     """Graphs of the first 1, 2, 3, 4 launches of a v3 layer call (T = 1 and 64): each stage's time is
     the difference of consecutive prefixes (each prefix is a valid sequence: counters are zeroed)."""
     from numba import cuda
 
-    from kernels_numba.moe import choose_moe_config, fused_moe, moe_workspace
+    from kernels_numba.moe import moe_stages
     for t in (1, 64):
         id_sets = routings(torch, t, 1, seed=t)
         ids = id_sets[0].clone()
         x = torch.randn(t, 7168, device="cuda").half()
-        tw = torch.rand(t, 8, device="cuda")
-        out = torch.empty(t, 7168, device="cuda")
-        cfg = choose_moe_config(7168, 2048, t * 9)
-        ws = moe_workspace(t, 8, mw, config=cfg)
-        fused_moe(x, ids, tw, mw, out=out, workspace=ws, config=cfg)
-        stages = list(stage_launchers(mw, cfg, ws, x, ids, tw, out, t).items())
+        stages, _, _ = moe_stages(x, ids, torch.rand(t, 8, device="cuda"), mw)
         prev = 0.0
         for n in range(1, len(stages) + 1):
             def fn(n=n, stages=stages):

@@ -36,7 +36,7 @@ def main():
             out[f"int4_matmul M={m} K={k} G={g} {cfg}"] = counts(make_int4_matmul_kernel(k, g, *cfg), mm_sig)
     gsig = (a(T.uint16), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
             a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
-    cfg = choose_moe_config(7168, 2048, 72)
+    cfg = choose_moe_config(7168, 2048)
     out["moe gate_up"] = counts(make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"]), gsig)
     dsig = (a(T.float32), a(T.uint16)) + gsig[2:]
     out["moe down"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]), dsig)

@@ -82,6 +82,24 @@ def test_bad_expert_ids_flagged_and_bad_shapes_raise():
         fused_moe(x, dev(np.zeros((2, 2), np.int32)), tw, mw.w13)
 
 
+def test_bad_configs_raise_before_launch():
+    cfg = preset("tiny")
+    _, mw = _model(cfg, 9)
+    x = dev(np.zeros((2, cfg.hidden_size), np.float16))
+    ids, tw = dev(np.zeros((2, 2), np.int32)), dev(np.ones((2, 2), np.float32))
+    out = poisoned((2, cfg.hidden_size))
+    for bad in ({**SMALL, "gu": (2, 1, 5, 1)},              # 5 steps in flight: the kernel unrolls <= 4
+                {**SMALL, "dn": (2, 3, 2, 1)},              # 3 chunks per step do not divide I/64
+                {**SMALL, "gu": (2, 1, 2, 3)},              # 3 n-tiles per unit do not divide I/16
+                {**SMALL, "blocks": 0}):
+        with pytest.raises(KernelInputError, match="bad MoE config"):
+            fused_moe(x, ids, tw, mw, out=out, config=bad)
+    big = {**SMALL, "blocks": 50}                           # more warps than the workspace was made for
+    with pytest.raises(KernelInputError, match="part buffer"):
+        fused_moe(x, ids, tw, mw, out=out, workspace=moe_workspace(2, 2, mw, config=SMALL), config=big)
+    assert np.isnan(host(out)).all()                        # nothing was launched
+
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("t", [1, 5, 33])

@@ -65,16 +65,13 @@ def timed_replays(torch, g, ids, id_sets, reps, n_shared=S):
     return samples, uniq
 
 
-def _run_align(torch, align, nthr, ws, ids, t):
+def _on_current_stream(torch, launch):
     from numba import cuda
-    s_ = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-    align[1, nthr, s_](ws.tile_expert, ws.tile_rows, ws.meta, ids.view(-1), t, K, E, t * (K + S),
-                       ws.cnt_gu, ws.cnt_gu.size)
+    launch(cuda.external_stream(torch.cuda.current_stream().cuda_stream))
 
 
 def bench_moe(torch, copy, rows, log):
-    from kernels_numba.moe import choose_moe_config, fused_moe, moe_workspace
-    from kernels_numba.moe_align import align_threads, make_align_kernel
+    from kernels_numba.moe import choose_moe_config, fused_moe, moe_stages, moe_workspace
 
     mw = k2_random_experts(torch)
     tg = per_expert_tinygemm(torch)
@@ -85,7 +82,7 @@ def bench_moe(torch, copy, rows, log):
         tw = torch.rand(t, K, device="cuda")
         out = torch.empty(t, D, device="cuda")
         ws = moe_workspace(t, K, mw)
-        cfgs = [("fused_moe (numba, 4 launches)", choose_moe_config(D, I, t * (K + S)))] + [
+        cfgs = [("fused_moe (numba, 4 launches)", choose_moe_config(D, I))] + [
             (f"fused_moe alt config {c['gu']}/{c['dn']}", c) for c in ALT_CONFIGS]
         floor_us = None
         for impl, cfg in cfgs:
@@ -104,10 +101,8 @@ def bench_moe(torch, copy, rows, log):
             rows.append(row)
             log(row)
         if t in (1, 64):      # stage breakdown: each launch of the layer captured alone
-            nthr = align_threads(E + S)
-            align = make_align_kernel(E + S, nthr)
-
-            ga = graph_of(torch, functools.partial(_run_align, torch, align, nthr, ws, ids, t))
+            align = dict(moe_stages(x, ids, tw, mw, out, ws)[0])["align"]
+            ga = graph_of(torch, functools.partial(_on_current_stream, torch, align))
             sa, _ = timed_replays(torch, ga, ids, id_sets, 12)
             rows.append({"case": f"moe T={t}", "impl": "fused_moe stage: align (1 block)", "timing": "graph",
                          "T": t, **{k: round(v, 2) for k, v in stats(sa).items()}})
