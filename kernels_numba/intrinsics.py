@@ -14,6 +14,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``f32_to_h2(a, b)`` | two ``cvt.rn.f16.f32`` packed low = a, high = b | numpy float16 |
 | ``ld_u32(a, i)`` | ``ld.global.nc.u32``: a 4-byte read-only word, no index wraparound code | ``a[i]`` |
 | ``ld_cg_f32(a, i)`` | ``ld.global.cg.f32``: read through L2 (data another SM wrote this launch) | ``a[i]`` |
+| ``ld_acquire_i32(a, i)`` | ``ld.acquire.gpu.global.b32``: later reads see what was released | ``a[i]`` |
 | ``syncwarp()`` | ``bar.warp.sync`` (all 32 lanes) | barrier of the warp's 32 threads |
 | ``bcast0(v)`` | ``shfl.sync.idx.b32``: lane 0's 32-bit integer to all 32 lanes | exchange |
 
@@ -107,6 +108,10 @@ def _sim_ld_u32(a, i):
 
 def _sim_ld_cg_f32(a, i):
     return np.float32(a[int(i)])
+
+
+def _sim_ld_acquire_i32(a, i):
+    return np.int32(a[int(i)])
 
 
 def _fragment_maps():
@@ -267,6 +272,18 @@ def _build_gpu():
         return types.float32(a, i), codegen
 
     @intrinsic
+    def ld_acquire_i32(typingctx, a, i):
+        if not isinstance(a, types.Array) or a.dtype != types.int32 or not isinstance(i, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32.as_pointer()]),
+                               "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l,~{memory}", side_effect=True)
+            return builder.call(asm, [ptr])
+        return types.int32(a, i), codegen
+
+    @intrinsic
     def syncwarp(typingctx):
         def codegen(context, builder, sig, args):
             builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "bar.warp.sync 0xffffffff;", "",
@@ -286,7 +303,7 @@ def _build_gpu():
         return v(v), codegen
 
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"), dequant_i4x8,
-            mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, syncwarp, bcast0)
+            mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0)
 
 
 if SIMULATED:
@@ -298,8 +315,9 @@ if SIMULATED:
     f32_to_h2 = _sim_f32_to_h2
     ld_u32 = _sim_ld_u32
     ld_cg_f32 = _sim_ld_cg_f32
+    ld_acquire_i32 = _sim_ld_acquire_i32
     syncwarp = _sim_syncwarp
     bcast0 = _sim_bcast0
 else:
-    (ld_stream_v4, ld_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, syncwarp,
-     bcast0) = _build_gpu()
+    (ld_stream_v4, ld_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32,
+     syncwarp, bcast0) = _build_gpu()

@@ -45,7 +45,7 @@ class MoEWorkspace:
     meta: object          # int32 [2]: tile count, bad-expert-id flag
     h: object             # uint16 [P*I]: float16 bits of the down GEMM's activations
     y: object             # float32 [P*D]: weighted expert outputs per pair
-    part: object          # float32 [2 * warps * NMAT * 128]: partial fragments of split units
+    part: object          # float32 [2 * blocks * NMAT * 128]: block pieces of units split between blocks
     cnt_gu: object        # int32 [P*I/16]: per-unit step counters of the gate/up GEMM
     cnt_dn: object        # int32 [P*D/16]: and of the down GEMM
     n_tok: int
@@ -100,8 +100,8 @@ def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
 
 
 def _part_size(cfg: dict) -> int:
-    """Floats of the part buffer a config needs: 2 slots per warp, NMAT 16 x 8 fragments per slot."""
-    return 2 * cfg["blocks"] * max(cfg["gu"][0], cfg["dn"][0]) * max(2 * cfg["gu"][3], cfg["dn"][3]) * 128
+    """Floats of the part buffer a config needs: 2 slots per block, NMAT 16 x 8 fragments per slot."""
+    return 2 * cfg["blocks"] * max(2 * cfg["gu"][3], cfg["dn"][3]) * 128
 
 
 @functools.cache

@@ -6,18 +6,24 @@ per unit, NMAT 16-row matrices per unit (gate and up count two).
 
 Work: a *unit* is NT consecutive 16-row weight tiles (n-tiles) of one expert tile ``j`` (8 token
 rows), KC chunks of K; units are ordered ``u = j * NU + group`` (NU = N16 / NT) and a flat *step*
-index runs over ``meta[0] * NU * KSTEPS``. Every warp of the persistent grid takes one contiguous,
-equal share of the steps (stream-K), so the load is balanced whatever the routing, and nothing
-waits on a wave tail. Per step a lane holds SC 16-byte weight loads per matrix; DP steps are in
-flight while one computes (the load of step s + DP is issued right after step s is used, in the same
-unrolled slot).
+index runs over ``meta[0] * NU * KSTEPS``. Stream-K on two levels: every block of the persistent
+grid takes one contiguous, equal share of the steps and every warp of the block an equal part of
+it, so the load is balanced whatever the routing, and nothing waits on a wave tail. Per step a lane
+holds SC 16-byte weight loads per matrix; DP steps are in flight while one computes (the load of
+step s + DP is issued right after step s is used, in the same unrolled slot).
 
 Per lane (g, t) the activation row ``tile_rows[8j + g]`` is the B operand of ``mma.m16n8k16``;
 weights are the A operand, repacked by int4_layout.py (int4_matmul.py's docstring explains it).
-A warp whose share covers a whole unit finishes it from registers. A unit split between warps is
-summed deterministically: each part stores its fragment in the part buffer (slot 2w for the first
-segment of warp w's share, 2w + 1 for its last), adds its step count to the unit counter, and the
-warp that completes the count sums the slots in warp order and finishes the unit.
+A warp whose share covers a whole unit finishes it from registers. Split units are summed in a
+fixed order, so results do not depend on timing:
+- between warps of a block: each piece goes to shared memory (slot 2w for the first segment of
+  warp w's share, 2w + 1 for its last); after one ``syncthreads`` at the end, the warp holding the
+  unit's first step in the block sums the pieces in warp order. Nothing waits inside the loop.
+- between blocks (at most two units per block): the block's piece is published to the global part
+  buffer (slot 2b / 2b + 1), then a fence and the unit's step counter; the block that completes the
+  count sums the pieces in block order and finishes the unit. A block that finds every other piece
+  already published (an acquire load of the counter) finishes without publishing its own. A piece
+  held by one warp is published as soon as that warp's segment ends, so the other block rarely waits.
 
 - gate/up: gate and up tiles of the same 16 rows share the activation fragments; the unit's
   epilogue writes ``h[pair, n] = f16(silu(gate) * up)`` (float16 bits, the down GEMM's input).
@@ -38,6 +44,7 @@ from .intrinsics import (
     dequant_i4x8,
     f32_to_h2,
     h2_to_f32,
+    ld_acquire_i32,
     ld_cg_f32,
     ld_stream_v4,
     ld_u32,
@@ -67,6 +74,7 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
     STS = SC * NMAT * SPC                      # scale words per lane per step
     NTHR = WPB * 32
     SLOT = NMAT * 128                          # floats of one stored partial fragment
+    NPIECE = 2 * WPB * SLOT                    # shared floats: two pieces per warp
     RW, RS = DP * STW, DP * STS                # register ring sizes
     opts = {} if SIMULATED else {"max_registers": MAXREG}
 
@@ -86,12 +94,15 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
         nthr_all = cuda.gridDim.x * NTHR
         for i in range(cuda.blockIdx.x * NTHR + tid, n_next, nthr_all):
             cnt_next[i] = 0                                   # the next stage's unit counters
-        nw = int64(cuda.gridDim.x * WPB)
-        gw = int64(cuda.blockIdx.x * WPB + warp)
+        nb = int64(cuda.gridDim.x)
+        blk = int64(cuda.blockIdx.x)
         total = int64(meta[0]) * (NU * KSTEPS)
-        a = gw * total // nw                                  # this warp's steps [a, b)
-        b = (gw + 1) * total // nw
+        A = blk * total // nb                                 # this block's steps [A, B)
+        B = (blk + 1) * total // nb
+        a = A + warp * (B - A) // WPB                         # this warp's steps [a, b)
+        b = A + (warp + 1) * (B - A) // WPB
         tk = n_tok * k_top
+        piece = cuda.shared.array(NPIECE, float32)            # two unit pieces per warp
         rw = cuda.local.array(RW, uint32)                     # DP steps of weights in flight
         rs = cuda.local.array(RS, uint32)                     # and their scale words
         acc = cuda.local.array(NACC, float32)
@@ -104,49 +115,73 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
         ctx[CN] = ctx[PN] = u_a - (u_a // NU) * NU
         ctx[CK] = ctx[PK] = a - u_a * KSTEPS
 
-        def finish(s):
-            """End of this warp's segment of the current unit: finish it, or store the part (the
-            last part of a unit split between warps sums all parts in warp order and finishes it)."""
-            u0 = (ctx[CJ] * NU + ctx[CN]) * KSTEPS
-            seg0 = max(a, u0)
-            done = seg0 == u0 and ctx[CK] == KSTEPS - 1
+        def epilogue(u):
+            """acc holds the whole sum of unit u: write its outputs."""
+            j = u // NU
+            for q in range(4):
+                m = 2 * t + (q & 1)
+                p = tile_rows[j * 8 + m]
+                if p >= 0:
+                    for nti in range(NT):
+                        n = ((u - j * NU) * NT + nti) * 16 + g + 8 * (q >> 1)
+                        if GATE_UP:
+                            gv = acc[8 * nti + q]
+                            hv = gv / (float32(1.0) + math.exp(-gv)) * acc[8 * nti + 4 + q]
+                            dst[p * NOUT_ROWS + n] = uint16(f32_to_h2(hv, ZERO) & 0xFFFF)
+                        else:
+                            wgt = topk_w[p] if p < tk else float32(1.0)
+                            dst[p * NOUT_ROWS + n] = wgt * acc[4 * nti + q]
+
+        def publish(u, lo, hi):
+            """acc holds this block's piece [lo, hi) of unit u, which crosses a block boundary. The
+            last block to publish sums every block's piece in block order and finishes the unit."""
+            u0 = u * KSTEPS
+            n = int32(hi - lo)
+            old = int32(0)
+            if lane == 0:
+                old = ld_acquire_i32(cnt, u)
+            done = bcast0(old) + n == KSTEPS                  # the other pieces are all published
             if not done:
-                slot = 2 * gw + (0 if seg0 == a else 1)
+                sl = 2 * blk + (0 if lo == A else 1)
                 for i in range(NACC):
-                    part[slot * SLOT + i * 32 + lane] = acc[i]
+                    part[sl * SLOT + i * 32 + lane] = acc[i]
                 cuda.threadfence()
                 syncwarp()
-                old = 0
                 if lane == 0:
-                    old = cuda.atomic.add(cnt, u0 // KSTEPS, int32(s - seg0 + 1))
-                done = bcast0(int32(old + s - seg0 + 1)) == KSTEPS
+                    old = cuda.atomic.add(cnt, u, n)
+                done = bcast0(old) + n == KSTEPS
                 if done:
                     cuda.threadfence()
-                    for i in range(NACC):
-                        acc[i] = ZERO
-                    w = ((u0 + 1) * nw - 1) // total                  # the warp holding step u0
-                    while w < nw and w * total // nw < u0 + KSTEPS:
-                        w0 = w * total // nw
-                        if w0 < (w + 1) * total // nw:               # non-empty share
-                            sl = 2 * w + (0 if w0 >= u0 else 1)
-                            for i in range(NACC):
-                                acc[i] += ld_cg_f32(part, sl * SLOT + i * 32 + lane)
-                        w += 1
-            if done:                                          # epilogue of the unit
-                j = ctx[CJ]
-                for q in range(4):
-                    m = 2 * t + (q & 1)
-                    p = tile_rows[j * 8 + m]
-                    if p >= 0:
-                        for nti in range(NT):
-                            n = (ctx[CN] * NT + nti) * 16 + g + 8 * (q >> 1)
-                            if GATE_UP:
-                                gv = acc[8 * nti + q]
-                                hv = gv / (float32(1.0) + math.exp(-gv)) * acc[8 * nti + 4 + q]
-                                dst[p * NOUT_ROWS + n] = uint16(f32_to_h2(hv, ZERO) & 0xFFFF)
-                            else:
-                                wgt = topk_w[p] if p < tk else float32(1.0)
-                                dst[p * NOUT_ROWS + n] = wgt * acc[4 * nti + q]
+            if done:
+                for i in range(NACC):
+                    prt[i] = acc[i]
+                    acc[i] = ZERO
+                bb = ((u0 + 1) * nb - 1) // total             # the block holding step u0
+                while bb < nb and bb * total // nb < u0 + KSTEPS:
+                    b0 = bb * total // nb
+                    if bb == blk:
+                        for i in range(NACC):
+                            acc[i] += prt[i]
+                    elif b0 < (bb + 1) * total // nb:         # a non-empty share
+                        sl = 2 * bb + (0 if b0 >= u0 else 1)
+                        for i in range(NACC):
+                            acc[i] += ld_cg_f32(part, sl * SLOT + i * 32 + lane)
+                    bb += 1
+                epilogue(u)
+
+        def finish(s):
+            """End of this warp's segment [lo, s] of the current unit u."""
+            u = ctx[CJ] * NU + ctx[CN]
+            u0 = u * KSTEPS
+            lo = max(a, u0)
+            if lo == u0 and s == u0 + KSTEPS - 1:             # the whole unit
+                epilogue(u)
+            elif lo == max(A, u0) and s + 1 == min(B, u0 + KSTEPS):
+                publish(u, lo, s + 1)                         # the block's whole piece: publish now
+            else:                                             # summed after the loop, in warp order
+                sl = 2 * warp + (0 if lo == a else 1)
+                for i in range(NACC):
+                    piece[(sl * NACC + i) * 32 + lane] = acc[i]
             for i in range(NACC):
                 acc[i] = ZERO
 
@@ -230,5 +265,32 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
             if DP > 3 and s + 3 < b:
                 step(3, s + 3)
             s += DP
+
+        # units split between warps of this block: the warp holding the unit's first step in the
+        # block sums the pieces in warp order (and publishes the sum if the unit crosses the block)
+        cuda.syncthreads()
+        if a < b:
+            for which in range(2):
+                u = a // KSTEPS if which == 0 else (b - 1) // KSTEPS
+                u0 = u * KSTEPS
+                lead = (u0 == a or a == A) if which == 0 else u0 > a
+                hi = min(B, u0 + KSTEPS)
+                if lead and hi > b:
+                    for i in range(NACC):
+                        acc[i] = ZERO
+                    w = warp
+                    wa = a
+                    while w < WPB and wa < hi:
+                        wb = A + (w + 1) * (B - A) // WPB
+                        if wa < wb:
+                            sl = 2 * w + (0 if u0 <= wa else 1)
+                            for i in range(NACC):
+                                acc[i] += piece[(sl * NACC + i) * 32 + lane]
+                        w += 1
+                        wa = wb
+                    if u0 >= A and u0 + KSTEPS <= B:
+                        epilogue(u)
+                    else:
+                        publish(u, max(A, u0), hi)
 
     return moe_gemm_kernel

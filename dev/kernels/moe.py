@@ -158,13 +158,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="one eager layer call at T = 1 and 64, for ncu")
-    ap.add_argument("--diag", action="store_true", help="where the GEMM time goes: variants without the "
-                    "split-unit sums / without the math (wrong results, timing only)")
+    ap.add_argument("--diag", action="store_true", help="stage times of v5, v6 and a load-only variant")
     args = ap.parse_args(argv)
     import torch
     if args.ncu:
         return ncu_calls(torch)
     if args.diag:
+        check_small(torch, load_snapshot("_moe_gemm_v2_snapshot"))
         return diagnose(torch)
 
     from workbench.bench.common import copy_bandwidth
@@ -233,12 +233,11 @@ def stage_breakdown(torch, mw):
             prev = med
 
 
-# Diagnostic variants of the package GEMM, made by textual patches of kernels_numba/moe_gemm.py
-# (timing only: their results are wrong by construction).
-#   nosync  every segment runs the epilogue on its own partial sum: no part store, fence, counter
-#   stream  nosync + no math: the ring's weight and scale words are only XORed (the load pipeline alone)
-_NOSYNC = ("        done = seg0 == u0 and ctx[CK] == KSTEPS - 1\n",
-           "        done = True\n")
+# Diagnostic variant of the package GEMM, made by a textual patch of kernels_numba/moe_gemm.py
+# (timing only: its results are wrong by construction):
+#   stream  no math and no split-unit sums: the ring's weight and scale words are only XORed and
+#           every segment runs the epilogue (the load pipeline alone, at the package's grid)
+_WHOLE = ("            if lo == u0 and s == u0 + KSTEPS - 1:", "            if True:")
 _MATH_START = "                xs = ctx[CX] + ks * (SC * 64)\n"
 _MATH_END = "                if ks == KSTEPS - 1 or s == b - 1:"
 _XOR_ONLY = """                xo = uint32(0)
@@ -250,24 +249,25 @@ _XOR_ONLY = """                xo = uint32(0)
 """
 
 
-def diag_module(name):
+def stream_module():
     import kernels_numba.moe_gemm as pkg
     src = Path(pkg.__file__).read_text()
-    if name in ("nosync", "stream"):
-        assert _NOSYNC[0] in src
-        src = src.replace(*_NOSYNC)
-    if name == "stream":
-        i, j = src.index(_MATH_START), src.index(_MATH_END)
-        src = src[:i] + _XOR_ONLY + src[j:]
-    mod = type(sys)(f"kernels_numba._moe_gemm_{name}")
+    assert _WHOLE[0] in src
+    src = src.replace(*_WHOLE)
+    i, j = src.index(_MATH_START), src.index(_MATH_END)
+    src = src[:i] + _XOR_ONLY + src[j:]
+    mod = type(sys)("kernels_numba._moe_gemm_stream")
     mod.__package__ = "kernels_numba"
-    exec(compile(src, f"<moe_gemm {name}>", "exec"), mod.__dict__)
+    exec(compile(src, "<moe_gemm stream>", "exec"), mod.__dict__)
     return mod
 
 
 def diagnose(torch):
-    """Per-GEMM time at T = 1 and 64 of the package kernel and its nosync / stream variants, as the
-    difference of prefix graphs (align; align + gate/up; align + gate/up + down)."""
+    """Per-stage and whole-layer time at T = 1, 4, 16, 64 of v5 (snapshot; per-warp parts in global
+    memory), v6 (package) and the stream variant, from prefix graphs (align; + gate/up; + down; +
+    combine): each stage is the difference of consecutive prefixes."""
+    from dataclasses import replace
+
     from numba import cuda
 
     import kernels_numba.moe as moe_mod
@@ -276,29 +276,27 @@ def diagnose(torch):
     print(f"copy {copy:.0f} GB/s")
     mw = k2_random_experts(torch)
     base = moe_mod.choose_moe_config(7168, 2048)
-    runs = [("v5", base), ("nosync", base), ("stream", base)]
-    for dp in (3, 4):
-        runs.append(("stream", {**base, "gu": (16, 2, dp, 1), "dn": (16, 2, dp, 2)}))
-    runs.append(("stream", {**base, "gu": (16, 1, 4, 1), "dn": (16, 1, 4, 2)}))
-    runs.append(("v5", {**base, "gu": (16, 1, 4, 1), "dn": (16, 1, 4, 2)}))
-    runs.append(("v5", {**base, "gu": (16, 2, 3, 1), "dn": (16, 2, 3, 2), "maxreg": 168}))
-    factories = {}
-    for t in (1, 64):
+    v5 = load_snapshot("_moe_gemm_v5_snapshot")
+    factories = {"v5": v5.make_moe_gemm_kernel, "v6": moe_mod.make_moe_gemm_kernel,
+                 "stream": stream_module().make_moe_gemm_kernel}
+    v5_part = 2 * base["blocks"] * 16 * 2 * 128                  # v5: two slots per warp
+    for t in (1, 4, 16, 64):
         id_sets = routings(torch, t, 8, seed=t)
         ids = id_sets[0].clone()
         x = torch.randn(t, 7168, device="cuda").half()
         tw = torch.rand(t, 8, device="cuda")
-        for name, cfg in runs:
-            if name not in factories:
-                factories[name] = (moe_mod.make_moe_gemm_kernel if name == "v5"
-                                          else diag_module(name).make_moe_gemm_kernel)
+        for name in ("v5", "v6", "stream"):
+            if name == "stream" and t in (4, 16):
+                continue
             saved = moe_mod.make_moe_gemm_kernel
             moe_mod.make_moe_gemm_kernel = factories[name]
             try:
-                ws = moe_mod.moe_workspace(t, 8, mw, config=cfg)
-                stages, _, _ = moe_mod.moe_stages(x, ids, tw, mw, workspace=ws, config=cfg)
+                ws = moe_mod.moe_workspace(t, 8, mw, config=base)
+                if name == "v5":
+                    ws = replace(ws, part=cuda.device_array(v5_part, np.float32))
+                stages, _, _ = moe_mod.moe_stages(x, ids, tw, mw, workspace=ws, config=base)
                 times = []
-                for n in (1, 2, 3):
+                for n in (1, 2, 3, 4):
                     def fn(n=n, stages=stages):
                         s = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
                         for _, launch in stages[:n]:
@@ -306,18 +304,16 @@ def diagnose(torch):
                     samples, uniq = timed_replays(torch, graph_of(torch, fn), ids, id_sets, 16,
                                                   n_shared=mw.n_shared)
                     times.append(float(np.median(samples)))
-            except Exception as e:  # noqa: BLE001 - a variant that does not launch is reported
-                print(f"diag {name} T={t} {cfg}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
-                continue
             finally:
                 moe_mod.make_moe_gemm_kernel = saved
             ue = float(np.median(uniq))
             gu_mb, dn_mb = ue * EXPERT_BYTES * 2 / 3 / 1e6, ue * EXPERT_BYTES / 3 / 1e6
             gu, dn = times[1] - times[0], times[2] - times[1]
-            print(f"diag {name:6s} T={t} gu{cfg['gu']} dn{cfg['dn']} reg{cfg['maxreg']}: "
-                  f"align {times[0]:.1f} us, "
-                  f"gate/up {gu:.1f} us ({gu_mb / gu:.2f} TB/s), down {dn:.1f} us ({dn_mb / dn:.2f} TB/s)",
-                  flush=True)
+            floor = ue * EXPERT_BYTES / (copy * 1e3)
+            print(f"diag {name:6s} T={t}: align {times[0]:.1f} us, "
+                  f"gate/up {gu:.1f} us ({gu_mb / gu:.2f} TB/s), down {dn:.1f} us ({dn_mb / dn:.2f} TB/s), "
+                  f"combine {times[3] - times[2]:.1f} us; layer "
+                  f"{times[3]:.1f} us, floor {floor:.1f} us: {100 * floor / times[3]:.0f}%", flush=True)
     return 0
 
 

@@ -80,7 +80,8 @@ def test_intrinsics_semantics_gpu():
 @cuda.jit
 def _warp_probe_kernel(out, words, ints, floats):
     """Two warps: lane 0's value broadcast to its warp; a shared write by lane 31 read by every lane
-    after syncwarp; 4-byte read-only loads of uint32 / int32 words; an L2 read of a float."""
+    after syncwarp; 4-byte read-only loads of uint32 / int32 words; an L2 read of a float; an
+    acquire load of an int32."""
     tid = cuda.threadIdx.x
     lane = tid & 31
     sh = cuda.shared.array(2, uint32)
@@ -88,11 +89,12 @@ def _warp_probe_kernel(out, words, ints, floats):
     if lane == 31:
         sh[tid >> 5] = uint32(tid)
     ki.syncwarp()
-    out[tid * 5 + 0] = b
-    out[tid * 5 + 1] = sh[tid >> 5]
-    out[tid * 5 + 2] = ki.ld_u32(words, tid)
-    out[tid * 5 + 3] = ki.ld_u32(ints, tid)
-    out[tid * 5 + 4] = uint32(ki.ld_cg_f32(floats, tid) * float32(2.0))
+    out[tid * 6 + 0] = b
+    out[tid * 6 + 1] = sh[tid >> 5]
+    out[tid * 6 + 2] = ki.ld_u32(words, tid)
+    out[tid * 6 + 3] = ki.ld_u32(ints, tid)
+    out[tid * 6 + 4] = uint32(ki.ld_cg_f32(floats, tid) * float32(2.0))
+    out[tid * 6 + 5] = uint32(ki.ld_acquire_i32(ints, 63 - tid))
 
 
 def _run_warp(seed):
@@ -100,15 +102,16 @@ def _run_warp(seed):
     words = rng.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
     ints = rng.integers(-2**31, 2**31, 64, dtype=np.int64).astype(np.int32)
     floats = rng.integers(0, 1000, 64).astype(np.float32)
-    out = dev(np.zeros(64 * 5, np.uint32))
+    out = dev(np.zeros(64 * 6, np.uint32))
     _warp_probe_kernel[1, 64](out, dev(words), dev(ints), dev(floats))
-    got = host(out).reshape(64, 5)
+    got = host(out).reshape(64, 6)
     tid = np.arange(64)
     np.testing.assert_array_equal(got[:, 0], (tid // 32) * 32 * 3 + 7)       # lane 0 of each warp
     np.testing.assert_array_equal(got[:, 1], (tid // 32) * 32 + 31)          # lane 31's shared write
     np.testing.assert_array_equal(got[:, 2], words)
     np.testing.assert_array_equal(got[:, 3], ints.view(np.uint32))
     np.testing.assert_array_equal(got[:, 4], (floats * 2).astype(np.uint32))
+    np.testing.assert_array_equal(got[:, 5], ints[::-1].view(np.uint32))
 
 
 def test_warp_and_load_intrinsics():

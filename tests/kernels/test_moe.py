@@ -46,7 +46,7 @@ def _check(cfg, t, seed, config=None, group=32):
     # h = silu(gate) * up is rounded to float16 before the down projection (as in the reference), so a
     # summation-order difference in gate/up can move h by one f16 ulp (2^-11 relative): tolerance 2e-3
     assert_close(host(out), moe(cfg, w, 0, xf), rtol=2e-3, atol_rel=2e-3, what=f"T={t}")
-    return w, mw
+    return idx
 
 
 @pytest.mark.parametrize("t", [1, 3])
@@ -63,6 +63,40 @@ def test_tiny_matches_reference(t):
     ({"gu": (2, 2, 3, 4), "dn": (2, 1, 4, 8), "blocks": 3, "maxreg": 128}, 64)])
 def test_tiny_stream_k_shares(config, group):
     _check(preset("tiny"), 2, seed=11, config=config, group=group)
+
+
+def _split_paths(total, ksteps, blocks, wpb):
+    """How the units of a two-level stream-K schedule end (moe_gemm.py): whole in one warp, split
+    between warps of a block, a cross-block piece of one warp (published at once) or of several
+    warps (published after the block's syncthreads)."""
+    kinds = set()
+    for blk in range(blocks):
+        lo_b, hi_b = blk * total // blocks, (blk + 1) * total // blocks
+        for w in range(wpb):
+            a, b = lo_b + w * (hi_b - lo_b) // wpb, lo_b + (w + 1) * (hi_b - lo_b) // wpb
+            s = a
+            while s < b:
+                u0 = s // ksteps * ksteps
+                lo, hi = max(a, u0), min(b, u0 + ksteps)
+                cross = u0 < lo_b or u0 + ksteps > hi_b
+                if hi - lo == ksteps:
+                    kinds.add("whole")
+                elif lo == max(lo_b, u0):
+                    kinds.add(("deferred" if hi < min(hi_b, u0 + ksteps) else "early") if cross else "warps")
+                s = hi
+    return kinds
+
+
+def test_stream_k_split_paths():
+    """Units of 12 steps, warp shares of ~2-5: every way a unit can be split is taken (checked on the
+    schedule of this very routing), and the sums match the reference."""
+    cfg = replace(preset("tiny"), hidden_size=768, moe_intermediate_size=128)
+    config = {"gu": (8, 1, 2, 1), "dn": (4, 1, 2, 2), "blocks": 5, "maxreg": 128}
+    idx = _check(cfg, 2, seed=5, config=config)
+    tiles = sum(-(-int(c) // 8) for c in np.bincount(idx.ravel())) + cfg.n_shared_experts
+    gu = _split_paths(tiles * 8 * 12, 12, 5, 8)                # NU = 128/16, KSTEPS = 768/64
+    dn = _split_paths(tiles * 24 * 2, 2, 5, 4)                 # NU = 768/16/2, KSTEPS = 128/64
+    assert gu >= {"warps", "early", "deferred"} and dn >= {"warps", "early"}, (gu, dn)
 
 
 def test_bad_expert_ids_flagged_and_bad_shapes_raise():
