@@ -79,9 +79,11 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
     opts = {} if SIMULATED else {"max_registers": MAXREG}
 
     LG = G.bit_length() - 1                    # log2(G)
-    # ctx slots: compute side (tile, unit group, activation row base, steps done in the unit) and
-    # prefetch side (the same for the step being loaded, its weight-word and scale-word bases)
-    CJ, CN, CX, CK, PJ, PN, PK, PW, PS = range(9)
+    # position counters, int32: compute side (tile, unit group, steps done in the unit) and prefetch
+    # side (the same for the step being loaded); int64 offsets: the compute side's activation row
+    # base, the prefetch side's weight-word and scale-word bases
+    CJ, CN, CK, PJ, PN, PK = range(6)
+    CX, PW, PS = range(3)
 
     @cuda.jit(**opts)
     def moe_gemm_kernel(dst, act, wq, sq, tile_expert, tile_rows, meta, topk_w, n_tok, k_top,
@@ -94,11 +96,16 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
         nthr_all = cuda.gridDim.x * NTHR
         for i in range(cuda.blockIdx.x * NTHR + tid, n_next, nthr_all):
             cnt_next[i] = 0                                   # the next stage's unit counters
-        nb = int64(cuda.gridDim.x)
-        blk = int64(cuda.blockIdx.x)
-        total = int64(meta[0]) * (NU * KSTEPS)
-        A = blk * total // nb                                 # this block's steps [A, B)
-        B = (blk + 1) * total // nb
+
+        def block_share():
+            """(blocks, this block, total steps, this block's steps [A, B)); recomputed where needed
+            rather than held in registers through the loop."""
+            nb = int64(cuda.gridDim.x)
+            blk = int64(cuda.blockIdx.x)
+            total = int64(meta[0]) * (NU * KSTEPS)
+            return nb, blk, total, blk * total // nb, (blk + 1) * total // nb
+
+        _, _, _, A, B = block_share()
         a = A + warp * (B - A) // WPB                         # this warp's steps [a, b)
         b = A + (warp + 1) * (B - A) // WPB
         tk = n_tok * k_top
@@ -107,7 +114,8 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
         rs = cuda.local.array(RS, uint32)                     # and their scale words
         acc = cuda.local.array(NACC, float32)
         prt = cuda.local.array(NACC, float32)
-        ctx = cuda.local.array(9, int64)
+        ctx = cuda.local.array(6, int32)
+        cto = cuda.local.array(3, int64)
         for i in range(NACC):
             acc[i] = ZERO
         u_a = a // KSTEPS                                     # both sides start at step a
@@ -135,6 +143,7 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
         def publish(u, lo, hi):
             """acc holds this block's piece [lo, hi) of unit u, which crosses a block boundary. The
             last block to publish sums every block's piece in block order and finishes the unit."""
+            nb, blk, total, A, _ = block_share()
             u0 = u * KSTEPS
             n = int32(hi - lo)
             old = int32(0)
@@ -171,9 +180,10 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
 
         def finish(s):
             """End of this warp's segment [lo, s] of the current unit u."""
-            u = ctx[CJ] * NU + ctx[CN]
+            u = int64(ctx[CJ]) * NU + ctx[CN]
             u0 = u * KSTEPS
             lo = max(a, u0)
+            _, _, _, A, B = block_share()
             if lo == u0 and s == u0 + KSTEPS - 1:             # the whole unit
                 epilogue(u)
             elif lo == max(A, u0) and s + 1 == min(B, u0 + KSTEPS):
@@ -195,8 +205,8 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
                         row = -1 if pair < 0 else (pair // k_top if pair < tk else (pair - tk) % n_tok)
                     else:                                     # activation row = the pair's h row
                         row = pair
-                    ctx[CX] = max(row, 0) * KIN + 8 * t       # padding columns read row 0: never stored
-                xs = ctx[CX] + ks * (SC * 64)
+                    cto[CX] = max(row, 0) * KIN + 8 * t       # padding columns read row 0: never stored
+                xs = cto[CX] + ks * (SC * 64)
                 for ci in range(SC):
                     for h in range(2):
                         xv = ld_v4(act, xs + ci * 64 + 32 * h)
@@ -235,18 +245,18 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
                 ks2 = ctx[PK]
                 if ns == a or ks2 == 0:                       # a new unit: its weight and scale bases
                     mat = (tile_expert[ctx[PJ]] * NU + ctx[PN]) * NMAT
-                    ctx[PW] = mat * TW + lane * 4 + ks2 * (SC * 128)
-                    ctx[PS] = mat * (NS * 8) + g
-                wb = ctx[PW]
+                    cto[PW] = mat * TW + lane * 4 + ks2 * (SC * 128)
+                    cto[PS] = mat * (NS * 8) + g
+                wb = cto[PW]
                 for ci in range(SC):
-                    sb = ctx[PS] + (((ks2 * SC + ci) * 64) >> LG) * 8
+                    sb = cto[PS] + (((ks2 * SC + ci) * 64) >> LG) * 8
                     for mi in range(NMAT):
                         wv = ld_stream_v4(wq, wb + mi * TW + ci * 128)
                         for q in range(4):
                             rw[((r * SC + ci) * NMAT + mi) * 4 + q] = wv[q]
                         for q in range(SPC):
                             rs[((r * SC + ci) * NMAT + mi) * SPC + q] = ld_u32(sq, sb + (mi * NS + q) * 8)
-                ctx[PW] = wb + SC * 128
+                cto[PW] = wb + SC * 128
                 ctx[PK] = ks2 + 1
                 if ks2 + 1 == KSTEPS:
                     ctx[PK] = 0
@@ -269,6 +279,7 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
         # units split between warps of this block: the warp holding the unit's first step in the
         # block sums the pieces in warp order (and publishes the sum if the unit crosses the block)
         cuda.syncthreads()
+        _, _, _, A, B = block_share()
         if a < b:
             for which in range(2):
                 u = a // KSTEPS if which == 0 else (b - 1) // KSTEPS

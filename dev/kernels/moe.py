@@ -159,13 +159,16 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="one eager layer call at T = 1 and 64, for ncu")
     ap.add_argument("--diag", action="store_true", help="stage times of v5, v6 and a load-only variant")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64], help="token counts of --diag")
+    ap.add_argument("--variants", nargs="+", default=["v5", "v6", "stream"], help="versions of --diag")
     args = ap.parse_args(argv)
     import torch
     if args.ncu:
         return ncu_calls(torch)
     if args.diag:
-        check_small(torch, load_snapshot("_moe_gemm_v2_snapshot"))
-        return diagnose(torch)
+        if 1 in args.tokens:
+            check_small(torch, load_snapshot("_moe_gemm_v2_snapshot"))
+        return diagnose(torch, args.tokens, args.variants)
 
     from workbench.bench.common import copy_bandwidth
     v2 = load_snapshot("_moe_gemm_v2_snapshot")
@@ -262,7 +265,7 @@ def stream_module():
     return mod
 
 
-def diagnose(torch):
+def diagnose(torch, tokens, variants):
     """Per-stage and whole-layer time at T = 1, 4, 16, 64 of v5 (snapshot; per-warp parts in global
     memory), v6 (package) and the stream variant, from prefix graphs (align; + gate/up; + down; +
     combine): each stage is the difference of consecutive prefixes."""
@@ -277,17 +280,16 @@ def diagnose(torch):
     mw = k2_random_experts(torch)
     base = moe_mod.choose_moe_config(7168, 2048)
     v5 = load_snapshot("_moe_gemm_v5_snapshot")
-    factories = {"v5": v5.make_moe_gemm_kernel, "v6": moe_mod.make_moe_gemm_kernel,
-                 "stream": stream_module().make_moe_gemm_kernel}
+    factories = {"v5": v5.make_moe_gemm_kernel, "v6": moe_mod.make_moe_gemm_kernel}
+    if "stream" in variants:
+        factories["stream"] = stream_module().make_moe_gemm_kernel
     v5_part = 2 * base["blocks"] * 16 * 2 * 128                  # v5: two slots per warp
-    for t in (1, 4, 16, 64):
+    for t in tokens:
         id_sets = routings(torch, t, 8, seed=t)
         ids = id_sets[0].clone()
         x = torch.randn(t, 7168, device="cuda").half()
         tw = torch.rand(t, 8, device="cuda")
-        for name in ("v5", "v6", "stream"):
-            if name == "stream" and t in (4, 16):
-                continue
+        for name in variants:
             saved = moe_mod.make_moe_gemm_kernel
             moe_mod.make_moe_gemm_kernel = factories[name]
             try:
