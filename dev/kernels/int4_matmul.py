@@ -87,15 +87,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="one launch of each shape, for ncu")
-    ap.add_argument("--nomask", action="store_true", help="M = 1 / 16: v2, v4 and v4 without the row mask")
-    ap.add_argument("--m16", action="store_true", help="M = 1 vs 16: v2 beside v4, and v4 with MT = 1 "
-                    "at M = 16 (two blocks per weight tile, the second read served by L2)")
+    ap.add_argument("--m16", action="store_true", help="M = 1 vs 16: v2 beside v4, v4 with MT = 1, v4 "
+                    "without the row mask")
     args = ap.parse_args(argv)
     import torch
     if args.m16:
         return m16_ratio(torch)
-    if args.nomask:
-        return nomask_variant(torch)
 
     from kernels_numba import int4_matmul
     from workbench.bench.common import copy_bandwidth, time_op
@@ -149,93 +146,59 @@ def main(argv=None) -> int:
     return 0
 
 
+_MASK = "k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]"
+
+
+def _module_from(name, text):
+    mod = type(sys)(f"kernels_numba.{name}")
+    mod.__package__ = "kernels_numba"
+    exec(compile(text, f"<{name}>", "exec"), mod.__dict__)
+    return mod
+
+
 def m16_ratio(torch):
-    """Time per launch at M = 1 and 16 for both K2 shapes: v2 (snapshot) and v4 at their tuned
-    tilings, and v4 with MT = 1 at M = 16; all in one run over the same 64 weights per shape."""
-    import importlib.machinery
-    import importlib.util
+    """M = 1 vs 16 on both K2 shapes, one run over the same 64 weights per shape: v2 (snapshot) and v4
+    at their tunings, v4 with MT = 1 at M = 16 (two blocks per weight tile, the second read served by
+    L2), and v4 without the activation-row mask (rows past M are clamped and never stored)."""
     from pathlib import Path
 
-    from kernels_numba import int4_matmul
-    from workbench.bench.common import copy_bandwidth, time_op
-    path = Path(__file__).with_name("_int4_matmul_v2_snapshot.py.txt")
-    loader = importlib.machinery.SourceFileLoader("kernels_numba._int4_matmul_v2", str(path))
-    v2 = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(v2)
+    import kernels_numba.int4_matmul  # noqa: F401 - the module (the package's name is the function)
+    from workbench.bench.common import time_op
+    pkg = sys.modules["kernels_numba.int4_matmul"]
+    src = Path(pkg.__file__).read_text()
+    assert _MASK in src
+    impls = {"v2": _module_from("_int4_matmul_v2", Path(__file__).with_name(
+                 "_int4_matmul_v2_snapshot.py.txt").read_text()).int4_matmul,
+             "v4": pkg.int4_matmul,
+             "v4 nomask": _module_from("_int4_matmul_nomask", src.replace(
+                 _MASK, "k0, k1, k2, k3 = xv[0], xv[1], xv[2], xv[3]")).int4_matmul}
     rng = np.random.default_rng(1)
     for cfg in [(1, 4, 8), (1, 8, 4)]:
         err = check_against_reference(rng, 16, 7168, 2048, 32, cfg)
         print(f"check M=16 N=7168 K=2048 cfg={cfg}: rel err {err:.2e}", "OK" if err < 1e-4 else "FAIL")
-    copy = copy_bandwidth()
-    print(f"copy {copy:.0f} GB/s")
     count = 64
-    plans = {(2048, 7168): [("v2", 1, (1, 28, 4, 1)), ("v4", 1, (1, 16, 7)), ("v2", 16, (2, 28, 4, 1)),
-                            ("v4", 16, (2, 16, 7)), ("v4", 16, (1, 16, 7)), ("v4", 16, (1, 28, 4))],
-             (7168, 2048): [("v2", 1, (1, 4, 8, 1)), ("v4", 1, (1, 4, 8)), ("v2", 16, (2, 4, 8, 1)),
-                            ("v4", 16, (2, 4, 8)), ("v4", 16, (1, 4, 8)), ("v4", 16, (1, 8, 4)),
-                            ("v4", 16, (1, 2, 16))]}
+    plans = {(2048, 7168): [("v2", 1, (1, 28, 4, 1)), ("v4", 1, (1, 16, 7)), ("v4 nomask", 1, (1, 16, 7)),
+                            ("v2", 16, (2, 28, 4, 1)), ("v4", 16, (2, 16, 7)), ("v4 nomask", 16, (2, 16, 7)),
+                            ("v4", 16, (1, 16, 7)), ("v4", 16, (1, 28, 4))],
+             (7168, 2048): [("v2", 1, (1, 4, 8, 1)), ("v4", 1, (1, 4, 8)), ("v4 nomask", 1, (1, 4, 8)),
+                            ("v2", 16, (2, 4, 8, 1)), ("v4", 16, (2, 4, 8)), ("v4 nomask", 16, (2, 4, 8)),
+                            ("v4", 16, (1, 4, 8)), ("v4", 16, (1, 8, 4)), ("v4", 16, (1, 2, 16))]}
     for (n, k), plan in plans.items():
         ws = random_weights(n, k, 32, count, torch)
-        nbytes = n * k // 2 + n * (k // 32) * 2
         for ver, m, cfg in plan:
             x = torch.randn(m, k, device="cuda").half()
             outs = [torch.zeros(m, n, device="cuda") for _ in range(count)]
 
-            def fn(ver=ver, cfg=cfg, x=x, outs=outs, ws=ws):
+            def fn(f=impls[ver], cfg=cfg, x=x, outs=outs, ws=ws):
                 st = torch.cuda.current_stream()
                 for i in range(count):
-                    (v2.int4_matmul if ver == "v2" else int4_matmul)(x, ws[i], out=outs[i], stream=st,
-                                                                    config=cfg)
+                    f(x, ws[i], out=outs[i], stream=st, config=cfg)
             try:
                 st = time_op(fn, calls=count, reps=10)
             except Exception as e:  # noqa: BLE001 - a config that does not launch is reported
                 print(f"{ver} N={n} K={k} M={m} cfg={cfg}: failed {type(e).__name__}: {str(e)[:80]}")
                 continue
-            gbs = nbytes / (st["median_us"] * 1e-6) / 1e9
-            print(f"{ver} N={n} K={k} M={m} cfg={cfg}: {st['median_us']:.2f} us {gbs:.0f} GB/s "
-                  f"{100 * gbs / copy:.0f}% copy", flush=True)
-    return 0
-
-
-_MASK = "k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]"
-
-
-def nomask_variant(torch):
-    """v4 without the activation-row mask (rows past M read row M-1; their outputs are never stored
-    anyway), beside v4 and v2, at M = 1 and 16 on both K2 shapes, one run."""
-    import importlib.machinery
-    import importlib.util
-    from pathlib import Path
-
-    import kernels_numba.int4_matmul  # noqa: F401 - the module (the package name is the function)
-    from workbench.bench.common import time_op
-    pkg = sys.modules["kernels_numba.int4_matmul"]
-    src = Path(pkg.__file__).read_text()
-    assert _MASK in src
-    nm = type(sys)("kernels_numba._int4_matmul_nomask")
-    nm.__package__ = "kernels_numba"
-    exec(compile(src.replace(_MASK, "k0, k1, k2, k3 = xv[0], xv[1], xv[2], xv[3]"), "<nomask>", "exec"),
-         nm.__dict__)
-    path = Path(__file__).with_name("_int4_matmul_v2_snapshot.py.txt")
-    loader = importlib.machinery.SourceFileLoader("kernels_numba._int4_matmul_v2", str(path))
-    v2 = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(v2)
-    count = 64
-    plan = {(7168, 2048): ((1, 4, 8), (2, 4, 8)), (2048, 7168): ((1, 16, 7), (2, 16, 7))}
-    for (n, k), cfgs in plan.items():
-        ws = random_weights(n, k, 32, count, torch)
-        for m, cfg in zip((1, 16), cfgs, strict=True):
-            x = torch.randn(m, k, device="cuda").half()
-            outs = [torch.zeros(m, n, device="cuda") for _ in range(count)]
-            for ver, fn_ in (("v2", v2.int4_matmul), ("v4", pkg.int4_matmul), ("v4 nomask", nm.int4_matmul)):
-                c = (*cfg, 1) if ver == "v2" else cfg
-
-                def fn(f=fn_, c=c, x=x, outs=outs, ws=ws):
-                    st = torch.cuda.current_stream()
-                    for i in range(count):
-                        f(x, ws[i], out=outs[i], stream=st, config=c)
-                st = time_op(fn, calls=count, reps=10)
-                print(f"{ver} N={n} K={k} M={m} cfg={c}: {st['median_us']:.2f} us", flush=True)
+            print(f"{ver} N={n} K={k} M={m} cfg={cfg}: {st['median_us']:.2f} us", flush=True)
     return 0
 
 

@@ -14,6 +14,11 @@ Versions (docs/perf.md has predictions and measurements), all timed in the same 
       step / unit counters instead of 64-bit divisions per step, scale words through ld_u32 (no index
       wraparound code; constant offsets fold into the loads), no masking of padding columns (their
       results are never stored). ncu on v4: issue-bound (0.6 warp-instructions per scheduler-cycle).
+      Kept as _moe_gemm_v5_snapshot.py.txt.
+  v6  two-level stream-K: warps of a block sum their split units from shared memory after one
+      syncthreads at the end; only block-crossing pieces use the global part buffer (the package).
+--diag times each stage of v5, v6 and a load-only variant of the package kernel (no math, no split
+sums: timing only) from prefix graphs.
 Swept: warps per block, chunks per step (SC), steps in flight (DP), n-tiles per unit (NT), blocks per
 SM, register cap.
 """
