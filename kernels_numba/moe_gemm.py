@@ -149,7 +149,11 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
             old = int32(0)
             if lane == 0:
                 old = ld_acquire_i32(cnt, u)
-            done = bcast0(old) + n == KSTEPS                  # the other pieces are all published
+            # fast path: the other pieces are all published. Lane 0's acquire orders its own reads;
+            # the other lanes read the pieces with ld.cg (from L2, where the publishers' fenced
+            # stores are) only after the broadcast of that value: ordered on the hardware, though
+            # the PTX model only covers lane 0 (the slow path below fences every lane)
+            done = bcast0(old) + n == KSTEPS
             if not done:
                 sl = 2 * blk + (0 if lo == A else 1)
                 for i in range(NACC):
