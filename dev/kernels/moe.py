@@ -170,14 +170,17 @@ def main(argv=None) -> int:
     ap.add_argument("--diag", action="store_true", help="stage times of v5, v6 and a load-only variant")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64], help="token counts of --diag")
     ap.add_argument("--variants", nargs="+", default=["v5", "v6", "stream"], help="versions of --diag")
+    ap.add_argument("--configs", type=int, nargs="+", default=[], help="--diag: also these EXTRA_CONFIGS "
+                    "(indices) with v6")
+    ap.add_argument("--no-check", action="store_true", help="--diag without the small-shape checks")
     args = ap.parse_args(argv)
     import torch
     if args.ncu:
         return ncu_calls(torch)
     if args.diag:
-        if 1 in args.tokens:
+        if not args.no_check:
             check_small(torch, load_snapshot("_moe_gemm_v2_snapshot"))
-        return diagnose(torch, args.tokens, args.variants)
+        return diagnose(torch, args.tokens, args.variants, [EXTRA_CONFIGS[i] for i in args.configs])
 
     from workbench.bench.common import copy_bandwidth
     v2 = load_snapshot("_moe_gemm_v2_snapshot")
@@ -274,7 +277,7 @@ def stream_module():
     return mod
 
 
-def diagnose(torch, tokens, variants):
+def diagnose(torch, tokens, variants, extra):
     """Per-stage and whole-layer time at T = 1, 4, 16, 64 of v5 (snapshot; per-warp parts in global
     memory), v6 (package) and the stream variant, from prefix graphs (align; + gate/up; + down; +
     combine): each stage is the difference of consecutive prefixes."""
@@ -298,14 +301,14 @@ def diagnose(torch, tokens, variants):
         ids = id_sets[0].clone()
         x = torch.randn(t, 7168, device="cuda").half()
         tw = torch.rand(t, 8, device="cuda")
-        for name in variants:
+        for name, cfg in [(v, base) for v in variants] + [("v6", c) for c in extra]:
             saved = moe_mod.make_moe_gemm_kernel
             moe_mod.make_moe_gemm_kernel = factories[name]
             try:
-                ws = moe_mod.moe_workspace(t, 8, mw, config=base)
+                ws = moe_mod.moe_workspace(t, 8, mw, config=cfg)
                 if name == "v5":
                     ws = replace(ws, part=cuda.device_array(v5_part, np.float32))
-                stages, _, _ = moe_mod.moe_stages(x, ids, tw, mw, workspace=ws, config=base)
+                stages, _, _ = moe_mod.moe_stages(x, ids, tw, mw, workspace=ws, config=cfg)
                 times = []
                 for n in (1, 2, 3, 4):
                     def fn(n=n, stages=stages):
@@ -321,7 +324,7 @@ def diagnose(torch, tokens, variants):
             gu_mb, dn_mb = ue * EXPERT_BYTES * 2 / 3 / 1e6, ue * EXPERT_BYTES / 3 / 1e6
             gu, dn = times[1] - times[0], times[2] - times[1]
             floor = ue * EXPERT_BYTES / (copy * 1e3)
-            print(f"diag {name:6s} T={t}: align {times[0]:.1f} us, "
+            print(f"diag {name:6s} T={t} {cfg['gu']}/{cfg['dn']}@{cfg['maxreg']}: align {times[0]:.1f} us, "
                   f"gate/up {gu:.1f} us ({gu_mb / gu:.2f} TB/s), down {dn:.1f} us ({dn_mb / dn:.2f} TB/s), "
                   f"combine {times[3] - times[2]:.1f} us; layer "
                   f"{times[3]:.1f} us, floor {floor:.1f} us: {100 * floor / times[3]:.0f}%", flush=True)
