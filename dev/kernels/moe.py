@@ -150,10 +150,11 @@ def time_version(torch, name, mw, t, cfg, v2, reps=24):
 EXTRA_CONFIGS = [{"gu": (16, 1, 2, 1), "dn": (16, 2, 2, 1), "blocks": 132, "maxreg": 128},
                  {"gu": (8, 2, 2, 1), "dn": (8, 2, 2, 2), "blocks": 264, "maxreg": 128},
                  {"gu": (16, 1, 2, 2), "dn": (16, 1, 2, 4), "blocks": 132, "maxreg": 128},
-                 # v6 without spills (offline SASS: 142-144 / 166-168 / 188-194 registers, no stack)
-                 {"gu": (14, 2, 2, 1), "dn": (14, 2, 2, 2), "blocks": 132, "maxreg": 144},
-                 {"gu": (12, 2, 3, 1), "dn": (12, 2, 3, 2), "blocks": 132, "maxreg": 168},
-                 {"gu": (8, 2, 4, 1), "dn": (8, 2, 4, 2), "blocks": 132, "maxreg": 255}]
+                 # v6 without spills (offline SASS: 142-144 / 166-168 / 188-194 registers at DP = 2 / 3
+                 # / 4, no stack); 14 warps x 144 registers did not launch (out of resources)
+                 {"gu": (13, 2, 2, 1), "dn": (13, 2, 2, 2), "blocks": 132, "maxreg": 144},
+                 {"gu": (11, 2, 3, 1), "dn": (11, 2, 3, 2), "blocks": 132, "maxreg": 176},
+                 {"gu": (8, 2, 4, 1), "dn": (8, 2, 4, 2), "blocks": 132, "maxreg": 240}]
 
 
 def v3_configs(quick):
