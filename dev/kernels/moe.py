@@ -17,8 +17,9 @@ Versions (docs/perf.md has predictions and measurements), all timed in the same 
       Kept as _moe_gemm_v5_snapshot.py.txt.
   v6  two-level stream-K: warps of a block sum their split units from shared memory after one
       syncthreads at the end; only block-crossing pieces use the global part buffer (the package).
---diag times each stage of v5, v6 and a load-only variant of the package kernel (no math, no split
-sums: timing only) from prefix graphs.
+--diag times each stage of v5, v6 and variants of the package kernel made by textual patches (a
+load-only one for timing, the v6dp candidate) from prefix graphs, at the default config and any
+of EXTRA_CONFIGS.
 Swept: warps per block, chunks per step (SC), steps in flight (DP), n-tiles per unit (NT), blocks per
 SM, register cap.
 """
@@ -172,7 +173,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64], help="token counts of --diag")
     ap.add_argument("--variants", nargs="+", default=["v5", "v6", "stream"], help="versions of --diag")
     ap.add_argument("--configs", type=int, nargs="+", default=[], help="--diag: also these EXTRA_CONFIGS "
-                    "(indices) with v6")
+                    "(indices), for every variant but v5")
     ap.add_argument("--no-check", action="store_true", help="--diag without the small-shape checks")
     args = ap.parse_args(argv)
     import torch
@@ -249,12 +250,14 @@ def stage_breakdown(torch, mw):
             prev = med
 
 
-# Diagnostic variant of the package GEMM, made by a textual patch of kernels_numba/moe_gemm.py
-# (timing only: its results are wrong by construction):
-#   stream  no math and no split-unit sums: the ring's weight and scale words are only XORed and
-#           every segment runs the epilogue (the load pipeline alone, at the package's grid)
-_WHOLE = ("            if lo == u0 and s == u0 + KSTEPS - 1:", "            if True:")
-_MATH_START = "                xs = ctx[CX] + ks * (SC * 64)\n"
+# Variants of the package GEMM made by textual patches of kernels_numba/moe_gemm.py:
+#   stream  timing only (wrong results by construction): no math and no split-unit sums, the ring's
+#           weight and scale words are only XORed and every segment runs the epilogue (the load
+#           pipeline alone, at the package's grid)
+#   v6dp    candidate (correct results): step shares in whole groups of DP steps, so units and shares
+#           end only in the last unrolled slot and finish() is inlined once per loop body, not DP
+#           times (offline SASS: 5088 / 4720 instructions vs 6680 / 6368; needs KSTEPS % DP == 0)
+_MATH_START = "                xs = cto[CX] + ks * (SC * 64)\n"
 _MATH_END = "                if ks == KSTEPS - 1 or s == b - 1:"
 _XOR_ONLY = """                xo = uint32(0)
                 for q in range(STW):
@@ -263,18 +266,36 @@ _XOR_ONLY = """                xo = uint32(0)
                     xo ^= rs[r * STS + q]
                 acc[0] += float32(xo & uint32(1))
 """
+_PATCHES = {
+    "stream": [("            if lo == u0 and s == u0 + KSTEPS - 1:", "            if True:")],
+    "v6dp": [("    KSTEPS = KC // SC\n",
+              "    KSTEPS = KC // SC\n    assert KSTEPS % DP == 0, 'v6dp: steps per unit % DP != 0'\n"),
+             ("            return nb, blk, total, blk * total // nb, (blk + 1) * total // nb",
+              "            tg = total // DP\n"
+              "            return nb, blk, total, blk * tg // nb * DP, (blk + 1) * tg // nb * DP"),
+             ("        a = A + warp * (B - A) // WPB ",
+              "        a = A + warp * ((B - A) // DP) // WPB * DP "),
+             ("        b = A + (warp + 1) * (B - A) // WPB\n",
+              "        b = A + (warp + 1) * ((B - A) // DP) // WPB * DP\n"),
+             ("                if ks == KSTEPS - 1 or s == b - 1:",
+              "                if r == DP - 1 and (ks == KSTEPS - 1 or s == b - 1):"),
+             ("                        wb = A + (w + 1) * (B - A) // WPB",
+              "                        wb = A + (w + 1) * ((B - A) // DP) // WPB * DP")],
+}
 
 
-def stream_module():
+def patched_module(name):
     import kernels_numba.moe_gemm as pkg
     src = Path(pkg.__file__).read_text()
-    assert _WHOLE[0] in src
-    src = src.replace(*_WHOLE)
-    i, j = src.index(_MATH_START), src.index(_MATH_END)
-    src = src[:i] + _XOR_ONLY + src[j:]
-    mod = type(sys)("kernels_numba._moe_gemm_stream")
+    for old, new in _PATCHES[name]:
+        assert old in src, (name, old)
+        src = src.replace(old, new)
+    if name == "stream":
+        i, j = src.index(_MATH_START), src.index(_MATH_END)
+        src = src[:i] + _XOR_ONLY + src[j:]
+    mod = type(sys)(f"kernels_numba._moe_gemm_{name}")
     mod.__package__ = "kernels_numba"
-    exec(compile(src, "<moe_gemm stream>", "exec"), mod.__dict__)
+    exec(compile(src, f"<moe_gemm {name}>", "exec"), mod.__dict__)
     return mod
 
 
@@ -294,15 +315,14 @@ def diagnose(torch, tokens, variants, extra):
     base = moe_mod.choose_moe_config(7168, 2048)
     v5 = load_snapshot("_moe_gemm_v5_snapshot")
     factories = {"v5": v5.make_moe_gemm_kernel, "v6": moe_mod.make_moe_gemm_kernel}
-    if "stream" in variants:
-        factories["stream"] = stream_module().make_moe_gemm_kernel
+    factories.update({v: patched_module(v).make_moe_gemm_kernel for v in variants if v in _PATCHES})
     v5_part = 2 * base["blocks"] * 16 * 2 * 128                  # v5: two slots per warp
     for t in tokens:
         id_sets = routings(torch, t, 8, seed=t)
         ids = id_sets[0].clone()
         x = torch.randn(t, 7168, device="cuda").half()
         tw = torch.rand(t, 8, device="cuda")
-        for name, cfg in [(v, base) for v in variants] + [("v6", c) for c in extra]:
+        for name, cfg in [(v, c) for v in variants for c in [base, *extra] if v != "v5" or c is base]:
             saved = moe_mod.make_moe_gemm_kernel
             moe_mod.make_moe_gemm_kernel = factories[name]
             try:
@@ -319,6 +339,9 @@ def diagnose(torch, tokens, variants, extra):
                     samples, uniq = timed_replays(torch, graph_of(torch, fn), ids, id_sets, 16,
                                                   n_shared=mw.n_shared)
                     times.append(float(np.median(samples)))
+            except Exception as e:  # noqa: BLE001 - a variant / config that does not build or launch
+                print(f"diag {name} T={t} {cfg}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
+                continue
             finally:
                 moe_mod.make_moe_gemm_kernel = saved
             ue = float(np.median(uniq))
