@@ -131,19 +131,28 @@ def main(argv=None) -> int:
             x = torch.randn(m, k, device="cuda").half()
             outs = [torch.empty(m, n, device="cuda") for _ in range(count)]
             for cfg in configs_for(m, k):
-                def fn(cfg=cfg, x=x, ws=ws, outs=outs):
-                    st = torch.cuda.current_stream()
-                    for i in range(count):
-                        int4_matmul(x, ws[i], out=outs[i], stream=st, config=cfg)
-                try:
-                    st = time_op(fn, calls=count, reps=10)
-                except Exception as e:  # noqa: BLE001 - a config that does not launch is reported
-                    print(f"v4 N={n} K={k} M={m} cfg={cfg}: failed {type(e).__name__}: {str(e)[:80]}")
-                    continue
-                gbs = nbytes / (st["median_us"] * 1e-6) / 1e9
-                print(f"v4 N={n} K={k} M={m} cfg={cfg}: {st['median_us']:.2f} us "
-                      f"{gbs:.0f} GB/s {100 * gbs / copy:.0f}% copy")
+                label = f"v4 N={n} K={k} M={m} cfg={cfg}"
+                us = time_rotating(torch, int4_matmul, x, ws, outs, cfg, label)
+                if us is not None:
+                    gbs = nbytes / (us * 1e-6) / 1e9
+                    print(f"{label}: {us:.2f} us {gbs:.0f} GB/s {100 * gbs / copy:.0f}% copy")
     return 0
+
+
+def time_rotating(torch, matmul, x, ws, outs, cfg, label):
+    """Median us per launch of ``matmul`` over the weights ``ws`` back to back in one graph (None and
+    a printed line if the config does not launch)."""
+    from workbench.bench.common import time_op
+
+    def fn():
+        st = torch.cuda.current_stream()
+        for i in range(len(ws)):
+            matmul(x, ws[i], out=outs[i], stream=st, config=cfg)
+    try:
+        return time_op(fn, calls=len(ws), reps=10)["median_us"]
+    except Exception as e:  # noqa: BLE001 - a config that does not launch is reported
+        print(f"{label}: failed {type(e).__name__}: {str(e)[:80]}")
+        return None
 
 
 _MASK = "k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]"
@@ -163,7 +172,6 @@ def m16_ratio(torch):
     from pathlib import Path
 
     import kernels_numba.int4_matmul  # noqa: F401 - the module (the package's name is the function)
-    from workbench.bench.common import time_op
     pkg = sys.modules["kernels_numba.int4_matmul"]
     src = Path(pkg.__file__).read_text()
     assert _MASK in src
@@ -188,17 +196,10 @@ def m16_ratio(torch):
         for ver, m, cfg in plan:
             x = torch.randn(m, k, device="cuda").half()
             outs = [torch.zeros(m, n, device="cuda") for _ in range(count)]
-
-            def fn(f=impls[ver], cfg=cfg, x=x, outs=outs, ws=ws):
-                st = torch.cuda.current_stream()
-                for i in range(count):
-                    f(x, ws[i], out=outs[i], stream=st, config=cfg)
-            try:
-                st = time_op(fn, calls=count, reps=10)
-            except Exception as e:  # noqa: BLE001 - a config that does not launch is reported
-                print(f"{ver} N={n} K={k} M={m} cfg={cfg}: failed {type(e).__name__}: {str(e)[:80]}")
-                continue
-            print(f"{ver} N={n} K={k} M={m} cfg={cfg}: {st['median_us']:.2f} us", flush=True)
+            label = f"{ver} N={n} K={k} M={m} cfg={cfg}"
+            us = time_rotating(torch, impls[ver], x, ws, outs, cfg, label)
+            if us is not None:
+                print(f"{label}: {us:.2f} us", flush=True)
     return 0
 
 
