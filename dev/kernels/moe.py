@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="one eager layer call at T = 1 and 64, for ncu")
-    ap.add_argument("--diag", action="store_true", help="stage times of v5, v6 and a load-only variant")
+    ap.add_argument("--diag", action="store_true", help="stage times: v5, v6, variants (stream, v6dp)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64], help="token counts of --diag")
     ap.add_argument("--variants", nargs="+", default=["v5", "v6", "stream"], help="versions of --diag")
     ap.add_argument("--configs", type=int, nargs="+", default=[], help="--diag: also these EXTRA_CONFIGS "
