@@ -247,41 +247,30 @@ def _build_gpu():
             return builder.call(asm, x)
         return types.uint32(a, b), codegen
 
-    @intrinsic
-    def ld_u32(typingctx, a, i):
-        if not isinstance(a, types.Array) or a.ndim != 1 or a.dtype.bitwidth != 32 or \
-                not isinstance(i, types.Integer):
-            return None
+    def _ld1(asm_op, rty, accepts, side_effect=False):
+        """A 4-byte scalar load ``asm_op $0, [$1]`` of ``a[i]`` returning ``rty`` (no index wraparound
+        code); ``accepts(dtype)`` says which 1-D arrays it takes."""
+        lty = f32 if rty == types.float32 else i32
+        cons = ("=f,l" if lty is f32 else "=r,l") + (",~{memory}" if side_effect else "")
 
-        def codegen(context, builder, sig, args):
-            ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
-            asm = ir.InlineAsm(ir.FunctionType(i32, [i32.as_pointer()]), "ld.global.nc.u32 $0, [$1];", "=r,l")
-            return builder.call(asm, [ptr])
-        return types.uint32(a, i), codegen
+        @intrinsic
+        def impl(typingctx, a, i):
+            if not isinstance(a, types.Array) or a.ndim != 1 or not accepts(a.dtype) or \
+                    not isinstance(i, types.Integer):
+                return None
 
-    @intrinsic
-    def ld_cg_f32(typingctx, a, i):
-        if not isinstance(a, types.Array) or a.dtype != types.float32 or not isinstance(i, types.Integer):
-            return None
+            def codegen(context, builder, sig, args):
+                ptr = builder.bitcast(_ptr(context, builder, sig.args[0], args[0], args[1]), lty.as_pointer())
+                asm = ir.InlineAsm(ir.FunctionType(lty, [lty.as_pointer()]), f"{asm_op} $0, [$1];", cons,
+                                   side_effect=side_effect)
+                return builder.call(asm, [ptr])
+            return rty(a, i), codegen
+        return impl
 
-        def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]], wraparound=False)
-            asm = ir.InlineAsm(ir.FunctionType(f32, [f32.as_pointer()]), "ld.global.cg.f32 $0, [$1];", "=f,l")
-            return builder.call(asm, [ptr])
-        return types.float32(a, i), codegen
-
-    @intrinsic
-    def ld_acquire_i32(typingctx, a, i):
-        if not isinstance(a, types.Array) or a.dtype != types.int32 or not isinstance(i, types.Integer):
-            return None
-
-        def codegen(context, builder, sig, args):
-            ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
-            asm = ir.InlineAsm(ir.FunctionType(i32, [i32.as_pointer()]),
-                               "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l,~{memory}", side_effect=True)
-            return builder.call(asm, [ptr])
-        return types.int32(a, i), codegen
+    ld_u32 = _ld1("ld.global.nc.u32", types.uint32, lambda d: d.bitwidth == 32)
+    ld_cg_f32 = _ld1("ld.global.cg.f32", types.float32, lambda d: d == types.float32)
+    ld_acquire_i32 = _ld1("ld.acquire.gpu.global.b32", types.int32, lambda d: d == types.int32,
+                          side_effect=True)
 
     @intrinsic
     def syncwarp(typingctx):

@@ -91,12 +91,28 @@ def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
     p = n_tok * (k_top + weights.n_shared)
     i, d = weights.w13.n, weights.w2.n
     stream = as_stream(stream)
-    part = _part_size(config or choose_moe_config(d, i))
+    part = _part_size(_check_config(config or choose_moe_config(d, i), d, i))
     return MoEWorkspace(empty(p, np.int32, stream), empty(p * 8, np.int32, stream),
                         empty(2, np.int32, stream), empty(p * i, np.uint16, stream),
                         empty(p * d, np.float32, stream), empty(part, np.float32, stream),
                         empty(p * (i // 16), np.int32, stream), empty(p * (d // 16), np.int32, stream),
                         n_tok)
+
+
+def _check_config(cfg, d: int, i: int) -> dict:
+    """``cfg`` if it is a valid kernel config for widths D and I, else KernelInputError (checked before
+    anything is allocated or launched)."""
+    try:
+        nb, reg = int(cfg["blocks"]), int(cfg["maxreg"])
+        (wgu, scgu, dpgu, ntgu), (wdn, scdn, dpdn, ntdn) = cfg["gu"], cfg["dn"]
+    except (KeyError, TypeError, ValueError):
+        raise KernelInputError(f"bad MoE config {cfg}: needs gu and dn (warps per block, chunks per step, "
+                               "steps in flight, n-tiles per unit), blocks and maxreg") from None
+    if (nb < 1 or not 32 <= reg <= 255 or not 1 <= wgu <= 32 or not 1 <= wdn <= 32 or (d // 64) % scgu
+            or (i // 64) % scdn or min(scgu, scdn, dpgu, dpdn, ntgu, ntdn) < 1 or not 1 <= dpgu <= 4
+            or not 1 <= dpdn <= 4 or (i // 16) % ntgu or (d // 16) % ntdn):
+        raise KernelInputError(f"bad MoE config {cfg} for D={d} I={i}")
+    return cfg
 
 
 def _part_size(cfg: dict) -> int:
@@ -174,7 +190,7 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
         raise KernelInputError(f"T={t} tokens x {k + weights.n_shared} experts exceed the int32 / "
                                "block limits")
     stream = as_stream(stream)
-    cfg = config or choose_moe_config(d, i)
+    cfg = _check_config(config or choose_moe_config(d, i), d, i)
     ws = workspace or moe_workspace(t, k, weights, stream, cfg)
     if ws.n_tok != t:
         raise KernelInputError(f"workspace was made for T={ws.n_tok} tokens, x has {t}")
@@ -185,12 +201,7 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
     if out is None:
         out = empty((t, d), np.float32, stream)
     out = check(out, "out", np.float32, (t, d), align=4)
-    nb = cfg["blocks"]
-    (wgu, scgu, dpgu, ntgu), (wdn, scdn, dpdn, ntdn) = cfg["gu"], cfg["dn"]
-    if (nb < 1 or not 1 <= wgu <= 32 or not 1 <= wdn <= 32 or (d // 64) % scgu or (i // 64) % scdn
-            or min(scgu, scdn, dpgu, dpdn, ntgu, ntdn) < 1 or not 1 <= dpgu <= 4 or not 1 <= dpdn <= 4
-            or w13.n16 % ntgu or w2.n16 % ntdn):
-        raise KernelInputError(f"bad MoE config {cfg} for D={d} I={i}")
+    nb, wgu, wdn = cfg["blocks"], cfg["gu"][0], cfg["dn"][0]
     if _part_size(cfg) > ws.part.size:
         raise KernelInputError(f"MoE config {cfg} needs a part buffer of {_part_size(cfg)} floats, the "
                                f"workspace has {ws.part.size}: make it with moe_workspace(..., config=...)")

@@ -56,6 +56,12 @@ from .intrinsics import (
 ZERO = float32(0.0)
 
 
+@cuda.jit(device=True, inline="always")
+def _share(i, n, steps):
+    """First step of share i when ``steps`` steps are split into n equal contiguous shares."""
+    return i * steps // n
+
+
 @functools.cache
 def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: int, SC: int, DP: int, NT: int,
                          MAXREG: int):
@@ -103,11 +109,11 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
             nb = int64(cuda.gridDim.x)
             blk = int64(cuda.blockIdx.x)
             total = int64(meta[0]) * (NU * KSTEPS)
-            return nb, blk, total, blk * total // nb, (blk + 1) * total // nb
+            return nb, blk, total, _share(blk, nb, total), _share(blk + 1, nb, total)
 
         _, _, _, A, B = block_share()
-        a = A + warp * (B - A) // WPB                         # this warp's steps [a, b)
-        b = A + (warp + 1) * (B - A) // WPB
+        a = A + _share(warp, WPB, B - A)                       # this warp's steps [a, b)
+        b = A + _share(warp + 1, WPB, B - A)
         tk = n_tok * k_top
         piece = cuda.shared.array(NPIECE, float32)            # two unit pieces per warp
         rw = cuda.local.array(RW, uint32)                     # DP steps of weights in flight
@@ -122,6 +128,16 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
         ctx[CJ] = ctx[PJ] = u_a // NU
         ctx[CN] = ctx[PN] = u_a - (u_a // NU) * NU
         ctx[CK] = ctx[PK] = a - u_a * KSTEPS
+
+        def advance(K, N, J, k):
+            """The position at ctx slots (steps in the unit K = k, unit group N, tile J) moves one step."""
+            ctx[K] = k + 1
+            if k + 1 == KSTEPS:
+                ctx[K] = 0
+                ctx[N] += 1
+                if ctx[N] == NU:
+                    ctx[N] = 0
+                    ctx[J] += 1
 
         def epilogue(u):
             """acc holds the whole sum of unit u: write its outputs."""
@@ -170,12 +186,12 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
                     prt[i] = acc[i]
                     acc[i] = ZERO
                 bb = ((u0 + 1) * nb - 1) // total             # the block holding step u0
-                while bb < nb and bb * total // nb < u0 + KSTEPS:
-                    b0 = bb * total // nb
+                while bb < nb and _share(bb, nb, total) < u0 + KSTEPS:
+                    b0 = _share(bb, nb, total)
                     if bb == blk:
                         for i in range(NACC):
                             acc[i] += prt[i]
-                    elif b0 < (bb + 1) * total // nb:         # a non-empty share
+                    elif b0 < _share(bb + 1, nb, total):      # a non-empty share
                         sl = 2 * bb + (0 if b0 >= u0 else 1)
                         for i in range(NACC):
                             acc[i] += ld_cg_f32(part, sl * SLOT + i * 32 + lane)
@@ -237,13 +253,7 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
                                     prt[mi * 4 + q] = d[q]
                 if ks == KSTEPS - 1 or s == b - 1:            # this warp's segment of the unit ends
                     finish(s)
-                ctx[CK] = ks + 1                              # advance to the next step
-                if ks + 1 == KSTEPS:
-                    ctx[CK] = 0
-                    ctx[CN] += 1
-                    if ctx[CN] == NU:
-                        ctx[CN] = 0
-                        ctx[CJ] += 1
+                advance(CK, CN, CJ, ks)
             ns = s + DP
             if ns < b:                                        # refill slot r with step ns
                 ks2 = ctx[PK]
@@ -261,13 +271,7 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
                         for q in range(SPC):
                             rs[((r * SC + ci) * NMAT + mi) * SPC + q] = ld_u32(sq, sb + (mi * NS + q) * 8)
                 cto[PW] = wb + SC * 128
-                ctx[PK] = ks2 + 1
-                if ks2 + 1 == KSTEPS:
-                    ctx[PK] = 0
-                    ctx[PN] += 1
-                    if ctx[PN] == NU:
-                        ctx[PN] = 0
-                        ctx[PJ] += 1
+                advance(PK, PN, PJ, ks2)
 
         s = a - DP
         while s < b:                                          # slots 0..DP-1 written out: static indices
@@ -296,7 +300,7 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
                     w = warp
                     wa = a
                     while w < WPB and wa < hi:
-                        wb = A + (w + 1) * (B - A) // WPB
+                        wb = A + _share(w + 1, WPB, B - A)
                         if wa < wb:
                             sl = 2 * w + (0 if u0 <= wa else 1)
                             for i in range(NACC):

@@ -226,28 +226,33 @@ def ncu_calls(torch):
     return 0
 
 
-def stage_breakdown(torch, mw):
-    """Graphs of the first 1, 2, 3, 4 launches of a v3 layer call (T = 1 and 64): each stage's time is
-    the difference of consecutive prefixes (each prefix is a valid sequence: counters are zeroed)."""
+def prefix_times(torch, stages, ids, id_sets, reps, n_shared):
+    """Median us of graphs of the first 1, 2, ... launches of a layer call (each prefix is a valid
+    sequence: counters are zeroed), and the median count of experts read."""
     from numba import cuda
+    times = []
+    for n in range(1, len(stages) + 1):
+        def fn(n=n):
+            s = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+            for _, launch in stages[:n]:
+                launch(s)
+        samples, uniq = timed_replays(torch, graph_of(torch, fn), ids, id_sets, reps, n_shared=n_shared)
+        times.append(float(np.median(samples)))
+    return times, float(np.median(uniq))
 
+
+def stage_breakdown(torch, mw):
+    """Each stage of the package layer call (T = 1 and 64): the difference of consecutive prefixes."""
     from kernels_numba.moe import moe_stages
     for t in (1, 64):
         id_sets = routings(torch, t, 1, seed=t)
         ids = id_sets[0].clone()
         x = torch.randn(t, 7168, device="cuda").half()
         stages, _, _ = moe_stages(x, ids, torch.rand(t, 8, device="cuda"), mw)
-        prev = 0.0
-        for n in range(1, len(stages) + 1):
-            def fn(n=n, stages=stages):
-                s = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-                for _, launch in stages[:n]:
-                    launch(s)
-            samples, _ = timed_replays(torch, graph_of(torch, fn), ids, id_sets, 12)
-            med = float(np.median(samples))
-            print(f"v5 stages T={t} up to {stages[n - 1][0]}: {med:.1f} us (this stage {med - prev:.1f} us)",
-                  flush=True)
-            prev = med
+        times, _ = prefix_times(torch, stages, ids, id_sets, 12, mw.n_shared)
+        for n, med in enumerate(times):
+            print(f"stages T={t} up to {stages[n][0]}: {med:.1f} us "
+                  f"(this stage {med - (times[n - 1] if n else 0.0):.1f} us)", flush=True)
 
 
 # Variants of the package GEMM made by textual patches of kernels_numba/moe_gemm.py:
@@ -300,9 +305,9 @@ def patched_module(name):
 
 
 def diagnose(torch, tokens, variants, extra):
-    """Per-stage and whole-layer time at T = 1, 4, 16, 64 of v5 (snapshot; per-warp parts in global
-    memory), v6 (package) and the stream variant, from prefix graphs (align; + gate/up; + down; +
-    combine): each stage is the difference of consecutive prefixes."""
+    """Per-stage and whole-layer time of v5 (snapshot; per-warp parts in global memory), v6 (package)
+    and the patched variants, at the default config and ``extra`` ones: each stage is the difference
+    of consecutive prefix graphs (align; + gate/up; + down; + combine)."""
     from dataclasses import replace
 
     from numba import cuda
@@ -330,21 +335,12 @@ def diagnose(torch, tokens, variants, extra):
                 if name == "v5":
                     ws = replace(ws, part=cuda.device_array(v5_part, np.float32))
                 stages, _, _ = moe_mod.moe_stages(x, ids, tw, mw, workspace=ws, config=cfg)
-                times = []
-                for n in (1, 2, 3, 4):
-                    def fn(n=n, stages=stages):
-                        s = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-                        for _, launch in stages[:n]:
-                            launch(s)
-                    samples, uniq = timed_replays(torch, graph_of(torch, fn), ids, id_sets, 16,
-                                                  n_shared=mw.n_shared)
-                    times.append(float(np.median(samples)))
+                times, ue = prefix_times(torch, stages, ids, id_sets, 16, mw.n_shared)
             except Exception as e:  # noqa: BLE001 - a variant / config that does not build or launch
                 print(f"diag {name} T={t} {cfg}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
                 continue
             finally:
                 moe_mod.make_moe_gemm_kernel = saved
-            ue = float(np.median(uniq))
             gu_mb, dn_mb = ue * EXPERT_BYTES * 2 / 3 / 1e6, ue * EXPERT_BYTES / 3 / 1e6
             gu, dn = times[1] - times[0], times[2] - times[1]
             floor = ue * EXPERT_BYTES / (copy * 1e3)

@@ -125,7 +125,9 @@ def test_bad_configs_raise_before_launch():
     for bad in ({**SMALL, "gu": (2, 1, 5, 1)},              # 5 steps in flight: the kernel unrolls <= 4
                 {**SMALL, "dn": (2, 3, 2, 1)},              # 3 chunks per step do not divide I/64
                 {**SMALL, "gu": (2, 1, 2, 3)},              # 3 n-tiles per unit do not divide I/16
-                {**SMALL, "blocks": 0}):
+                {**SMALL, "blocks": 0},
+                {**SMALL, "gu": (2, 1, 2)},                 # a tiling of 3 numbers, not 4
+                {k: v for k, v in SMALL.items() if k != "maxreg"}):
         with pytest.raises(KernelInputError, match="bad MoE config"):
             fused_moe(x, ids, tw, mw, out=out, config=bad)
     big = {**SMALL, "blocks": 50}                           # more warps than the workspace was made for
