@@ -14,6 +14,8 @@ Design (docs/perf.md has the version ladder and measurements; dev/kernels/int4_m
 - Scales are applied per group in f32 outside the MMA: ``acc += s * sum_k q x`` equals the
   definition ``sum_k x (q s)`` up to rounding order, and q (integers |q| <= 8) is exact in f16.
 - Partial sums of the KS warps meet in shared memory; a fixed-order sum writes ``out`` (f32).
+- Launched with PDL (``launch.py``): phase 1 (the weight loads) overlaps the previous kernel in the
+  stream; ``griddep_wait`` comes before the first activation read and output write.
 - Branch-free inner loop: when KS * CPW == K/64 (the chosen configs) there are no chunk guards;
   rows past M read row M-1 and are masked to zero; for G = 32 each 32-column half is one group,
   so its two MMAs start from zero and no partial-sum registers are kept.
@@ -28,7 +30,17 @@ from numba import cuda, float32, uint32
 
 from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, flat
 from .int4_layout import Int4Weight
-from .intrinsics import SIMULATED, dequant_i4x8, h2_to_f32, ld_stream_v4, ld_v4, mma_16816
+from .intrinsics import (
+    SIMULATED,
+    dequant_i4x8,
+    griddep_launch_dependents,
+    griddep_wait,
+    h2_to_f32,
+    ld_stream_v4,
+    ld_v4,
+    mma_16816,
+)
+from .launch import launch
 
 MT_BUCKETS = (1, 2, 4, 8)          # m8 tiles per block: M <= 8, 16, 32, 64
 ZERO = float32(0.0)
@@ -52,6 +64,7 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
 
     @cuda.jit(**opts)
     def int4_matmul_kernel(out, x, wq, sq, m_rows, n_rows):
+        griddep_launch_dependents()                           # the next kernel may start its weight loads
         tile = cuda.blockIdx.x                                # 16 output rows
         m0 = cuda.blockIdx.y * (8 * MT)                       # first activation row of this block
         tid = cuda.threadIdx.x
@@ -82,6 +95,7 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
                     wl[ci * 4 + j] = w[j]
                 for j in range(SPC):
                     sl[ci * SPC + j] = sq[sbase + ((ci * 64) // G + j) * 8]
+        griddep_wait()                                        # x and out belong to the previous kernel
         for mt in range(MT):
             m = m0 + mt * 8 + g
             xm[mt] = uint32(0xFFFFFFFF) if m < m_rows else uint32(0)
@@ -154,14 +168,17 @@ def choose_config(m: int, k: int, g: int = 32) -> tuple[int, int, int]:
     return mt, -(-kc // cpw), cpw
 
 
-def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int, int, int] | None = None):
+def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int, int, int] | None = None,
+                pdl: bool = True):
     """``out [M, N] float32 = f16(x) @ W.T`` for a repacked W4A16 weight (``repack_int4``).
 
     ``x`` float16 ``[M, K]`` C-contiguous, 16-byte aligned, M >= 1; ``weight`` an ``Int4Weight``
     on the device (``.to_device()``); ``out`` optional float32 ``[M, N]`` (allocated if None).
     Accepts numba device arrays or torch CUDA tensors; launches on ``stream`` (numba stream,
     torch stream or raw handle; None = default). ``config`` (MT, KS, CPW) overrides
-    ``choose_config``. Raises KernelInputError before launching on any bad input.
+    ``choose_config``. ``pdl``: launch with programmatic dependent launch (``launch.py``), so the
+    weight loads overlap the previous kernel in the stream. Raises KernelInputError before launching
+    on any bad input.
     """
     if not isinstance(weight, Int4Weight) or weight.experts or weight.pair:
         raise KernelInputError("weight must be a single-matrix Int4Weight from repack_int4(...).to_device()")
@@ -185,5 +202,6 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     grid = (weight.n16, -(-m // (8 * mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
-    make_int4_matmul_kernel(k, gs, mt, ks, cpw)[grid, ks * 32, stream](flat(out), flat(x), wq, sq, m, n)
+    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw)
+    launch(kernel, grid, ks * 32, stream, (flat(out), flat(x), wq, sq, m, n), pdl)
     return out

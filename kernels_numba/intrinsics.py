@@ -17,6 +17,8 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``ld_acquire_i32(a, i)`` | ``ld.acquire.gpu.global.b32``: later reads see what was released | ``a[i]`` |
 | ``syncwarp()`` | ``bar.warp.sync`` (all 32 lanes) | barrier of the warp's 32 threads |
 | ``bcast0(v)`` | ``shfl.sync.idx.b32``: lane 0's 32-bit integer to all 32 lanes | exchange |
+| ``griddep_wait()`` | ``griddepcontrol.wait``: until the previous grid has completed (PDL) | no-op |
+| ``griddep_launch_dependents()`` | ``griddepcontrol.launch_dependents``: the next grid may start | no-op |
 
 ``i`` is an element index into ``a`` (any 1-D array); the 16 bytes at element ``i`` must be
 16-byte aligned (the host wrappers check base pointers, the kernels keep offsets multiples of 16 B).
@@ -100,6 +102,10 @@ def _sim_bcast0(v):
     r = st["bcast"]
     st["barrier"].wait(timeout=120)                      # nobody overwrites before every lane read
     return r
+
+
+def _sim_nop():
+    return None                                         # the simulator runs launches one after another
 
 
 def _sim_ld_u32(a, i):
@@ -272,13 +278,19 @@ def _build_gpu():
     ld_acquire_i32 = _ld1("ld.acquire.gpu.global.b32", types.int32, lambda d: d == types.int32,
                           side_effect=True)
 
-    @intrinsic
-    def syncwarp(typingctx):
-        def codegen(context, builder, sig, args):
-            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "bar.warp.sync 0xffffffff;", "",
-                                      side_effect=True), [])
-            return context.get_dummy_value()
-        return types.none(), codegen
+    def _void_asm(text, cons="~{memory}"):
+        @intrinsic
+        def impl(typingctx):
+            def codegen(context, builder, sig, args):
+                builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, cons,
+                                          side_effect=True), [])
+                return context.get_dummy_value()
+            return types.none(), codegen
+        return impl
+
+    syncwarp = _void_asm("bar.warp.sync 0xffffffff;", "")
+    griddep_wait = _void_asm("griddepcontrol.wait;")
+    griddep_launch_dependents = _void_asm("griddepcontrol.launch_dependents;")
 
     @intrinsic
     def bcast0(typingctx, v):
@@ -292,7 +304,8 @@ def _build_gpu():
         return v(v), codegen
 
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"), dequant_i4x8,
-            mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0)
+            mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
+            griddep_wait, griddep_launch_dependents)
 
 
 if SIMULATED:
@@ -307,6 +320,7 @@ if SIMULATED:
     ld_acquire_i32 = _sim_ld_acquire_i32
     syncwarp = _sim_syncwarp
     bcast0 = _sim_bcast0
+    griddep_wait = griddep_launch_dependents = _sim_nop
 else:
     (ld_stream_v4, ld_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32,
-     syncwarp, bcast0) = _build_gpu()
+     syncwarp, bcast0, griddep_wait, griddep_launch_dependents) = _build_gpu()

@@ -33,6 +33,7 @@ def test_int4_matmul_uses_tensor_cores_and_wide_loads(ptx_counts):
         assert c["ldg_v4"] >= 1, name               # 16-byte activation loads
         assert c["lop3"] >= 4 and c["hfma2"] >= 2, name   # magic-number dequantization
         assert c["local"] == 0, name                # fragments stay in registers (unrolled loops)
+        assert c["pdl_wait"] == 1 and c["pdl_launch"] == 1, name   # programmatic dependent launch
 
 
 def test_moe_kernels(ptx_counts):

@@ -9,7 +9,7 @@ import pytest
 
 from kernels_numba import KernelInputError, int4_matmul, repack_int4
 from kernels_numba.int4_layout import Int4Weight
-from workbench.quant.int4 import gen_quant4, int4_linear
+from workbench.quant.int4 import gen_quant4, int4_linear, pack_int4
 
 from .helpers import SIMULATED, assert_close, dev, gpu, host, needs_gpu, poisoned
 
@@ -81,6 +81,53 @@ def test_bad_inputs_raise_before_launch():
             int4_matmul(np.zeros((2, 128), np.float16)[:, ::2], w)
         with pytest.raises(KernelInputError, match="aligned"):
             int4_matmul(np.zeros(2 * 64 + 1, np.float16)[1:].reshape(2, 64), w)
+
+
+def _pdl_chain(m, n_a, k_a, n_b, rounds, stream):
+    """``rounds`` pairs A -> B launched back to back, B reading A's output as its activations.
+
+    A's weights are integers (scale 1) and each row of its input has 8 entries of +-1, so every
+    output of A is an integer |v| <= 56, whose float32 bits have a zero low half: read as float16
+    pairs ``[M, 2 N_A]`` they are finite (0.0 and a value of magnitude < 4). A's outputs start as
+    NaN, so a B that read them before A finished (a missing ``griddep_wait``) gives NaN.
+    """
+    rng = np.random.default_rng(m * 7 + n_a)
+    codes = rng.integers(-7, 8, (n_a, k_a)).astype(np.int8)
+    packed_a, scales_a = pack_int4(codes), np.ones((n_a, k_a // 32), np.float16)
+    w_a = repack_int4(packed_a, scales_a)
+    w_a = w_a if SIMULATED else w_a.to_device()
+    w_b, packed_b, scales_b = _weight(n_b, 2 * n_a, 32, m)
+    xs, outs_a, outs_b = [], [], []
+    for _ in range(rounds):
+        x = np.zeros((m, k_a), np.float16)
+        for row in x:
+            row[rng.choice(k_a, 8, replace=False)] = rng.choice([-1.0, 1.0], 8)
+        xs.append(x)
+        outs_a.append(poisoned((m, n_a)))
+        outs_b.append(poisoned((m, n_b)))
+    for x, oa, ob in zip(xs, outs_a, outs_b, strict=True):
+        int4_matmul(dev(x), w_a, out=oa, stream=stream)
+        int4_matmul(oa.reshape(m * n_a).view(np.float16).reshape(m, 2 * n_a), w_b, out=ob, stream=stream)
+    if stream is not None:
+        stream.synchronize()
+    for x, oa, ob in zip(xs, outs_a, outs_b, strict=True):
+        a = host(oa)
+        assert_close(a, int4_linear(x, packed_a, scales_a), what=f"A M={m}")
+        assert_close(host(ob), int4_linear(a.view(np.float16), packed_b, scales_b), what=f"B M={m}")
+
+
+def test_dependent_launches():
+    """A kernel reading the previous kernel's output (the order PDL launches must keep)."""
+    _pdl_chain(2, 32, 64, 16, rounds=2, stream=None)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("own_stream", [False, True])
+def test_gpu_dependent_launches(m, own_stream):
+    from numba import cuda
+    _pdl_chain(m, 2048, 7168, 7168, rounds=16, stream=cuda.stream() if own_stream else None)
 
 
 @gpu

@@ -2,10 +2,11 @@
 
 Rows of kernels.csv (one per case x implementation), all timed with CUDA events on torch's stream:
 - matmul at K2 shapes (gate/up 7168 -> 2048, down 2048 -> 7168), M in 1..64: this workbench's
-  ``int4_matmul``, torch cuBLAS bf16 ``x @ w.t()``, torch tinygemm INT4 g32
-  (``_weight_int4pack_mm``), each rotating over 64 distinct weight matrices (far more than the
-  L2) and captured as 64 back-to-back launches in one CUDA graph (time per launch = replay / 64);
-  a torch device copy of the same byte count, captured the same way, is the per-launch ceiling.
+  ``int4_matmul`` (as shipped, with programmatic dependent launch; and with PDL off), torch cuBLAS
+  bf16 ``x @ w.t()``, torch tinygemm INT4 g32 (``_weight_int4pack_mm``), each rotating over 64
+  distinct weight matrices (far more than the L2) and captured as 64 back-to-back launches in one
+  CUDA graph (time per launch = replay / 64); a torch device copy of the same byte count, captured
+  the same way, is the per-launch ceiling.
 - fused MoE at the K2 shape (384 experts + 1 shared, top-8, INT4 g32) for T = 1, 4, 16, 64 tokens:
   ``fused_moe`` (4 launches, one graph, routing rotated over 8 random sets between replays),
   against the floor = (unique experts touched + shared) x 24.77 MB at the copy bandwidth, and
@@ -76,9 +77,9 @@ def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
     from kernels_numba import int4_matmul
     xbf = x16.bfloat16()
 
-    def numba_int4():
+    def numba_int4(pdl=True):
         for i in range(ROT):
-            int4_matmul(x16, w4[i], out=o32[i], stream=torch.cuda.current_stream())
+            int4_matmul(x16, w4[i], out=o32[i], stream=torch.cuda.current_stream(), pdl=pdl)
 
     def cublas():
         for i in range(ROT):
@@ -88,7 +89,9 @@ def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
         for i in range(ROT):
             torch.ops.aten._weight_int4pack_mm(xbf, tg[i][0], G, tg[i][1])
     act = m * k * 2
-    return {"int4_matmul (numba W4A16)": (numba_int4, n * k // 2 + n * (k // G) * 2 + act + m * n * 4),
+    int4_bytes = n * k // 2 + n * (k // G) * 2 + act + m * n * 4
+    return {"int4_matmul (numba W4A16)": (numba_int4, int4_bytes),
+            "int4_matmul, PDL off": (functools.partial(numba_int4, pdl=False), int4_bytes),
             "cuBLAS bf16 (x @ w.t())": (cublas, n * k * 2 + act + m * n * 2),
             "tinygemm int4 g32": (tinygemm, n * k // 2 + (k // G) * n * 4 + act + m * n * 2)}
 

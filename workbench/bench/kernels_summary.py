@@ -9,20 +9,22 @@ def _get(rows, case, prefix):
 
 def summary(rows: list[dict], copy_gbs: float) -> str:
     out = [f"copy bandwidth {copy_gbs:.0f} GB/s",
-           "| shape | M | int4 us | GB/s | % copy | % same-size copy | x tinygemm | x cuBLAS bf16 |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| shape | M | int4 us | GB/s | % copy | % same-size copy | x tinygemm | x cuBLAS bf16 "
+           "| PDL off us |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for shape in ("gate_up", "down"):
         ceil = _get(rows, f"{shape} copy ceiling", "torch copy")
         for m in (1, 2, 4, 8, 16, 32, 64):
-            r = _get(rows, f"{shape} M={m}", "int4")
+            r = _get(rows, f"{shape} M={m}", "int4_matmul (")
             if r is None:
                 continue
+            off = _get(rows, f"{shape} M={m}", "int4_matmul, PDL off")
             tg, cb = _get(rows, f"{shape} M={m}", "tinygemm"), _get(rows, f"{shape} M={m}", "cuBLAS")
             same = f"{100 * r['gbs'] / ceil['gbs']:.0f}" if ceil else "-"
             xs = [f"{o['median_us'] / r['median_us']:.2f}" if o else "-" for o in (tg, cb)]
             out.append(f"| {shape} | {m} | {r['median_us']:.2f} | {r['gbs']:.0f} | {r['pct_copy']:.0f} | "
-                       f"{same} | {xs[0]} | {xs[1]} |")
-        r1, r16 = _get(rows, f"{shape} M=1", "int4"), _get(rows, f"{shape} M=16", "int4")
+                       f"{same} | {xs[0]} | {xs[1]} | {off['median_us'] if off else '-'} |")
+        r1, r16 = _get(rows, f"{shape} M=1", "int4_matmul ("), _get(rows, f"{shape} M=16", "int4_matmul (")
         if r1 and r16:
             ratio = r16["median_us"] / r1["median_us"]
             out.append(f"{shape}: M=16 time / M=1 time = {ratio:.2f} (target <= 1.5)")
