@@ -76,7 +76,7 @@ def configs_for(m, k):
     mt = choose_config(m, k)[0]
     kc = k // 64
     out = [choose_config(m, k)]
-    for cpw in (1, 2, 4, 7, 8):
+    for cpw in (1, 2, 4, 7, 8, 14, 16):
         ks = kc // cpw
         if kc % cpw == 0 and 2 <= ks <= 32 and (mt, ks, cpw) not in out:
             out.append((mt, ks, cpw))
