@@ -21,7 +21,6 @@ import numpy as np
 from ._validate import KernelInputError, as_stream, check, empty, flat
 from .int4_layout import Int4Weight, repack_int4
 from .intrinsics import SIMULATED
-from .launch import launch
 from .moe_align import align_threads, make_align_kernel, make_combine_kernel
 from .moe_gemm import make_moe_gemm_kernel
 
@@ -144,20 +143,19 @@ def choose_moe_config(d: int, i: int) -> dict:
 
 
 def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoEWorkspace | None = None,
-              stream=None, config: dict | None = None, check_routing: bool = False, pdl: bool = True):
+              stream=None, config: dict | None = None, check_routing: bool = False):
     """``out [T, D] float32`` = the MoE layer for ``x`` float16 [T, D] routed by ``topk_ids`` int32
     [T, K] (values in [0, E)) with ``topk_w`` float32 [T, K] (routed_scaling_factor included).
 
     ``weights`` from ``prepare_moe(...).to_device()``; ``workspace`` from ``moe_workspace`` (pass
     one for CUDA-graph capture: allocating inside a capture fails). Expert ids outside [0, E) are
     dropped on the device and flagged in ``workspace.meta[1]``; ``check_routing=True`` synchronises
-    and raises KernelInputError for them. ``pdl``: launch the four kernels with programmatic dependent
-    launch (``launch.py``). Raises KernelInputError before launching on bad shapes.
+    and raises KernelInputError for them. Raises KernelInputError before launching on bad shapes.
     """
     stream = as_stream(stream)
-    stages, out, ws = moe_stages(x, topk_ids, topk_w, weights, out, workspace, stream, config, pdl)
-    for _, run in stages:
-        run(stream)
+    stages, out, ws = moe_stages(x, topk_ids, topk_w, weights, out, workspace, stream, config)
+    for _, launch in stages:
+        launch(stream)
     if check_routing:
         if not isinstance(ws.meta, np.ndarray):
             from numba import cuda
@@ -169,7 +167,7 @@ def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoE
 
 
 def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoEWorkspace | None = None,
-               stream=None, config: dict | None = None, pdl: bool = True):
+               stream=None, config: dict | None = None):
     """Every check of ``fused_moe`` (same arguments), then ``(stages, out, workspace)``: stages are
     ``(name, launch(stream))`` for align, gate_up, down and combine in launch order; ``fused_moe``
     runs them all, a benchmark may time a prefix. ``out`` / ``workspace`` are allocated on
@@ -214,12 +212,11 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
     combine = make_combine_kernel(d, k, weights.n_shared)
     tiles = (ws.tile_expert, ws.tile_rows, ws.meta, flat(tw), t, k, ws.part)
     stages = [
-        ("align", lambda s: launch(align, 1, nthr, s, (ws.tile_expert, ws.tile_rows, ws.meta, flat(ids), t, k,
-                                                      weights.n_routed, p, ws.cnt_gu, p * w13.n16), pdl)),
-        ("gate_up", lambda s: launch(gate_up, nb, wgu * 32, s, (ws.h, flat(x), w13q, w13s, *tiles, ws.cnt_gu,
-                                                                ws.cnt_dn, p * w2.n16), pdl)),
-        ("down", lambda s: launch(down, nb, wdn * 32, s, (ws.y, ws.h, w2q, w2s, *tiles, ws.cnt_dn, ws.cnt_dn,
-                                                          0), pdl)),
-        ("combine", lambda s: launch(combine, (-(-d // 128), t), 128, s, (flat(out), ws.y, t), pdl)),
+        ("align", lambda s: align[1, nthr, s](ws.tile_expert, ws.tile_rows, ws.meta, flat(ids), t, k,
+                                              weights.n_routed, p, ws.cnt_gu, p * w13.n16)),
+        ("gate_up", lambda s: gate_up[nb, wgu * 32, s](ws.h, flat(x), w13q, w13s, *tiles, ws.cnt_gu,
+                                                       ws.cnt_dn, p * w2.n16)),
+        ("down", lambda s: down[nb, wdn * 32, s](ws.y, ws.h, w2q, w2s, *tiles, ws.cnt_dn, ws.cnt_dn, 0)),
+        ("combine", lambda s: combine[(-(-d // 128), t), 128, s](flat(out), ws.y, t)),
     ]
     return stages, out, ws

@@ -15,7 +15,7 @@ import functools
 
 from numba import cuda, float32, int32
 
-from .intrinsics import SIMULATED, griddep_launch_dependents, griddep_wait
+from .intrinsics import SIMULATED
 
 
 @functools.cache
@@ -26,8 +26,6 @@ def make_align_kernel(EX: int, NTHR: int):
     @cuda.jit
     def moe_align_kernel(tile_expert, tile_rows, meta, topk_ids, n_tok, k_top, n_routed, max_tiles,
                          cnt, n_cnt):
-        griddep_launch_dependents()                           # PDL (launch.py), as in moe_gemm.py
-        griddep_wait()
         tid = cuda.threadIdx.x
         for i in range(tid, n_cnt, NTHR):                     # the gate/up GEMM's unit counters
             cnt[i] = 0
@@ -100,8 +98,6 @@ def make_combine_kernel(D: int, K: int, S: int):
 
     @cuda.jit
     def moe_combine_kernel(out, y, n_tok):
-        griddep_launch_dependents()
-        griddep_wait()
         n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         t = cuda.blockIdx.y
         if n < D:

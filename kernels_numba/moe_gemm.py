@@ -29,7 +29,6 @@ fixed order, so results do not depend on timing:
   epilogue writes ``h[pair, n] = f16(silu(gate) * up)`` (float16 bits, the down GEMM's input).
 - down: the epilogue writes ``y[pair, n] = w_pair * (h_pair . W2[n])`` in float32.
 Counters must be zero at launch: moe_align zeroes the gate/up ones, the gate/up kernel the down ones.
-Launched with PDL, each stage starts with ``griddep_wait``: what overlaps is the next stage's launch.
 """
 
 from __future__ import annotations
@@ -44,8 +43,6 @@ from .intrinsics import (
     bcast0,
     dequant_i4x8,
     f32_to_h2,
-    griddep_launch_dependents,
-    griddep_wait,
     h2_to_f32,
     ld_acquire_i32,
     ld_cg_f32,
@@ -97,8 +94,6 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
     @cuda.jit(**opts)
     def moe_gemm_kernel(dst, act, wq, sq, tile_expert, tile_rows, meta, topk_w, n_tok, k_top,
                         part, cnt, cnt_next, n_next):
-        griddep_launch_dependents()                           # PDL (launch.py): the next stage may launch,
-        griddep_wait()                                        # and this one waits for the previous stage
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31

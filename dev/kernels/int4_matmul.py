@@ -58,11 +58,14 @@ def random_weights(n, k, gs, count, torch):
     return ws
 
 
-def check_against_reference(rng, m, n, k, gs, config=None):
-    """Real repack of a gen_quant4 weight; returns max |out - ref| / max |ref|."""
-    from kernels_numba import int4_matmul, repack_int4
+def check_against_reference(rng, m, n, k, gs, config=None, int4_matmul=None):
+    """Real repack of a gen_quant4 weight; returns max |out - ref| / max |ref| (of the package's
+    int4_matmul unless another is given)."""
+    from kernels_numba import repack_int4
     from workbench.quant.int4 import gen_quant4, int4_linear
     _, packed, scales = gen_quant4(n, k, gs, seed=int(rng.integers(1 << 30)))
+    if int4_matmul is None:
+        from kernels_numba import int4_matmul
     x = rng.standard_normal((m, k)).astype(np.float16)
     w = repack_int4(packed, scales).to_device()
     out = cuda.to_device(np.full((m, n), np.nan, np.float32))
@@ -87,8 +90,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="one launch of each shape, for ncu")
-    ap.add_argument("--m16", action="store_true", help="M = 1 vs 16: v2 beside v4, v4 with MT = 1, v4 "
-                    "without the row mask")
+    ap.add_argument("--m16", action="store_true", help="M = 1 vs 16: the package kernel beside its patched "
+                    "variants (no row mask, one-pass reduction)")
     args = ap.parse_args(argv)
     import torch
     if args.m16:
@@ -155,7 +158,15 @@ def time_rotating(torch, matmul, x, ws, outs, cfg, label):
         return None
 
 
-_MASK = "k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]"
+_MASK = ("k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]",
+         "k0, k1, k2, k3 = xv[0], xv[1], xv[2], xv[3]")
+_ONE_PASS = [("            tot[o] = s\n        cuda.syncthreads()\n"
+              "        for o in range(tid, NOUT, NTHR):\n", ""),
+             ("out[m * n_rows + n] = tot[o]", "out[m * n_rows + n] = s")]
+# textual patches of the package kernel, all launched as the package launches (with PDL):
+#   nomask  no activation-row mask (rows past M are clamped to M - 1 and their outputs never stored)
+#   1pass   the cross-warp sum stores straight to out (no second shared-memory pass and barrier)
+_VARIANTS = {"v4": [], "v4 nomask": [_MASK], "v4 1pass": _ONE_PASS, "v4 nomask 1pass": [_MASK, *_ONE_PASS]}
 
 
 def _module_from(name, text):
@@ -166,40 +177,39 @@ def _module_from(name, text):
 
 
 def m16_ratio(torch):
-    """M = 1 vs 16 on both K2 shapes, one run over the same 64 weights per shape: v2 (snapshot) and v4
-    at their tunings, v4 with MT = 1 at M = 16 (two blocks per weight tile, the second read served by
-    L2), and v4 without the activation-row mask (rows past M are clamped and never stored)."""
+    """M = 1 vs 16 on both K2 shapes, one run over the same 64 weights per shape: the package kernel
+    and its patched variants (``_VARIANTS``) at the tunings that matter, each checked first."""
     from pathlib import Path
 
     import kernels_numba.int4_matmul  # noqa: F401 - the module (the package's name is the function)
     pkg = sys.modules["kernels_numba.int4_matmul"]
     src = Path(pkg.__file__).read_text()
-    assert _MASK in src
-    impls = {"v2": _module_from("_int4_matmul_v2", Path(__file__).with_name(
-                 "_int4_matmul_v2_snapshot.py.txt").read_text()).int4_matmul,
-             "v4": pkg.int4_matmul,
-             "v4 nomask": _module_from("_int4_matmul_nomask", src.replace(
-                 _MASK, "k0, k1, k2, k3 = xv[0], xv[1], xv[2], xv[3]")).int4_matmul}
+    impls = {}
+    for name, patches in _VARIANTS.items():
+        text = src
+        for old, new in patches:
+            assert old in text, (name, old)
+            text = text.replace(old, new)
+        impls[name] = _module_from("_int4_matmul_" + name.replace(" ", "_"), text).int4_matmul
     rng = np.random.default_rng(1)
-    for cfg in [(1, 4, 8), (1, 8, 4)]:
-        err = check_against_reference(rng, 16, 7168, 2048, 32, cfg)
-        print(f"check M=16 N=7168 K=2048 cfg={cfg}: rel err {err:.2e}", "OK" if err < 1e-4 else "FAIL")
+    for name, fn in impls.items():
+        for m, n, k, cfg in [(16, 7168, 2048, (2, 4, 8)), (5, 2048, 7168, (1, 16, 7))]:
+            err = check_against_reference(rng, m, n, k, 32, cfg, fn)
+            print(f"check {name} M={m} N={n} K={k} cfg={cfg}: rel err {err:.2e}",
+                  "OK" if err < 1e-4 else "FAIL")
     count = 64
-    plans = {(2048, 7168): [("v2", 1, (1, 28, 4, 1)), ("v4", 1, (1, 16, 7)), ("v4 nomask", 1, (1, 16, 7)),
-                            ("v2", 16, (2, 28, 4, 1)), ("v4", 16, (2, 16, 7)), ("v4 nomask", 16, (2, 16, 7)),
-                            ("v4", 16, (1, 16, 7)), ("v4", 16, (1, 28, 4))],
-             (7168, 2048): [("v2", 1, (1, 4, 8, 1)), ("v4", 1, (1, 4, 8)), ("v4 nomask", 1, (1, 4, 8)),
-                            ("v2", 16, (2, 4, 8, 1)), ("v4", 16, (2, 4, 8)), ("v4 nomask", 16, (2, 4, 8)),
-                            ("v4", 16, (1, 4, 8)), ("v4", 16, (1, 8, 4)), ("v4", 16, (1, 2, 16))]}
+    plans = {(2048, 7168): [(1, (1, 16, 7)), (16, (2, 16, 7))],
+             (7168, 2048): [(1, (1, 4, 8)), (16, (2, 4, 8)), (16, (2, 8, 4))]}
     for (n, k), plan in plans.items():
         ws = random_weights(n, k, 32, count, torch)
-        for ver, m, cfg in plan:
+        for m, cfg in plan:
             x = torch.randn(m, k, device="cuda").half()
             outs = [torch.zeros(m, n, device="cuda") for _ in range(count)]
-            label = f"{ver} N={n} K={k} M={m} cfg={cfg}"
-            us = time_rotating(torch, impls[ver], x, ws, outs, cfg, label)
-            if us is not None:
-                print(f"{label}: {us:.2f} us", flush=True)
+            for name, fn in impls.items():
+                label = f"{name} N={n} K={k} M={m} cfg={cfg}"
+                us = time_rotating(torch, fn, x, ws, outs, cfg, label)
+                if us is not None:
+                    print(f"{label}: {us:.2f} us", flush=True)
     return 0
 
 

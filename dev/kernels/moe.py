@@ -17,9 +17,9 @@ Versions (docs/perf.md has predictions and measurements), all timed in the same 
       Kept as _moe_gemm_v5_snapshot.py.txt.
   v6  two-level stream-K: warps of a block sum their split units from shared memory after one
       syncthreads at the end; only block-crossing pieces use the global part buffer (the package).
---diag times each stage of v5, v6 (with and without PDL) and variants of the package kernel made by
-textual patches (a load-only one for timing, the v6dp candidate) from prefix graphs, at the default
-config and any of EXTRA_CONFIGS.
+--diag times each stage of v5, v6 and variants of the package kernel made by textual patches (a
+load-only one for timing, the v6dp candidate) from prefix graphs, at the default config and any
+of EXTRA_CONFIGS.
 Swept: warps per block, chunks per step (SC), steps in flight (DP), n-tiles per unit (NT), blocks per
 SM, register cap.
 """
@@ -171,8 +171,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ncu", action="store_true", help="one eager layer call at T = 1 and 64, for ncu")
     ap.add_argument("--diag", action="store_true", help="stage times: v5, v6, variants (stream, v6dp)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64], help="token counts of --diag")
-    ap.add_argument("--variants", nargs="+", default=["v5", "v6", "stream"],
-                    help="versions of --diag: v5, v6, v6nopdl (v6 launched without PDL), stream, v6dp")
+    ap.add_argument("--variants", nargs="+", default=["v5", "v6", "stream"], help="versions of --diag")
     ap.add_argument("--configs", type=int, nargs="+", default=[], help="--diag: also these EXTRA_CONFIGS "
                     "(indices), for every variant but v5")
     ap.add_argument("--no-check", action="store_true", help="--diag without the small-shape checks")
@@ -320,8 +319,7 @@ def diagnose(torch, tokens, variants, extra):
     mw = k2_random_experts(torch)
     base = moe_mod.choose_moe_config(7168, 2048)
     v5 = load_snapshot("_moe_gemm_v5_snapshot")
-    factories = {"v5": v5.make_moe_gemm_kernel, "v6": moe_mod.make_moe_gemm_kernel,
-                 "v6nopdl": moe_mod.make_moe_gemm_kernel}
+    factories = {"v5": v5.make_moe_gemm_kernel, "v6": moe_mod.make_moe_gemm_kernel}
     factories.update({v: patched_module(v).make_moe_gemm_kernel for v in variants if v in _PATCHES})
     v5_part = 2 * base["blocks"] * 16 * 2 * 128                  # v5: two slots per warp
     for t in tokens:
@@ -336,9 +334,7 @@ def diagnose(torch, tokens, variants, extra):
                 ws = moe_mod.moe_workspace(t, 8, mw, config=cfg)
                 if name == "v5":
                     ws = replace(ws, part=cuda.device_array(v5_part, np.float32))
-                # v5 has no griddep_wait: it must not be launched with PDL
-                stages, _, _ = moe_mod.moe_stages(x, ids, tw, mw, workspace=ws, config=cfg,
-                                                  pdl=name not in ("v5", "v6nopdl"))
+                stages, _, _ = moe_mod.moe_stages(x, ids, tw, mw, workspace=ws, config=cfg)
                 times, ue = prefix_times(torch, stages, ids, id_sets, 16, mw.n_shared)
             except Exception as e:  # noqa: BLE001 - a variant / config that does not build or launch
                 print(f"diag {name} T={t} {cfg}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)

@@ -82,13 +82,12 @@ def bench_moe(torch, copy, rows, log):
         tw = torch.rand(t, K, device="cuda")
         out = torch.empty(t, D, device="cuda")
         ws = moe_workspace(t, K, mw)
-        best = choose_moe_config(D, I)
-        cfgs = [("fused_moe (numba, 4 launches)", best, True), ("fused_moe, PDL off", best, False)] + [
-            (f"fused_moe alt config {c['gu']}/{c['dn']}", c, True) for c in ALT_CONFIGS]
+        cfgs = [("fused_moe (numba, 4 launches)", choose_moe_config(D, I))] + [
+            (f"fused_moe alt config {c['gu']}/{c['dn']}", c) for c in ALT_CONFIGS]
         floor_us = None
-        for impl, cfg, pdl in cfgs:
-            layer = functools.partial(fused_moe, x, ids, tw, mw, out=out, workspace=ws, config=cfg, pdl=pdl)
-            g = graph_of(torch, lambda layer=layer: layer(stream=torch.cuda.current_stream()))
+        for impl, cfg in cfgs:
+            g = graph_of(torch, lambda cfg=cfg: fused_moe(x, ids, tw, mw, out=out, workspace=ws,  # noqa: B023
+                                                          stream=torch.cuda.current_stream(), config=cfg))
             samples, uniq = timed_replays(torch, g, ids, id_sets, 24)
             floor_us = np.median(uniq) * EXPERT_BYTES / (copy * 1e3)
             st = stats(samples)
