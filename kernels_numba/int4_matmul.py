@@ -15,10 +15,13 @@ Design (docs/perf.md has the version ladder and measurements; dev/kernels/int4_m
   definition ``sum_k x (q s)`` up to rounding order, and q (integers |q| <= 8) is exact in f16.
 - Partial sums of the KS warps meet in shared memory; a fixed-order sum writes ``out`` (f32).
 - Launched with PDL (``launch.py``): phase 1 (the weight loads) overlaps the previous kernel in the
-  stream; ``griddep_wait`` comes before the first activation read and output write.
+  stream; ``griddep_wait`` comes before the first activation read and output write. The weight
+  loads are not ``.nc``: ptxas sinks ``.nc`` loads past the wait (offline SASS: 3 of 8 stayed
+  before it at M = 16, K = 2048), and then they no longer overlap anything.
 - Branch-free inner loop: when KS * CPW == K/64 (the chosen configs) there are no chunk guards;
-  rows past M read row M-1 and are masked to zero; for G = 32 each 32-column half is one group,
-  so its two MMAs start from zero and no partial-sum registers are kept.
+  rows past M read row M-1 (their outputs are never stored; for MT = 1 they are also masked to
+  zero, which ptxas schedules better there); for G = 32 each 32-column half is one group, so its
+  two MMAs start from zero and no partial-sum registers are kept.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from .intrinsics import (
     griddep_launch_dependents,
     griddep_wait,
     h2_to_f32,
-    ld_stream_v4,
+    ld_stream_v4_ordered,
     ld_v4,
     mma_16816,
 )
@@ -55,6 +58,7 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
     SPC = 2 if G == 32 else 1      # scale words a lane loads per chunk (= groups per chunk, G <= 64)
     EXACT = KS * CPW == KC         # every warp's slice is full: no chunk guards
     NACC = MT * 4                  # accumulator registers per lane
+    MASK = MT == 1                 # zero rows past M (not needed: never stored; ptxas schedules M = 1 better)
     NOUT = MT * 128                # outputs per block (16 rows x 8 MT columns)
     NTHR = KS * 32
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
@@ -73,11 +77,10 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
         g = lane >> 2
         t = lane & 3
         red = cuda.shared.array(NRED, float32)
-        tot = cuda.shared.array(NOUT, float32)
         acc = cuda.local.array(NACC, float32)
         prt = cuda.local.array(NACC, float32)
         xb = cuda.local.array(MT, uint32)                     # first activation word index, per m8 tile
-        xm = cuda.local.array(MT, uint32)                     # 0xFFFFFFFF for rows < M, else 0
+        xm = cuda.local.array(MT, uint32)                     # MASK: 0xFFFFFFFF for rows < M, else 0
         for i in range(NACC):
             acc[i] = ZERO
             prt[i] = ZERO
@@ -90,7 +93,7 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
         sbase = (tile * NS + (c0 * 64) // G) * 8 + g
         for ci in range(CPW):
             if EXACT or c0 + ci < KC:
-                w = ld_stream_v4(wq, wbase + ci * 128)
+                w = ld_stream_v4_ordered(wq, wbase + ci * 128)
                 for j in range(4):
                     wl[ci * 4 + j] = w[j]
                 for j in range(SPC):
@@ -109,7 +112,10 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
                     s_lo, s_hi = h2_to_f32(sl[ci * SPC + h * (SPC - 1)])
                     for mt in range(MT):
                         xv = ld_v4(x, xb[mt] + ci * 64 + 32 * h)
-                        k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]
+                        if MASK:
+                            k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]
+                        else:
+                            k0, k1, k2, k3 = xv[0], xv[1], xv[2], xv[3]
                         if G == 32:                           # one group per half: start from zero
                             d = mma_16816(a[0], a[1], a[2], a[3], k0, k1, ZERO, ZERO, ZERO, ZERO)
                         else:
@@ -134,16 +140,13 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
             s = ZERO
             for w_ in range(KS):
                 s += red[(w_ * NACC + (o >> 5)) * 32 + (o & 31)]
-            tot[o] = s
-        cuda.syncthreads()
-        for o in range(tid, NOUT, NTHR):
             mt = o >> 7
             r = (o >> 5) & 3
             ln = o & 31
             n = tile * 16 + (ln >> 2) + 8 * (r >> 1)
             m = m0 + mt * 8 + 2 * (ln & 3) + (r & 1)
             if n < n_rows and m < m_rows:
-                out[m * n_rows + n] = tot[o]
+                out[m * n_rows + n] = s
 
     return int4_matmul_kernel
 
