@@ -15,9 +15,7 @@ Design (docs/perf.md has the version ladder and measurements; dev/kernels/int4_m
   definition ``sum_k x (q s)`` up to rounding order, and q (integers |q| <= 8) is exact in f16.
 - Partial sums of the KS warps meet in shared memory; a fixed-order sum writes ``out`` (f32).
 - Launched with PDL (``launch.py``): phase 1 (the weight loads) overlaps the previous kernel in the
-  stream; ``griddep_wait`` comes before the first activation read and output write. The weight
-  loads are not ``.nc``: ptxas sinks ``.nc`` loads past the wait (offline SASS: 3 of 8 stayed
-  before it at M = 16, K = 2048), and then they no longer overlap anything.
+  stream; ``griddep_wait`` comes before the first activation read and output write.
 - Branch-free inner loop: when KS * CPW == K/64 (the chosen configs) there are no chunk guards;
   rows past M read row M-1 (their outputs are never stored; for MT = 1 they are also masked to
   zero, which ptxas schedules better there); for G = 32 each 32-column half is one group, so its
@@ -39,7 +37,7 @@ from .intrinsics import (
     griddep_launch_dependents,
     griddep_wait,
     h2_to_f32,
-    ld_stream_v4_ordered,
+    ld_stream_v4,
     ld_v4,
     mma_16816,
 )
@@ -93,7 +91,7 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
         sbase = (tile * NS + (c0 * 64) // G) * 8 + g
         for ci in range(CPW):
             if EXACT or c0 + ci < KC:
-                w = ld_stream_v4_ordered(wq, wbase + ci * 128)
+                w = ld_stream_v4(wq, wbase + ci * 128)
                 for j in range(4):
                     wl[ci * 4 + j] = w[j]
                 for j in range(SPC):
