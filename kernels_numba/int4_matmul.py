@@ -62,7 +62,9 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
     NWL = CPW * 4                  # weight words held per lane
     NSL = CPW * SPC                # scale words held per lane
-    opts = {} if SIMULATED else {"max_registers": min(255, 65536 // NTHR // 8 * 8)}
+    # <= 128 registers: 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave at M <= 16
+    # (uncapped, MT = 2 took 192 registers: 2 waves); no config spills at 128 (offline SASS)
+    opts = {} if SIMULATED else {"max_registers": min(128, 65536 // NTHR // 8 * 8)}
 
     @cuda.jit(**opts)
     def int4_matmul_kernel(out, x, wq, sq, m_rows, n_rows):

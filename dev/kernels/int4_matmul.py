@@ -12,8 +12,9 @@ Versions (docs/perf.md has predictions and measurements):
   v4  v2 without split-K; branch-free inner loop (exact slices, masked activation rows), G = 32 groups
       start their MMA chain at zero (no partial-sum registers).
   v5  v4 launched with programmatic dependent launch (weight loads before griddep_wait), one-pass
-      cross-warp sum, row mask only for MT = 1. This is the package kernel; --m16 times it beside
-      patched variants (_VARIANTS).
+      cross-warp sum, row mask only for MT = 1.
+  v6  v5 with registers capped at 128 (K2 down at M = 16: 4 blocks per SM, one wave instead of two).
+      This is the package kernel; --m16 times it beside patched variants (_VARIANTS).
 The package's choose_config is the winner of the (MT, KS, CPW, KB) sweep below.
 """
 
@@ -167,8 +168,9 @@ _ONE_PASS = [("            tot[o] = s\n        cuda.syncthreads()\n"
               "        for o in range(tid, NOUT, NTHR):\n", ""),
              ("out[m * n_rows + n] = tot[o]", "out[m * n_rows + n] = s")]
 # textual patches of the package kernel, all launched as the package launches (with PDL); the
-# variants measured so far are in docs/perf.md (their patches left with them)
-_VARIANTS = {"v5": []}
+# variants measured so far are in docs/perf.md (their patches left with them):
+#   v5 (cap255)  v6 with v5's register cap (only what one block needs: 255 at 4 warps per block)
+_VARIANTS = {"v6": [], "v5 (cap255)": [("min(128, 65536 // NTHR", "min(255, 65536 // NTHR")]}
 
 
 def _module_from(name, text):
