@@ -62,9 +62,10 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
     NWL = CPW * 4                  # weight words held per lane
     NSL = CPW * SPC                # scale words held per lane
-    # <= 128 registers: 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave at M <= 16
-    # (uncapped, MT = 2 took 192 registers: 2 waves); no config spills at 128 (offline SASS)
-    opts = {} if SIMULATED else {"max_registers": min(128, 65536 // NTHR // 8 * 8)}
+    # MT >= 2: <= 128 registers, 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave
+    # at M = 16 (uncapped it took 192 registers: 2 waves, 6.34 vs 5.42 us); no config spills at 128
+    # (offline SASS). MT = 1 stays uncapped: capped, K2 down M = 1 ran 3.90 us instead of 3.66.
+    opts = {} if SIMULATED else {"max_registers": min(128 if MT > 1 else 255, 65536 // NTHR // 8 * 8)}
 
     @cuda.jit(**opts)
     def int4_matmul_kernel(out, x, wq, sq, m_rows, n_rows):

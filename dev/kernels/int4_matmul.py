@@ -13,7 +13,8 @@ Versions (docs/perf.md has predictions and measurements):
       start their MMA chain at zero (no partial-sum registers).
   v5  v4 launched with programmatic dependent launch (weight loads before griddep_wait), one-pass
       cross-warp sum, row mask only for MT = 1.
-  v6  v5 with registers capped at 128 (K2 down at M = 16: 4 blocks per SM, one wave instead of two).
+  v6  v5 with registers capped at 128 for MT >= 2 (K2 down at M = 16: 4 blocks per SM, one wave
+      instead of two; capping MT = 1 too made K2 down M = 1 slower).
       This is the package kernel; --m16 times it beside patched variants (_VARIANTS).
 The package's choose_config is the winner of the (MT, KS, CPW, KB) sweep below.
 """
@@ -170,7 +171,7 @@ _ONE_PASS = [("            tot[o] = s\n        cuda.syncthreads()\n"
 # textual patches of the package kernel, all launched as the package launches (with PDL); the
 # variants measured so far are in docs/perf.md (their patches left with them):
 #   v5 (cap255)  v6 with v5's register cap (only what one block needs: 255 at 4 warps per block)
-_VARIANTS = {"v6": [], "v5 (cap255)": [("min(128, 65536 // NTHR", "min(255, 65536 // NTHR")]}
+_VARIANTS = {"v6": [], "v5 (cap255)": [("min(128 if MT > 1 else 255, 65536", "min(255, 65536")]}
 
 
 def _module_from(name, text):
