@@ -1,6 +1,6 @@
 """Version ladder for the W4A16 GEMV/GEMM (style.md §2.4): validate every version, then time them.
 
-Run on a GPU:  python dev/kernels/int4_matmul.py [--quick] [--ncu]
+Run on a GPU:  python dev/kernels/int4_matmul.py [--quick] [--ncu] [--m16] [--ceiling]
 Versions (docs/perf.md has predictions and measurements):
   s0  stream-only: the same 16-byte weight loads and grid, no math (the attainable rate per launch)
   v1  tensor cores, swap A/B (weights = A of mma.m16n8k16), repacked tile layout, one 16-row tile per
@@ -28,15 +28,19 @@ import sys
 import numpy as np
 from numba import cuda, uint32
 
-from kernels_numba.intrinsics import ld_stream_v4
+from kernels_numba.intrinsics import griddep_launch_dependents, griddep_wait, ld_stream_v4
 
 
 @functools.cache
-def make_stream_kernel(K, KS, CPW, KB):
+def make_stream_kernel(K, KS, CPW, KB, PDL=False):
+    """s0: the weight loads of a K x 16-row tile per block, no math; PDL: with the package's PDL pair
+    (next grid may launch at once; wait for the previous one after the loads are issued)."""
     KC, TILE_W = K // 64, K * 2
 
     @cuda.jit
     def stream_kernel(out, wq):
+        if PDL:
+            griddep_launch_dependents()
         warp, lane = cuda.threadIdx.x >> 5, cuda.threadIdx.x & 31
         c0 = ((cuda.blockIdx.y % KB) * KS + warp) * CPW
         base = cuda.blockIdx.x * TILE_W + c0 * 128 + lane * 4
@@ -45,6 +49,8 @@ def make_stream_kernel(K, KS, CPW, KB):
             if c0 + ci < KC:
                 w = ld_stream_v4(wq, base + ci * 128)
                 acc ^= w[0] ^ w[1] ^ w[2] ^ w[3]
+        if PDL:
+            griddep_wait()
         if acc == uint32(0x9E3779B9):            # practically never: keeps the loads alive
             out[0] = acc
     return stream_kernel
@@ -96,11 +102,15 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="one launch of each shape, for ncu")
     ap.add_argument("--m16", action="store_true", help="M = 1 vs 16: the package kernel beside its patched "
-                    "variants (no row mask, one-pass reduction)")
+                    "variants (_VARIANTS)")
+    ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
+                    "kernel without and with PDL beside the package kernel")
     args = ap.parse_args(argv)
     import torch
     if args.m16:
         return m16_ratio(torch)
+    if args.ceiling:
+        return ceiling(torch)
 
     from kernels_numba import int4_matmul
     from workbench.bench.common import copy_bandwidth, time_op
@@ -144,6 +154,38 @@ def main(argv=None) -> int:
                 if us is not None:
                     gbs = nbytes / (us * 1e-6) / 1e9
                     print(f"{label}: {us:.2f} us {gbs:.0f} GB/s {100 * gbs / copy:.0f}% copy")
+    return 0
+
+
+def ceiling(torch):
+    """Per launch, 64 back-to-back over distinct weights in one graph, M = 1 tiling: s0 (loads only),
+    s0 with the PDL pair launched with PDL (loads overlap the previous grid, the wait orders the grids
+    as the package kernel's does), and the package kernel."""
+    from kernels_numba import int4_matmul
+    from kernels_numba.launch import launch
+    from workbench.bench.common import copy_bandwidth, time_op
+    copy = copy_bandwidth()
+    print(f"copy {copy:.0f} GB/s")
+    count = 64
+    for (n, k), (ks, cpw) in [((2048, 7168), (16, 7)), ((7168, 2048), (4, 8))]:
+        ws = random_weights(n, k, 32, count, torch)
+        nbytes = n * k // 2 + n * (k // 32) * 2
+        sink = cuda.device_array(1, np.uint32)
+        def pct(us, nbytes=nbytes):
+            return f"{us:.2f} us, {100 * nbytes / (us * 1e-6) / 1e9 / copy:.0f}% copy"
+        for name, pdl in [("s0 loads only", False), ("s0 loads only + PDL pair", True)]:
+            kern = make_stream_kernel(k, ks, cpw, 1, pdl)
+            calls = [(kern, n // 16, ks * 32, (sink, w.wq), pdl) for w in ws]
+
+            def fn(calls=calls):
+                st = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+                for kern, grid, block, args, pdl in calls:
+                    launch(kern, grid, block, st, args, pdl)
+            print(f"{name} N={n} K={k}: {pct(time_op(fn, calls=count, reps=10)['median_us'])}")
+        x = torch.randn(1, k, device="cuda").half()
+        outs = [torch.empty(1, n, device="cuda") for _ in ws]
+        us = time_rotating(torch, int4_matmul, x, ws, outs, None, "v6")
+        print(f"v6 int4_matmul M=1 N={n} K={k}: {pct(us)}")
     return 0
 
 
