@@ -27,7 +27,7 @@ def summary(rows: list[dict], copy_gbs: float) -> str:
         r1, r16 = _get(rows, f"{shape} M=1", "int4_matmul ("), _get(rows, f"{shape} M=16", "int4_matmul (")
         if r1 and r16:
             ratio = r16["median_us"] / r1["median_us"]
-            out.append(f"{shape}: M=16 time / M=1 time = {ratio:.2f} (target <= 1.5)")
+            out.append(f"{shape}: M=16 time / M=1 time = {ratio:.3f} (target <= 1.5)")
     out += ["", "| MoE T | unique experts | fused us | floor us | % floor | torch loop us |",
             "|---|---|---|---|---|---|"]
     for t in (1, 4, 16, 64):
