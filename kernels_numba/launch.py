@@ -10,48 +10,48 @@ reads any activation or writes any output. A kernel launched this way must call 
 before its first dependent read or write; without the launch attribute the wait is a no-op.
 
 numba-cuda (0.30) launches through ``cuda.core``'s ``LaunchConfig``, which has the
-``programmatic_stream_serialization`` attribute but no numba API to set it. ``launch`` sets it for
-one call by swapping the config class numba's dispatcher uses, under a lock; argument handling,
-compilation and caching stay numba's. The simulator runs launches one after another (no PDL).
+``programmatic_stream_serialization`` attribute but no numba API to set it. On import, this module
+wraps the ``LaunchConfig`` name numba's dispatcher calls: the wrapper adds the attribute only while
+``launch(..., pdl=True)`` runs in the calling thread (a thread-local flag), so every other launch,
+in this thread or another, is built exactly as before. Argument handling, compilation and caching
+stay numba's. The simulator runs launches one after another (no PDL).
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 
 from .intrinsics import SIMULATED
 
-_lock = threading.Lock()
+_local = threading.local()
 
 
-def _pdl_hook():
-    """(dispatcher module, its LaunchConfig, the PDL variant) or None when this numba-cuda lacks it."""
+def _install() -> bool:
+    """Wrap numba's LaunchConfig (see above); False when this numba-cuda / cuda.core cannot do PDL."""
     if SIMULATED:
-        return None
+        return False
     try:
         from numba.cuda import dispatcher
         base = dispatcher.LaunchConfig
         base(grid=1, block=32, programmatic_stream_serialization=True)
     except (ImportError, AttributeError, TypeError):
-        return None
-    return dispatcher, base, functools.partial(base, programmatic_stream_serialization=True)
+        return False
+
+    def launch_config(*args, **kwargs):
+        if getattr(_local, "pdl", False):
+            kwargs["programmatic_stream_serialization"] = True
+        return base(*args, **kwargs)
+    dispatcher.LaunchConfig = launch_config
+    return True
 
 
-_HOOK = _pdl_hook()
-PDL_AVAILABLE = _HOOK is not None
+PDL_AVAILABLE = _install()
 
 
 def launch(kernel, grid, block, stream, args, pdl: bool = True):
     """``kernel[grid, block, stream](*args)``, with PDL when ``pdl`` and this numba-cuda supports it."""
-    configured = kernel[grid, block, stream]
-    if not (pdl and PDL_AVAILABLE):
-        configured(*args)
-        return
-    module, base, with_pdl = _HOOK
-    with _lock:
-        module.LaunchConfig = with_pdl
-        try:
-            configured(*args)
-        finally:
-            module.LaunchConfig = base
+    _local.pdl = pdl and PDL_AVAILABLE
+    try:
+        kernel[grid, block, stream](*args)
+    finally:
+        _local.pdl = False
