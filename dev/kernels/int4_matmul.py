@@ -171,6 +171,7 @@ def ceiling(torch):
         ws = random_weights(n, k, 32, count, torch)
         nbytes = n * k // 2 + n * (k // 32) * 2
         sink = cuda.device_array(1, np.uint32)
+
         def pct(us, nbytes=nbytes):
             return f"{us:.2f} us, {100 * nbytes / (us * 1e-6) / 1e9 / copy:.0f}% copy"
         for name, pdl in [("s0 loads only", False), ("s0 loads only + PDL pair", True)]:
@@ -205,11 +206,6 @@ def time_rotating(torch, matmul, x, ws, outs, cfg, label):
         return None
 
 
-_MASK = ("k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]",
-         "k0, k1, k2, k3 = xv[0], xv[1], xv[2], xv[3]")
-_ONE_PASS = [("            tot[o] = s\n        cuda.syncthreads()\n"
-              "        for o in range(tid, NOUT, NTHR):\n", ""),
-             ("out[m * n_rows + n] = tot[o]", "out[m * n_rows + n] = s")]
 # textual patches of the package kernel, all launched as the package launches (with PDL); the
 # variants measured so far are in docs/perf.md (their patches left with them):
 #   v5 (cap255)  v6 with v5's register cap (only what one block needs: 255 at 4 warps per block)
