@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import sys
 
 import numpy as np
@@ -158,31 +159,35 @@ def main(argv=None) -> int:
 
 
 def ceiling(torch):
-    """Per launch, 64 back-to-back over distinct weights in one graph, M = 1 tiling: s0 (loads only),
-    s0 with the PDL pair launched with PDL (loads overlap the previous grid, the wait orders the grids
-    as the package kernel's does), and the package kernel."""
+    """Per launch, 64 back-to-back over distinct weights in one graph: s0 (loads only) and s0 with the
+    PDL pair launched with PDL (loads overlap the previous grid, the wait orders the grids as the
+    package kernel's does) at the package's M = 1 tiling and, for gate/up, at smaller blocks that
+    split K over KB blocks per tile (what a split-K kernel could reach); then the package kernel."""
     from kernels_numba import int4_matmul
     from kernels_numba.launch import launch
     from workbench.bench.common import copy_bandwidth, time_op
     copy = copy_bandwidth()
     print(f"copy {copy:.0f} GB/s")
     count = 64
-    for (n, k), (ks, cpw) in [((2048, 7168), (16, 7)), ((7168, 2048), (4, 8))]:
+    tilings = {(2048, 7168): [(16, 7, 1), (8, 14, 1), (8, 7, 2), (4, 7, 4)], (7168, 2048): [(4, 8, 1)]}
+    for (n, k), shape_tilings in tilings.items():
         ws = random_weights(n, k, 32, count, torch)
         nbytes = n * k // 2 + n * (k // 32) * 2
         sink = cuda.device_array(1, np.uint32)
 
         def pct(us, nbytes=nbytes):
             return f"{us:.2f} us, {100 * nbytes / (us * 1e-6) / 1e9 / copy:.0f}% copy"
-        for name, pdl in [("s0 loads only", False), ("s0 loads only + PDL pair", True)]:
-            kern = make_stream_kernel(k, ks, cpw, 1, pdl)
-            calls = [(kern, n // 16, ks * 32, (sink, w.wq), pdl) for w in ws]
+        for (ks, cpw, kb), (name, pdl) in itertools.product(
+                shape_tilings, [("s0 loads only", False), ("s0 loads only + PDL pair", True)]):
+            kern = make_stream_kernel(k, ks, cpw, kb, pdl)
+            calls = [(kern, (n // 16, kb), ks * 32, (sink, w.wq), pdl) for w in ws]
 
             def fn(calls=calls):
                 st = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
                 for kern, grid, block, args, pdl in calls:
                     launch(kern, grid, block, st, args, pdl)
-            print(f"{name} N={n} K={k}: {pct(time_op(fn, calls=count, reps=10)['median_us'])}")
+            print(f"{name} N={n} K={k} KS={ks} CPW={cpw} KB={kb}: "
+                  f"{pct(time_op(fn, calls=count, reps=10)['median_us'])}")
         x = torch.randn(1, k, device="cuda").half()
         outs = [torch.empty(1, n, device="cuda") for _ in ws]
         us = time_rotating(torch, int4_matmul, x, ws, outs, None, "v6")
