@@ -175,15 +175,15 @@ def ceiling(torch):
     print(f"copy {copy:.0f} GB/s")
     count = 64
     tilings = {(2048, 7168): [(16, 7, 1), (8, 14, 1), (8, 7, 2), (4, 7, 4)], (7168, 2048): [(4, 8, 1)]}
+    variants = [("s0 loads only", False, False), ("s0 loads only + PDL pair", True, False),
+                ("s0 + PDL pair + a read and a write per block after the wait", True, True)]
     for (n, k), shape_tilings in tilings.items():
         ws = random_weights(n, k, 32, count, torch)
         nbytes = n * k // 2 + n * (k // 32) * 2
-        sink = cuda.device_array(1 + n // 16 * 4, np.uint32)
+        sink = cuda.device_array(1 + n // 16 * max(t[2] for t in shape_tilings), np.uint32)
 
         def pct(us, nbytes=nbytes):
             return f"{us:.2f} us, {100 * nbytes / (us * 1e-6) / 1e9 / copy:.0f}% copy"
-        variants = [("s0 loads only", False, False), ("s0 loads only + PDL pair", True, False),
-                    ("s0 + PDL pair + a read and a write per block after the wait", True, True)]
         for (ks, cpw, kb), (name, pdl, tail) in itertools.product(shape_tilings, variants):
             kern = make_stream_kernel(k, ks, cpw, kb, pdl, tail)
             calls = [(kern, (n // 16, kb), ks * 32, (sink, w.wq), pdl) for w in ws]
