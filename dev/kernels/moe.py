@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.machinery
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -259,9 +260,10 @@ def stage_breakdown(torch, mw):
 #   stream  timing only (wrong results by construction): no math and no split-unit sums, the ring's
 #           weight and scale words are only XORed and every segment runs the epilogue (the load
 #           pipeline alone, at the package's grid)
-#   v6dp    candidate (correct results): step shares in whole groups of DP steps, so units and shares
-#           end only in the last unrolled slot and finish() is inlined once per loop body, not DP
-#           times (offline SASS: 5088 / 4720 instructions vs 6680 / 6368; needs KSTEPS % DP == 0)
+#   v6dp    candidate (correct results): step shares in whole groups of DP steps (every _share call
+#           splits steps // DP groups), so units and shares end only in the last unrolled slot and
+#           finish() is inlined once per loop body, not DP times (offline SASS: 5088 / 4720
+#           instructions vs 6680 / 6368; needs KSTEPS % DP == 0)
 _MATH_START = "                xs = cto[CX] + ks * (SC * 64)\n"
 _MATH_END = "                if ks == KSTEPS - 1 or s == b - 1:"
 _XOR_ONLY = """                xo = uint32(0)
@@ -275,18 +277,11 @@ _PATCHES = {
     "stream": [("            if lo == u0 and s == u0 + KSTEPS - 1:", "            if True:")],
     "v6dp": [("    KSTEPS = KC // SC\n",
               "    KSTEPS = KC // SC\n    assert KSTEPS % DP == 0, 'v6dp: steps per unit % DP != 0'\n"),
-             ("            return nb, blk, total, blk * total // nb, (blk + 1) * total // nb",
-              "            tg = total // DP\n"
-              "            return nb, blk, total, blk * tg // nb * DP, (blk + 1) * tg // nb * DP"),
-             ("        a = A + warp * (B - A) // WPB ",
-              "        a = A + warp * ((B - A) // DP) // WPB * DP "),
-             ("        b = A + (warp + 1) * (B - A) // WPB\n",
-              "        b = A + (warp + 1) * ((B - A) // DP) // WPB * DP\n"),
-             ("                if ks == KSTEPS - 1 or s == b - 1:",
-              "                if r == DP - 1 and (ks == KSTEPS - 1 or s == b - 1):"),
-             ("                        wb = A + (w + 1) * (B - A) // WPB",
-              "                        wb = A + (w + 1) * ((B - A) // DP) // WPB * DP")],
+             ("                bb = ((u0 + 1) * nb - 1) // total ",         # the block holding group u0 / DP
+              "                bb = ((u0 // DP + 1) * nb - 1) // (total // DP) "),
+             (_MATH_END, "                if r == DP - 1 and (ks == KSTEPS - 1 or s == b - 1):")],
 }
+_SHARE_CALL = re.compile(r"_share\(([^,()]+), ([^,()]+), ([^,()]+)\)")
 
 
 def patched_module(name):
@@ -298,6 +293,11 @@ def patched_module(name):
     if name == "stream":
         i, j = src.index(_MATH_START), src.index(_MATH_END)
         src = src[:i] + _XOR_ONLY + src[j:]
+    if name == "v6dp":                       # every share boundary inside the kernel on whole DP groups
+        k = src.index("def make_moe_gemm_kernel")
+        body, n = _SHARE_CALL.subn(r"_share(\1, \2, (\3) // DP) * DP", src[k:])
+        assert n == 8, n
+        src = src[:k] + body
     mod = type(sys)(f"kernels_numba._moe_gemm_{name}")
     mod.__package__ = "kernels_numba"
     exec(compile(src, f"<moe_gemm {name}>", "exec"), mod.__dict__)
