@@ -19,11 +19,12 @@ def summary(rows: list[dict], copy_gbs: float) -> str:
             if r is None:
                 continue
             off = _get(rows, f"{shape} M={m}", "int4_matmul, PDL off")
+            off_us = f"{off['median_us']:.2f}" if off else "-"
             tg, cb = _get(rows, f"{shape} M={m}", "tinygemm"), _get(rows, f"{shape} M={m}", "cuBLAS")
             same = f"{100 * r['gbs'] / ceil['gbs']:.0f}" if ceil else "-"
             xs = [f"{o['median_us'] / r['median_us']:.2f}" if o else "-" for o in (tg, cb)]
             out.append(f"| {shape} | {m} | {r['median_us']:.2f} | {r['gbs']:.0f} | {r['pct_copy']:.0f} | "
-                       f"{same} | {xs[0]} | {xs[1]} | {off['median_us'] if off else '-'} |")
+                       f"{same} | {xs[0]} | {xs[1]} | {off_us} |")
         r1, r16 = _get(rows, f"{shape} M=1", "int4_matmul ("), _get(rows, f"{shape} M=16", "int4_matmul (")
         if r1 and r16:
             ratio = r16["median_us"] / r1["median_us"]
