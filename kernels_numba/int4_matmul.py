@@ -15,7 +15,10 @@ Design (docs/perf.md has the version ladder and measurements; dev/kernels/int4_m
   definition ``sum_k x (q s)`` up to rounding order, and q (integers |q| <= 8) is exact in f16.
 - Partial sums of the KS warps meet in shared memory; a fixed-order sum writes ``out`` (f32).
 - Launched with PDL (``launch.py``): phase 1 (the weight loads) overlaps the previous kernel in the
-  stream; ``griddep_wait`` comes before the first activation read and output write.
+  stream; the wait for it comes before the first activation read and output write. The wait is
+  ``griddep_wait_for`` the XOR of every word phase 1 loaded: with a plain wait, ptxas moved some of
+  the ``.nc`` weight loads after it (offline SASS), so a DRAM round trip was left in the part of the
+  kernel that no overlap hides.
 - Branch-free inner loop: when KS * CPW == K/64 (the chosen configs) there are no chunk guards;
   rows past M read row M-1 (their outputs are never stored; for MT = 1 they are also masked to
   zero, which ptxas schedules better there); for G = 32 each 32-column half is one group, so its
@@ -33,17 +36,25 @@ from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, fl
 from .int4_layout import Int4Weight
 from .intrinsics import (
     SIMULATED,
+    cp_async4,
+    cp_async16,
+    cp_async_wait_all,
     dequant_i4x8,
     griddep_launch_dependents,
     griddep_wait,
+    griddep_wait_for,
     h2_to_f32,
     ld_stream_v4,
     ld_v4,
     mma_16816,
+    syncwarp,
 )
 from .launch import launch
 
 MT_BUCKETS = (1, 2, 4, 8)          # m8 tiles per block: M <= 8, 16, 32, 64
+STAGE = True                       # phase 1 copies weights to shared memory (cp.async), not registers
+PIN = False                        # register phase 1: wait on the XOR of its words (griddep_wait_for)
+REG_CAP = 64 if STAGE else 128
 ZERO = float32(0.0)
 
 
@@ -62,10 +73,11 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
     NWL = CPW * 4                  # weight words held per lane
     NSL = CPW * SPC                # scale words held per lane
-    # MT >= 2: <= 128 registers, 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave
-    # at M = 16 (uncapped it took 192 registers: 2 waves, 6.34 vs 5.42 us); no config spills at 128
-    # (offline SASS). MT = 1 stays uncapped: capped, K2 down M = 1 ran 3.90 us instead of 3.66.
-    opts = {} if SIMULATED else {"max_registers": min(128 if MT > 1 else 255, 65536 // NTHR // 8 * 8)}
+    NWS = NTHR * NWL if STAGE else 1                     # shared words for the staged weights
+    NSS = KS * NSL * 8 if STAGE else 1                   # and scales
+    # <= 128 registers: 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave (uncapped
+    # it took 192 registers at M = 16, 184 at M = 1: 2 waves); no config spills at 128 (offline SASS)
+    opts = {} if SIMULATED else {"max_registers": min(REG_CAP, 65536 // NTHR // 8 * 8)}
 
     @cuda.jit(**opts)
     def int4_matmul_kernel(out, x, wq, sq, m_rows, n_rows):
@@ -89,21 +101,46 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
         # once; index math once, constant offsets inside the unrolled loop
         wl = cuda.local.array(NWL, uint32)
         sl = cuda.local.array(NSL, uint32)
+        wsm = cuda.shared.array(NWS, uint32)                  # STAGE: [warp][chunk][lane][4 words]
+        ssm = cuda.shared.array(NSS, uint32)                  # STAGE: [warp][chunk][SPC][8 row groups]
         c0 = warp * CPW
         wbase = tile * TILE_W + c0 * 128 + lane * 4
         sbase = (tile * NS + (c0 * 64) // G) * 8 + g
+        wsb = (c0 * 32 + lane) * 4                            # STAGE: this lane's first word in wsm
+        ssb = c0 * SPC * 8 + g                                # and its row group's first scale word
+        pin = uint32(0)                                       # every word loaded in phase 1, XORed
         for ci in range(CPW):
             if EXACT or c0 + ci < KC:
-                w = ld_stream_v4(wq, wbase + ci * 128)
-                for j in range(4):
-                    wl[ci * 4 + j] = w[j]
-                for j in range(SPC):
-                    sl[ci * SPC + j] = sq[sbase + ((ci * 64) // G + j) * 8]
-        griddep_wait()                                        # x and out belong to the previous kernel
+                if STAGE:
+                    cp_async16(wsm, wsb + ci * 128, wq, wbase + ci * 128)
+                    if t == 0:
+                        for j in range(SPC):
+                            cp_async4(ssm, ssb + (ci * SPC + j) * 8, sq, sbase + ((ci * 64) // G + j) * 8)
+                else:
+                    w = ld_stream_v4(wq, wbase + ci * 128)
+                    for j in range(4):
+                        wl[ci * 4 + j] = w[j]
+                        pin ^= w[j]
+                    for j in range(SPC):
+                        sl[ci * SPC + j] = sq[sbase + ((ci * 64) // G + j) * 8]
+                        pin ^= sl[ci * SPC + j]
+        if PIN and not STAGE:
+            griddep_wait_for(pin)                             # x and out belong to the previous kernel
+        else:
+            griddep_wait()
         for mt in range(MT):
             m = m0 + mt * 8 + g
             xm[mt] = uint32(0xFFFFFFFF) if m < m_rows else uint32(0)
             xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t
+        if STAGE:
+            cp_async_wait_all()
+            syncwarp()                                        # the scale words came from lanes t = 0
+            for ci in range(CPW):
+                if EXACT or c0 + ci < KC:
+                    for j in range(4):
+                        wl[ci * 4 + j] = wsm[wsb + ci * 128 + j]
+                    for j in range(SPC):
+                        sl[ci * SPC + j] = ssm[ssb + (ci * SPC + j) * 8]
         # phase 2: dequantize (exact), MMA, scale per group
         for ci in range(CPW):
             if EXACT or c0 + ci < KC:

@@ -12,10 +12,12 @@ from .helpers import dev, gpu, host, needs_gpu
 @cuda.jit
 def _probe_kernel(out, words, xs, a_frag):
     """Each lane: dequantizes its word, runs one mma with a = dequantized nibbles, b = xs, c = lane.
-    Starts with the PDL pair (no-ops in a launch without PDL: the kernel must simply run through)."""
+    Starts with the PDL pair (no-ops in a launch without PDL: the kernel must simply run through), and
+    the predicated wait taken both ways (about half the lanes' low bits are 0)."""
     ki.griddep_launch_dependents()
     ki.griddep_wait()
     lane = cuda.threadIdx.x
+    ki.griddep_wait_for(words[lane] & uint32(1))
     q = ki.dequant_i4x8(words[lane])
     xv = ki.ld_v4(xs, lane * 8)
     wv = ki.ld_stream_v4(words, (lane // 4) * 4)
