@@ -15,10 +15,10 @@ Design (docs/perf.md has the version ladder and measurements; dev/kernels/int4_m
   definition ``sum_k x (q s)`` up to rounding order, and q (integers |q| <= 8) is exact in f16.
 - Partial sums of the KS warps meet in shared memory; a fixed-order sum writes ``out`` (f32).
 - Launched with PDL (``launch.py``): phase 1 (the weight loads) overlaps the previous kernel in the
-  stream; the wait for it comes before the first activation read and output write. The wait is
-  ``griddep_wait_for`` the XOR of every word phase 1 loaded: with a plain wait, ptxas moved some of
-  the ``.nc`` weight loads after it (offline SASS), so a DRAM round trip was left in the part of the
-  kernel that no overlap hides.
+  stream; ``griddep_wait`` comes before the first activation read and output write. ptxas moves
+  some ``.nc`` weight loads past a plain wait (offline SASS); PIN configs wait with
+  ``griddep_wait_for`` the XOR of every phase-1 word, which keeps all of them before it (measured
+  faster only where listed in ``PINNED``).
 - Branch-free inner loop: when KS * CPW == K/64 (the chosen configs) there are no chunk guards;
   rows past M read row M-1 (their outputs are never stored; for MT = 1 they are also masked to
   zero, which ptxas schedules better there); for G = 32 each 32-column half is one group, so its
@@ -36,9 +36,6 @@ from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, fl
 from .int4_layout import Int4Weight
 from .intrinsics import (
     SIMULATED,
-    cp_async4,
-    cp_async16,
-    cp_async_wait_all,
     dequant_i4x8,
     griddep_launch_dependents,
     griddep_wait,
@@ -47,20 +44,16 @@ from .intrinsics import (
     ld_stream_v4,
     ld_v4,
     mma_16816,
-    syncwarp,
 )
 from .launch import launch
 
 MT_BUCKETS = (1, 2, 4, 8)          # m8 tiles per block: M <= 8, 16, 32, 64
-STAGE = True                       # phase 1 copies weights to shared memory (cp.async), not registers
-PIN = False                        # register phase 1: wait on the XOR of its words (griddep_wait_for)
-REG_CAP = 64 if STAGE else 128
 ZERO = float32(0.0)
 
 
 @functools.cache
-def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
-    """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
+def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, PIN: bool = False):
+    """Kernel factory: K, G, the tiling and the kind of wait are compile-time constants."""
     KC = K // 64                   # 64-column chunks per weight row tile
     NS = K // G                    # scale groups per row
     TILE_W = KC * 128              # uint32 words per 16-row tile
@@ -73,11 +66,10 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
     NWL = CPW * 4                  # weight words held per lane
     NSL = CPW * SPC                # scale words held per lane
-    NWS = NTHR * NWL if STAGE else 1                     # shared words for the staged weights
-    NSS = KS * NSL * 8 if STAGE else 1                   # and scales
-    # <= 128 registers: 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave (uncapped
-    # it took 192 registers at M = 16, 184 at M = 1: 2 waves); no config spills at 128 (offline SASS)
-    opts = {} if SIMULATED else {"max_registers": min(REG_CAP, 65536 // NTHR // 8 * 8)}
+    # MT >= 2: <= 128 registers, 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave
+    # at M = 16 (uncapped it took 192 registers: 2 waves, 6.34 vs 5.42 us); no config spills at 128
+    # (offline SASS). MT = 1 stays uncapped: capped, K2 down M = 1 ran 3.90 us instead of 3.66.
+    opts = {} if SIMULATED else {"max_registers": min(128 if MT > 1 else 255, 65536 // NTHR // 8 * 8)}
 
     @cuda.jit(**opts)
     def int4_matmul_kernel(out, x, wq, sq, m_rows, n_rows):
@@ -101,46 +93,27 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
         # once; index math once, constant offsets inside the unrolled loop
         wl = cuda.local.array(NWL, uint32)
         sl = cuda.local.array(NSL, uint32)
-        wsm = cuda.shared.array(NWS, uint32)                  # STAGE: [warp][chunk][lane][4 words]
-        ssm = cuda.shared.array(NSS, uint32)                  # STAGE: [warp][chunk][SPC][8 row groups]
         c0 = warp * CPW
         wbase = tile * TILE_W + c0 * 128 + lane * 4
         sbase = (tile * NS + (c0 * 64) // G) * 8 + g
-        wsb = (c0 * 32 + lane) * 4                            # STAGE: this lane's first word in wsm
-        ssb = c0 * SPC * 8 + g                                # and its row group's first scale word
-        pin = uint32(0)                                       # every word loaded in phase 1, XORed
+        pin = uint32(0)                                       # PIN: every phase-1 word, XORed
         for ci in range(CPW):
             if EXACT or c0 + ci < KC:
-                if STAGE:
-                    cp_async16(wsm, wsb + ci * 128, wq, wbase + ci * 128)
-                    if t == 0:
-                        for j in range(SPC):
-                            cp_async4(ssm, ssb + (ci * SPC + j) * 8, sq, sbase + ((ci * 64) // G + j) * 8)
-                else:
-                    w = ld_stream_v4(wq, wbase + ci * 128)
-                    for j in range(4):
-                        wl[ci * 4 + j] = w[j]
-                        pin ^= w[j]
-                    for j in range(SPC):
-                        sl[ci * SPC + j] = sq[sbase + ((ci * 64) // G + j) * 8]
-                        pin ^= sl[ci * SPC + j]
-        if PIN and not STAGE:
-            griddep_wait_for(pin)                             # x and out belong to the previous kernel
+                w = ld_stream_v4(wq, wbase + ci * 128)
+                for j in range(4):
+                    wl[ci * 4 + j] = w[j]
+                    pin ^= w[j]
+                for j in range(SPC):
+                    sl[ci * SPC + j] = sq[sbase + ((ci * 64) // G + j) * 8]
+                    pin ^= sl[ci * SPC + j]
+        if PIN:                                               # x and out belong to the previous kernel
+            griddep_wait_for(pin)
         else:
             griddep_wait()
         for mt in range(MT):
             m = m0 + mt * 8 + g
             xm[mt] = uint32(0xFFFFFFFF) if m < m_rows else uint32(0)
             xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t
-        if STAGE:
-            cp_async_wait_all()
-            syncwarp()                                        # the scale words came from lanes t = 0
-            for ci in range(CPW):
-                if EXACT or c0 + ci < KC:
-                    for j in range(4):
-                        wl[ci * 4 + j] = wsm[wsb + ci * 128 + j]
-                    for j in range(SPC):
-                        sl[ci * SPC + j] = ssm[ssb + (ci * SPC + j) * 8]
         # phase 2: dequantize (exact), MMA, scale per group
         for ci in range(CPW):
             if EXACT or c0 + ci < KC:
@@ -191,6 +164,9 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
 
 # (MT, KS, CPW) measured best on the H200 per (M bucket, K) (docs/perf.md, v4 sweep); others: heuristic
 _TUNED = {(1, 7168): (1, 16, 7), (2, 7168): (2, 16, 7), (1, 2048): (1, 4, 8), (2, 2048): (2, 4, 8)}
+# (MT, K, KS, CPW) measured faster with the PIN wait (ladder --m16, two runs: K2 down M = 16 5.18 /
+# 5.23 vs 5.53 / 5.52 us); slower at gate/up M = 1 / 16, down M = 1 and down (2, 8, 4)
+PINNED = {(2, 2048, 4, 8)}
 
 
 def choose_config(m: int, k: int, g: int = 32) -> tuple[int, int, int]:
@@ -243,6 +219,7 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     grid = (weight.n16, -(-m // (8 * mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
-    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw)
+    pin = gs == 32 and (mt, k, ks, cpw) in PINNED
+    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw, pin)
     launch(kernel, grid, ks * 32, stream, (flat(out), flat(x), wq, sq, m, n), pdl)
     return out

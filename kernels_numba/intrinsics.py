@@ -19,9 +19,6 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``bcast0(v)`` | ``shfl.sync.idx.b32``: lane 0's 32-bit integer to all 32 lanes | exchange |
 | ``griddep_wait()`` | ``griddepcontrol.wait``: until the previous grid has completed (PDL) | no-op |
 | ``griddep_wait_for(v)`` | the wait, predicated both ways on ``v``: ``v``'s loads stay before it | no-op |
-| ``cp_async16(d, j, a, i)`` | ``cp.async.cg.shared.global``, 16 B: ``a[i..]`` to shared ``d[j..]`` | copies |
-| ``cp_async4(d, j, a, i)`` | ``cp.async.ca.shared.global``, 4 B: ``a[i]`` to ``d[j]`` | copies |
-| ``cp_async_wait_all()`` | ``cp.async.wait_all``: this thread's copies landed, visible to it | no-op |
 | ``griddep_launch_dependents()`` | ``griddepcontrol.launch_dependents``: the next grid may start | no-op |
 
 ``i`` is an element index into ``a`` (any 1-D array); the 16 bytes at element ``i`` must be
@@ -110,13 +107,6 @@ def _sim_bcast0(v):
 
 def _sim_nop(*_):
     return None                                         # the simulator runs launches one after another
-
-
-def _sim_cp_async(n):
-    def copy(d, j, a, i):
-        for k in range(n):
-            d[int(j) + k] = a[int(i) + k]
-    return copy
 
 
 def _sim_ld_u32(a, i):
@@ -303,24 +293,6 @@ def _build_gpu():
     griddep_wait = _void_asm("griddepcontrol.wait;")
     griddep_launch_dependents = _void_asm("griddepcontrol.launch_dependents;")
 
-    def _cp_async(asm_op, nbytes):
-        @intrinsic
-        def impl(typingctx, d, j, a, i):
-            if not all(isinstance(t, types.Array) and t.ndim == 1 for t in (d, a)) or \
-                    not all(isinstance(t, types.Integer) for t in (j, i)):
-                return None
-
-            def codegen(context, builder, sig, args):
-                dst = _ptr(context, builder, sig.args[0], args[0], args[1])
-                src = _ptr(context, builder, sig.args[2], args[2], args[3])
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32.as_pointer()] * 2),
-                                   "{\n.reg .u64 sa;\ncvta.to.shared.u64 sa, $0;\n"
-                                   f"{asm_op} [sa], [$1], {nbytes};\n}}", "l,l,~{memory}", side_effect=True)
-                builder.call(asm, [dst, src])
-                return context.get_dummy_value()
-            return types.none(d, j, a, i), codegen
-        return impl
-
     @intrinsic
     def griddep_wait_for(typingctx, v):
         # ptxas moves ld.global.nc loads past a plain griddepcontrol.wait (offline SASS); a wait whose
@@ -349,9 +321,7 @@ def _build_gpu():
 
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"), dequant_i4x8,
             mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
-            griddep_wait, griddep_wait_for, griddep_launch_dependents,
-            _cp_async("cp.async.cg.shared.global", 16), _cp_async("cp.async.ca.shared.global", 4),
-            _void_asm("cp.async.wait_all;"))
+            griddep_wait, griddep_wait_for, griddep_launch_dependents)
 
 
 if SIMULATED:
@@ -366,9 +336,7 @@ if SIMULATED:
     ld_acquire_i32 = _sim_ld_acquire_i32
     syncwarp = _sim_syncwarp
     bcast0 = _sim_bcast0
-    griddep_wait = griddep_wait_for = griddep_launch_dependents = cp_async_wait_all = _sim_nop
-    cp_async16, cp_async4 = _sim_cp_async(4), _sim_cp_async(1)
+    griddep_wait = griddep_wait_for = griddep_launch_dependents = _sim_nop
 else:
     (ld_stream_v4, ld_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32,
-     syncwarp, bcast0, griddep_wait, griddep_wait_for, griddep_launch_dependents, cp_async16, cp_async4,
-     cp_async_wait_all) = _build_gpu()
+     syncwarp, bcast0, griddep_wait, griddep_wait_for, griddep_launch_dependents) = _build_gpu()

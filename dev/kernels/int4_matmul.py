@@ -15,9 +15,12 @@ Versions (docs/perf.md has predictions and measurements):
       cross-warp sum, row mask only for MT = 1.
   v6  v5 with registers capped at 128 for MT >= 2 (K2 down at M = 16: 4 blocks per SM, one wave
       instead of two; capping MT = 1 too made K2 down M = 1 slower).
-  v7  v6 waiting on the XOR of the phase-1 words (griddep_wait_for), so ptxas keeps every weight load
-      before the wait; registers capped at 128 for every MT (uncapped, M = 1 down took 184).
+  v7  v6 waiting on the XOR of the phase-1 words (griddep_wait_for: ptxas keeps every weight load
+      before the wait) where measured faster: K2 down at M = 16 only (PINNED).
       This is the package kernel; --m16 times it beside patched variants (_VARIANTS).
+  v8  (snapshot _int4_matmul_v8_snapshot.py.txt) phase 1 copies weights and scales to shared memory
+      with cp.async at a 64-register cap, so that grids of the PDL chain are resident together:
+      measured 1.6-2x slower (80 registers: 1.15-1.7x); not kept.
 The package's choose_config is the winner of the (MT, KS, CPW, KB) sweep below.
 """
 
@@ -222,14 +225,12 @@ def time_rotating(torch, matmul, x, ws, outs, cfg, label):
 
 
 # textual patches of the package kernel, all launched as the package launches (with PDL); the
-# variants measured so far are in docs/perf.md (their patches left with them):
-#   v6            phase 1 into registers, plain wait (ptxas may move loads after it), MT = 1 uncapped
-#   v7            phase 1 into registers, wait on the XOR of its words, registers capped at 128
-#   v8 (cap 80)   the package kernel at an 80-register cap
-_REGS = [("STAGE = True", "STAGE = False")]
-_VARIANTS = {"v8": [], "v6": _REGS + [("min(REG_CAP, 65536", "min(REG_CAP if MT > 1 else 255, 65536")],
-             "v7": _REGS + [("PIN = False", "PIN = True")],
-             "v8 (cap 80)": [("REG_CAP = 64 if", "REG_CAP = 80 if")]}
+# variants measured so far are in docs/perf.md (their patches left with them; v8 in its snapshot):
+#   v6           no PIN wait anywhere
+#   v7 (all PIN) the PIN wait at every config, registers capped at 128 for every MT
+_VARIANTS = {"v7": [], "v6": [("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")],
+             "v7 (all PIN)": [("pin = gs == 32 and (mt, k, ks, cpw) in PINNED", "pin = True"),
+                              ("min(128 if MT > 1 else 255, 65536", "min(128, 65536")]}
 
 
 def _module_from(name, text):
