@@ -91,7 +91,7 @@ def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
     p = n_tok * (k_top + weights.n_shared)
     i, d = weights.w13.n, weights.w2.n
     stream = as_stream(stream)
-    part = _part_size(_check_config(config or choose_moe_config(d, i), d, i))
+    part = _part_size(_check_config(config or choose_moe_config(d, i, n_tok), d, i))
     return MoEWorkspace(empty(p, np.int32, stream), empty(p * 8, np.int32, stream),
                         empty(2, np.int32, stream), empty(p * i, np.uint16, stream),
                         empty(p * d, np.float32, stream), empty(part, np.float32, stream),
@@ -129,17 +129,19 @@ def _sm_count() -> int:
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def choose_moe_config(d: int, i: int) -> dict:
+def choose_moe_config(d: int, i: int, tokens: int = 1) -> dict:
     """Per GEMM (warps per block, chunks per step, steps in flight, n-tiles per unit), the persistent
     grid's block count and the register cap: the best of the v3-v5 sweeps on the H200 at T = 1..64
-    (docs/perf.md). One config serves every token count: stream-K balances any amount of work."""
+    (docs/perf.md). Stream-K balances any amount of work; only down changes with ``tokens``: 4 chunks
+    per step and one n-tile per unit measured faster at T = 4 and 16 in four benchmark runs (slower
+    at T = 64, even at T = 1), so it is used for 2 <= T <= 16."""
     def sc(k, want):
         kc = k // 64
         return max(c for c in range(1, want + 1) if kc % c == 0)
     if SIMULATED:
         return {"gu": (2, sc(d, 2), 2, 1), "dn": (2, sc(i, 2), 2, 1), "blocks": 3, "maxreg": 128}
-    return {"gu": (16, sc(d, 2), 2, 1), "dn": (16, sc(i, 2), 2, 2 if (d // 16) % 2 == 0 else 1),
-            "blocks": _sm_count(), "maxreg": 128}
+    dn = (16, sc(i, 4), 2, 1) if 2 <= tokens <= 16 else (16, sc(i, 2), 2, 2 if (d // 16) % 2 == 0 else 1)
+    return {"gu": (16, sc(d, 2), 2, 1), "dn": dn, "blocks": _sm_count(), "maxreg": 128}
 
 
 def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoEWorkspace | None = None,
@@ -190,7 +192,7 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
         raise KernelInputError(f"T={t} tokens x {k + weights.n_shared} experts exceed the int32 / "
                                "block limits")
     stream = as_stream(stream)
-    cfg = _check_config(config or choose_moe_config(d, i), d, i)
+    cfg = _check_config(config or choose_moe_config(d, i, t), d, i)
     ws = workspace or moe_workspace(t, k, weights, stream, cfg)
     if ws.n_tok != t:
         raise KernelInputError(f"workspace was made for T={ws.n_tok} tokens, x has {t}")
