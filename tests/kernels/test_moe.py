@@ -65,6 +65,13 @@ def test_tiny_stream_k_shares(config, group):
     _check(preset("tiny"), 2, seed=11, config=config, group=group)
 
 
+def test_down_four_chunks_per_step():
+    """The down tiling choose_moe_config takes for 2 <= T <= 16 (4 chunks per step, one n-tile per
+    unit) at an expert width where 4 chunks divide I/64."""
+    cfg = replace(preset("tiny"), moe_intermediate_size=256)
+    _check(cfg, 2, seed=21, config={"gu": (2, 2, 2, 1), "dn": (2, 4, 2, 1), "blocks": 3, "maxreg": 128})
+
+
 def _split_paths(total, ksteps, blocks, wpb):
     """How the units of a two-level stream-K schedule end (moe_gemm.py): whole in one warp, split
     between warps of a block, a cross-block piece of one warp (published at once) or of several
