@@ -52,8 +52,8 @@ ZERO = float32(0.0)
 
 
 @functools.cache
-def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, PIN: bool = False):
-    """Kernel factory: K, G, the tiling and the kind of wait are compile-time constants."""
+def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
+    """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
     KC = K // 64                   # 64-column chunks per weight row tile
     NS = K // G                    # scale groups per row
     TILE_W = KC * 128              # uint32 words per 16-row tile
@@ -61,6 +61,7 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, PIN: boo
     EXACT = KS * CPW == KC         # every warp's slice is full: no chunk guards
     NACC = MT * 4                  # accumulator registers per lane
     MASK = MT == 1                 # zero rows past M (not needed: never stored; ptxas schedules M = 1 better)
+    PIN = G == 32 and (MT, K, KS, CPW) in PINNED         # wait on the XOR of the phase-1 words
     NOUT = MT * 128                # outputs per block (16 rows x 8 MT columns)
     NTHR = KS * 32
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
@@ -219,7 +220,6 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     grid = (weight.n16, -(-m // (8 * mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
-    pin = gs == 32 and (mt, k, ks, cpw) in PINNED
-    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw, pin)
+    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw)
     launch(kernel, grid, ks * 32, stream, (flat(out), flat(x), wq, sq, m, n), pdl)
     return out

@@ -7,7 +7,7 @@ import sys
 from numba import config, cuda
 from numba import types as T
 
-from kernels_numba.int4_matmul import PINNED, choose_config, make_int4_matmul_kernel
+from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel
 from kernels_numba.moe import choose_moe_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
@@ -34,9 +34,7 @@ def main():
     for m, k in ((1, 7168), (16, 7168), (1, 2048), (16, 2048), (64, 2048), (3, 1024)):
         for g in (32, 128):
             cfg = choose_config(m, k, g)
-            pin = (cfg[0], k, *cfg[1:]) in PINNED and g == 32
-            kernel = make_int4_matmul_kernel(k, g, *cfg, pin)
-            out[f"int4_matmul M={m} K={k} G={g} {cfg}"] = counts(kernel, mm_sig)
+            out[f"int4_matmul M={m} K={k} G={g} {cfg}"] = counts(make_int4_matmul_kernel(k, g, *cfg), mm_sig)
     gsig = (a(T.uint16), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
             a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
     cfg = choose_moe_config(7168, 2048)
