@@ -61,7 +61,7 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
     EXACT = KS * CPW == KC         # every warp's slice is full: no chunk guards
     NACC = MT * 4                  # accumulator registers per lane
     MASK = MT == 1                 # zero rows past M (not needed: never stored; ptxas schedules M = 1 better)
-    PIN = G == 32 and (MT, K, KS, CPW) in PINNED         # wait on the XOR of the phase-1 words
+    PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED   # wait on the XOR of the phase-1 words
     NOUT = MT * 128                # outputs per block (16 rows x 8 MT columns)
     NTHR = KS * 32
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
@@ -97,23 +97,26 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
         c0 = warp * CPW
         wbase = tile * TILE_W + c0 * 128 + lane * 4
         sbase = (tile * NS + (c0 * 64) // G) * 8 + g
-        pin = uint32(0)                                       # PIN: every phase-1 word, XORed
         for ci in range(CPW):
             if EXACT or c0 + ci < KC:
                 w = ld_stream_v4(wq, wbase + ci * 128)
                 for j in range(4):
                     wl[ci * 4 + j] = w[j]
-                    pin ^= w[j]
                 for j in range(SPC):
                     sl[ci * SPC + j] = sq[sbase + ((ci * 64) // G + j) * 8]
-                    pin ^= sl[ci * SPC + j]
         if PIN:                                               # x and out belong to the previous kernel
+            pin = uint32(0)                                   # every word phase 1 loaded
+            for j in range(NWL):
+                pin ^= wl[j]
+            for j in range(NSL):
+                pin ^= sl[j]
             griddep_wait_for(pin)
         else:
             griddep_wait()
         for mt in range(MT):
             m = m0 + mt * 8 + g
-            xm[mt] = uint32(0xFFFFFFFF) if m < m_rows else uint32(0)
+            if MASK:
+                xm[mt] = uint32(0xFFFFFFFF) if m < m_rows else uint32(0)
             xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t
         # phase 2: dequantize (exact), MMA, scale per group
         for ci in range(CPW):

@@ -249,7 +249,7 @@ def time_rotating(torch, matmul, x, ws, outs, cfg, label):
 #   v6           no PIN wait anywhere
 #   v7 (all PIN) the PIN wait at every config, registers capped at 128 for every MT
 _VARIANTS = {"v7": [], "v6": [("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")],
-             "v7 (all PIN)": [("PIN = G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = True"),
+             "v7 (all PIN)": [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT"),
                               ("min(128 if MT > 1 else 255, 65536", "min(128, 65536")]}
 
 
