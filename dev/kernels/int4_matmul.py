@@ -1,6 +1,6 @@
 """Version ladder for the W4A16 GEMV/GEMM (style.md §2.4): validate every version, then time them.
 
-Run on a GPU:  python dev/kernels/int4_matmul.py [--quick] [--ncu] [--m16] [--ceiling]
+Run on a GPU:  python dev/kernels/int4_matmul.py [--quick | --ms M ...] [--ncu] [--m16] [--ceiling]
 Versions (docs/perf.md has predictions and measurements):
   s0  stream-only: the same 16-byte weight loads and grid, no math (the attainable rate per launch)
   v1  tensor cores, swap A/B (weights = A of mma.m16n8k16), repacked tile layout, one 16-row tile per
@@ -119,6 +119,7 @@ def configs_for(m, k):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ms", type=int, nargs="+", help="M values to sweep (default 1 4 16 32 64)")
     ap.add_argument("--ncu", action="store_true", help="one launch of each shape, for ncu")
     ap.add_argument("--m16", action="store_true", help="M = 1 vs 16: the package kernel beside its patched "
                     "variants (_VARIANTS)")
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
         st = time_op(fc, calls=count, reps=10)
         print(f"s1 copy of {nbytes / 1e6:.2f} MB traffic per launch: {st['median_us']:.2f} us "
               f"{nbytes / (st['median_us'] * 1e-6) / 1e9:.0f} GB/s")
-        for m in (1, 16) if args.quick else (1, 4, 16, 32, 64):
+        for m in args.ms or ((1, 16) if args.quick else (1, 4, 16, 32, 64)):
             x = torch.randn(m, k, device="cuda").half()
             outs = [torch.empty(m, n, device="cuda") for _ in range(count)]
             for cfg in configs_for(m, k):
