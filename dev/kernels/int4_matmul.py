@@ -45,7 +45,7 @@ def make_stream_kernel(K, KS, CPW, KB, PDL=False, TAIL=False, FLAT=False, PAD=0)
     whose input is the previous kernel's output does after its wait. KB blocks split a tile's K: on
     grid y, or with FLAT on x, next to each other in launch order (block b then reads bytes b * tile /
     KB on, as the down tiling does). PAD: words of shared memory per block, to cap blocks per SM."""
-    KC, TILE_W = K // 64, K * 2
+    KC, TILE_W, NPAD = K // 64, K * 2, max(PAD, 32)
 
     @cuda.jit
     def stream_kernel(out, wq):
@@ -68,7 +68,7 @@ def make_stream_kernel(K, KS, CPW, KB, PDL=False, TAIL=False, FLAT=False, PAD=0)
         elif acc == uint32(0x9E3779B9):          # practically never: keeps the loads alive
             out[0] = acc
         if PAD:
-            pad = cuda.shared.array(max(PAD, 32), uint32)
+            pad = cuda.shared.array(NPAD, uint32)
             if acc == uint32(0x7F4A7C15):        # practically never: keeps the shared array
                 pad[lane] = acc
                 out[0] = pad[(lane + 1) & 31]
