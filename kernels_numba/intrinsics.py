@@ -8,6 +8,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 |---|---|---|
 | ``ld_stream_v4(a, i)`` | ``ld.global.nc.L1::no_allocate.v4.u32``: 16 B read-once weights | 4 words |
 | ``ld_v4(a, i)`` | ``ld.global.v4.u32`` (cached: activations reused by many warps) | same bytes |
+| ``ld_once_v4(a, i)`` | ``ld.global.L1::no_allocate.v4.u32``: read-once, kept before a PDL wait | 4 words |
 | ``dequant_i4x8(w)`` | 4 lop3 + shift, ``sub``/``fma`` ``.f16x2``: 8 nibbles -> 4 half2 | numpy f16 |
 | ``mma_16816(a0..a3, b0, b1, c0..c3)`` | ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` | exchange |
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
@@ -319,14 +320,15 @@ def _build_gpu():
             return builder.call(asm, [args[0]])
         return v(v), codegen
 
-    return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"), dequant_i4x8,
+    return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"),
+            _ld("ld.global.L1::no_allocate.v4.u32"), dequant_i4x8,
             mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents)
 
 
 if SIMULATED:
     ld_stream_v4 = _sim_ld_u32x4
-    ld_v4 = _sim_ld_u32x4
+    ld_v4 = ld_once_v4 = _sim_ld_u32x4
     dequant_i4x8 = _sim_dequant
     mma_16816 = _sim_mma
     h2_to_f32 = _sim_h2_to_f32
@@ -338,5 +340,6 @@ if SIMULATED:
     bcast0 = _sim_bcast0
     griddep_wait = griddep_wait_for = griddep_launch_dependents = _sim_nop
 else:
-    (ld_stream_v4, ld_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32,
-     syncwarp, bcast0, griddep_wait, griddep_wait_for, griddep_launch_dependents) = _build_gpu()
+    (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32,
+     ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for,
+     griddep_launch_dependents) = _build_gpu()

@@ -34,17 +34,20 @@ import sys
 import numpy as np
 from numba import cuda, uint32
 
-from kernels_numba.intrinsics import griddep_launch_dependents, griddep_wait, ld_stream_v4
+from kernels_numba.intrinsics import griddep_launch_dependents, griddep_wait, ld_once_v4, ld_stream_v4
 
 
 @functools.cache
-def make_stream_kernel(K, KS, CPW, KB, PDL=False, TAIL=False, FLAT=False, PAD=0):
+def make_stream_kernel(K, KS, CPW, KB, PDL=False, TAIL=False, FLAT=False, PAD=0, ONCE=False):
     """s0: the weight loads of a K x 16-row tile per block, no math; PDL: with the package's PDL pair
     (next grid may launch at once; wait for the previous one after the loads are issued); TAIL: after
     the wait, one read and one write per block (``out`` holds 1 + blocks words), the least a kernel
     whose input is the previous kernel's output does after its wait. KB blocks split a tile's K: on
     grid y, or with FLAT on x, next to each other in launch order (block b then reads bytes b * tile /
-    KB on, as the down tiling does). PAD: words of shared memory per block, to cap blocks per SM."""
+    KB on, as the down tiling does). PAD: words of shared memory per block, to cap blocks per SM.
+    ONCE: coherent loads (ld_once_v4). With the .nc loads ptxas hoists the wait above every load
+    (offline SASS, session 11), so the PDL rows of sessions 9-10 waited before loading."""
+    load = ld_once_v4 if ONCE else ld_stream_v4
     KC, TILE_W, NPAD = K // 64, K * 2, max(PAD, 32)
 
     @cuda.jit
@@ -59,7 +62,7 @@ def make_stream_kernel(K, KS, CPW, KB, PDL=False, TAIL=False, FLAT=False, PAD=0)
         acc = uint32(0)
         for ci in range(CPW):
             if c0 + ci < KC:
-                w = ld_stream_v4(wq, base + ci * 128)
+                w = load(wq, base + ci * 128)
                 acc ^= w[0] ^ w[1] ^ w[2] ^ w[3]
         if PDL:
             griddep_wait()
@@ -182,25 +185,21 @@ def ceiling(torch):
     PDL pair launched with PDL (loads overlap the previous grid, the wait orders the grids as the
     package kernel's does), and that with the least dependent work after the wait, at the package's
     M = 1 tiling and, for gate/up, at smaller blocks that split K over KB blocks per tile (what a
-    split-K kernel could reach); then the package kernel."""
+    split-K kernel could reach); each with .nc and with coherent loads (ONCE: only these stay before
+    the wait); then the package kernel."""
     from kernels_numba import int4_matmul
     from kernels_numba.launch import launch
     from workbench.bench.common import copy_bandwidth, time_op
     copy = copy_bandwidth()
     print(f"copy {copy:.0f} GB/s")
     count = 64
-    # down first: the gate/up rows were the first timed in every earlier run, and stayed at 63% at
-    # every tiling (a first-in-process effect, or the shape?)
     tilings = {(7168, 2048): [(4, 8, 1)], (2048, 7168): [(16, 7, 1), (8, 14, 1), (8, 7, 2), (4, 7, 4)]}
     variants = [("s0 loads only", False, False), ("s0 loads only + PDL pair", True, False),
                 ("s0 + PDL pair + a read and a write per block after the wait", True, True)]
-    # (session 10) is the gate/up 63% the address order of the split blocks, and is the down kernel's
-    # gap its occupancy (127 registers x 4 warps: <= 4 blocks per SM, ~3.4 of them its own grid's)?
     # TAIL variant only: gate/up K split over 2 / 4 blocks adjacent in launch order (FLAT), and the
     # down tiling with 46 KB of shared memory per block (<= 4 blocks per SM, as the kernel)
     probes = {(7168, 2048): [(4, 8, 1, False, 46 * 256)],
               (2048, 7168): [(8, 7, 2, True, 0), (4, 7, 4, True, 0)]}
-    tail_only = [variants[2]]
     for (n, k), shape_tilings in tilings.items():
         ws = random_weights(n, k, 32, count, torch)
         nbytes = n * k // 2 + n * (k // 32) * 2
@@ -209,9 +208,9 @@ def ceiling(torch):
         def pct(us, nbytes=nbytes):
             return f"{us:.2f} us, {100 * nbytes / (us * 1e-6) / 1e9 / copy:.0f}% copy"
         runs = [((*t, False, 0), v) for t, v in itertools.product(shape_tilings, variants)] + \
-            [(t, v) for t, v in itertools.product(probes[(n, k)], tail_only)]
-        for (ks, cpw, kb, flat, pad), (name, pdl, tail) in runs:
-            kern = make_stream_kernel(k, ks, cpw, kb, pdl, tail, flat, pad)
+            [(t, variants[2]) for t in probes[(n, k)]]
+        for ((ks, cpw, kb, flat, pad), (name, pdl, tail)), once in itertools.product(runs, (False, True)):
+            kern = make_stream_kernel(k, ks, cpw, kb, pdl, tail, flat, pad, once)
             grid = (n // 16 * kb, 1) if flat else (n // 16, kb)
             calls = [(kern, grid, ks * 32, (sink, w.wq), pdl) for w in ws]
 
@@ -220,7 +219,7 @@ def ceiling(torch):
                 for kern, grid, block, args, pdl in calls:
                     launch(kern, grid, block, st, args, pdl)
             extra = (" FLAT" if flat else "") + (f" PAD={pad * 4 // 1024} KB" if pad else "")
-            print(f"{name} N={n} K={k} KS={ks} CPW={cpw} KB={kb}{extra}: "
+            print(f"{name} N={n} K={k} KS={ks} CPW={cpw} KB={kb}{extra} {'once' if once else 'nc'}: "
                   f"{pct(time_op(fn, calls=count, reps=10)['median_us'])}")
         x = torch.randn(1, k, device="cuda").half()
         outs = [torch.empty(1, n, device="cuda") for _ in ws]
@@ -248,10 +247,14 @@ def time_rotating(torch, matmul, x, ws, outs, cfg, label):
 # textual patches of the package kernel, all launched as the package launches (with PDL); the
 # variants measured so far are in docs/perf.md (their patches left with them; v8 in its snapshot):
 #   v6           no PIN wait anywhere
-#   v7 (all PIN) the PIN wait at every config, registers capped at 128 for every MT
+#   v7 (all PIN) the PIN wait at every config, registers capped at 128 for every MT (session 10)
+#   v9 (once)    coherent weight loads (ld_once_v4: ptxas keeps them before the plain wait), no PIN
+_ONCE = [("w = ld_stream_v4(wq,", "w = ld_once_v4(wq,"),
+         ("    ld_stream_v4,\n", "    ld_once_v4,\n    ld_stream_v4,\n"),
+         ("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")]
+_CAP_ALL = [("min(128 if MT > 1 else 255, 65536", "min(128, 65536")]
 _VARIANTS = {"v7": [], "v6": [("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")],
-             "v7 (all PIN)": [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT"),
-                              ("min(128 if MT > 1 else 255, 65536", "min(128, 65536")]}
+             "v9 (once)": _ONCE, "v9 (once, cap 128)": _ONCE + _CAP_ALL}
 
 
 def _module_from(name, text):
