@@ -252,9 +252,11 @@ def time_rotating(torch, matmul, x, ws, outs, cfg, label):
 _ONCE = [("w = ld_stream_v4(wq,", "w = ld_once_v4(wq,"),
          ("    ld_stream_v4,\n", "    ld_once_v4,\n    ld_stream_v4,\n"),
          ("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")]
-_CAP_ALL = [("min(128 if MT > 1 else 255, 65536", "min(128, 65536")]
-_VARIANTS = {"v7": [], "v6": [("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")],
-             "v9 (once)": _ONCE, "v9 (once, cap 128)": _ONCE + _CAP_ALL}
+_VARIANTS = {"v7": []}
+for _cap in (64, 80, 128):          # MT = 1 capped too (offline SASS, coherent loads: 16 B spill at 64 for
+    # (1, 4, 8), none at 80 or for (1, 16, 7) / (1, 8, 4) at 64): 2 or more grids resident per SM
+    _VARIANTS[f"v9 (once, MT1 cap {_cap})"] = _ONCE + [("min(128 if MT > 1 else 255, 65536",
+                                                         f"min(128 if MT > 1 else {_cap}, 65536")]
 
 
 def _module_from(name, text):
@@ -281,13 +283,14 @@ def m16_ratio(torch):
         impls[name] = _module_from("_int4_matmul_" + name.replace(" ", "_"), text).int4_matmul
     rng = np.random.default_rng(1)
     for name, fn in impls.items():
-        for m, n, k, cfg in [(16, 7168, 2048, (2, 4, 8)), (5, 2048, 7168, (1, 16, 7))]:
+        for m, n, k, cfg in [(16, 7168, 2048, (2, 4, 8)), (5, 2048, 7168, (1, 16, 7)),
+                             (1, 7168, 2048, (1, 4, 8)), (3, 2048, 7168, (1, 8, 14))]:
             err = check_against_reference(rng, m, n, k, 32, cfg, fn)
             print(f"check {name} M={m} N={n} K={k} cfg={cfg}: rel err {err:.2e}",
                   "OK" if err < 1e-4 else "FAIL")
     count = 64
-    plans = {(2048, 7168): [(1, (1, 16, 7)), (16, (2, 16, 7))],
-             (7168, 2048): [(1, (1, 4, 8)), (16, (2, 4, 8)), (16, (2, 8, 4))]}
+    plans = {(2048, 7168): [(1, (1, 16, 7)), (1, (1, 8, 14)), (16, (2, 16, 7))],
+             (7168, 2048): [(1, (1, 4, 8)), (1, (1, 8, 4)), (16, (2, 4, 8))]}
     for (n, k), plan in plans.items():
         ws = random_weights(n, k, 32, count, torch)
         for m, cfg in plan:
