@@ -31,7 +31,7 @@ def main():
         return t[::1]
     out = {}
     mm_sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), T.int64, T.int64)
-    for m, k in ((1, 7168), (16, 7168), (1, 2048), (16, 2048), (64, 2048), (3, 1024)):
+    for m, k in ((1, 7168), (16, 7168), (1, 2048), (16, 2048), (32, 2048), (64, 2048), (3, 1024)):
         for g in (32, 128):
             cfg = choose_config(m, k, g)
             out[f"int4_matmul M={m} K={k} G={g} {cfg}"] = counts(make_int4_matmul_kernel(k, g, *cfg), mm_sig)

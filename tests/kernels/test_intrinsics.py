@@ -21,6 +21,7 @@ def _probe_kernel(out, words, xs, a_frag):
     q = ki.dequant_i4x8(words[lane])
     xv = ki.ld_v4(xs, lane * 8)
     wv = ki.ld_stream_v4(words, (lane // 4) * 4)
+    wo = ki.ld_once_v4(words, (7 - lane // 4) * 4)
     for j in range(4):
         a_frag[lane * 4 + j] = q[j]
     c = float32(lane)
@@ -30,7 +31,8 @@ def _probe_kernel(out, words, xs, a_frag):
         out[lane * 8 + j] = d[j]
     out[lane * 8 + 4] = lo
     out[lane * 8 + 5] = hi
-    out[lane * 8 + 6] = float32(wv[lane % 4] == words[(lane // 4) * 4 + lane % 4])
+    out[lane * 8 + 6] = float32(wv[lane % 4] == words[(lane // 4) * 4 + lane % 4] and
+                                wo[lane % 4] == words[(7 - lane // 4) * 4 + lane % 4])
     h = ki.f32_to_h2(lo * float32(3.0), hi)
     out[lane * 8 + 7] = float32(h == ki.f32_to_h2(lo * float32(3.0), hi))
 
