@@ -52,10 +52,8 @@ ZERO = float32(0.0)
 
 
 @functools.cache
-def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XS: bool = False):
-    """Kernel factory: K, G and the tiling are compile-time constants (closure variables). XS (M = 1
-    only): after the wait the block copies x to shared memory with one round of 16-byte loads, so
-    the MMA loop reads its activations from shared memory instead of one L2 round trip per step."""
+def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
+    """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
     KC = K // 64                   # 64-column chunks per weight row tile
     NS = K // G                    # scale groups per row
     TILE_W = KC * 128              # uint32 words per 16-row tile
@@ -69,7 +67,6 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XS: bool
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
     NWL = CPW * 4                  # weight words held per lane
     NSL = CPW * SPC                # scale words held per lane
-    NXS = K // 2 if XS else 1      # words of the staged x row
     # MT >= 2: <= 128 registers, 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave
     # at M = 16 (uncapped it took 192 registers: 2 waves, 6.34 vs 5.42 us); no config spills at 128
     # (offline SASS). MT = 1 stays uncapped: capped, K2 down M = 1 ran 3.90 us instead of 3.66.
@@ -86,7 +83,6 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XS: bool
         g = lane >> 2
         t = lane & 3
         red = cuda.shared.array(NRED, float32)
-        xs = cuda.shared.array(NXS, uint32)
         acc = cuda.local.array(NACC, float32)
         prt = cuda.local.array(NACC, float32)
         xb = cuda.local.array(MT, uint32)                     # first activation word index, per m8 tile
@@ -122,12 +118,6 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XS: bool
             if MASK:
                 xm[mt] = uint32(0xFFFFFFFF) if m < m_rows else uint32(0)
             xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t
-        if XS:                                                # x [1, K]: all of it, one load round
-            for v in range(tid, K // 8, NTHR):
-                xv = ld_v4(x, v * 8)
-                for j in range(4):
-                    xs[v * 4 + j] = xv[j]
-            cuda.syncthreads()
         # phase 2: dequantize (exact), MMA, scale per group
         for ci in range(CPW):
             if EXACT or c0 + ci < KC:
@@ -136,11 +126,7 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XS: bool
                     b = dequant_i4x8(wl[ci * 4 + 2 * h + 1])
                     s_lo, s_hi = h2_to_f32(sl[ci * SPC + h * (SPC - 1)])
                     for mt in range(MT):
-                        if XS:
-                            xw = (xb[mt] + ci * 64 + 32 * h) >> 1
-                            xv = (xs[xw], xs[xw + 1], xs[xw + 2], xs[xw + 3])
-                        else:
-                            xv = ld_v4(x, xb[mt] + ci * 64 + 32 * h)
+                        xv = ld_v4(x, xb[mt] + ci * 64 + 32 * h)
                         if MASK:
                             k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]
                         else:
@@ -186,14 +172,6 @@ _TUNED = {(1, 7168): (1, 16, 7), (2, 7168): (2, 16, 7), (1, 2048): (1, 4, 8), (2
 # (MT, K, KS, CPW) measured faster with the PIN wait (ladder --m16, two runs: K2 down M = 16 5.18 /
 # 5.23 vs 5.53 / 5.52 us); slower at gate/up M = 1 / 16, down M = 1 and down (2, 8, 4)
 PINNED = {(2, 2048, 4, 8)}
-
-
-STAGE_X = True
-
-
-def stage_x(m: int, k: int, mt: int, ks: int) -> bool:
-    """XS build: M = 1 and x beside the reduction buffer within 48 KB of static shared memory."""
-    return STAGE_X and m == 1 and mt == 1 and k * 2 + ks * 4 * 32 * 4 <= 48 * 1024
 
 
 def choose_config(m: int, k: int, g: int = 32) -> tuple[int, int, int]:
@@ -246,6 +224,6 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     grid = (weight.n16, -(-m // (8 * mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
-    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw, stage_x(m, k, mt, ks))
+    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw)
     launch(kernel, grid, ks * 32, stream, (flat(out), flat(x), wq, sq, m, n), pdl)
     return out

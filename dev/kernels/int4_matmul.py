@@ -21,6 +21,11 @@ Versions (docs/perf.md has predictions and measurements):
   v8  (snapshot _int4_matmul_v8_snapshot.py.txt) phase 1 copies weights and scales to shared memory
       with cp.async at a 64-register cap, so that grids of the PDL chain are resident together:
       measured 1.6-2x slower (80 registers: 1.15-1.7x); not kept.
+  v9  v7 with coherent weight loads (ld_once_v4: unlike .nc loads, ptxas keeps them all before the
+      wait without a data dependency), MT = 1 capped at 64 / 80 / 128 registers: slower at M = 1 in
+      the PDL chain (gate 4.1-5.2 us vs 3.9), though without the wait cap 64 runs 2.57 vs 3.03 us.
+  v10 v9 with x staged in shared memory after the wait at M = 1 (commit 317e529): slower
+      (gate 4.5 vs 3.9 us, down 4.0-5.2 vs 3.6); not kept.
 The package's choose_config is the winner of the (MT, KS, CPW, KB) sweep below.
 """
 
@@ -246,7 +251,7 @@ def time_rotating(torch, matmul, x, ws, outs, cfg, label):
 
 # textual patches of the package kernel, all launched as the package launches (with PDL); the
 # variants measured so far are in docs/perf.md (their patches left with them; v8 in its snapshot):
-#   v6           no PIN wait anywhere
+#   v6           no PIN wait anywhere (session 10: PINNED = set())
 #   v7 (all PIN) the PIN wait at every config, registers capped at 128 for every MT (session 10)
 #   v9 (once)    coherent weight loads (ld_once_v4: ptxas keeps them before the plain wait), no PIN
 _ONCE = [("w = ld_stream_v4(wq,", "w = ld_once_v4(wq,"),
@@ -263,9 +268,9 @@ def _cap1(c):
     return [("min(128 if MT > 1 else 255, 65536", f"min(128 if MT > 1 else {c}, 65536")]
 
 
-_V7 = [("STAGE_X = True", "STAGE_X = False")]
-_VARIANTS = {"v7": _V7, "v10": [], "v10 (once)": _ONCE, "v10 (once, MT1 cap 128)": _ONCE + _cap1(128),
-             "v10 (once, MT1 cap 64)": _ONCE + _cap1(64)}
+_VARIANTS = {"v7": [], "v7 (no wait)": _NOWAIT + _ONCE[2:], "v9 (once, MT1 cap 64)": _ONCE + _cap1(64),
+             "v9 (once, MT1 cap 64, no wait)": _ONCE + _cap1(64) + _NOWAIT,
+             "v9 (once, MT1 cap 128, no wait)": _ONCE + _cap1(128) + _NOWAIT}
 
 
 def _module_from(name, text):
