@@ -48,9 +48,11 @@ def test_guarded_and_group_configs():
     _check(9, 16, 256, 64, 3, config=(2, 1, 4))
 
 
-def test_tuned_k2_down_config():
-    """The tuned M <= 8 config for K = 2048 (4 warps x 8 chunks, no guards), as chosen by default."""
+def test_tuned_k2_down_configs():
+    """The tuned configs for K = 2048 (4 warps x 8 chunks, no guards), as chosen by default: M <= 8
+    and the M = 32 bucket (MT = 4)."""
     _check(2, 16, 2048, 32, 4)
+    _check(29, 16, 2048, 32, 6)
 
 
 def test_output_allocated_when_omitted():
@@ -132,7 +134,7 @@ def test_gpu_dependent_launches(m, own_stream):
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("m", [1, 2, 8, 16, 33, 64, 100])
+@pytest.mark.parametrize("m", [1, 2, 8, 16, 32, 33, 64, 100])
 @pytest.mark.parametrize("n,k", [(2048, 7168), (7168, 2048)])
 def test_gpu_k2_shapes(m, n, k):
     _check(m, n, k, 32, seed=m + n)
