@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import re
 import sys
 
 import numpy as np
@@ -131,6 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ncu", action="store_true", help="one launch of each shape, for ncu")
     ap.add_argument("--m16", action="store_true", help="M = 1 vs 16: the package kernel beside its patched "
                     "variants (_VARIANTS)")
+    ap.add_argument("--timeline", action="store_true", help="for nsys --cuda-graph-trace=node: per _VARIANTS "
+                    "entry one graph of 64 M = 1 gate/up launches replayed 5 times, 10 ms apart")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
     args = ap.parse_args(argv)
@@ -139,6 +142,8 @@ def main(argv=None) -> int:
         return m16_ratio(torch)
     if args.ceiling:
         return ceiling(torch)
+    if args.timeline:
+        return timeline(torch)
 
     from kernels_numba import int4_matmul
     from workbench.bench.common import copy_bandwidth, time_op
@@ -274,6 +279,48 @@ _PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EX
 _VARIANTS = {"v7": [], **{f"PIN, MT1 cap {c}": _PIN_ALL + _cap1(c) for c in (64, 80, 128)}}
 
 
+def _variant_impls():
+    """``_VARIANTS`` applied to the package module's source: {name: int4_matmul of that variant}."""
+    from pathlib import Path
+
+    import kernels_numba.int4_matmul  # noqa: F401 - the module (the package's name is the function)
+    src = Path(sys.modules["kernels_numba.int4_matmul"].__file__).read_text()
+    impls = {}
+    for name, patches in _VARIANTS.items():
+        text = src
+        for old, new in patches:
+            assert old in text, (name, old)
+            text = text.replace(old, new)
+        impls[name] = _module_from("_int4_matmul_" + re.sub(r"\W", "_", name), text).int4_matmul
+    return impls
+
+
+def timeline(torch):
+    """A trace to read where the chain's time goes (start, end and overlap of each grid)."""
+    import time
+
+    from workbench.bench.common import capture_graph
+    n, k, count = 2048, 7168, 64
+    ws = random_weights(n, k, 32, count, torch)
+    x = torch.randn(1, k, device="cuda").half()
+    outs = [torch.empty(1, n, device="cuda") for _ in range(count)]
+    for name, fn in _variant_impls().items():
+        def run(fn=fn):
+            st = torch.cuda.current_stream()
+            for i in range(count):
+                fn(x, ws[i], out=outs[i], stream=st, config=(1, 16, 7))
+        g = capture_graph(run)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(name)
+        for _ in range(5):
+            g.replay()
+            torch.cuda.synchronize()
+            time.sleep(0.01)
+        torch.cuda.nvtx.range_pop()
+        print(f"traced {name}", flush=True)
+    return 0
+
+
 def _module_from(name, text):
     mod = type(sys)(f"kernels_numba.{name}")
     mod.__package__ = "kernels_numba"
@@ -284,18 +331,7 @@ def _module_from(name, text):
 def m16_ratio(torch):
     """M = 1 vs 16 on both K2 shapes, one run over the same 64 weights per shape: the package kernel
     and its patched variants (``_VARIANTS``) at the tunings that matter, each checked first."""
-    from pathlib import Path
-
-    import kernels_numba.int4_matmul  # noqa: F401 - the module (the package's name is the function)
-    pkg = sys.modules["kernels_numba.int4_matmul"]
-    src = Path(pkg.__file__).read_text()
-    impls = {}
-    for name, patches in _VARIANTS.items():
-        text = src
-        for old, new in patches:
-            assert old in text, (name, old)
-            text = text.replace(old, new)
-        impls[name] = _module_from("_int4_matmul_" + name.replace(" ", "_"), text).int4_matmul
+    impls = _variant_impls()
     rng = np.random.default_rng(1)
     for name, fn in impls.items():
         for m, n, k, cfg in [(5, 2048, 7168, (1, 16, 7)), (1, 7168, 2048, (1, 4, 8)),
