@@ -21,6 +21,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``griddep_wait()`` | ``griddepcontrol.wait``: until the previous grid has completed (PDL) | no-op |
 | ``griddep_wait_for(v)`` | the wait, predicated both ways on ``v``: ``v``'s loads stay before it | no-op |
 | ``griddep_launch_dependents()`` | ``griddepcontrol.launch_dependents``: the next grid may start | no-op |
+| ``globaltimer()`` | ``%globaltimer``: nanoseconds, one clock for every SM (timing probes) | host ns clock |
 
 ``i`` is an element index into ``a`` (any 1-D array); the 16 bytes at element ``i`` must be
 16-byte aligned (the host wrappers check base pointers, the kernels keep offsets multiples of 16 B).
@@ -35,6 +36,7 @@ c2, c3 = row g+8. In each half2 the low 16 bits hold the lower index.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 from numba import config
@@ -108,6 +110,10 @@ def _sim_bcast0(v):
 
 def _sim_nop(*_):
     return None                                         # the simulator runs launches one after another
+
+
+def _sim_globaltimer():
+    return np.uint64(time.perf_counter_ns())
 
 
 def _sim_ld_u32(a, i):
@@ -295,6 +301,13 @@ def _build_gpu():
     griddep_launch_dependents = _void_asm("griddepcontrol.launch_dependents;")
 
     @intrinsic
+    def globaltimer(typingctx):
+        def codegen(context, builder, sig, args):
+            return builder.call(ir.InlineAsm(ir.FunctionType(ir.IntType(64), []), "mov.u64 $0, %globaltimer;",
+                                             "=l", side_effect=True), [])
+        return types.uint64(), codegen
+
+    @intrinsic
     def griddep_wait_for(typingctx, v):
         # ptxas moves ld.global.nc loads past a plain griddepcontrol.wait (offline SASS); a wait whose
         # predicate reads v cannot run before v's loads have returned, so they stay before it
@@ -323,7 +336,7 @@ def _build_gpu():
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"),
             _ld("ld.global.L1::no_allocate.v4.u32"), dequant_i4x8,
             mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
-            griddep_wait, griddep_wait_for, griddep_launch_dependents)
+            griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer)
 
 
 if SIMULATED:
@@ -339,7 +352,8 @@ if SIMULATED:
     syncwarp = _sim_syncwarp
     bcast0 = _sim_bcast0
     griddep_wait = griddep_wait_for = griddep_launch_dependents = _sim_nop
+    globaltimer = _sim_globaltimer
 else:
     (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32,
      ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for,
-     griddep_launch_dependents) = _build_gpu()
+     griddep_launch_dependents, globaltimer) = _build_gpu()

@@ -132,8 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ncu", action="store_true", help="one launch of each shape, for ncu")
     ap.add_argument("--m16", action="store_true", help="M = 1 vs 16: the package kernel beside its patched "
                     "variants (_VARIANTS)")
-    ap.add_argument("--timeline", action="store_true", help="for nsys --cuda-graph-trace=node: per _VARIANTS "
-                    "entry one graph of 64 M = 1 gate/up launches replayed 5 times, 10 ms apart")
+    ap.add_argument("--timeline", metavar="DIR", help="global-timer stamps of every block of 64 M = 1 "
+                    "gate/up launches per _VARIANTS entry; raw stamps saved under DIR")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
     args = ap.parse_args(argv)
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     if args.ceiling:
         return ceiling(torch)
     if args.timeline:
-        return timeline(torch)
+        return timeline(torch, args.timeline)
 
     from kernels_numba import int4_matmul
     from workbench.bench.common import copy_bandwidth, time_op
@@ -279,8 +279,9 @@ _PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EX
 _VARIANTS = {"v7": [], **{f"PIN, MT1 cap {c}": _PIN_ALL + _cap1(c) for c in (64, 80, 128)}}
 
 
-def _variant_impls():
-    """``_VARIANTS`` applied to the package module's source: {name: int4_matmul of that variant}."""
+def _variant_impls(extra=()):
+    """``_VARIANTS`` (each followed by the patches ``extra``) applied to the package module's source:
+    {name: int4_matmul of that variant}."""
     from pathlib import Path
 
     import kernels_numba.int4_matmul  # noqa: F401 - the module (the package's name is the function)
@@ -288,36 +289,62 @@ def _variant_impls():
     impls = {}
     for name, patches in _VARIANTS.items():
         text = src
-        for old, new in patches:
+        for old, new in [*patches, *extra]:
             assert old in text, (name, old)
             text = text.replace(old, new)
         impls[name] = _module_from("_int4_matmul_" + re.sub(r"\W", "_", name), text).int4_matmul
     return impls
 
 
-def timeline(torch):
-    """A trace to read where the chain's time goes (start, end and overlap of each grid)."""
-    import time
+# --timeline: thread 0 of every block stamps the global timer at its start, after the wait and at its
+# end into out[3 * tile ...] (ns mod 2**24, exact in float32); the outputs are then not stored (a
+# never-true test keeps the math), so the stamps are the only writes
+_WAITED = "        for mt in range(MT):\n            m = m0 + mt * 8 + g\n"    # first lines after the wait
+_TILE = "        tile = cuda.blockIdx.x "
+_STAMPS = [(_TILE, "        t_start = globaltimer()\n" + _TILE),
+           (_WAITED, "        t_wait = globaltimer()\n" + _WAITED),
+           ("                out[m * n_rows + n] = s\n",
+            "                if s == float32(1.2345e-30):\n                    out[m * n_rows + n] = s\n"
+            "        if tid == 0:\n            t_end = globaltimer()\n"
+            "            out[tile * 3] = float32(t_start & 0xFFFFFF)\n"
+            "            out[tile * 3 + 1] = float32(t_wait & 0xFFFFFF)\n"
+            "            out[tile * 3 + 2] = float32(t_end & 0xFFFFFF)\n"),
+           ("    griddep_wait_for,\n", "    griddep_wait_for,\n    globaltimer,\n")]
 
-    from workbench.bench.common import capture_graph
-    n, k, count = 2048, 7168, 64
+
+def timeline(torch, out_dir=None):
+    """Per _VARIANTS entry, 64 M = 1 gate/up launches in one graph with the global-timer stamps of
+    _STAMPS: when each grid's blocks start, pass the wait and end, relative to the grid before it."""
+    import os
+    n, k, count, tiles = 2048, 7168, 64, 2048 // 16
     ws = random_weights(n, k, 32, count, torch)
     x = torch.randn(1, k, device="cuda").half()
-    outs = [torch.empty(1, n, device="cuda") for _ in range(count)]
-    for name, fn in _variant_impls().items():
+    outs = [torch.zeros(1, n, device="cuda") for _ in range(count)]
+    for name, fn in _variant_impls(_STAMPS).items():
         def run(fn=fn):
             st = torch.cuda.current_stream()
             for i in range(count):
                 fn(x, ws[i], out=outs[i], stream=st, config=(1, 16, 7))
-        g = capture_graph(run)
-        torch.cuda.synchronize()
-        torch.cuda.nvtx.range_push(name)
-        for _ in range(5):
-            g.replay()
-            torch.cuda.synchronize()
-            time.sleep(0.01)
-        torch.cuda.nvtx.range_pop()
-        print(f"traced {name}", flush=True)
+        from workbench.bench.common import time_op
+        us = time_op(run, calls=count, reps=5)["median_us"]      # the last replay's stamps stay in outs
+        raw = np.stack([o[0, :3 * tiles].cpu().numpy().reshape(tiles, 3) for o in outs]).astype(np.int64)
+        t = (raw - raw[0, :, 0].min()) % (1 << 24)                # ns since the first block's start
+        start, wait, end = t[..., 0], t[..., 1], t[..., 2]        # [launch, block]
+        mid = slice(8, count - 8)
+        d = {"per launch (median us/launch)": us,
+             "grid end to next grid end": np.diff(end.max(1))[mid],
+             "first block start after previous grid end": (start.min(1)[1:] - end.max(1)[:-1])[mid],
+             "last block start after previous grid end": (start.max(1)[1:] - end.max(1)[:-1])[mid],
+             "first wait release after previous grid end": (wait.min(1)[1:] - end.max(1)[:-1])[mid],
+             "last wait release after previous grid end": (wait.max(1)[1:] - end.max(1)[:-1])[mid],
+             "block start to wait release (mean)": (wait - start).mean(1)[mid],
+             "wait release to block end (mean)": (end - wait).mean(1)[mid],
+             "first wait release to grid end": (end.max(1) - wait.min(1))[mid]}
+        print(f"== {name}")
+        for key, v in d.items():
+            print(f"  {key}: {np.median(v) / (1 if key.startswith('per') else 1000):.2f} us")
+        if out_dir:
+            np.save(os.path.join(out_dir, "timeline_" + re.sub(r"\W", "_", name) + ".npy"), t)
     return 0
 
 

@@ -88,7 +88,8 @@ def test_intrinsics_semantics_gpu():
 def _warp_probe_kernel(out, words, ints, floats):
     """Two warps: lane 0's value broadcast to its warp; a shared write by lane 31 read by every lane
     after syncwarp; 4-byte read-only loads of uint32 / int32 words; an L2 read of a float; an
-    acquire load of an int32."""
+    acquire load of an int32; two reads of the global timer around all that (not decreasing)."""
+    t0 = ki.globaltimer()
     tid = cuda.threadIdx.x
     lane = tid & 31
     sh = cuda.shared.array(2, uint32)
@@ -96,12 +97,13 @@ def _warp_probe_kernel(out, words, ints, floats):
     if lane == 31:
         sh[tid >> 5] = uint32(tid)
     ki.syncwarp()
-    out[tid * 6 + 0] = b
-    out[tid * 6 + 1] = sh[tid >> 5]
-    out[tid * 6 + 2] = ki.ld_u32(words, tid)
-    out[tid * 6 + 3] = ki.ld_u32(ints, tid)
-    out[tid * 6 + 4] = uint32(ki.ld_cg_f32(floats, tid) * float32(2.0))
-    out[tid * 6 + 5] = uint32(ki.ld_acquire_i32(ints, 63 - tid))
+    out[tid * 7 + 0] = b
+    out[tid * 7 + 1] = sh[tid >> 5]
+    out[tid * 7 + 2] = ki.ld_u32(words, tid)
+    out[tid * 7 + 3] = ki.ld_u32(ints, tid)
+    out[tid * 7 + 4] = uint32(ki.ld_cg_f32(floats, tid) * float32(2.0))
+    out[tid * 7 + 5] = uint32(ki.ld_acquire_i32(ints, 63 - tid))
+    out[tid * 7 + 6] = uint32(ki.globaltimer() >= t0)
 
 
 def _run_warp(seed):
@@ -109,9 +111,9 @@ def _run_warp(seed):
     words = rng.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
     ints = rng.integers(-2**31, 2**31, 64, dtype=np.int64).astype(np.int32)
     floats = rng.integers(0, 1000, 64).astype(np.float32)
-    out = dev(np.zeros(64 * 6, np.uint32))
+    out = dev(np.zeros(64 * 7, np.uint32))
     _warp_probe_kernel[1, 64](out, dev(words), dev(ints), dev(floats))
-    got = host(out).reshape(64, 6)
+    got = host(out).reshape(64, 7)
     tid = np.arange(64)
     np.testing.assert_array_equal(got[:, 0], (tid // 32) * 32 * 3 + 7)       # lane 0 of each warp
     np.testing.assert_array_equal(got[:, 1], (tid // 32) * 32 + 31)          # lane 31's shared write
@@ -119,6 +121,7 @@ def _run_warp(seed):
     np.testing.assert_array_equal(got[:, 3], ints.view(np.uint32))
     np.testing.assert_array_equal(got[:, 4], (floats * 2).astype(np.uint32))
     np.testing.assert_array_equal(got[:, 5], ints[::-1].view(np.uint32))
+    np.testing.assert_array_equal(got[:, 6], 1)                              # the timer did not go back
 
 
 def test_warp_and_load_intrinsics():
