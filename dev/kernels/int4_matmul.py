@@ -277,7 +277,8 @@ def _cap1(c):
 #   PIN, MT1 cap C   the PIN wait at every config, MT = 1 capped at C: do v9's co-resident blocks slow
 #                the chain because their warps reach the wait with weight loads still in flight?
 _PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT")]
-_VARIANTS = {"v7": [], **{f"PIN, MT1 cap {c}": _PIN_ALL + _cap1(c) for c in (64, 80, 128)}}
+_VARIANTS = {"v7": [], "v7 (no wait)": _NOWAIT + _ONCE[2:],
+             **{f"PIN, MT1 cap {c}": _PIN_ALL + _cap1(c) for c in (64, 128)}}
 
 
 def _variant_impls(extra=()):
@@ -314,10 +315,16 @@ _STAMPS = [(_TILE, "        t_start = globaltimer()\n" + _TILE),
 
 
 def timeline(torch, out_dir=None):
-    """Per _VARIANTS entry, 64 M = 1 gate/up launches in one graph with the global-timer stamps of
-    _STAMPS: when each grid's blocks start, pass the wait and end, relative to the grid before it."""
+    """Per _VARIANTS entry and K2 shape, 64 M = 1 launches in one graph with the global-timer stamps
+    of _STAMPS: when each grid's blocks start, pass the wait and end, relative to the grid before it."""
+    for (n, k), cfg in [((2048, 7168), (1, 16, 7)), ((7168, 2048), (1, 4, 8))]:
+        timeline_shape(torch, n, k, cfg, out_dir)
+    return 0
+
+
+def timeline_shape(torch, n, k, cfg, out_dir):
     import os
-    n, k, count, tiles = 2048, 7168, 64, 2048 // 16
+    count, tiles = 64, n // 16
     ws = random_weights(n, k, 32, count, torch)
     x = torch.randn(1, k, device="cuda").half()
     outs = [torch.zeros(1, n, device="cuda") for _ in range(count)]
@@ -325,7 +332,7 @@ def timeline(torch, out_dir=None):
         def run(fn=fn):
             st = torch.cuda.current_stream()
             for i in range(count):
-                fn(x, ws[i], out=outs[i], stream=st, config=(1, 16, 7))
+                fn(x, ws[i], out=outs[i], stream=st, config=cfg)
         from workbench.bench.common import time_op
         us = time_op(run, calls=count, reps=5)["median_us"]      # the last replay's stamps stay in outs
         raw = np.stack([o[0, :3 * tiles].cpu().numpy().reshape(tiles, 3) for o in outs]).astype(np.int64)
@@ -341,12 +348,11 @@ def timeline(torch, out_dir=None):
              "block start to wait release (mean)": (wait - start).mean(1)[mid],
              "wait release to block end (mean)": (end - wait).mean(1)[mid],
              "first wait release to grid end": (end.max(1) - wait.min(1))[mid]}
-        print(f"== {name}")
+        print(f"== {name} N={n} K={k} {cfg}")
         for key, v in d.items():
             print(f"  {key}: {np.median(v) / (1 if key.startswith('per') else 1000):.2f} us")
         if out_dir:
-            np.save(os.path.join(out_dir, "timeline_" + re.sub(r"\W", "_", name) + ".npy"), t)
-    return 0
+            np.save(os.path.join(out_dir, f"timeline_{n}x{k}_" + re.sub(r"\W", "_", name) + ".npy"), t)
 
 
 def _module_from(name, text):
