@@ -133,8 +133,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ncu", action="store_true", help="one launch of each shape, for ncu")
     ap.add_argument("--m16", action="store_true", help="M = 1 vs 16: the package kernel beside its patched "
                     "variants (_VARIANTS)")
-    ap.add_argument("--timeline", metavar="DIR", help="global-timer stamps of every block of 64 M = 1 "
-                    "gate/up launches per _VARIANTS entry; raw stamps saved under DIR")
+    ap.add_argument("--timeline", metavar="DIR", help="global-timer stamps of every block of 64 chained "
+                    "M = 1 launches per _VARIANTS entry and K2 shape; raw stamps saved under DIR")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
     args = ap.parse_args(argv)
@@ -257,27 +257,24 @@ def time_rotating(torch, matmul, x, ws, outs, cfg, label):
 
 # textual patches of the package kernel, all launched as the package launches (with PDL); the
 # variants measured so far are in docs/perf.md (their patches left with them; v8 in its snapshot):
-#   v6           no PIN wait anywhere (session 10: PINNED = set())
-#   v7 (all PIN) the PIN wait at every config, registers capped at 128 for every MT (session 10)
-#   v9 (once)    coherent weight loads (ld_once_v4: ptxas keeps them before the plain wait), no PIN
+#   v6               no PIN wait anywhere (session 10: PINNED = set())
+#   v7 (all PIN)     the PIN wait at every config, registers capped at 128 for every MT (session 10)
+#   v9 (once, cap C) coherent weight loads (ld_once_v4: ptxas keeps them before the plain wait), no
+#                    PIN, MT = 1 capped at C registers (session 11: _ONCE + _cap1(C); slower in the chain)
+#   (no wait)        timing only (back-to-back results race): the grids of the chain do not serialize
+#   PIN, MT1 cap C   the PIN wait at every config, MT = 1 capped at C (session 11: no faster than v9)
 _ONCE = [("w = ld_stream_v4(wq,", "w = ld_once_v4(wq,"),
          ("    ld_stream_v4,\n", "    ld_once_v4,\n    ld_stream_v4,\n"),
          ("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")]
-#   v9 (once, MT1 cap C) also MT = 1 capped at C registers (session 11: C = 64 / 80 slower everywhere;
-#                offline SASS: 16 B spill at 64 for (1, 4, 8), none for (1, 16, 7) / (1, 8, 4))
-#   (no wait)    timing only (back-to-back results race): the chain of PDL grids does not serialize, so
-#                what it saves is the cost of the post-wait work on the chain
-_NOWAIT = [("            griddep_wait()\n", "            pass\n")]
+_NOWAIT = [("            griddep_wait()\n", "            pass\n"), _ONCE[2]]
+_PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT")]
 
 
 def _cap1(c):
     return [("min(128 if MT > 1 else 255, 65536", f"min(128 if MT > 1 else {c}, 65536")]
 
 
-#   PIN, MT1 cap C   the PIN wait at every config, MT = 1 capped at C: do v9's co-resident blocks slow
-#                the chain because their warps reach the wait with weight loads still in flight?
-_PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT")]
-_VARIANTS = {"v7": [], "v7 (no wait)": _NOWAIT + _ONCE[2:],
+_VARIANTS = {"v7": [], "v7 (no wait)": _NOWAIT,
              **{f"PIN, MT1 cap {c}": _PIN_ALL + _cap1(c) for c in (64, 128)}}
 
 
@@ -324,6 +321,8 @@ def timeline(torch, out_dir=None):
 
 def timeline_shape(torch, n, k, cfg, out_dir):
     import os
+
+    from workbench.bench.common import time_op
     count, tiles = 64, n // 16
     ws = random_weights(n, k, 32, count, torch)
     x = torch.randn(1, k, device="cuda").half()
@@ -333,7 +332,6 @@ def timeline_shape(torch, n, k, cfg, out_dir):
             st = torch.cuda.current_stream()
             for i in range(count):
                 fn(x, ws[i], out=outs[i], stream=st, config=cfg)
-        from workbench.bench.common import time_op
         us = time_op(run, calls=count, reps=5)["median_us"]      # the last replay's stamps stay in outs
         raw = np.stack([o[0, :3 * tiles].cpu().numpy().reshape(tiles, 3) for o in outs]).astype(np.int64)
         t = (raw - raw[0, :, 0].min()) % (1 << 24)                # ns since the first block's start
@@ -369,13 +367,14 @@ def m16_ratio(torch):
     rng = np.random.default_rng(1)
     for name, fn in impls.items():
         for m, n, k, cfg in [(5, 2048, 7168, (1, 16, 7)), (1, 7168, 2048, (1, 4, 8)),
-                             (3, 2048, 7168, (1, 8, 14)), (1, 7168, 2048, (1, 8, 4))]:
+                             (3, 2048, 7168, (1, 8, 14)), (1, 7168, 2048, (1, 8, 4)),
+                             (16, 7168, 2048, (2, 4, 8))]:
             err = check_against_reference(rng, m, n, k, 32, cfg, fn)
             print(f"check {name} M={m} N={n} K={k} cfg={cfg}: rel err {err:.2e}",
                   "OK" if err < 1e-4 else "FAIL")
     count = 64
-    plans = {(2048, 7168): [(1, (1, 16, 7)), (1, (1, 8, 14))],
-             (7168, 2048): [(1, (1, 4, 8)), (1, (1, 8, 4))]}
+    plans = {(2048, 7168): [(1, (1, 16, 7)), (1, (1, 8, 14)), (16, (2, 16, 7))],
+             (7168, 2048): [(1, (1, 4, 8)), (1, (1, 8, 4)), (16, (2, 4, 8))]}
     for (n, k), plan in plans.items():
         ws = random_weights(n, k, 32, count, torch)
         for m, cfg in plan:
