@@ -27,10 +27,10 @@ def as_array(a, name: str):
     """
     if a is None:
         raise KernelInputError(f"{name}: missing array")
-    if SIMULATED:
-        if isinstance(a, np.ndarray) or cuda.is_cuda_array(a):
+    if SIMULATED:                                           # the simulator's kernels take numpy arrays
+        if isinstance(a, np.ndarray):
             return a
-        raise KernelInputError(f"{name}: expected a numpy or device array, got {type(a).__name__}")
+        raise KernelInputError(f"{name}: expected a numpy array in the simulator, got {type(a).__name__}")
     if cuda.is_cuda_array(a):
         return cuda.as_cuda_array(a, sync=False)
     raise KernelInputError(f"{name}: expected a CUDA array (numba device array or torch CUDA tensor), "

@@ -2,6 +2,7 @@
 
 Run on a GPU:  python dev/kernels/int4_matmul.py [--quick | --ms M ...] [--ncu | --m16 | --ceiling
                 | --timeline DIR]
+Offline:       NUMBA_ENABLE_CUDASIM=1 python dev/kernels/int4_matmul.py --check
 Versions (docs/perf.md has predictions and measurements):
   s0  stream-only: the same 16-byte weight loads and grid, no math (the attainable rate per launch)
   v1  tensor cores, swap A/B (weights = A of mma.m16n8k16), repacked tile layout, one 16-row tile per
@@ -41,7 +42,13 @@ import sys
 import numpy as np
 from numba import cuda, uint32
 
-from kernels_numba.intrinsics import griddep_launch_dependents, griddep_wait, ld_once_v4, ld_stream_v4
+from kernels_numba.intrinsics import (
+    SIMULATED,
+    griddep_launch_dependents,
+    griddep_wait,
+    ld_once_v4,
+    ld_stream_v4,
+)
 
 
 @functools.cache
@@ -107,11 +114,14 @@ def check_against_reference(rng, m, n, k, gs, config=None, int4_matmul=None):
     if int4_matmul is None:
         from kernels_numba import int4_matmul
     x = rng.standard_normal((m, k)).astype(np.float16)
-    w = repack_int4(packed, scales).to_device()
-    out = cuda.to_device(np.full((m, n), np.nan, np.float32))
-    int4_matmul(cuda.to_device(x), w, out=out, config=config)
+    w = repack_int4(packed, scales)
+    out = np.full((m, n), np.nan, np.float32)
+    if not SIMULATED:                      # the simulator (offline checks of the variants) takes numpy
+        w, x_in, out = w.to_device(), cuda.to_device(x), cuda.to_device(out)
+    int4_matmul(x if SIMULATED else x_in, w, out=out, config=config)
     ref = int4_linear(x, packed, scales)
-    return float(np.abs(out.copy_to_host() - ref).max() / np.abs(ref).max())
+    got = out if SIMULATED else out.copy_to_host()
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
 
 
 def configs_for(m, k):
@@ -135,9 +145,13 @@ def main(argv=None) -> int:
                     "variants (_VARIANTS)")
     ap.add_argument("--timeline", metavar="DIR", help="global-timer stamps of every block of 64 chained "
                     "M = 1 launches per _VARIANTS entry and K2 shape; raw stamps saved under DIR")
+    ap.add_argument("--check", action="store_true", help="only check every _VARIANTS entry against the "
+                    "reference at small shapes (no torch; also in the simulator: NUMBA_ENABLE_CUDASIM=1)")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
     args = ap.parse_args(argv)
+    if args.check:
+        return check_variants()
     import torch
     if args.m16:
         return m16_ratio(torch)
@@ -263,19 +277,49 @@ def time_rotating(torch, matmul, x, ws, outs, cfg, label):
 #                    PIN, MT = 1 capped at C registers (session 11: _ONCE + _cap1(C); slower in the chain)
 #   (no wait)        timing only (back-to-back results race): the grids of the chain do not serialize
 #   PIN, MT1 cap C   the PIN wait at every config, MT = 1 capped at C (session 11: no faster than v9)
+#   PRE n            (v11, not timed yet) the first n chunks of each warp's slice dequantized before the
+#                    wait (the nibbles do not depend on x); the PIN wait on their XOR keeps them there
+#   no mask          (not timed yet) MT = 1 without the row-mask ANDs (rows past M are never stored)
 _ONCE = [("w = ld_stream_v4(wq,", "w = ld_once_v4(wq,"),
          ("    ld_stream_v4,\n", "    ld_once_v4,\n    ld_stream_v4,\n"),
          ("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")]
 _NOWAIT = [("            griddep_wait()\n", "            pass\n"), _ONCE[2]]
 _PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT")]
+_NOMASK = [("MASK = MT == 1 ", "MASK = False ")]
 
 
 def _cap1(c):
     return [("min(128 if MT > 1 else 255, 65536", f"min(128 if MT > 1 else {c}, 65536")]
 
 
-_VARIANTS = {"v7": [], "v7 (no wait)": _NOWAIT,
-             **{f"PIN, MT1 cap {c}": _PIN_ALL + _cap1(c) for c in (64, 128)}}
+def _pre(n):
+    dq_a = "                    a = dequant_i4x8(wl[ci * 4 + 2 * h])\n"
+    dq_b = "                    b = dequant_i4x8(wl[ci * 4 + 2 * h + 1])\n"
+    pin_xor = "            for j in range(NSL):\n                pin ^= sl[j]\n"
+    nsl = "    NSL = CPW * SPC "
+    return _PIN_ALL + [
+        ("@functools.cache\n", f"PRE_CHUNKS = {n}\n\n\n@functools.cache\n"),
+        (nsl, "    PRE = min(PRE_CHUNKS, CPW)\n    NDQ = max(PRE * 16, 1)\n" + nsl),
+        ("        if PIN:", "        dq = cuda.local.array(NDQ, uint32)\n"
+                          "        for ci in range(PRE):\n"
+                          "            for q in range(4):\n"
+                          "                d4 = dequant_i4x8(wl[ci * 4 + q])\n"
+                          "                for j in range(4):\n"
+                          "                    dq[ci * 16 + q * 4 + j] = d4[j]\n"
+                          "        if PIN:"),
+        (pin_xor, pin_xor + "            for j in range(PRE * 16):\n                pin ^= dq[j]\n"),
+        (dq_a + dq_b, "                    if ci < PRE:\n"
+                      "                        o = ci * 16 + 8 * h\n"
+                      "                        a = (dq[o], dq[o + 1], dq[o + 2], dq[o + 3])\n"
+                      "                        b = (dq[o + 4], dq[o + 5], dq[o + 6], dq[o + 7])\n"
+                      "                    else:\n    " + dq_a + "    " + dq_b)]
+
+
+# v11 candidates (session 11, checked in the simulator, not timed): PRE n + no mask at a 128-register
+# cap; offline SASS, post-wait instructions per warp at gate (1, 16, 7) / down (1, 4, 8): v7 680 / 820,
+# PRE 3 526 / 650, PRE 5 453 / 584, PRE 6 415 / 567 (PRE 6 spills 28 B at down, 20-36 B at M = 16)
+_VARIANTS = {"v7": [], "no mask": _NOMASK,
+             **{f"v11 (PRE {n}, no mask)": _pre(n) + _cap1(128) + _NOMASK for n in (3, 5, 6)}}
 
 
 def _variant_impls(extra=()):
@@ -358,6 +402,20 @@ def _module_from(name, text):
     mod.__package__ = "kernels_numba"
     exec(compile(text, f"<{name}>", "exec"), mod.__dict__)
     return mod
+
+
+def check_variants() -> int:
+    """Every _VARIANTS entry against the reference at M = 1 / 3 / 16, one 16-row tile or two, K = 1024
+    (slices of 8 and 4 chunks, so PRE also covers all chunks of a slice); 1 if any fails."""
+    rng = np.random.default_rng(11)
+    bad = 0
+    for name, fn in _variant_impls().items():
+        for m, n, k, cfg in [(1, 16, 1024, (1, 2, 8)), (3, 32, 1024, (1, 4, 4)), (16, 16, 1024, (2, 2, 8))]:
+            err = check_against_reference(rng, m, n, k, 32, cfg, fn)
+            bad += err >= 1e-4
+            print(f"check {name} M={m} N={n} K={k} cfg={cfg}: rel err {err:.2e}",
+                  "OK" if err < 1e-4 else "FAIL")
+    return int(bad > 0)
 
 
 def m16_ratio(torch):
