@@ -83,6 +83,9 @@ def test_bad_inputs_raise_before_launch():
             int4_matmul(np.zeros((2, 128), np.float16)[:, ::2], w)
         with pytest.raises(KernelInputError, match="aligned"):
             int4_matmul(np.zeros(2 * 64 + 1, np.float16)[1:].reshape(2, 64), w)
+        from numba import cuda
+        with pytest.raises(KernelInputError, match="numpy array in the simulator"):
+            int4_matmul(cuda.to_device(x), w)     # the simulator's device array: a clear error, no crash
 
 
 def _pdl_chain(m, n_a, k_a, n_b, rounds, stream):
