@@ -1,0 +1,122 @@
+"""Offline SASS of the int4_matmul builds and the ladder's variants (no GPU): what ptxas made of them.
+
+Run:  python dev/kernels/sass.py [--variants] [--dump DIR]
+Per build (K2 gate/up and down at M = 1 and 16, the package's configs): registers, spill bytes,
+instructions before / after the last griddepcontrol.wait (ACQBULK), 16-byte loads before / after it
+(weights and, after the wait, x), and the ten most frequent opcodes after it. --variants: the same
+for every entry of dev/kernels/int4_matmul.py's _VARIANTS. --dump: the SASS listings too.
+
+Pipeline: numba's compile_ptx (sm_90) -> nvJitLink (cuda.bindings, a numba-cuda dependency) ->
+nvdisasm. nvdisasm comes from the ``nvidia-cuda-nvdisasm`` wheel (``pip install
+nvidia-cuda-nvdisasm``), from PATH, or from $NVDISASM. Register caps are the package's (or the
+variant's): the kernel factory's ``max_registers`` is passed to nvJitLink as -maxrregcount.
+The local nvJitLink rejects static shared memory over 48 KB (those builds are reported as failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BUILDS = [(7168, (1, 16, 7)), (2048, (1, 4, 8)), (7168, (2, 16, 7)), (2048, (2, 4, 8))]
+
+
+def nvdisasm() -> str:
+    found = os.environ.get("NVDISASM") or shutil.which("nvdisasm")
+    if not found:
+        import site
+        roots = site.getsitepackages() + [site.getusersitepackages()]
+        hits = [p for r in roots for p in glob.glob(os.path.join(r, "nvidia", "cu*", "bin", "nvdisasm"))]
+        found = hits[0] if hits else None
+    if not found:
+        raise SystemExit("sass.py: nvdisasm not found (pip install nvidia-cuda-nvdisasm, or set NVDISASM)")
+    return found
+
+
+def sass_of(kernel, sig, maxreg: int) -> tuple[str, str]:
+    """(SASS listing, nvJitLink info log) of a numba kernel for sm_90."""
+    from cuda.bindings import nvjitlink as nj
+    from numba import cuda
+    ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+    opts = ["-arch=sm_90", "-verbose", f"-maxrregcount={maxreg}"]
+    h = nj.create(len(opts), opts)
+    try:
+        data = ptx.encode()
+        nj.add_data(h, nj.InputType.PTX, data, len(data), "kernel.ptx")
+        nj.complete(h)
+        cubin = bytearray(nj.get_linked_cubin_size(h))
+        nj.get_linked_cubin(h, cubin)
+        log = bytearray(nj.get_info_log_size(h))
+        nj.get_info_log(h, log)
+    finally:
+        nj.destroy(h)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        done = subprocess.run([nvdisasm(), "-c", f.name], capture_output=True, text=True, check=True)
+    return done.stdout, log.decode(errors="replace")
+
+
+def summary(listing: str, log: str) -> str:
+    lines = [ln for ln in listing.splitlines() if re.match(r"\s*/\*[0-9a-f]+\*/", ln)]
+    waits = [i for i, ln in enumerate(lines) if "ACQBULK" in ln]
+    cut = waits[-1] if waits else -1
+    is_w = re.compile(r"LDG\.E(\.NA)?\.128")                      # 16-byte loads (weights; x loads too)
+    before = sum(1 for ln in lines[:cut] if is_w.search(ln)) if waits else 0
+    after = sum(1 for ln in lines[cut + 1:] if is_w.search(ln))
+    ops = collections.Counter()
+    for ln in lines[cut + 1:]:
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", ln)
+        if m:
+            ops[m.group(2)] += 1
+    regs = re.findall(r"used (\d+) registers", log)
+    spill = re.findall(r"(\d+) bytes spill stores", log)
+    top = " ".join(f"{k} {v}" for k, v in ops.most_common(10))
+    return (f"{regs[0] if regs else '?'} registers, {spill[0] if spill else '?'} B spill, instructions "
+            f"{max(cut, 0)} / {len(lines) - cut - 1} before / after the wait, 16-B loads {before} / {after} "
+            f"| after: {top}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", action="store_true", help="also every _VARIANTS entry of the ladder")
+    ap.add_argument("--dump", metavar="DIR", help="write each SASS listing to DIR")
+    args = ap.parse_args(argv)
+    from numba import types as T
+
+    import kernels_numba.int4_matmul  # noqa: F401 - the module (the package's name is the function)
+    a = lambda d: T.Array(d, 1, "C")                              # noqa: E731
+    sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), T.int64, T.int64)
+    impls = {"package": sys.modules["kernels_numba.int4_matmul"].int4_matmul}
+    if args.variants:
+        sys.path.insert(0, str(Path(__file__).parent))
+        import int4_matmul as ladder
+        impls.update(ladder._variant_impls())
+    for name, fn in impls.items():
+        make = fn.__globals__["make_int4_matmul_kernel"]
+        for k, cfg in BUILDS:
+            kernel = make(k, 32, *cfg)
+            cap = kernel.targetoptions.get("max_registers", 255)
+            label = f"{name} K={k} {cfg}"
+            try:
+                listing, log = sass_of(kernel, sig, cap)
+            except Exception as e:  # noqa: BLE001 - a build the local linker rejects is reported
+                print(f"{label}: failed {type(e).__name__}: {str(e)[:80]}")
+                continue
+            print(f"{label}: {summary(listing, log)}", flush=True)
+            if args.dump:
+                Path(args.dump).mkdir(parents=True, exist_ok=True)
+                Path(args.dump, re.sub(r"\W+", "_", label) + ".sass").write_text(listing)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
