@@ -280,12 +280,18 @@ def time_rotating(torch, matmul, x, ws, outs, cfg, label):
 #   PRE n            (v11, not timed yet) the first n chunks of each warp's slice dequantized before the
 #                    wait (the nibbles do not depend on x); the PIN wait on their XOR keeps them there
 #   no mask          (not timed yet) MT = 1 without the row-mask ANDs (rows past M are never stored)
+#   u32 red          (not timed yet) the cross-warp sum indexes shared memory with uint32 (no negative-
+#                    index wraparound code: -96 instructions at gate (1, 16, 7), +64 at down (1, 4, 8))
 _ONCE = [("w = ld_stream_v4(wq,", "w = ld_once_v4(wq,"),
          ("    ld_stream_v4,\n", "    ld_once_v4,\n    ld_stream_v4,\n"),
          ("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")]
 _NOWAIT = [("            griddep_wait()\n", "            pass\n"), _ONCE[2]]
 _PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT")]
 _NOMASK = [("MASK = MT == 1 ", "MASK = False ")]
+_RED_U32 = [("            red[(warp * NACC + i) * 32 + lane] = acc[i]\n",
+             "            red[uint32((warp * NACC + i) * 32 + lane)] = acc[i]\n"),
+            ("                s += red[(w_ * NACC + (o >> 5)) * 32 + (o & 31)]\n",
+             "                s += red[uint32(o) + uint32(w_ * NACC * 32)]\n")]
 
 
 def _cap1(c):
@@ -317,9 +323,11 @@ def _pre(n):
 
 # v11 candidates (session 11, checked in the simulator, not timed): PRE n + no mask at a 128-register
 # cap; offline SASS, post-wait instructions per warp at gate (1, 16, 7) / down (1, 4, 8): v7 680 / 820,
-# PRE 3 526 / 650, PRE 5 453 / 584, PRE 6 415 / 567 (PRE 6 spills 28 B at down, 20-36 B at M = 16)
+# PRE 3 526 / 650, PRE 5 453 / 584, PRE 6 415 / 567 (PRE 6 spills 28 B at down, 20-36 B at M = 16),
+# PRE 5 + u32 red 357 / 656
 _VARIANTS = {"v7": [], "no mask": _NOMASK,
-             **{f"v11 (PRE {n}, no mask)": _pre(n) + _cap1(128) + _NOMASK for n in (3, 5, 6)}}
+             **{f"v11 (PRE {n}, no mask)": _pre(n) + _cap1(128) + _NOMASK for n in (3, 5, 6)},
+             "v11 (PRE 5, no mask, u32 red)": _pre(5) + _cap1(128) + _NOMASK + _RED_U32}
 
 
 def _variant_impls(extra=()):
