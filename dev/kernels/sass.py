@@ -1,10 +1,11 @@
 """Offline SASS of the int4_matmul builds and the ladder's variants (no GPU): what ptxas made of them.
 
-Run:  python dev/kernels/sass.py [--variants] [--dump DIR]
+Run:  python dev/kernels/sass.py [--variants] [--moe] [--dump DIR]
 Per build (K2 gate/up and down at M = 1 and 16, the package's configs): registers, spill bytes,
 instructions before / after the last griddepcontrol.wait (ACQBULK), 16-byte loads before / after it
 (weights and, after the wait, x), and the ten most frequent opcodes after it. --variants: the same
-for every entry of dev/kernels/int4_matmul.py's _VARIANTS. --dump: the SASS listings too.
+for every entry of dev/kernels/int4_matmul.py's _VARIANTS. --moe: the fused-MoE GEMMs at K2 width (package configs
+for T = 1 and T = 4; they have no PDL wait, so all counts land "after"). --dump: the SASS listings.
 
 Pipeline: numba's compile_ptx (sm_90) -> nvJitLink (cuda.bindings, a numba-cuda dependency) ->
 nvdisasm. nvdisasm comes from the ``nvidia-cuda-nvdisasm`` wheel (``pip install
@@ -79,8 +80,10 @@ def summary(listing: str, log: str) -> str:
             ops[m.group(2)] += 1
     regs = re.findall(r"used (\d+) registers", log)
     spill = re.findall(r"(\d+) bytes spill stores", log)
+    stack = re.findall(r"(\d+) bytes stack frame", log)
     top = " ".join(f"{k} {v}" for k, v in ops.most_common(10))
-    return (f"{regs[0] if regs else '?'} registers, {spill[0] if spill else '?'} B spill, instructions "
+    return (f"{regs[0] if regs else '?'} registers, {spill[0] if spill else '?'} B spill, "
+            f"{stack[0] if stack else '?'} B stack, {len(lines)} instructions: "
             f"{max(cut, 0)} / {len(lines) - cut - 1} before / after the wait, 16-B loads {before} / {after} "
             f"| after: {top}")
 
@@ -88,6 +91,7 @@ def summary(listing: str, log: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", action="store_true", help="also every _VARIANTS entry of the ladder")
+    ap.add_argument("--moe", action="store_true", help="also the fused-MoE GEMMs at K2 width")
     ap.add_argument("--dump", metavar="DIR", help="write each SASS listing to DIR")
     args = ap.parse_args(argv)
     from numba import types as T
@@ -100,22 +104,41 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(Path(__file__).parent))
         import int4_matmul as ladder
         impls.update(ladder._variant_impls())
-    for name, fn in impls.items():
-        make = fn.__globals__["make_int4_matmul_kernel"]
-        for k, cfg in BUILDS:
-            kernel = make(k, 32, *cfg)
-            cap = kernel.targetoptions.get("max_registers", 255)
-            label = f"{name} K={k} {cfg}"
-            try:
-                listing, log = sass_of(kernel, sig, cap)
-            except Exception as e:  # noqa: BLE001 - a build the local linker rejects is reported
-                print(f"{label}: failed {type(e).__name__}: {str(e)[:80]}")
-                continue
-            print(f"{label}: {summary(listing, log)}", flush=True)
-            if args.dump:
-                Path(args.dump).mkdir(parents=True, exist_ok=True)
-                Path(args.dump, re.sub(r"\W+", "_", label) + ".sass").write_text(listing)
+    builds = [(f"{name} K={k} {cfg}", fn.__globals__["make_int4_matmul_kernel"](k, 32, *cfg), sig)
+              for name, fn in impls.items() for k, cfg in BUILDS]
+    if args.moe:
+        builds += moe_builds(a)
+    for label, kernel, ksig in builds:
+        cap = kernel.targetoptions.get("max_registers") or 255
+        try:
+            listing, log = sass_of(kernel, ksig, cap)
+        except Exception as e:  # noqa: BLE001 - a build the local linker rejects is reported
+            print(f"{label}: failed {type(e).__name__}: {str(e)[:80]}")
+            continue
+        print(f"{label}: {summary(listing, log)}", flush=True)
+        if args.dump:
+            Path(args.dump).mkdir(parents=True, exist_ok=True)
+            Path(args.dump, re.sub(r"\W+", "_", label) + ".sass").write_text(listing)
     return 0
+
+
+def moe_builds(a):
+    """(label, kernel, signature) of the package's fused-MoE gate/up and down GEMMs, K2 width."""
+    from numba import types as T
+
+    from kernels_numba.moe import choose_moe_config
+    from kernels_numba.moe_gemm import make_moe_gemm_kernel
+    gsig = (a(T.uint16), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
+            a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
+    dsig = (a(T.float32), a(T.uint16)) + gsig[2:]
+    out = []
+    for t in (1, 4):
+        cfg = choose_moe_config(7168, 2048, tokens=t)
+        out.append((f"moe gate_up T={t} {cfg['gu']}",
+                    make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"]), gsig))
+        out.append((f"moe down T={t} {cfg['dn']}",
+                    make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]), dsig))
+    return out
 
 
 if __name__ == "__main__":
