@@ -4,8 +4,9 @@ Run:  python dev/kernels/sass.py [--variants] [--moe] [--dump DIR]
 Per build (K2 gate/up and down at M = 1 and 16, the package's configs): registers, spill bytes,
 instructions before / after the last griddepcontrol.wait (ACQBULK), 16-byte loads before / after it
 (weights and, after the wait, x), and the ten most frequent opcodes after it. --variants: the same
-for every entry of dev/kernels/int4_matmul.py's _VARIANTS. --moe: the fused-MoE GEMMs at K2 width (package configs
-for T = 1 and T = 4; they have no PDL wait, so all counts land "after"). --dump: the SASS listings.
+for every entry of dev/kernels/int4_matmul.py's _VARIANTS. --moe: the fused-MoE GEMMs at K2 width
+(package configs for T = 1 and T = 4; no PDL wait there, so every count lands "after"). --dump: the
+SASS listings.
 
 Pipeline: numba's compile_ptx (sm_90) -> nvJitLink (cuda.bindings, a numba-cuda dependency) ->
 nvdisasm. nvdisasm comes from the ``nvidia-cuda-nvdisasm`` wheel (``pip install
