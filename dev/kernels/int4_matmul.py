@@ -373,18 +373,14 @@ def timeline(torch, out_dir=None):
 
 def timeline_shape(torch, n, k, cfg, out_dir):
     import os
-
-    from workbench.bench.common import time_op
     count, tiles = 64, n // 16
     ws = random_weights(n, k, 32, count, torch)
     x = torch.randn(1, k, device="cuda").half()
     outs = [torch.zeros(1, n, device="cuda") for _ in range(count)]
     for name, fn in _variant_impls(_STAMPS).items():
-        def run(fn=fn):
-            st = torch.cuda.current_stream()
-            for i in range(count):
-                fn(x, ws[i], out=outs[i], stream=st, config=cfg)
-        us = time_op(run, calls=count, reps=5)["median_us"]      # the last replay's stamps stay in outs
+        us = time_rotating(torch, fn, x, ws, outs, cfg, name)   # the last replay's stamps stay in outs
+        if us is None:
+            continue
         raw = np.stack([o[0, :3 * tiles].cpu().numpy().reshape(tiles, 3) for o in outs]).astype(np.int64)
         t = (raw - raw[0, :, 0].min()) % (1 << 24)                # ns since the first block's start
         start, wait, end = t[..., 0], t[..., 1], t[..., 2]        # [launch, block]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import glob
 import os
 import re
@@ -31,6 +32,7 @@ from pathlib import Path
 BUILDS = [(7168, (1, 16, 7)), (2048, (1, 4, 8)), (7168, (2, 16, 7)), (2048, (2, 4, 8))]
 
 
+@functools.cache
 def nvdisasm() -> str:
     found = os.environ.get("NVDISASM") or shutil.which("nvdisasm")
     if not found:
