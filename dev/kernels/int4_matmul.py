@@ -328,8 +328,14 @@ def _pre(n):
 # Session 12 diagnosis: where 2 grids fit per SM (caps), the timeline of the chain
 _V11 = {**{f"v11 (PRE {n}, no mask)": _pre(n) + _cap1(128) + _NOMASK for n in (3, 5, 6)},
         "v11 (PRE 5, no mask, u32 red)": _pre(5) + _cap1(128) + _NOMASK + _RED_U32}
-_VARIANTS = {"v7": [], "v9 (once, cap 128)": _ONCE + _cap1(128), "v9 (once, cap 64)": _ONCE + _cap1(64),
-             "v7 (cap 128)": _cap1(128)}
+_CAPS = {"v9 (once, cap 128)": _ONCE + _cap1(128), "v9 (once, cap 64)": _ONCE + _cap1(64),
+         "v7 (cap 128)": _cap1(128)}
+# x traffic (timing only, results wrong): every block reads all of x for its rows, so at M = 16 the L2
+# serves 128 x 229 KB = 29 MB of x per gate launch beside 8.3 MB of weights; aliased, every x read
+# falls in the first 4 KB of x (L1 hits)
+_XALIAS = [("xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t",
+            "xb[mt] = (min(m, m_rows - 1) * K + c0 * 64 + 8 * t) & 1023")]
+_VARIANTS = {"v7": [], "x aliased (timing only)": _XALIAS}
 # --timeline configs per K2 shape: the package's, and tilings where 2 grids fit per SM at a cap
 _TIMELINE_CFGS = {(2048, 7168): [(1, 16, 7), (1, 8, 14)], (7168, 2048): [(1, 4, 8), (1, 8, 4)]}
 
