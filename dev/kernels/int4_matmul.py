@@ -147,6 +147,8 @@ def main(argv=None) -> int:
                     "M = 1 launches per _VARIANTS entry and K2 shape; raw stamps saved under DIR")
     ap.add_argument("--check", action="store_true", help="only check every _VARIANTS entry against the "
                     "reference at small shapes (no torch; also in the simulator: NUMBA_ENABLE_CUDASIM=1)")
+    ap.add_argument("--xs", action="store_true", help="M = 1 / 16 / 32: the package at XS = 1 and at "
+                    "split-K tilings (XS tiles per block) beside the v7 snapshot, each checked first")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
     args = ap.parse_args(argv)
@@ -155,6 +157,8 @@ def main(argv=None) -> int:
     import torch
     if args.m16:
         return m16_ratio(torch)
+    if args.xs:
+        return xs_sweep(torch)
     if args.ceiling:
         return ceiling(torch)
     if args.timeline:
@@ -324,8 +328,10 @@ def _pre(n):
 # v11 (session 12, ladder/int4_m16_v11_h200.log, int4_timeline_v11_h200.log): PRE n + no mask at a
 # 128-register cap; post-wait time per block fell as the offline SASS predicted (gate 2.59 -> 1.49-1.67
 # us) but the wait released later (the dequantization sits in the block's life before it), so per
-# launch gate 3.82-4.00 vs 3.90 us, down 3.59-3.87 vs 3.59: not kept. Its patches stay for reference.
-# Session 12 diagnosis: where 2 grids fit per SM (caps), the timeline of the chain
+# launch gate 3.82-4.00 vs 3.90 us, down 3.59-3.87 vs 3.59: not kept. Its patches (and _RED_U32's)
+# are of the session-11 source, _int4_matmul_v7_snapshot.py.txt, kept for reference.
+# _CAPS (session 12, ladder/int4_timeline_caps_h200.log): where 2 grids fit per SM, the timeline of
+# the chain shows every block of the next grid started early, but the post-wait work slower
 _V11 = {**{f"v11 (PRE {n}, no mask)": _pre(n) + _cap1(128) + _NOMASK for n in (3, 5, 6)},
         "v11 (PRE 5, no mask, u32 red)": _pre(5) + _cap1(128) + _NOMASK + _RED_U32}
 _CAPS = {"v9 (once, cap 128)": _ONCE + _cap1(128), "v9 (once, cap 64)": _ONCE + _cap1(64),
@@ -361,15 +367,15 @@ def _variant_impls(extra=()):
 # end into out[3 * tile ...] (ns mod 2**24, exact in float32); the outputs are then not stored (a
 # never-true test keeps the math), so the stamps are the only writes
 _WAITED = "        for mt in range(MT):\n            m = m0 + mt * 8 + g\n"    # first lines after the wait
-_TILE = "        tile = cuda.blockIdx.x "
+_TILE = "        grp = cuda.blockIdx.x // XS "
 _STAMPS = [(_TILE, "        t_start = globaltimer()\n" + _TILE),
            (_WAITED, "        t_wait = globaltimer()\n" + _WAITED),
            ("                out[m * n_rows + n] = s\n",
             "                if s == float32(1.2345e-30):\n                    out[m * n_rows + n] = s\n"
             "        if tid == 0:\n            t_end = globaltimer()\n"
-            "            out[tile * 3] = float32(t_start & 0xFFFFFF)\n"
-            "            out[tile * 3 + 1] = float32(t_wait & 0xFFFFFF)\n"
-            "            out[tile * 3 + 2] = float32(t_end & 0xFFFFFF)\n"),
+            "            out[grp * 3] = float32(t_start & 0xFFFFFF)\n"
+            "            out[grp * 3 + 1] = float32(t_wait & 0xFFFFFF)\n"
+            "            out[grp * 3 + 2] = float32(t_end & 0xFFFFFF)\n"),
            ("    griddep_wait_for,\n", "    griddep_wait_for,\n    globaltimer,\n")]
 
 
@@ -469,6 +475,46 @@ def m16_ratio(torch):
                 us = time_rotating(torch, fn, x, ws, outs, cfg, label)
                 if us is not None:
                     print(f"{label}: {us:.2f} us", flush=True)
+    return 0
+
+
+# --xs: (M, config) per K2 shape; None = the package's choice. XS > 1 halves (quarters) the x traffic
+# from L2, which the x-aliased timing variant measured at 2.1 us of 6.05 (gate) and 1.2 of 5.15 (down)
+_XS_PLANS = {(2048, 7168): [(1, None), (16, None), (16, (2, 14, 4, 2)), (16, (2, 8, 7, 2)),
+                            (16, (2, 28, 2, 2)), (16, (2, 14, 2, 4)), (16, (2, 7, 4, 4)),
+                            (32, None), (32, (4, 14, 4, 2)), (32, (4, 14, 2, 4)), (32, (4, 7, 4, 4))],
+             (7168, 2048): [(1, None), (16, None), (16, (2, 4, 4, 2)), (16, (2, 8, 2, 2)),
+                            (16, (2, 2, 8, 2)), (16, (2, 4, 2, 4)), (16, (2, 2, 4, 4)),
+                            (32, None), (32, (4, 4, 4, 2)), (32, (4, 4, 2, 4)), (32, (4, 2, 4, 4))]}
+
+
+def xs_sweep(torch):
+    """_XS_PLANS: the package kernel beside the v7 snapshot (before XS), over the same 64 weights."""
+    from pathlib import Path
+
+    from kernels_numba import int4_matmul
+    snap = Path(__file__).with_name("_int4_matmul_v7_snapshot.py.txt").read_text()
+    impls = {"v7 (snapshot)": _module_from("_int4_matmul_v7", snap).int4_matmul, "package": int4_matmul}
+    rng = np.random.default_rng(12)
+    for (n, k), plan in _XS_PLANS.items():
+        for m, cfg in plan:
+            for name, fn in impls.items():
+                if cfg is None or len(cfg) == 3 or name == "package":
+                    mc = max(m - 3, 1)                          # odd M inside the bucket
+                    err = check_against_reference(rng, mc, n, k, 32, cfg, fn)
+                    print(f"check {name} M={mc} N={n} K={k} cfg={cfg}: rel err {err:.2e}",
+                          "OK" if err < 1e-4 else "FAIL")
+    for (n, k), plan in _XS_PLANS.items():
+        ws = random_weights(n, k, 32, 64, torch)
+        for m, cfg in plan:
+            x = torch.randn(m, k, device="cuda").half()
+            outs = [torch.zeros(m, n, device="cuda") for _ in ws]
+            for name, fn in impls.items():
+                if cfg is None or name == "package":
+                    label = f"{name} N={n} K={k} M={m} cfg={cfg}"
+                    us = time_rotating(torch, fn, x, ws, outs, cfg, label)
+                    if us is not None:
+                        print(f"{label}: {us:.2f} us", flush=True)
     return 0
 
 
