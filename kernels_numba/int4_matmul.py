@@ -251,12 +251,13 @@ _WORKSPACES: dict = {}
 
 
 def _split_workspace(stream, floats: int, counters: int):
-    """The XS > 1 scratch for launches on ``stream``: float32 partial sums and int32 group counters
-    (zero between launches: the last block of a group resets its counter). Kept per stream and size,
-    never freed, so that a captured graph's pointers stay valid; kernels of one stream use it in
-    turn (a launch touches it only after ``griddep_wait``)."""
-    handle = getattr(stream, "handle", stream)
-    key = (int(getattr(handle, "value", handle) or 0), floats, counters)
+    """The XS > 1 scratch: float32 partial sums and uint32 group counters (zero between launches: the
+    last block of a group resets its counter). One per size for the process, never freed, so that a
+    captured graph's pointers stay valid. Launches on one stream use it in turn (a launch touches it
+    only after ``griddep_wait``); two XS > 1 launches of one size must not run concurrently on
+    different streams. Not keyed by stream: a torch graph captures on a stream of its own, where
+    nothing may be allocated."""
+    key = (floats, counters)
     if key not in _WORKSPACES:
         if SIMULATED:
             _WORKSPACES[key] = np.empty(floats, np.float32), np.zeros(counters, np.uint32)
