@@ -290,7 +290,10 @@ _ONCE = [("w = ld_stream_v4(wq,", "w = ld_once_v4(wq,"),
          ("    ld_stream_v4,\n", "    ld_once_v4,\n    ld_stream_v4,\n"),
          ("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")]
 _NOWAIT = [("            griddep_wait()\n", "            pass\n"), _ONCE[2]]
-_PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT")]
+_PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT")]   # v7 source
+# XS > 1 builds: offline SASS has every .nc weight load after the wait (0 of 8 before it); pinned or
+# coherent loads keep them before it
+_PIN_XS = [("XS == 1 and (MT, K, KS, CPW) in PINNED", "(XS > 1 or (MT, K, KS, CPW) in PINNED)")]
 _NOMASK = [("MASK = MT == 1 ", "MASK = False ")]
 _RED_U32 = [("            red[(warp * NACC + i) * 32 + lane] = acc[i]\n",
              "            red[uint32((warp * NACC + i) * 32 + lane)] = acc[i]\n"),
@@ -341,7 +344,7 @@ _CAPS = {"v9 (once, cap 128)": _ONCE + _cap1(128), "v9 (once, cap 64)": _ONCE + 
 # falls in the first 4 KB of x (L1 hits)
 _XALIAS = [("xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t",
             "xb[mt] = (min(m, m_rows - 1) * K + c0 * 64 + 8 * t) & 1023")]
-_VARIANTS = {"v7": [], "x aliased (timing only)": _XALIAS}
+_VARIANTS = {"xs pin": _PIN_XS, "xs once": _ONCE}
 # --timeline configs per K2 shape: the package's, and tilings where 2 grids fit per SM at a cap
 _TIMELINE_CFGS = {(2048, 7168): [(1, 16, 7), (1, 8, 14)], (7168, 2048): [(1, 4, 8), (1, 8, 4)]}
 
@@ -480,12 +483,12 @@ def m16_ratio(torch):
 
 # --xs: (M, config) per K2 shape; None = the package's choice. XS > 1 halves (quarters) the x traffic
 # from L2, which the x-aliased timing variant measured at 2.1 us of 6.05 (gate) and 1.2 of 5.15 (down)
-_XS_PLANS = {(2048, 7168): [(1, None), (16, None), (16, (2, 14, 4, 2)), (16, (2, 8, 7, 2)),
-                            (16, (2, 28, 2, 2)), (16, (2, 14, 2, 4)), (16, (2, 7, 4, 4)),
-                            (32, None), (32, (4, 14, 4, 2)), (32, (4, 14, 2, 4)), (32, (4, 7, 4, 4))],
+_XS_PLANS = {(2048, 7168): [(1, None), (16, None), (16, (2, 14, 4, 2)), (16, (2, 28, 2, 2)),
+                            (32, None), (32, (4, 14, 4, 2))],
              (7168, 2048): [(1, None), (16, None), (16, (2, 4, 4, 2)), (16, (2, 8, 2, 2)),
-                            (16, (2, 2, 8, 2)), (16, (2, 4, 2, 4)), (16, (2, 2, 4, 4)),
-                            (32, None), (32, (4, 4, 4, 2)), (32, (4, 4, 2, 4)), (32, (4, 2, 4, 4))]}
+                            (32, None), (32, (4, 4, 4, 2))]}
+# session 12, first run (ladder/int4_xs_h200.log): every XS > 1 tiling slower than XS = 1 (gate M = 16
+# 7.35-12.3 vs 5.96 us, down 7.5-15.8 vs 5.20); offline SASS: their .nc weight loads all after the wait
 
 
 def xs_sweep(torch):
@@ -494,12 +497,13 @@ def xs_sweep(torch):
 
     from kernels_numba import int4_matmul
     snap = Path(__file__).with_name("_int4_matmul_v7_snapshot.py.txt").read_text()
-    impls = {"v7 (snapshot)": _module_from("_int4_matmul_v7", snap).int4_matmul, "package": int4_matmul}
+    impls = {"v7 (snapshot)": _module_from("_int4_matmul_v7", snap).int4_matmul, "package": int4_matmul,
+             **_variant_impls()}
     rng = np.random.default_rng(12)
     for (n, k), plan in _XS_PLANS.items():
         for m, cfg in plan:
             for name, fn in impls.items():
-                if cfg is None or len(cfg) == 3 or name == "package":
+                if cfg is None or len(cfg) == 3 or not name.startswith("v7"):
                     mc = max(m - 3, 1)                          # odd M inside the bucket
                     err = check_against_reference(rng, mc, n, k, 32, cfg, fn)
                     print(f"check {name} M={mc} N={n} K={k} cfg={cfg}: rel err {err:.2e}",
@@ -510,7 +514,7 @@ def xs_sweep(torch):
             x = torch.randn(m, k, device="cuda").half()
             outs = [torch.zeros(m, n, device="cuda") for _ in ws]
             for name, fn in impls.items():
-                if cfg is None or name == "package":
+                if cfg is None or not name.startswith("v7"):
                     label = f"{name} N={n} K={k} M={m} cfg={cfg}"
                     us = time_rotating(torch, fn, x, ws, outs, cfg, label)
                     if us is not None:
