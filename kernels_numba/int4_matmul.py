@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, uint32
 
 from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, flat
 from .int4_layout import Int4Weight
@@ -41,7 +41,6 @@ from .intrinsics import (
     griddep_wait,
     griddep_wait_for,
     h2_to_f32,
-    ld_cg_f32,
     ld_stream_v4,
     ld_v4,
     mma_16816,
@@ -49,39 +48,34 @@ from .intrinsics import (
 from .launch import launch
 
 MT_BUCKETS = (1, 2, 4, 8)          # m8 tiles per block: M <= 8, 16, 32, 64
-XS_SPLITS = (1, 2, 4)              # 16-row tiles per block = blocks splitting K
 ZERO = float32(0.0)
 
 
 @functools.cache
-def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XS: int = 1):
+def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
     """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
     KC = K // 64                   # 64-column chunks per weight row tile
-    KCB = KC // XS                 # chunks per block (XS blocks split K)
     NS = K // G                    # scale groups per row
     TILE_W = KC * 128              # uint32 words per 16-row tile
     SPC = 2 if G == 32 else 1      # scale words a lane loads per chunk (= groups per chunk, G <= 64)
-    EXACT = KS * CPW == KCB        # every warp's slice is full: no chunk guards
-    NACC = XS * MT * 4             # accumulator registers per lane: XS tiles x MT m8 tiles
+    EXACT = KS * CPW == KC         # every warp's slice is full: no chunk guards
+    NACC = MT * 4                  # accumulator registers per lane
     MASK = MT == 1                 # zero rows past M (not needed: never stored; ptxas schedules M = 1 better)
-    PIN = EXACT and G == 32 and XS == 1 and (MT, K, KS, CPW) in PINNED   # wait on the XOR of phase 1
-    NOUT = XS * MT * 128           # outputs per block (XS x 16 rows x 8 MT columns)
+    PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED   # wait on the XOR of the phase-1 words
+    NOUT = MT * 128                # outputs per block (16 rows x 8 MT columns)
     NTHR = KS * 32
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
-    NWL = XS * CPW * 4             # weight words held per lane
-    NSL = XS * CPW * SPC           # scale words held per lane
-    NDQ, NSC = XS * 8, XS * 2      # dequantized words and scales of one half-chunk of the XS tiles
+    NWL = CPW * 4                  # weight words held per lane
+    NSL = CPW * SPC                # scale words held per lane
     # MT >= 2: <= 128 registers, 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave
     # at M = 16 (uncapped it took 192 registers: 2 waves, 6.34 vs 5.42 us); no config spills at 128
     # (offline SASS). MT = 1 stays uncapped: capped, K2 down M = 1 ran 3.90 us instead of 3.66.
     opts = {} if SIMULATED else {"max_registers": min(128 if MT > 1 else 255, 65536 // NTHR // 8 * 8)}
 
     @cuda.jit(**opts)
-    def int4_matmul_kernel(out, x, wq, sq, m_rows, n_rows, part, cnt):
+    def int4_matmul_kernel(out, x, wq, sq, m_rows, n_rows):
         griddep_launch_dependents()                           # the next kernel may start its weight loads
-        grp = cuda.blockIdx.x // XS                           # XS tiles of 16 output rows
-        kb = cuda.blockIdx.x - grp * XS                       # which 1/XS of K this block sums
-        n16 = (n_rows + 15) >> 4
+        tile = cuda.blockIdx.x                                # 16 output rows
         m0 = cuda.blockIdx.y * (8 * MT)                       # first activation row of this block
         tid = cuda.threadIdx.x
         warp = tid >> 5
@@ -89,33 +83,27 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XS: int 
         g = lane >> 2
         t = lane & 3
         red = cuda.shared.array(NRED, float32)
-        last = cuda.shared.array(1, int32)
         acc = cuda.local.array(NACC, float32)
         prt = cuda.local.array(NACC, float32)
         xb = cuda.local.array(MT, uint32)                     # first activation word index, per m8 tile
         xm = cuda.local.array(MT, uint32)                     # MASK: 0xFFFFFFFF for rows < M, else 0
-        dq = cuda.local.array(NDQ, uint32)                    # dequantized half2 pairs of one half-chunk
-        sc = cuda.local.array(NSC, float32)                   # its scales (rows g, g + 8)
         for i in range(NACC):
             acc[i] = ZERO
             prt[i] = ZERO
-        # phase 1: all 16-byte weight loads (and scale words) of this warp's slice of its XS tiles in
-        # flight at once; index math once, constant offsets inside the unrolled loop. A tile past the
-        # last one (odd tile count) reads the last one again; its outputs are not stored
+        # phase 1: all 16-byte weight loads (and scale words) of this warp's slice in flight at
+        # once; index math once, constant offsets inside the unrolled loop
         wl = cuda.local.array(NWL, uint32)
         sl = cuda.local.array(NSL, uint32)
-        c0 = kb * KCB + warp * CPW                            # first chunk of this warp's slice
-        for j in range(XS):
-            tile = grp if XS == 1 else min(grp * XS + j, n16 - 1)
-            wbase = tile * TILE_W + c0 * 128 + lane * 4
-            sbase = (tile * NS + (c0 * 64) // G) * 8 + g
-            for ci in range(CPW):
-                if EXACT or warp * CPW + ci < KCB:
-                    w = ld_stream_v4(wq, wbase + ci * 128)
-                    for q in range(4):
-                        wl[(j * CPW + ci) * 4 + q] = w[q]
-                    for q in range(SPC):
-                        sl[(j * CPW + ci) * SPC + q] = sq[sbase + ((ci * 64) // G + q) * 8]
+        c0 = warp * CPW
+        wbase = tile * TILE_W + c0 * 128 + lane * 4
+        sbase = (tile * NS + (c0 * 64) // G) * 8 + g
+        for ci in range(CPW):
+            if EXACT or c0 + ci < KC:
+                w = ld_stream_v4(wq, wbase + ci * 128)
+                for j in range(4):
+                    wl[ci * 4 + j] = w[j]
+                for j in range(SPC):
+                    sl[ci * SPC + j] = sq[sbase + ((ci * 64) // G + j) * 8]
         if PIN:                                               # x and out belong to the previous kernel
             pin = uint32(0)                                   # every word phase 1 loaded
             for j in range(NWL):
@@ -130,79 +118,47 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XS: int 
             if MASK:
                 xm[mt] = uint32(0xFFFFFFFF) if m < m_rows else uint32(0)
             xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t
-        # phase 2: dequantize (exact), MMA, scale per group; each x fragment serves the XS tiles
+        # phase 2: dequantize (exact), MMA, scale per group
         for ci in range(CPW):
-            if EXACT or warp * CPW + ci < KCB:
+            if EXACT or c0 + ci < KC:
                 for h in range(2):
-                    for j in range(XS):
-                        wi = (j * CPW + ci) * 4 + 2 * h
-                        a = dequant_i4x8(wl[wi])
-                        b = dequant_i4x8(wl[wi + 1])
-                        for q in range(4):
-                            dq[j * 8 + q] = a[q]
-                            dq[j * 8 + 4 + q] = b[q]
-                        sc[2 * j], sc[2 * j + 1] = h2_to_f32(sl[(j * CPW + ci) * SPC + h * (SPC - 1)])
+                    a = dequant_i4x8(wl[ci * 4 + 2 * h])
+                    b = dequant_i4x8(wl[ci * 4 + 2 * h + 1])
+                    s_lo, s_hi = h2_to_f32(sl[ci * SPC + h * (SPC - 1)])
                     for mt in range(MT):
                         xv = ld_v4(x, xb[mt] + ci * 64 + 32 * h)
                         if MASK:
                             k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]
                         else:
                             k0, k1, k2, k3 = xv[0], xv[1], xv[2], xv[3]
-                        for j in range(XS):
-                            o = (j * MT + mt) * 4
-                            if G == 32:                       # one group per half: start from zero
-                                d = mma_16816(dq[j * 8], dq[j * 8 + 1], dq[j * 8 + 2], dq[j * 8 + 3],
-                                              k0, k1, ZERO, ZERO, ZERO, ZERO)
-                            else:
-                                d = mma_16816(dq[j * 8], dq[j * 8 + 1], dq[j * 8 + 2], dq[j * 8 + 3],
-                                              k0, k1, prt[o], prt[o + 1], prt[o + 2], prt[o + 3])
-                            d = mma_16816(dq[j * 8 + 4], dq[j * 8 + 5], dq[j * 8 + 6], dq[j * 8 + 7],
-                                          k2, k3, d[0], d[1], d[2], d[3])
-                            if G == 32 or h == 1:             # end of a group (or of a chunk, G > 64)
-                                acc[o + 0] += sc[2 * j] * d[0]
-                                acc[o + 1] += sc[2 * j] * d[1]
-                                acc[o + 2] += sc[2 * j + 1] * d[2]
-                                acc[o + 3] += sc[2 * j + 1] * d[3]
-                                for r in range(4):
-                                    prt[o + r] = ZERO
-                            else:
-                                for r in range(4):
-                                    prt[o + r] = d[r]
+                        if G == 32:                           # one group per half: start from zero
+                            d = mma_16816(a[0], a[1], a[2], a[3], k0, k1, ZERO, ZERO, ZERO, ZERO)
+                        else:
+                            d = mma_16816(a[0], a[1], a[2], a[3], k0, k1, prt[mt * 4], prt[mt * 4 + 1],
+                                          prt[mt * 4 + 2], prt[mt * 4 + 3])
+                        d = mma_16816(b[0], b[1], b[2], b[3], k2, k3, d[0], d[1], d[2], d[3])
+                        if G == 32 or h == 1:                 # end of a group (or of a chunk, G > 64)
+                            acc[mt * 4 + 0] += s_lo * d[0]
+                            acc[mt * 4 + 1] += s_lo * d[1]
+                            acc[mt * 4 + 2] += s_hi * d[2]
+                            acc[mt * 4 + 3] += s_hi * d[3]
+                            for r in range(4):
+                                prt[mt * 4 + r] = ZERO
+                        else:
+                            for r in range(4):
+                                prt[mt * 4 + r] = d[r]
         # the KS warps' partial tiles meet in shared memory; fixed-order sum, one output per thread
         for i in range(NACC):
             red[(warp * NACC + i) * 32 + lane] = acc[i]
         cuda.syncthreads()
-        blk = cuda.blockIdx.y * cuda.gridDim.x + cuda.blockIdx.x
-        if XS > 1:                                            # publish this block's sums for the group
-            for o in range(tid, NOUT, NTHR):
-                s = ZERO
-                for w_ in range(KS):
-                    s += red[(w_ * NACC + (o >> 5)) * 32 + (o & 31)]
-                part[blk * NOUT + o] = s
-            cuda.threadfence()
-            cuda.syncthreads()
-            if tid == 0:
-                c = cuda.blockIdx.y * (cuda.gridDim.x // XS) + grp
-                last[0] = int32(cuda.atomic.add(cnt, c, uint32(1)) == XS - 1)
-                if last[0]:
-                    cnt[c] = uint32(0)                        # ready for the next launch
-            cuda.syncthreads()
-            if last[0] == 0:
-                return
-            cuda.threadfence()
         for o in range(tid, NOUT, NTHR):
             s = ZERO
-            if XS > 1:                                        # the group's XS sums in K order
-                for b_ in range(XS):
-                    s += ld_cg_f32(part, (blk - kb + b_) * NOUT + o)
-            else:
-                for w_ in range(KS):
-                    s += red[(w_ * NACC + (o >> 5)) * 32 + (o & 31)]
-            i = o >> 5                                        # acc index: (tile j * MT + mt) * 4 + r
-            r = i & 3
-            mt = (i >> 2) & (MT - 1)
+            for w_ in range(KS):
+                s += red[(w_ * NACC + (o >> 5)) * 32 + (o & 31)]
+            mt = o >> 7
+            r = (o >> 5) & 3
             ln = o & 31
-            n = (grp * XS + (i >> 2) // MT) * 16 + (ln >> 2) + 8 * (r >> 1)
+            n = tile * 16 + (ln >> 2) + 8 * (r >> 1)
             m = m0 + mt * 8 + 2 * (ln & 3) + (r & 1)
             if n < n_rows and m < m_rows:
                 out[m * n_rows + n] = s
@@ -234,39 +190,6 @@ def choose_config(m: int, k: int, g: int = 32) -> tuple[int, int, int]:
     return mt, -(-kc // cpw), cpw
 
 
-def _parse_config(config, k: int, gs: int) -> tuple[int, int, int, int]:
-    """(MT, KS, CPW, XS) from a 3- or 4-tuple config (XS defaults to 1), else KernelInputError."""
-    try:
-        mt, ks, cpw, xs = (*map(int, config), 1)[:4] if len(config) in (3, 4) else (0,) * 4
-    except (TypeError, ValueError):
-        mt = ks = cpw = xs = 0
-    kc = k // 64
-    if (mt not in MT_BUCKETS or not 1 <= ks <= 32 or cpw < 1 or xs not in XS_SPLITS or kc % xs
-            or ks * cpw < kc // xs or gs == 128 and (cpw % 2 and ks > 1 or (kc // xs) % 2 and xs > 1)):
-        raise KernelInputError(f"bad config {config} (MT, KS, CPW[, XS]) for K={k} G={gs}")
-    return mt, ks, cpw, xs
-
-
-_WORKSPACES: dict = {}
-
-
-def _split_workspace(stream, floats: int, counters: int):
-    """The XS > 1 scratch: float32 partial sums and uint32 group counters (zero between launches: the
-    last block of a group resets its counter). One per size for the process, never freed, so that a
-    captured graph's pointers stay valid. Launches on one stream use it in turn (a launch touches it
-    only after ``griddep_wait``); two XS > 1 launches of one size must not run concurrently on
-    different streams. Not keyed by stream: a torch graph captures on a stream of its own, where
-    nothing may be allocated."""
-    key = (floats, counters)
-    if key not in _WORKSPACES:
-        if SIMULATED:
-            _WORKSPACES[key] = np.empty(floats, np.float32), np.zeros(counters, np.uint32)
-        else:
-            _WORKSPACES[key] = (cuda.device_array(floats, np.float32, stream=stream),
-                                cuda.to_device(np.zeros(counters, np.uint32), stream=stream))
-    return _WORKSPACES[key]
-
-
 def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int, int, int] | None = None,
                 pdl: bool = True):
     """``out [M, N] float32 = f16(x) @ W.T`` for a repacked W4A16 weight (``repack_int4``).
@@ -294,13 +217,13 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     if out is None:
         out = empty((m, n), np.float32, stream)
     out = check(out, "out", np.float32, (m, n), align=4)
-    mt, ks, cpw, xs = _parse_config(config or choose_config(m, k, gs), k, gs)
-    grid = (-(-weight.n16 // xs) * xs, -(-m // (8 * mt)))
+    mt, ks, cpw = config or choose_config(m, k, gs)
+    if mt not in MT_BUCKETS or not 1 <= ks <= 32 or cpw < 1 or ks * cpw < k // 64 or (
+            gs == 128 and cpw % 2 and ks > 1):
+        raise KernelInputError(f"bad config MT={mt} KS={ks} CPW={cpw} for K={k} G={gs}")
+    grid = (weight.n16, -(-m // (8 * mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
-    blocks = grid[0] * grid[1]
-    part, cnt = (_split_workspace(stream, blocks * xs * mt * 128, blocks // xs) if xs > 1
-                 else (sq.view(np.float32), sq))        # untouched at XS = 1: any float32 / uint32
-    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw, xs)
-    launch(kernel, grid, ks * 32, stream, (flat(out), flat(x), wq, sq, m, n, part, cnt), pdl)
+    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw)
+    launch(kernel, grid, ks * 32, stream, (flat(out), flat(x), wq, sq, m, n), pdl)
     return out

@@ -147,8 +147,8 @@ def main(argv=None) -> int:
                     "M = 1 launches per _VARIANTS entry and K2 shape; raw stamps saved under DIR")
     ap.add_argument("--check", action="store_true", help="only check every _VARIANTS entry against the "
                     "reference at small shapes (no torch; also in the simulator: NUMBA_ENABLE_CUDASIM=1)")
-    ap.add_argument("--xs", action="store_true", help="M = 1 / 16 / 32: the package at XS = 1 and at "
-                    "split-K tilings (XS tiles per block) beside the v7 snapshot, each checked first")
+    ap.add_argument("--xs", action="store_true", help="M = 1 / 16 / 32: the package beside the v12 "
+                    "snapshot (XS tiles per block, K split over XS blocks), each checked first")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
     args = ap.parse_args(argv)
@@ -290,10 +290,7 @@ _ONCE = [("w = ld_stream_v4(wq,", "w = ld_once_v4(wq,"),
          ("    ld_stream_v4,\n", "    ld_once_v4,\n    ld_stream_v4,\n"),
          ("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")]
 _NOWAIT = [("            griddep_wait()\n", "            pass\n"), _ONCE[2]]
-_PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT")]   # v7 source
-# XS > 1 builds: offline SASS has every .nc weight load after the wait (0 of 8 before it); pinned or
-# coherent loads keep them before it
-_PIN_XS = [("XS == 1 and (MT, K, KS, CPW) in PINNED", "(XS > 1 or (MT, K, KS, CPW) in PINNED)")]
+_PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT")]
 _NOMASK = [("MASK = MT == 1 ", "MASK = False ")]
 _RED_U32 = [("            red[(warp * NACC + i) * 32 + lane] = acc[i]\n",
              "            red[uint32((warp * NACC + i) * 32 + lane)] = acc[i]\n"),
@@ -331,8 +328,7 @@ def _pre(n):
 # v11 (session 12, ladder/int4_m16_v11_h200.log, int4_timeline_v11_h200.log): PRE n + no mask at a
 # 128-register cap; post-wait time per block fell as the offline SASS predicted (gate 2.59 -> 1.49-1.67
 # us) but the wait released later (the dequantization sits in the block's life before it), so per
-# launch gate 3.82-4.00 vs 3.90 us, down 3.59-3.87 vs 3.59: not kept. Its patches (and _RED_U32's)
-# are of the session-11 source, _int4_matmul_v7_snapshot.py.txt, kept for reference.
+# launch gate 3.82-4.00 vs 3.90 us, down 3.59-3.87 vs 3.59: not kept; its patches stay for reference.
 # _CAPS (session 12, ladder/int4_timeline_caps_h200.log): where 2 grids fit per SM, the timeline of
 # the chain shows every block of the next grid started early, but the post-wait work slower
 _V11 = {**{f"v11 (PRE {n}, no mask)": _pre(n) + _cap1(128) + _NOMASK for n in (3, 5, 6)},
@@ -344,7 +340,7 @@ _CAPS = {"v9 (once, cap 128)": _ONCE + _cap1(128), "v9 (once, cap 64)": _ONCE + 
 # falls in the first 4 KB of x (L1 hits)
 _XALIAS = [("xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t",
             "xb[mt] = (min(m, m_rows - 1) * K + c0 * 64 + 8 * t) & 1023")]
-_VARIANTS = {"xs pin": _PIN_XS, "xs once": _ONCE}
+_VARIANTS = {"v7": [], "x aliased (timing only)": _XALIAS}
 # --timeline configs per K2 shape: the package's, and tilings where 2 grids fit per SM at a cap
 _TIMELINE_CFGS = {(2048, 7168): [(1, 16, 7), (1, 8, 14)], (7168, 2048): [(1, 4, 8), (1, 8, 4)]}
 
@@ -370,15 +366,15 @@ def _variant_impls(extra=()):
 # end into out[3 * tile ...] (ns mod 2**24, exact in float32); the outputs are then not stored (a
 # never-true test keeps the math), so the stamps are the only writes
 _WAITED = "        for mt in range(MT):\n            m = m0 + mt * 8 + g\n"    # first lines after the wait
-_TILE = "        grp = cuda.blockIdx.x // XS "
+_TILE = "        tile = cuda.blockIdx.x "
 _STAMPS = [(_TILE, "        t_start = globaltimer()\n" + _TILE),
            (_WAITED, "        t_wait = globaltimer()\n" + _WAITED),
            ("                out[m * n_rows + n] = s\n",
             "                if s == float32(1.2345e-30):\n                    out[m * n_rows + n] = s\n"
             "        if tid == 0:\n            t_end = globaltimer()\n"
-            "            out[grp * 3] = float32(t_start & 0xFFFFFF)\n"
-            "            out[grp * 3 + 1] = float32(t_wait & 0xFFFFFF)\n"
-            "            out[grp * 3 + 2] = float32(t_end & 0xFFFFFF)\n"),
+            "            out[tile * 3] = float32(t_start & 0xFFFFFF)\n"
+            "            out[tile * 3 + 1] = float32(t_wait & 0xFFFFFF)\n"
+            "            out[tile * 3 + 2] = float32(t_end & 0xFFFFFF)\n"),
            ("    griddep_wait_for,\n", "    griddep_wait_for,\n    globaltimer,\n")]
 
 
@@ -481,29 +477,37 @@ def m16_ratio(torch):
     return 0
 
 
-# --xs: (M, config) per K2 shape; None = the package's choice. XS > 1 halves (quarters) the x traffic
-# from L2, which the x-aliased timing variant measured at 2.1 us of 6.05 (gate) and 1.2 of 5.15 (down)
+# --xs (session 12, not kept): v12 = XS tiles of 16 rows per block, K split over XS blocks, so that x is
+# read once per XS tiles (x from L2 measured at 2.1 of 6.05 us at gate M = 16 and 1.2 of 5.15 at down by
+# the x-aliased variant); the group's last block sums the XS partial tiles in K order (a scratch buffer
+# and counters). Snapshot _int4_matmul_v12xs_snapshot.py.txt (3- or 4-tuple configs, checked in the
+# simulator and on the GPU); its XS > 1 builds have every .nc weight load after the wait (offline
+# SASS), so they are also timed pinned (PIN at XS > 1) and with coherent loads (_ONCE)
+_PIN_XS = [("XS == 1 and (MT, K, KS, CPW) in PINNED", "(XS > 1 or (MT, K, KS, CPW) in PINNED)")]
 _XS_PLANS = {(2048, 7168): [(1, None), (16, None), (16, (2, 14, 4, 2)), (16, (2, 28, 2, 2)),
                             (32, None), (32, (4, 14, 4, 2))],
              (7168, 2048): [(1, None), (16, None), (16, (2, 4, 4, 2)), (16, (2, 8, 2, 2)),
                             (32, None), (32, (4, 4, 4, 2))]}
-# session 12, first run (ladder/int4_xs_h200.log): every XS > 1 tiling slower than XS = 1 (gate M = 16
-# 7.35-12.3 vs 5.96 us, down 7.5-15.8 vs 5.20); offline SASS: their .nc weight loads all after the wait
 
 
 def xs_sweep(torch):
-    """_XS_PLANS: the package kernel beside the v7 snapshot (before XS), over the same 64 weights."""
+    """_XS_PLANS: the package kernel beside the v12 snapshot (as is, pinned, coherent loads), over the
+    same 64 weights per shape, each checked against the reference first."""
     from pathlib import Path
 
     from kernels_numba import int4_matmul
-    snap = Path(__file__).with_name("_int4_matmul_v7_snapshot.py.txt").read_text()
-    impls = {"v7 (snapshot)": _module_from("_int4_matmul_v7", snap).int4_matmul, "package": int4_matmul,
-             **_variant_impls()}
+    snap = Path(__file__).with_name("_int4_matmul_v12xs_snapshot.py.txt").read_text()
+    impls = {"package": int4_matmul}
+    for name, patches in {"v12": [], "v12 pin": _PIN_XS, "v12 once": _ONCE}.items():
+        text = snap
+        for old, new in patches:
+            text = text.replace(old, new)
+        impls[name] = _module_from("_int4_matmul_" + re.sub(r"\W", "_", name), text).int4_matmul
     rng = np.random.default_rng(12)
     for (n, k), plan in _XS_PLANS.items():
         for m, cfg in plan:
             for name, fn in impls.items():
-                if cfg is None or len(cfg) == 3 or not name.startswith("v7"):
+                if cfg is None or name != "package":
                     mc = max(m - 3, 1)                          # odd M inside the bucket
                     err = check_against_reference(rng, mc, n, k, 32, cfg, fn)
                     print(f"check {name} M={mc} N={n} K={k} cfg={cfg}: rel err {err:.2e}",
@@ -514,7 +518,7 @@ def xs_sweep(torch):
             x = torch.randn(m, k, device="cuda").half()
             outs = [torch.zeros(m, n, device="cuda") for _ in ws]
             for name, fn in impls.items():
-                if cfg is None or not name.startswith("v7"):
+                if cfg is None or name != "package":
                     label = f"{name} N={n} K={k} M={m} cfg={cfg}"
                     us = time_rotating(torch, fn, x, ws, outs, cfg, label)
                     if us is not None:

@@ -30,8 +30,7 @@ def main():
     def a(t):
         return t[::1]
     out = {}
-    mm_sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), T.int64, T.int64,
-              a(T.float32), a(T.uint32))
+    mm_sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), T.int64, T.int64)
     for m, k in ((1, 7168), (16, 7168), (1, 2048), (16, 2048), (32, 2048), (64, 2048), (3, 1024)):
         for g in (32, 128):
             cfg = choose_config(m, k, g)
