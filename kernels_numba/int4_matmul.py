@@ -18,7 +18,8 @@ Design (docs/perf.md has the version ladder and measurements; dev/kernels/int4_m
   stream; ``griddep_wait`` comes before the first activation read and output write. ptxas moves
   some ``.nc`` weight loads past a plain wait (offline SASS); PIN configs wait with
   ``griddep_wait_for`` the XOR of every phase-1 word, which keeps all of them before it (measured
-  faster only where listed in ``PINNED``).
+  faster only where listed in ``PINNED``); COHERENT configs load the weights with the coherent
+  ``ld.global.L1::no_allocate``, which ptxas keeps before a plain wait (faster only there).
 - Branch-free inner loop: when KS * CPW == K/64 (the chosen configs) there are no chunk guards;
   rows past M read row M-1 (their outputs are never stored; for MT = 1 they are also masked to
   zero, which ptxas schedules better there); for G = 32 each 32-column half is one group, so its
@@ -41,6 +42,7 @@ from .intrinsics import (
     griddep_wait,
     griddep_wait_for,
     h2_to_f32,
+    ld_once_v4,
     ld_stream_v4,
     ld_v4,
     mma_16816,
@@ -62,6 +64,7 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
     NACC = MT * 4                  # accumulator registers per lane
     MASK = MT == 1                 # zero rows past M (not needed: never stored; ptxas schedules M = 1 better)
     PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED   # wait on the XOR of the phase-1 words
+    ONCE = G == 32 and (MT, K, KS, CPW) in COHERENT           # coherent weight loads (see COHERENT)
     NOUT = MT * 128                # outputs per block (16 rows x 8 MT columns)
     NTHR = KS * 32
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
@@ -99,7 +102,10 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
         sbase = (tile * NS + (c0 * 64) // G) * 8 + g
         for ci in range(CPW):
             if EXACT or c0 + ci < KC:
-                w = ld_stream_v4(wq, wbase + ci * 128)
+                if ONCE:
+                    w = ld_once_v4(wq, wbase + ci * 128)
+                else:
+                    w = ld_stream_v4(wq, wbase + ci * 128)
                 for j in range(4):
                     wl[ci * 4 + j] = w[j]
                 for j in range(SPC):
@@ -172,6 +178,10 @@ _TUNED = {(1, 7168): (1, 16, 7), (2, 7168): (2, 16, 7), (1, 2048): (1, 4, 8), (2
 # (MT, K, KS, CPW) measured faster with the PIN wait (ladder --m16, two runs: K2 down M = 16 5.18 /
 # 5.23 vs 5.53 / 5.52 us); slower at gate/up M = 1 / 16, down M = 1 and down (2, 8, 4)
 PINNED = {(2, 2048, 4, 8)}
+# (MT, K, KS, CPW) measured faster with coherent weight loads (ld_once_v4, which ptxas keeps before the
+# wait; ladder --m16, two runs: K2 down M = 32 7.83 / 7.99 vs 8.77 / 8.85 us); slower at M = 1 and at
+# gate/up M = 32 / 64, equal at M = 16 and down M = 64
+COHERENT = {(4, 2048, 4, 8)}
 
 
 def choose_config(m: int, k: int, g: int = 32) -> tuple[int, int, int]:

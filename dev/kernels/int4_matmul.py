@@ -286,10 +286,8 @@ def time_rotating(torch, matmul, x, ws, outs, cfg, label):
 #   no mask          (not timed yet) MT = 1 without the row-mask ANDs (rows past M are never stored)
 #   u32 red          (not timed yet) the cross-warp sum indexes shared memory with uint32 (no negative-
 #                    index wraparound code: -96 instructions at gate (1, 16, 7), +64 at down (1, 4, 8))
-_ONCE = [("w = ld_stream_v4(wq,", "w = ld_once_v4(wq,"),
-         ("    ld_stream_v4,\n", "    ld_once_v4,\n    ld_stream_v4,\n"),
-         ("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")]
-_NOWAIT = [("            griddep_wait()\n", "            pass\n"), _ONCE[2]]
+_ONCE = [("w = ld_stream_v4(wq,", "w = ld_once_v4(wq,"), ("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")]
+_NOWAIT = [("            griddep_wait()\n", "            pass\n"), _ONCE[1]]
 _PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT")]
 _NOMASK = [("MASK = MT == 1 ", "MASK = False ")]
 _RED_U32 = [("            red[(warp * NACC + i) * 32 + lane] = acc[i]\n",
@@ -340,8 +338,8 @@ _CAPS = {"v9 (once, cap 128)": _ONCE + _cap1(128), "v9 (once, cap 64)": _ONCE + 
 # falls in the first 4 KB of x (L1 hits)
 _XALIAS = [("xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t",
             "xb[mt] = (min(m, m_rows - 1) * K + c0 * 64 + 8 * t) & 1023")]
-# session 12: v12's coherent-load build ran K2 down M = 32 (4, 4, 8) at 7.99 vs 8.85 us (one run); the
-# same patch on v7, at M = 1..64
+# session 12: v12's coherent-load build ran K2 down M = 32 (4, 4, 8) at 7.99 vs 8.85 us; the same patch
+# on v7 at M = 1..64 (ladder/int4_m16_once2_h200.log): 7.83 vs 8.77 there, so COHERENT in the package
 _VARIANTS = {"v7": [], "v7 once": _ONCE}
 # --timeline configs per K2 shape: the package's, and tilings where 2 grids fit per SM at a cap
 _TIMELINE_CFGS = {(2048, 7168): [(1, 16, 7), (1, 8, 14)], (7168, 2048): [(1, 4, 8), (1, 8, 4)]}
@@ -502,7 +500,8 @@ def xs_sweep(torch):
     from kernels_numba import int4_matmul
     snap = Path(__file__).with_name("_int4_matmul_v12xs_snapshot.py.txt").read_text()
     impls = {"package": int4_matmul}
-    for name, patches in {"v12": [], "v12 pin": _PIN_XS, "v12 once": _ONCE}.items():
+    once = [*_ONCE, ("    ld_stream_v4,\n", "    ld_once_v4,\n    ld_stream_v4,\n")]   # its imports lack it
+    for name, patches in {"v12": [], "v12 pin": _PIN_XS, "v12 once": once}.items():
         text = snap
         for old, new in patches:
             text = text.replace(old, new)

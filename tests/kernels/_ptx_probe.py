@@ -14,7 +14,8 @@ from kernels_numba.moe_gemm import make_moe_gemm_kernel
 
 KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "ldg_nc_v4": "ld.global.nc.L1::no_allocate.v4.u32",
-        "ldg_v4": "ld.global.v4.u32", "lop3": "lop3.b32", "hfma2": "fma.rn.f16x2", "local": ".local",
+        "ldg_v4": "ld.global.v4.u32", "ldg_once_v4": "ld.global.L1::no_allocate.v4.u32",
+        "lop3": "lop3.b32", "hfma2": "fma.rn.f16x2", "local": ".local",
         "atom_shared": "atom.shared", "bar": "bar.sync", "pdl_wait": "griddepcontrol.wait",
         "pdl_wait_for": "@!p griddepcontrol.wait", "pdl_launch": "griddepcontrol.launch_dependents"}
 

@@ -29,13 +29,15 @@ def test_int4_matmul_uses_tensor_cores_and_wide_loads(ptx_counts):
     assert len(mm) == 14
     for name, c in mm.items():
         assert c["mma"] >= 2, name                  # mma.sync m16n8k16 (swap A/B)
-        assert c["ldg_nc_v4"] >= 1, name            # 16-byte read-once weight loads
+        assert c["ldg_nc_v4"] + c["ldg_once_v4"] >= 1, name   # 16-byte read-once weight loads
         assert c["ldg_v4"] >= 1, name               # 16-byte activation loads
         assert c["lop3"] >= 4 and c["hfma2"] >= 2, name   # magic-number dequantization
         assert c["local"] == 0, name                # fragments stay in registers (unrolled loops)
         assert c["pdl_launch"] == 1, name           # programmatic dependent launch; one wait, or
         assert c["pdl_wait"] == 1 + c["pdl_wait_for"], name   # one pinned (two predicated instructions)
     assert [n for n, c in mm.items() if c["pdl_wait_for"]] == ["int4_matmul M=16 K=2048 G=32 (2, 4, 8)"]
+    assert [n for n, c in mm.items() if c["ldg_once_v4"]] == ["int4_matmul M=32 K=2048 G=32 (4, 4, 8)"]
+    assert mm["int4_matmul M=32 K=2048 G=32 (4, 4, 8)"]["ldg_nc_v4"] == 0
 
 
 def test_moe_kernels(ptx_counts):
