@@ -1,7 +1,7 @@
 """Version ladder for the W4A16 GEMV/GEMM (style.md §2.4): validate every version, then time them.
 
 Run on a GPU:  python dev/kernels/int4_matmul.py [--quick | --ms M ...] [--ncu | --m16 | --ceiling
-                | --timeline DIR]
+                | --timeline DIR | --xs]
 Offline:       NUMBA_ENABLE_CUDASIM=1 python dev/kernels/int4_matmul.py --check
 Versions (docs/perf.md has predictions and measurements):
   s0  stream-only: the same 16-byte weight loads and grid, no math (the attainable rate per launch)
@@ -18,7 +18,8 @@ Versions (docs/perf.md has predictions and measurements):
   v6  v5 with registers capped at 128 for MT >= 2 (K2 down at M = 16: 4 blocks per SM, one wave
       instead of two; capping MT = 1 too made K2 down M = 1 slower).
   v7  v6 waiting on the XOR of the phase-1 words (griddep_wait_for: ptxas keeps every weight load
-      before the wait) where measured faster: K2 down at M = 16 only (PINNED).
+      before the wait) where measured faster: K2 down at M = 16 only (PINNED); coherent weight loads
+      (ld_once_v4) where measured faster: K2 down at M = 32 only (COHERENT, session 12).
       This is the package kernel; --m16 times it beside patched variants (_VARIANTS).
   v8  (snapshot _int4_matmul_v8_snapshot.py.txt) phase 1 copies weights and scales to shared memory
       with cp.async at a 64-register cap, so that grids of the PDL chain are resident together:
@@ -28,6 +29,11 @@ Versions (docs/perf.md has predictions and measurements):
       the PDL chain (gate 4.1-5.2 us vs 3.9), though without the wait cap 64 runs 2.57 vs 3.03 us.
   v10 v9 with x staged in shared memory after the wait at M = 1 (commit 317e529): slower
       (gate 4.5 vs 3.9 us, down 4.0-5.2 vs 3.6); not kept.
+  v11 v7 dequantizing the first PRE chunks before the wait, no M = 1 row mask (_V11): post-wait time
+      -40%, per launch within 2% of v7 (the release comes later by as much); not kept.
+  v12 (snapshot _int4_matmul_v12xs_snapshot.py.txt, --xs) XS tiles per block, K split over XS
+      blocks, so each x fragment serves XS tiles: slower at every tiling (gate M = 16 7.0-12.3 vs
+      5.96 us); not kept.
 The package's choose_config is the winner of the (MT, KS, CPW, KB) sweep below.
 """
 
