@@ -5,7 +5,8 @@ pseudo-experts, P = T*(K + S) (token, expert) pairs, G group size.
 
 Four launches, no host synchronisation, fixed grids (graph-capturable with a preallocated
 ``MoEWorkspace``): ``moe_align_kernel`` (1 block), ``moe_gemm_kernel`` gate/up and down, each a
-persistent stream-K grid (moe_gemm.py), ``moe_combine_kernel``. Mirrors
+persistent stream-K grid (moe_gemm.py), ``moe_combine_kernel``. For one token (decode) the default
+is moe_gemv.py's path instead: gate/up, act, down as grouped GEMVs, then the same combine. Mirrors
 workbench/reference/moe.py ``moe``: sum_k w_k SwiGLU_e(x) + shared SwiGLU(x), each linear the W4A16
 definition (activations rounded to f16, f32 accumulation); h = silu(gate) * up is rounded to f16
 as the reference's down linear does.
@@ -21,8 +22,10 @@ import numpy as np
 from ._validate import KernelInputError, as_stream, check, empty, flat
 from .int4_layout import Int4Weight, repack_int4
 from .intrinsics import SIMULATED
+from .launch import launch
 from .moe_align import align_threads, make_align_kernel, make_combine_kernel
 from .moe_gemm import make_moe_gemm_kernel
+from .moe_gemv import gemv_tiling, make_moe_gemv_kernel, moe_act_kernel
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class MoEWorkspace:
     cnt_gu: object        # int32 [P*I/16]: per-unit step counters of the gate/up GEMM
     cnt_dn: object        # int32 [P*D/16]: and of the down GEMM
     n_tok: int
+    gu: object = None     # float32 [P*2I]: gate and up outputs of the GEMV path (moe_gemv.py)
 
 
 def prepare_moe(w1, w1s, w3, w3s, w2, w2s, shared=None) -> MoEWeights:
@@ -89,19 +93,31 @@ def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
                   config: dict | None = None) -> MoEWorkspace:
     """Scratch for ``n_tok`` tokens; ``config`` (default ``choose_moe_config``) sizes the part buffer."""
     p = n_tok * (k_top + weights.n_shared)
-    i, d = weights.w13.n, weights.w2.n
+    i, d, g = weights.w13.n, weights.w2.n, weights.w13.group_size
     stream = as_stream(stream)
-    part = _part_size(_check_config(config or choose_moe_config(d, i, n_tok), d, i))
+    cfg = _check_config(config or choose_moe_config(d, i, n_tok, g), d, i, g)
+    gemv = "gemv" in cfg
+    part = _part_size(_stream_k_config(d, i, n_tok) if gemv else cfg)     # either path fits by default
     return MoEWorkspace(empty(p, np.int32, stream), empty(p * 8, np.int32, stream),
                         empty(2, np.int32, stream), empty(p * i, np.uint16, stream),
                         empty(p * d, np.float32, stream), empty(part, np.float32, stream),
                         empty(p * (i // 16), np.int32, stream), empty(p * (d // 16), np.int32, stream),
-                        n_tok)
+                        n_tok, empty(p * 2 * i if gemv or n_tok == 1 else 1, np.float32, stream))
 
 
-def _check_config(cfg, d: int, i: int) -> dict:
-    """``cfg`` if it is a valid kernel config for widths D and I, else KernelInputError (checked before
-    anything is allocated or launched)."""
+def _check_config(cfg, d: int, i: int, g: int = 32) -> dict:
+    """``cfg`` if it is a valid kernel config for widths D and I and group size G, else
+    KernelInputError (checked before anything is allocated or launched)."""
+    if isinstance(cfg, dict) and "gemv" in cfg:
+        try:
+            (ksgu, cpwgu), (ksdn, cpwdn), reg = cfg["gu"], cfg["dn"], int(cfg["maxreg"])
+        except (KeyError, TypeError, ValueError):
+            raise KernelInputError(f"bad MoE config {cfg}: the GEMV path needs gu and dn (warps per "
+                                   "block, chunks per warp) and maxreg") from None
+        if (cfg["gemv"] is not True or g != 32 or ksgu * cpwgu != d // 64 or ksdn * cpwdn != i // 64
+                or not 32 <= reg <= 255 or not 1 <= ksgu <= 32 or not 1 <= ksdn <= 32):
+            raise KernelInputError(f"bad MoE config {cfg} for D={d} I={i} G={g}")
+        return cfg
     try:
         nb, reg = int(cfg["blocks"]), int(cfg["maxreg"])
         (wgu, scgu, dpgu, ntgu), (wdn, scdn, dpdn, ntdn) = cfg["gu"], cfg["dn"]
@@ -116,7 +132,10 @@ def _check_config(cfg, d: int, i: int) -> dict:
 
 
 def _part_size(cfg: dict) -> int:
-    """Floats of the part buffer a config needs: 2 slots per block, NMAT 16 x 8 fragments per slot."""
+    """Floats of the part buffer a config needs: 2 slots per block, NMAT 16 x 8 fragments per slot
+    (one float for the GEMV path, which has no split sums)."""
+    if "gemv" in cfg:
+        return 1
     return 2 * cfg["blocks"] * max(2 * cfg["gu"][3], cfg["dn"][3]) * 128
 
 
@@ -129,12 +148,21 @@ def _sm_count() -> int:
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def choose_moe_config(d: int, i: int, tokens: int = 1) -> dict:
-    """Per GEMM (warps per block, chunks per step, steps in flight, n-tiles per unit), the persistent
-    grid's block count and the register cap: the best of the v3-v5 sweeps on the H200 at T = 1..64
-    (docs/perf.md). Stream-K balances any amount of work; only down changes with ``tokens``: 4 chunks
-    per step and one n-tile per unit measured faster at T = 4 and 16 in four benchmark runs (slower
-    at T = 64, even at T = 1), so it is used for 2 <= T <= 16."""
+def choose_moe_config(d: int, i: int, tokens: int = 1, g: int = 32) -> dict:
+    """One token at G = 32: the GEMV path (moe_gemv.py; its tiling per GEMM as (warps per block,
+    chunks per warp): K2 gate/up (8, 14) and down (4, 8), measured best of four at T = 1). Otherwise,
+    per stream-K GEMM (warps per block, chunks per step, steps in flight, n-tiles per unit), the
+    persistent grid's block count and the register cap: the best of the v3-v5 sweeps on the H200 at
+    T = 1..64 (docs/perf.md). Stream-K balances any amount of work; only down changes with
+    ``tokens``: 4 chunks per step and one n-tile per unit measured faster at T = 4 and 16 in four
+    benchmark runs (slower at T = 64), so it is used for 2 <= T <= 16."""
+    gu_t, dn_t = gemv_tiling(d, 2 if SIMULATED else 8), gemv_tiling(i, 1 if SIMULATED else 4)
+    if tokens == 1 and g == 32 and gu_t and dn_t:
+        return {"gemv": True, "gu": gu_t, "dn": dn_t, "maxreg": 128}
+    return _stream_k_config(d, i, tokens)
+
+
+def _stream_k_config(d: int, i: int, tokens: int) -> dict:
     def sc(k, want):
         kc = k // 64
         return max(c for c in range(1, want + 1) if kc % c == 0)
@@ -156,8 +184,8 @@ def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoE
     """
     stream = as_stream(stream)
     stages, out, ws = moe_stages(x, topk_ids, topk_w, weights, out, workspace, stream, config)
-    for _, launch in stages:
-        launch(stream)
+    for _, run in stages:
+        run(stream)
     if check_routing:
         if not isinstance(ws.meta, np.ndarray):
             from numba import cuda
@@ -192,7 +220,7 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
         raise KernelInputError(f"T={t} tokens x {k + weights.n_shared} experts exceed the int32 / "
                                "block limits")
     stream = as_stream(stream)
-    cfg = _check_config(config or choose_moe_config(d, i, t), d, i)
+    cfg = _check_config(config or choose_moe_config(d, i, t, g), d, i, g)
     ws = workspace or moe_workspace(t, k, weights, stream, cfg)
     if ws.n_tok != t:
         raise KernelInputError(f"workspace was made for T={ws.n_tok} tokens, x has {t}")
@@ -203,6 +231,8 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
     if out is None:
         out = empty((t, d), np.float32, stream)
     out = check(out, "out", np.float32, (t, d), align=4)
+    if "gemv" in cfg:
+        return _gemv_stages(x, ids, tw, weights, out, ws, cfg, (w13q, w13s, w2q, w2s)), out, ws
     nb, wgu, wdn = cfg["blocks"], cfg["gu"][0], cfg["dn"][0]
     if _part_size(cfg) > ws.part.size:
         raise KernelInputError(f"MoE config {cfg} needs a part buffer of {_part_size(cfg)} floats, the "
@@ -222,3 +252,27 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
         ("combine", lambda s: combine[(-(-d // 128), t), 128, s](flat(out), ws.y, t)),
     ]
     return stages, out, ws
+
+
+def _gemv_stages(x, ids, tw, weights: MoEWeights, out, ws: MoEWorkspace, cfg: dict, wts):
+    """The GEMV path's four stages (moe_gemv.py), all launched with PDL."""
+    w13q, w13s, w2q, w2s = wts
+    t, k = ids.shape
+    d, i = weights.w13.k, weights.w13.n
+    p = t * (k + weights.n_shared)
+    if ws.gu is None or ws.gu.size < p * 2 * i:
+        raise KernelInputError("workspace has no room for the GEMV path's gate/up outputs: make it with "
+                               "moe_workspace(..., config=...)")
+    (ksgu, cpwgu), (ksdn, cpwdn), reg = cfg["gu"], cfg["dn"], cfg["maxreg"]
+    gate_up = make_moe_gemv_kernel(d, ksgu, cpwgu, True, reg)
+    down = make_moe_gemv_kernel(i, ksdn, cpwdn, False, reg)
+    combine = make_combine_kernel(d, k, weights.n_shared)
+    route = (flat(ids), flat(tw), ws.meta, t, k, weights.n_routed)
+    h16 = ws.h.view(np.float16)
+    return [
+        ("gate_up", lambda s: launch(gate_up, (2 * (i // 16), p), ksgu * 32, s,
+                                     (ws.gu, flat(x), w13q, w13s, *route, i // 16))),
+        ("act", lambda s: launch(moe_act_kernel, (-(-i // 128), p), 128, s, (ws.h, ws.gu, i))),
+        ("down", lambda s: launch(down, (d // 16, p), ksdn * 32, s, (ws.y, h16, w2q, w2s, *route, d // 16))),
+        ("combine", lambda s: launch(combine, (-(-d // 128), t), 128, s, (flat(out), ws.y, t))),
+    ]

@@ -15,7 +15,7 @@ import functools
 
 from numba import cuda, float32, int32
 
-from .intrinsics import SIMULATED
+from .intrinsics import SIMULATED, griddep_wait
 
 
 @functools.cache
@@ -98,6 +98,7 @@ def make_combine_kernel(D: int, K: int, S: int):
 
     @cuda.jit
     def moe_combine_kernel(out, y, n_tok):
+        griddep_wait()                                        # y is down's (a no-op without PDL)
         n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         t = cuda.blockIdx.y
         if n < D:

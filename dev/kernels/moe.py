@@ -162,7 +162,7 @@ EXTRA_CONFIGS = [{"gu": (16, 1, 2, 1), "dn": (16, 2, 2, 1), "blocks": 132, "maxr
 def v3_configs(quick):
     """(warps per block, chunks per step, steps in flight, n-tiles per unit) per GEMM, blocks, regs."""
     from kernels_numba.moe import choose_moe_config
-    out = [choose_moe_config(7168, 2048)] + ALT_CONFIGS + EXTRA_CONFIGS
+    out = [choose_moe_config(7168, 2048, tokens=64)] + ALT_CONFIGS + EXTRA_CONFIGS
     return out[:3] if quick else out
 
 
@@ -215,7 +215,7 @@ def ncu_calls(torch):
     for t in (1, 64):
         ids = routings(torch, t, 1, seed=t)[0]
         x = torch.randn(t, 7168, device="cuda").half()
-        cfg = choose_moe_config(7168, 2048)
+        cfg = choose_moe_config(7168, 2048, tokens=64)
         fused_moe(x, ids, torch.rand(t, 8, device="cuda"), mw, workspace=moe_workspace(t, 8, mw, config=cfg),
                   config=cfg)
         torch.cuda.synchronize()
@@ -317,7 +317,7 @@ def diagnose(torch, tokens, variants, extra):
     copy = copy_bandwidth()
     print(f"copy {copy:.0f} GB/s")
     mw = k2_random_experts(torch)
-    base = moe_mod.choose_moe_config(7168, 2048)
+    base = moe_mod.choose_moe_config(7168, 2048, tokens=64)
     v5 = load_snapshot("_moe_gemm_v5_snapshot")
     factories = {"v5": v5.make_moe_gemm_kernel, "v6": moe_mod.make_moe_gemm_kernel}
     factories.update({v: patched_module(v).make_moe_gemm_kernel for v in variants if v in _PATCHES})

@@ -135,7 +135,7 @@ def moe_builds(a):
             a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
     dsig = (a(T.float32), a(T.uint16)) + gsig[2:]
     out = []
-    for t in (1, 4):
+    for t in (64, 4):                     # the stream-K tilings (T = 1 takes moe_gemv.py's path)
         cfg = choose_moe_config(7168, 2048, tokens=t)
         out.append((f"moe gate_up T={t} {cfg['gu']}",
                     make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"]), gsig))

@@ -11,6 +11,7 @@ from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel
 from kernels_numba.moe import choose_moe_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
+from kernels_numba.moe_gemv import make_moe_gemv_kernel, moe_act_kernel
 
 KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "ldg_nc_v4": "ld.global.nc.L1::no_allocate.v4.u32",
@@ -38,7 +39,7 @@ def main():
             out[f"int4_matmul M={m} K={k} G={g} {cfg}"] = counts(make_int4_matmul_kernel(k, g, *cfg), mm_sig)
     gsig = (a(T.uint16), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
             a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
-    cfg = choose_moe_config(7168, 2048)
+    cfg = choose_moe_config(7168, 2048, tokens=64)          # the stream-K GEMMs (T = 1: moe_gemv)
     out["moe gate_up"] = counts(make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"]), gsig)
     dsig = (a(T.float32), a(T.uint16)) + gsig[2:]
     out["moe down"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]), dsig)
@@ -47,6 +48,12 @@ def main():
     out["moe align"] = counts(make_align_kernel(385, 512),
                               (a(T.int32), a(T.int32), a(T.int32), a(T.int32), *(T.int64,) * 4,
                                a(T.int32), T.int64))
+    vsig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.float32), a(T.int32),
+            *(T.int64,) * 4)
+    cfg = choose_moe_config(7168, 2048, 1)
+    out["moe gemv gate_up"] = counts(make_moe_gemv_kernel(7168, *cfg["gu"], True, cfg["maxreg"]), vsig)
+    out["moe gemv down"] = counts(make_moe_gemv_kernel(2048, *cfg["dn"], False, cfg["maxreg"]), vsig)
+    out["moe act"] = counts(moe_act_kernel, (a(T.uint16), a(T.float32), T.int64))
     out["moe combine"] = counts(make_combine_kernel(7168, 8, 1), (a(T.float32), a(T.float32), T.int64))
     json.dump(out, sys.stdout)
 

@@ -46,4 +46,10 @@ def test_moe_kernels(ptx_counts):
         assert c["mma"] >= 2 and c["ldg_nc_v4"] >= 1 and c["ldg_v4"] >= 1 and c["local"] == 0, name
     assert ptx_counts["moe gate_up"]["ldg_nc_v4"] >= 2                       # gate and up tiles per chunk
     assert ptx_counts["moe align"]["atom_shared"] >= 2 and ptx_counts["moe align"]["bar"] >= 4
-    assert ptx_counts["moe combine"]["mma"] == 0
+    assert ptx_counts["moe combine"]["mma"] == 0 and ptx_counts["moe combine"]["pdl_wait"] == 1
+    for name in ("moe gemv gate_up", "moe gemv down"):       # the one-token path (moe_gemv.py)
+        c = ptx_counts[name]
+        assert c["mma"] >= 2 and c["local"] == 0 and c["pdl_wait"] == 1 and c["pdl_launch"] == 1, name
+    assert ptx_counts["moe gemv gate_up"]["ldg_nc_v4"] >= 1
+    assert ptx_counts["moe gemv down"]["ldg_once_v4"] >= 1 and ptx_counts["moe gemv down"]["ldg_nc_v4"] == 0
+    assert ptx_counts["moe act"]["pdl_wait"] == 1

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kernels_numba import KernelInputError
-from kernels_numba.moe import fused_moe, moe_workspace, prepare_moe
+from kernels_numba.moe import choose_moe_config, fused_moe, moe_workspace, prepare_moe
 from workbench.config import preset
 from workbench.quant.int4 import gen_quant4
 from workbench.reference.moe import moe, moe_gate
@@ -106,6 +106,32 @@ def test_stream_k_split_paths():
     assert gu >= {"warps", "early", "deferred"} and dn >= {"warps", "early"}, (gu, dn)
 
 
+def test_one_token_gemv_path():
+    """T = 1 at G = 32 takes the grouped-GEMV path (moe_gemv.py) by default; G = 64 and T > 1 the
+    stream-K one; both match the reference."""
+    cfg = preset("tiny")
+    d, i = cfg.hidden_size, cfg.moe_intermediate_size
+    assert "gemv" in choose_moe_config(d, i, 1) and "gemv" not in choose_moe_config(d, i, 2)
+    assert "gemv" not in choose_moe_config(d, i, 1, g=64)
+    _check(cfg, 1, seed=31)
+    _check(cfg, 1, seed=32, group=64)
+
+
+def test_gemv_path_flags_bad_ids_and_clears_the_flag():
+    cfg = preset("tiny")
+    _, mw = _model(cfg, 9)
+    x = dev(np.ones((1, cfg.hidden_size), np.float16))
+    tw = dev(np.ones((1, 2), np.float32))
+    ws = moe_workspace(1, 2, mw)
+    out = poisoned((1, cfg.hidden_size))
+    with pytest.raises(KernelInputError, match="outside"):
+        fused_moe(x, dev(np.array([[3, 8]], np.int32)), tw, mw, out=out, workspace=ws, check_routing=True)
+    # the bad pair adds exactly 0: the same as a good expert at weight 0 (and the flag is cleared)
+    want = fused_moe(x, dev(np.array([[3, 5]], np.int32)), dev(np.array([[1, 0]], np.float32)), mw,
+                     workspace=ws, check_routing=True)
+    np.testing.assert_array_equal(host(out), host(want))
+
+
 def test_bad_expert_ids_flagged_and_bad_shapes_raise():
     cfg = preset("tiny")
     _, mw = _model(cfg, 9)
@@ -137,10 +163,20 @@ def test_bad_configs_raise_before_launch():
                 {k: v for k, v in SMALL.items() if k != "maxreg"}):
         with pytest.raises(KernelInputError, match="bad MoE config"):
             fused_moe(x, ids, tw, mw, out=out, config=bad)
+    gemv = {"gemv": True, "gu": (2, 1), "dn": (1, 1), "maxreg": 128}
+    x1, ids1, tw1, out1 = x[:1], ids[:1], tw[:1], poisoned((1, cfg.hidden_size))
+    for bad in ({**gemv, "gu": (3, 1)}, {**gemv, "dn": (1, 2)}, {**gemv, "gemv": 1}, {**gemv, "maxreg": 16}):
+        with pytest.raises(KernelInputError, match="bad MoE config"):
+            fused_moe(x1, ids1, tw1, mw, out=out1, config=bad)
+    _, mw64 = _model(cfg, 9, group=64)
+    with pytest.raises(KernelInputError, match="bad MoE config"):
+        fused_moe(x1, ids1, tw1, mw64, out=out1, config=gemv)
+    with pytest.raises(KernelInputError, match="no room"):
+        fused_moe(x, ids, tw, mw, out=out, workspace=moe_workspace(2, 2, mw), config=gemv)
     big = {**SMALL, "blocks": 50}                           # more warps than the workspace was made for
     with pytest.raises(KernelInputError, match="part buffer"):
         fused_moe(x, ids, tw, mw, out=out, workspace=moe_workspace(2, 2, mw, config=SMALL), config=big)
-    assert np.isnan(host(out)).all()                        # nothing was launched
+    assert np.isnan(host(out)).all() and np.isnan(host(out1)).all()   # nothing was launched
 
 
 @gpu
@@ -159,3 +195,13 @@ def test_gpu_moe_k2_width():
     cfg = replace(preset("tiny"), hidden_size=7168, moe_intermediate_size=2048, n_routed_experts=4,
                   num_experts_per_tok=2, n_group=1, topk_group=1)
     _check(cfg, 3, seed=7)
+
+
+@gpu
+@needs_gpu
+def test_gpu_moe_k2_width_one_token():
+    """The GEMV path at K2 widths and its default tiling (gate/up 8 x 14, down 4 x 8 chunks)."""
+    cfg = replace(preset("tiny"), hidden_size=7168, moe_intermediate_size=2048, n_routed_experts=4,
+                  num_experts_per_tok=2, n_group=1, topk_group=1)
+    assert "gemv" in choose_moe_config(7168, 2048, 1)
+    _check(cfg, 1, seed=8)

@@ -1,0 +1,163 @@
+"""The fused MoE for one token: grouped GEMVs, one block per (pair, 16-row weight tile), no align.
+
+Legend as in moe.py (T tokens, D model width, I expert width, E routed experts, K experts per token,
+S shared pseudo-experts, P = T*(K + S) pairs; pair p < T*K is (token p // K, expert topk_ids.flat[p],
+weight topk_w.flat[p]), pair T*K + s*T + t is (token t, expert E + s, weight 1)); G = 32.
+
+At T = 1 every pair has its own expert, so there is nothing to align or to share between pairs, and
+the stream-K GEMMs (moe_gemm.py) pay for machinery that has no work: measured 93 us against 69 us
+for this path at K2 width (docs/perf.md). Four launches, all with PDL:
+
+  gate_up  grid (2 I/16, P): block (2 n + half, p) computes 16 rows of the gate (half 0) or up
+           (half 1) projection of pair p's expert for p's token: ``gu[p, half I + 16 n + r]`` (f32).
+           It reads topk_ids, which the previous kernel may write, so it waits before anything.
+  act      ``h[p, i] = f16(silu(gu[p, i]) * gu[p, I + i])``, as moe_gemm's gate/up epilogue.
+  down     grid (D/16, P): 16 rows of pair p's w2 times h[p]: ``y[p, n] = w_p * acc``. Its weight
+           loads come before its wait (coherent loads, which ptxas keeps there): every kernel of
+           the four triggers its dependents only after its own wait, so once down runs the routing
+           is final.
+  combine  moe_align.make_combine_kernel (sum over pairs in fixed order; it waits first).
+
+Each GEMV block is int4_matmul's M = 1 block (int4_matmul.py explains the layout and the MMA), its
+KS warps splitting K with CPW chunks each, the row's sum in fixed warp order; activation columns
+past the first read the same row and are never stored. Ids outside [0, E) are read as expert 0 (so
+every load stays in bounds), their y is 0, and down flags them in ``meta[1]`` (gate/up clears it).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from numba import cuda, float32, uint16, uint32
+
+from .intrinsics import (
+    SIMULATED,
+    dequant_i4x8,
+    f32_to_h2,
+    griddep_launch_dependents,
+    griddep_wait,
+    h2_to_f32,
+    ld_once_v4,
+    ld_stream_v4,
+    ld_v4,
+    mma_16816,
+)
+
+ZERO = float32(0.0)
+
+
+def gemv_tiling(k: int, want_warps: int) -> tuple[int, int] | None:
+    """(KS warps, CPW chunks per warp) with KS * CPW = K/64 exactly, KS >= want_warps where possible
+    and CPW <= 16 (a warp's slice stays in registers); None if K/64 has no such split."""
+    kc = k // 64
+    fits = [d for d in range(1, 33) if kc % d == 0 and kc // d <= 16]
+    if not fits:
+        return None
+    ks = min((d for d in fits if d >= want_warps), default=max(fits))
+    return ks, kc // ks
+
+
+@functools.cache
+def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int):
+    """GATE_UP: the gate/up GEMV over the pair layout of prepare_moe (K = D); else the down GEMV
+    (K = I, x router weight, coherent weight loads before the wait)."""
+    KC = K // 64
+    NS = K // 32                   # scale groups per row
+    TILE_W = KC * 128              # uint32 words per 16-row tile
+    NRED = KS * 4 * 32
+    NWL, NSL = CPW * 4, CPW * 2
+    opts = {} if SIMULATED else {"max_registers": maxreg}
+
+    @cuda.jit(**opts)
+    def moe_gemv_kernel(dst, act, wq, sq, topk_ids, topk_w, meta, n_tok, k_top, n_routed, n16):
+        p = cuda.blockIdx.y
+        tile = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+        red = cuda.shared.array(NRED, float32)
+        if GATE_UP:
+            griddep_wait()                                    # topk_ids may be the previous kernel's
+            griddep_launch_dependents()                       # after the wait: the routing is final
+            if p == 0 and tile == 0 and tid == 0:
+                meta[1] = 0
+        tk = n_tok * k_top
+        if p < tk:
+            e = topk_ids[p]
+            ok = 0 <= e < n_routed
+            wgt = topk_w[p] if ok else ZERO
+            e = e if ok else 0
+            row = p // k_top
+        else:
+            e = n_routed + (p - tk) // n_tok
+            ok = True
+            wgt = float32(1.0)
+            row = (p - tk) % n_tok
+        if not GATE_UP:
+            row = p                                           # h holds one row per pair
+        mat = (e * n16 + (tile >> 1)) * 2 + (tile & 1) if GATE_UP else e * n16 + tile
+        c0 = warp * CPW
+        wbase = mat * TILE_W + c0 * 128 + lane * 4
+        sbase = (mat * NS + c0 * 2) * 8 + g
+        wl = cuda.local.array(NWL, uint32)
+        sl = cuda.local.array(NSL, uint32)
+        for ci in range(CPW):
+            if GATE_UP:
+                w = ld_stream_v4(wq, wbase + ci * 128)
+            else:
+                w = ld_once_v4(wq, wbase + ci * 128)
+            for j in range(4):
+                wl[ci * 4 + j] = w[j]
+            for j in range(2):
+                sl[ci * 2 + j] = sq[sbase + (ci * 2 + j) * 8]
+        if not GATE_UP:
+            griddep_wait()                                    # h is act's output
+            griddep_launch_dependents()
+            if not ok and tile == 0 and tid == 0:
+                meta[1] = 1
+        acc = cuda.local.array(4, float32)
+        for i in range(4):
+            acc[i] = ZERO
+        xb = row * K + c0 * 64 + 8 * t
+        for ci in range(CPW):
+            for h in range(2):
+                a = dequant_i4x8(wl[ci * 4 + 2 * h])
+                b = dequant_i4x8(wl[ci * 4 + 2 * h + 1])
+                s_lo, s_hi = h2_to_f32(sl[ci * 2 + h])
+                xv = ld_v4(act, xb + ci * 64 + 32 * h)
+                d = mma_16816(a[0], a[1], a[2], a[3], xv[0], xv[1], ZERO, ZERO, ZERO, ZERO)
+                d = mma_16816(b[0], b[1], b[2], b[3], xv[2], xv[3], d[0], d[1], d[2], d[3])
+                acc[0] += s_lo * d[0]
+                acc[1] += s_lo * d[1]
+                acc[2] += s_hi * d[2]
+                acc[3] += s_hi * d[3]
+        for i in range(4):
+            red[(warp * 4 + i) * 32 + lane] = acc[i]
+        cuda.syncthreads()
+        if tid < 16:                                          # row tid of the tile, activation column 0
+            r = 2 * (tid >> 3)                                # c0 (row g) or c2 (row g + 8) of lane 4 g
+            s = ZERO
+            for w_ in range(KS):
+                s += red[(w_ * 4 + r) * 32 + 4 * (tid & 7)]
+            if GATE_UP:
+                dst[(2 * p + (tile & 1)) * n16 * 16 + (tile >> 1) * 16 + tid] = s
+            else:
+                dst[p * n16 * 16 + tile * 16 + tid] = wgt * s
+
+    return moe_gemv_kernel
+
+
+@cuda.jit
+def moe_act_kernel(h, gu, width):
+    """``h[p, i] = f16(silu(gate) * up)`` (float16 bits) of ``gu[p] = [gate, up]``; grid (width/128, P)."""
+    griddep_wait()
+    griddep_launch_dependents()
+    p = cuda.blockIdx.y
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if i < width:
+        gv = gu[2 * p * width + i]
+        hv = gv / (float32(1.0) + math.exp(-gv)) * gu[(2 * p + 1) * width + i]
+        h[p * width + i] = uint16(f32_to_h2(hv, ZERO) & 0xFFFF)
