@@ -8,7 +8,8 @@ Rows of kernels.csv (one per case x implementation), all timed with CUDA events 
   CUDA graph (time per launch = replay / 64); a torch device copy of the same byte count, captured
   the same way, is the per-launch ceiling.
 - fused MoE at the K2 shape (384 experts + 1 shared, top-8, INT4 g32) for T = 1, 4, 16, 64 tokens:
-  ``fused_moe`` (4 launches, one graph, routing rotated over 8 random sets between replays),
+  ``fused_moe`` (4 launches, one graph, routing rotated over 8 random sets between replays; at T = 1
+  its default is the one-token GEMV path, and the stream-K tilings are timed beside it),
   against the floor = (unique experts touched + shared) x 24.77 MB at the copy bandwidth, and
   against an eager torch per-expert loop (tinygemm per projection).
 GB/s = bytes the implementation must move (weights + scales + activations + outputs) / median time;
