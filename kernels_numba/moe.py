@@ -91,7 +91,9 @@ def prepare_moe(w1, w1s, w3, w3s, w2, w2s, shared=None) -> MoEWeights:
 
 def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
                   config: dict | None = None) -> MoEWorkspace:
-    """Scratch for ``n_tok`` tokens; ``config`` (default ``choose_moe_config``) sizes the part buffer."""
+    """Scratch for ``n_tok`` tokens; ``config`` (default ``choose_moe_config``) sizes the part buffer
+    (for the default stream-K config where it is the GEMV path's) and whether the GEMV path's gate/up
+    buffer is there (always for one token)."""
     p = n_tok * (k_top + weights.n_shared)
     i, d, g = weights.w13.n, weights.w2.n, weights.w13.group_size
     stream = as_stream(stream)
