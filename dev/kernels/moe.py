@@ -112,7 +112,8 @@ def check_small(torch, v2):
         xd, idd, wd = (torch.from_numpy(a).cuda() for a in (x, idx.astype(np.int32), w.astype(np.float32)))
         nt_cfgs = [{"gu": (16, 1, 2, 2), "dn": (16, 1, 2, 4), "blocks": 132, "maxreg": 128},
                    {"gu": (16, 1, 3, 4), "dn": (16, 1, 2, 8), "blocks": 132, "maxreg": 128}]
-        for name, kcfg in [("v2", None), ("v3", None), ("v4 NT=2/4", nt_cfgs[0]), ("v4 NT=4/8", nt_cfgs[1])]:
+        for name, kcfg in [("v2", None), ("package", None), ("v4 NT=2/4", nt_cfgs[0]),
+                           ("v4 NT=4/8", nt_cfgs[1])]:
             out = torch.full((t, d), float("nan"), device="cuda")
             ws = moe_workspace(t, 4, mw, config=kcfg)
             if name == "v2":
