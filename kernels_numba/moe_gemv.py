@@ -5,8 +5,9 @@ S shared pseudo-experts, P = T*(K + S) pairs; pair p < T*K is (token p // K, exp
 weight topk_w.flat[p]), pair T*K + s*T + t is (token t, expert E + s, weight 1)); G = 32.
 
 At T = 1 every pair has its own expert, so there is nothing to align or to share between pairs, and
-the stream-K GEMMs (moe_gemm.py) pay for machinery that has no work: measured 93 us against 69 us
-for this path at K2 width (docs/perf.md). Four launches, all with PDL:
+the stream-K GEMMs (moe_gemm.py) pay for machinery that has no work: at K2 width this path ran
+72.4 us (73% of the floor) against 96.5 us for stream-K in one benchmark run (docs/perf.md). Four
+launches, all with PDL:
 
   gate_up  grid (2 I/16, P): block (2 n + half, p) computes 16 rows of the gate (half 0) or up
            (half 1) projection of pair p's expert for p's token: ``gu[p, half I + 16 n + r]`` (f32).
