@@ -117,6 +117,23 @@ def test_one_token_gemv_path():
     _check(cfg, 1, seed=32, group=64)
 
 
+def test_gemv_path_without_shared_experts_equals_stream_k():
+    """No shared experts (P = K pairs): the GEMV path against the stream-K one on the same inputs."""
+    cfg = preset("tiny")
+    d, i, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
+    rng = np.random.default_rng(51)
+    mats = [gen_quant4(n, k, 32, seed=int(rng.integers(1 << 30)))[1:] for n, k in [(i, d), (i, d), (d, i)]
+            for _ in range(e)]
+    st = [np.stack([m[j] for m in mats[q * e:(q + 1) * e]]) for q in range(3) for j in (0, 1)]
+    mw = prepare_moe(*st)
+    mw = mw if SIMULATED else mw.to_device()
+    x = dev(rng.standard_normal((1, d)).astype(np.float16))
+    ids, tw = dev(np.array([[5, 2]], np.int32)), dev(np.array([[0.7, 0.3]], np.float32))
+    got = fused_moe(x, ids, tw, mw, check_routing=True)
+    want = fused_moe(x, ids, tw, mw, config=SMALL, check_routing=True)
+    assert_close(host(got), host(want), rtol=2e-3, atol_rel=2e-3, what="no shared")
+
+
 def test_gemv_path_flags_bad_ids_and_clears_the_flag():
     cfg = preset("tiny")
     _, mw = _model(cfg, 9)
