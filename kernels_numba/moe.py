@@ -134,10 +134,8 @@ def _check_config(cfg, d: int, i: int, g: int = 32) -> dict:
 
 
 def _part_size(cfg: dict) -> int:
-    """Floats of the part buffer a config needs: 2 slots per block, NMAT 16 x 8 fragments per slot
-    (one float for the GEMV path, which has no split sums)."""
-    if "gemv" in cfg:
-        return 1
+    """Floats of the part buffer a stream-K config needs: 2 slots per block, NMAT 16 x 8 fragments
+    per slot."""
     return 2 * cfg["blocks"] * max(2 * cfg["gu"][3], cfg["dn"][3]) * 128
 
 
@@ -158,9 +156,10 @@ def choose_moe_config(d: int, i: int, tokens: int = 1, g: int = 32) -> dict:
     T = 1..64 (docs/perf.md). Stream-K balances any amount of work; only down changes with
     ``tokens``: 4 chunks per step and one n-tile per unit measured faster at T = 4 and 16 in four
     benchmark runs (slower at T = 64), so it is used for 2 <= T <= 16."""
-    gu_t, dn_t = gemv_tiling(d, 2 if SIMULATED else 8), gemv_tiling(i, 1 if SIMULATED else 4)
-    if tokens == 1 and g == 32 and gu_t and dn_t:
-        return {"gemv": True, "gu": gu_t, "dn": dn_t, "maxreg": 128}
+    if tokens == 1 and g == 32:
+        gu_t, dn_t = gemv_tiling(d, 2 if SIMULATED else 8), gemv_tiling(i, 1 if SIMULATED else 4)
+        if gu_t and dn_t:
+            return {"gemv": True, "gu": gu_t, "dn": dn_t, "maxreg": 128}
     return _stream_k_config(d, i, tokens)
 
 
