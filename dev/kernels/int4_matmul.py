@@ -351,21 +351,44 @@ _VARIANTS = {"v7": [], "v7 once": _ONCE}
 _TIMELINE_CFGS = {(2048, 7168): [(1, 16, 7), (1, 8, 14)], (7168, 2048): [(1, 4, 8), (1, 8, 4)]}
 
 
-def _variant_impls(extra=()):
-    """``_VARIANTS`` (each followed by the patches ``extra``) applied to the package module's source:
-    {name: int4_matmul of that variant}."""
+def _variant_impls(extra=(), variants=None, source=None):
+    """``variants`` (default ``_VARIANTS``; each followed by the patches ``extra``) applied to
+    ``source`` (default the package module's source): {name: int4_matmul of that variant}."""
     from pathlib import Path
 
     import kernels_numba.int4_matmul  # noqa: F401 - the module (the package's name is the function)
-    src = Path(sys.modules["kernels_numba.int4_matmul"].__file__).read_text()
+    src = source or Path(sys.modules["kernels_numba.int4_matmul"].__file__).read_text()
     impls = {}
-    for name, patches in _VARIANTS.items():
+    for name, patches in (_VARIANTS if variants is None else variants).items():
         text = src
         for old, new in [*patches, *extra]:
             assert old in text, (name, old)
             text = text.replace(old, new)
         impls[name] = _module_from("_int4_matmul_" + re.sub(r"\W", "_", name), text).int4_matmul
     return impls
+
+
+def check_print(rng, name, m, n, k, cfg, fn) -> bool:
+    """One check_against_reference line; True if it passed."""
+    err = check_against_reference(rng, m, n, k, 32, cfg, fn)
+    print(f"check {name} M={m} N={n} K={k} cfg={cfg}: rel err {err:.2e}", "OK" if err < 1e-4 else "FAIL")
+    return err < 1e-4
+
+
+def time_plans(torch, impls, plans, runs=lambda name, cfg: True):
+    """Per K2 shape of ``plans`` ({(N, K): [(M, config), ...]}) 64 random weights, then every
+    implementation ``runs`` allows at every (M, config), timed over them back to back."""
+    for (n, k), plan in plans.items():
+        ws = random_weights(n, k, 32, 64, torch)
+        for m, cfg in plan:
+            x = torch.randn(m, k, device="cuda").half()
+            outs = [torch.zeros(m, n, device="cuda") for _ in ws]
+            for name, fn in impls.items():
+                if runs(name, cfg):
+                    label = f"{name} N={n} K={k} M={m} cfg={cfg}"
+                    us = time_rotating(torch, fn, x, ws, outs, cfg, label)
+                    if us is not None:
+                        print(f"{label}: {us:.2f} us", flush=True)
 
 
 # --timeline: thread 0 of every block stamps the global timer at its start, after the wait and at its
@@ -448,10 +471,7 @@ def check_variants() -> int:
     bad = 0
     for name, fn in _variant_impls().items():
         for m, n, k, cfg in [(1, 16, 1024, (1, 2, 8)), (3, 32, 1024, (1, 4, 4)), (16, 16, 1024, (2, 2, 8))]:
-            err = check_against_reference(rng, m, n, k, 32, cfg, fn)
-            bad += err >= 1e-4
-            print(f"check {name} M={m} N={n} K={k} cfg={cfg}: rel err {err:.2e}",
-                  "OK" if err < 1e-4 else "FAIL")
+            bad += not check_print(rng, name, m, n, k, cfg, fn)
     return int(bad > 0)
 
 
@@ -466,22 +486,10 @@ def m16_ratio(torch):
                              (3, 2048, 7168, (1, 8, 14)), (1, 7168, 2048, (1, 8, 4)),
                              (16, 7168, 2048, (2, 4, 8)), (29, 7168, 2048, None), (29, 2048, 7168, None),
                              (61, 7168, 2048, None), (61, 2048, 7168, None)]:
-            err = check_against_reference(rng, m, n, k, 32, cfg, fn)
-            print(f"check {name} M={m} N={n} K={k} cfg={cfg}: rel err {err:.2e}",
-                  "OK" if err < 1e-4 else "FAIL")
-    count = 64
-    plans = {(2048, 7168): [(1, (1, 16, 7)), (1, (1, 8, 14)), (16, (2, 16, 7)), (32, None), (64, None)],
-             (7168, 2048): [(1, (1, 4, 8)), (1, (1, 8, 4)), (16, (2, 4, 8)), (32, None), (64, None)]}
-    for (n, k), plan in plans.items():
-        ws = random_weights(n, k, 32, count, torch)
-        for m, cfg in plan:
-            x = torch.randn(m, k, device="cuda").half()
-            outs = [torch.zeros(m, n, device="cuda") for _ in range(count)]
-            for name, fn in impls.items():
-                label = f"{name} N={n} K={k} M={m} cfg={cfg}"
-                us = time_rotating(torch, fn, x, ws, outs, cfg, label)
-                if us is not None:
-                    print(f"{label}: {us:.2f} us", flush=True)
+            check_print(rng, name, m, n, k, cfg, fn)
+    time_plans(torch, impls, {
+        (2048, 7168): [(1, (1, 16, 7)), (1, (1, 8, 14)), (16, (2, 16, 7)), (32, None), (64, None)],
+        (7168, 2048): [(1, (1, 4, 8)), (1, (1, 8, 4)), (16, (2, 4, 8)), (32, None), (64, None)]})
     return 0
 
 
@@ -505,33 +513,19 @@ def xs_sweep(torch):
 
     from kernels_numba import int4_matmul
     snap = Path(__file__).with_name("_int4_matmul_v12xs_snapshot.py.txt").read_text()
-    impls = {"package": int4_matmul}
     once = [*_ONCE, ("    ld_stream_v4,\n", "    ld_once_v4,\n    ld_stream_v4,\n")]   # its imports lack it
-    for name, patches in {"v12": [], "v12 pin": _PIN_XS, "v12 once": once}.items():
-        text = snap
-        for old, new in patches:
-            text = text.replace(old, new)
-        impls[name] = _module_from("_int4_matmul_" + re.sub(r"\W", "_", name), text).int4_matmul
+    impls = {"package": int4_matmul,
+             **_variant_impls(variants={"v12": [], "v12 pin": _PIN_XS, "v12 once": once}, source=snap)}
+
+    def runs(name, cfg):                                  # XS configs exist only in the snapshot
+        return cfg is None or name != "package"
     rng = np.random.default_rng(12)
     for (n, k), plan in _XS_PLANS.items():
         for m, cfg in plan:
             for name, fn in impls.items():
-                if cfg is None or name != "package":
-                    mc = max(m - 3, 1)                          # odd M inside the bucket
-                    err = check_against_reference(rng, mc, n, k, 32, cfg, fn)
-                    print(f"check {name} M={mc} N={n} K={k} cfg={cfg}: rel err {err:.2e}",
-                          "OK" if err < 1e-4 else "FAIL")
-    for (n, k), plan in _XS_PLANS.items():
-        ws = random_weights(n, k, 32, 64, torch)
-        for m, cfg in plan:
-            x = torch.randn(m, k, device="cuda").half()
-            outs = [torch.zeros(m, n, device="cuda") for _ in ws]
-            for name, fn in impls.items():
-                if cfg is None or name != "package":
-                    label = f"{name} N={n} K={k} M={m} cfg={cfg}"
-                    us = time_rotating(torch, fn, x, ws, outs, cfg, label)
-                    if us is not None:
-                        print(f"{label}: {us:.2f} us", flush=True)
+                if runs(name, cfg):
+                    check_print(rng, name, max(m - 3, 1), n, k, cfg, fn)   # odd M inside the bucket
+    time_plans(torch, impls, _XS_PLANS, runs)
     return 0
 
 
