@@ -37,25 +37,49 @@ from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, fl
 from .int4_layout import Int4Weight
 from .intrinsics import (
     SIMULATED,
+    bulk_copy_mc,
+    cluster_rank,
+    cluster_size,
+    cluster_sync,
     dequant_i4x8,
+    fence_mbar_init,
     griddep_launch_dependents,
     griddep_wait,
     griddep_wait_for,
     h2_to_f32,
     ld_once_v4,
+    ld_shared_v4,
     ld_stream_v4,
     ld_v4,
+    mbar_expect_tx,
+    mbar_init,
+    mbar_wait,
     mma_16816,
 )
 from .launch import launch
 
 MT_BUCKETS = (1, 2, 4, 8)          # m8 tiles per block: M <= 8, 16, 32, 64
 ZERO = float32(0.0)
+SHARED_MAX = 232448                # bytes of shared memory one block may have on sm_90 (227 KB)
+
+
+def _x_stage_layout(k: int, mt: int) -> tuple[int, int]:
+    """Staged x (XC > 0): words per row (K/2 + 16: 64 bytes of padding put rows g and g + 1 on other
+    banks, so ld.shared.v4 of a fragment is conflict-free) and the word of the first barrier."""
+    xrow = k // 2 + 16
+    return xrow, 8 * mt * xrow
+
+
+def x_stage_bytes(k: int, mt: int, cpw: int) -> int:
+    """Dynamic shared memory of an XC > 0 block: 8 MT staged x rows and one 8-byte barrier per stage
+    (CPW of them)."""
+    return _x_stage_layout(k, mt)[1] * 4 + 8 * cpw
 
 
 @functools.cache
-def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
-    """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
+def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XC: int = 0):
+    """Kernel factory: K, G and the tiling are compile-time constants (closure variables); XC > 0
+    stages x in shared memory, multicast to the XC blocks of a cluster (``x_stage_bytes``)."""
     KC = K // 64                   # 64-column chunks per weight row tile
     NS = K // G                    # scale groups per row
     TILE_W = KC * 128              # uint32 words per 16-row tile
@@ -68,6 +92,10 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
     NOUT = MT * 128                # outputs per block (16 rows x 8 MT columns)
     NTHR = KS * 32
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
+    XROW, XBAR = _x_stage_layout(K, MT)   # XC: staged x row stride and first barrier (shared words)
+    NRED_S = 0 if XC else NRED     # XC: the sum reuses the staged x (dynamic shared memory)
+    CSTEP = KS if XC else 1        # chunk c0 + ci * CSTEP is a warp's ci-th: XC strides them, so the
+                                   # ci-th chunks of all KS warps (stage ci) are one stretch of x
     NWL = CPW * 4                  # weight words held per lane
     NSL = CPW * SPC                # scale words held per lane
     # MT >= 2: <= 128 registers, 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave
@@ -85,7 +113,7 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
         lane = tid & 31
         g = lane >> 2
         t = lane & 3
-        red = cuda.shared.array(NRED, float32)
+        red = cuda.shared.array(NRED_S, float32)
         acc = cuda.local.array(NACC, float32)
         prt = cuda.local.array(NACC, float32)
         xb = cuda.local.array(MT, uint32)                     # first activation word index, per m8 tile
@@ -93,23 +121,28 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
         for i in range(NACC):
             acc[i] = ZERO
             prt[i] = ZERO
+        c0 = warp if XC else warp * CPW
+        if XC and tid < CPW:
+            mbar_init(red, XBAR + 2 * tid, 1)                 # one barrier per stage: its x has landed
         # phase 1: all 16-byte weight loads (and scale words) of this warp's slice in flight at
         # once; index math once, constant offsets inside the unrolled loop
         wl = cuda.local.array(NWL, uint32)
         sl = cuda.local.array(NSL, uint32)
-        c0 = warp * CPW
         wbase = tile * TILE_W + c0 * 128 + lane * 4
         sbase = (tile * NS + (c0 * 64) // G) * 8 + g
         for ci in range(CPW):
-            if EXACT or c0 + ci < KC:
+            if EXACT or c0 + ci * CSTEP < KC:
                 if ONCE:
-                    w = ld_once_v4(wq, wbase + ci * 128)
+                    w = ld_once_v4(wq, wbase + ci * CSTEP * 128)
                 else:
-                    w = ld_stream_v4(wq, wbase + ci * 128)
+                    w = ld_stream_v4(wq, wbase + ci * CSTEP * 128)
                 for j in range(4):
                     wl[ci * 4 + j] = w[j]
                 for j in range(SPC):
-                    sl[ci * SPC + j] = sq[sbase + ((ci * 64) // G + j) * 8]
+                    sl[ci * SPC + j] = sq[sbase + ((ci * CSTEP * 64) // G + j) * 8]
+        if XC:
+            fence_mbar_init()
+            cluster_sync()                                    # every barrier of the cluster is ready
         if PIN:                                               # x and out belong to the previous kernel
             pin = uint32(0)                                   # every word phase 1 loaded
             for j in range(NWL):
@@ -119,20 +152,38 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
             griddep_wait_for(pin)
         else:
             griddep_wait()
+        if XC:                                                # x rows m0.. to shared memory: warp w copies
+            nrk = cluster_size()                              # stages w, w + KS, ...; each row by one block
+            mine = lane < 8 * MT and (lane & (nrk - 1)) == cluster_rank()    # of the cluster, to all
+            for st in range(warp, CPW, KS):
+                if lane == 0:
+                    mbar_expect_tx(red, XBAR + 2 * st, 8 * MT * KS * 128)
+                if mine:
+                    row = min(m0 + lane, m_rows - 1)
+                    bulk_copy_mc(red, lane * XROW + st * KS * 32, x, row * K + st * KS * 64, KS * 128,
+                                 red, XBAR + 2 * st, (1 << nrk) - 1)
         for mt in range(MT):
             m = m0 + mt * 8 + g
             if MASK:
                 xm[mt] = uint32(0xFFFFFFFF) if m < m_rows else uint32(0)
-            xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t
+            if XC:                                            # word index in the staged rows
+                xb[mt] = (mt * 8 + g) * XROW + c0 * 32 + 4 * t
+            else:
+                xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t
         # phase 2: dequantize (exact), MMA, scale per group
         for ci in range(CPW):
-            if EXACT or c0 + ci < KC:
+            if EXACT or c0 + ci * CSTEP < KC:
+                if XC:
+                    mbar_wait(red, XBAR + 2 * ci, 0)
                 for h in range(2):
                     a = dequant_i4x8(wl[ci * 4 + 2 * h])
                     b = dequant_i4x8(wl[ci * 4 + 2 * h + 1])
                     s_lo, s_hi = h2_to_f32(sl[ci * SPC + h * (SPC - 1)])
                     for mt in range(MT):
-                        xv = ld_v4(x, xb[mt] + ci * 64 + 32 * h)
+                        if XC:
+                            xv = ld_shared_v4(red, xb[mt] + ci * KS * 32 + 16 * h)
+                        else:
+                            xv = ld_v4(x, xb[mt] + ci * 64 + 32 * h)
                         if MASK:
                             k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]
                         else:
@@ -154,6 +205,8 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int):
                             for r in range(4):
                                 prt[mt * 4 + r] = d[r]
         # the KS warps' partial tiles meet in shared memory; fixed-order sum, one output per thread
+        if XC:
+            cuda.syncthreads()                                # every warp is done with the staged x
         for i in range(NACC):
             red[(warp * NACC + i) * 32 + lane] = acc[i]
         cuda.syncthreads()
@@ -200,15 +253,17 @@ def choose_config(m: int, k: int, g: int = 32) -> tuple[int, int, int]:
     return mt, -(-kc // cpw), cpw
 
 
-def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int, int, int] | None = None,
+def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int, ...] | None = None,
                 pdl: bool = True):
     """``out [M, N] float32 = f16(x) @ W.T`` for a repacked W4A16 weight (``repack_int4``).
 
     ``x`` float16 ``[M, K]`` C-contiguous, 16-byte aligned, M >= 1; ``weight`` an ``Int4Weight``
     on the device (``.to_device()``); ``out`` optional float32 ``[M, N]`` (allocated if None).
     Accepts numba device arrays or torch CUDA tensors; launches on ``stream`` (numba stream,
-    torch stream or raw handle; None = default). ``config`` (MT, KS, CPW) overrides
-    ``choose_config``. ``pdl``: launch with programmatic dependent launch (``launch.py``), so the
+    torch stream or raw handle; None = default). ``config`` (MT, KS, CPW) or (MT, KS, CPW, XC)
+    overrides ``choose_config``; XC > 0 stages x in shared memory by bulk copies multicast to a
+    cluster of XC blocks (XC = 1: no cluster), so the L2 serves each x row once per cluster.
+    ``pdl``: launch with programmatic dependent launch (``launch.py``), so the
     weight loads overlap the previous kernel in the stream. Raises KernelInputError before launching
     on any bad input.
     """
@@ -227,13 +282,19 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     if out is None:
         out = empty((m, n), np.float32, stream)
     out = check(out, "out", np.float32, (m, n), align=4)
-    mt, ks, cpw = config or choose_config(m, k, gs)
+    mt, ks, cpw, xc = (*(config or choose_config(m, k, gs)), 0)[:4]
     if mt not in MT_BUCKETS or not 1 <= ks <= 32 or cpw < 1 or ks * cpw < k // 64 or (
             gs == 128 and cpw % 2 and ks > 1):
         raise KernelInputError(f"bad config MT={mt} KS={ks} CPW={cpw} for K={k} G={gs}")
     grid = (weight.n16, -(-m // (8 * mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
-    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw)
-    launch(kernel, grid, ks * 32, stream, (flat(out), flat(x), wq, sq, m, n), pdl)
+    shared = x_stage_bytes(k, mt, cpw) if xc else 0
+    if xc and (xc not in (1, 2, 4) or mt > 4 or gs > 64 or ks * cpw != k // 64 or grid[0] % xc
+               or shared > SHARED_MAX):
+        raise KernelInputError(f"bad staged-x config MT={mt} KS={ks} CPW={cpw} XC={xc} for N={n} K={k} "
+                               f"G={gs}: needs XC in 1/2/4, MT <= 4, G <= 64, KS*CPW = K/64, N/16 % XC = 0 "
+                               f"and {shared} <= {SHARED_MAX} bytes of shared memory")
+    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw, xc)
+    launch(kernel, grid, ks * 32, stream, (flat(out), flat(x), wq, sq, m, n), pdl, shared, max(xc, 1))
     return out

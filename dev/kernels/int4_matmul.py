@@ -1,7 +1,7 @@
 """Version ladder for the W4A16 GEMV/GEMM (style.md §2.4): validate every version, then time them.
 
 Run on a GPU:  python dev/kernels/int4_matmul.py [--quick | --ms M ...] [--ncu | --m16 | --ceiling
-                | --timeline DIR | --xs]
+                | --timeline DIR | --xs | --xc]
 Offline:       NUMBA_ENABLE_CUDASIM=1 python dev/kernels/int4_matmul.py --check
 Versions (docs/perf.md has predictions and measurements):
   s0  stream-only: the same 16-byte weight loads and grid, no math (the attainable rate per launch)
@@ -155,6 +155,9 @@ def main(argv=None) -> int:
                     "reference at small shapes (no torch; also in the simulator: NUMBA_ENABLE_CUDASIM=1)")
     ap.add_argument("--xs", action="store_true", help="M = 1 / 16 / 32: the package beside the v12 "
                     "snapshot (XS tiles per block, K split over XS blocks), each checked first")
+    ap.add_argument("--xc", action="store_true", help="v13: x staged in shared memory by bulk copies "
+                    "multicast to a cluster of XC blocks (4-tuple configs) beside the package's 3-tuple "
+                    "configs, checked first and after the timed chain")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
     args = ap.parse_args(argv)
@@ -165,6 +168,8 @@ def main(argv=None) -> int:
         return m16_ratio(torch)
     if args.xs:
         return xs_sweep(torch)
+    if args.xc:
+        return xc_sweep(torch)
     if args.ceiling:
         return ceiling(torch)
     if args.timeline:
@@ -526,6 +531,42 @@ def xs_sweep(torch):
                 if runs(name, cfg):
                     check_print(rng, name, max(m - 3, 1), n, k, cfg, fn)   # odd M inside the bucket
     time_plans(torch, impls, _XS_PLANS, runs)
+    return 0
+
+
+
+# --xc (session 13): v13 stages x in shared memory (XC > 0 in a 4-tuple config): the ci-th chunks of all
+# KS warps are one stretch of x (strided chunks), copied per row by bulk copies (cp.async.bulk) that one
+# block of a cluster of XC multicasts to all of them, one mbarrier per stretch; XC = 1 stages without a
+# cluster. At gate M = 16 each of 128 blocks reads all 229 KB of x from L2 (2.1 of 6.05 us, x-aliased
+# timing); multicast divides the L2's x traffic by XC
+_XC_PLANS = {(2048, 7168): [(1, (1, 16, 7)), (1, (1, 16, 7, 2)), (16, (2, 16, 7)), (16, (2, 16, 7, 1)),
+                            (16, (2, 16, 7, 2)), (16, (2, 16, 7, 4))],
+             (7168, 2048): [(1, (1, 4, 8)), (16, (2, 4, 8)), (16, (2, 4, 8, 1)), (16, (2, 4, 8, 2)),
+                            (16, (2, 4, 8, 4)), (32, (4, 4, 8)), (32, (4, 4, 8, 2))]}
+
+
+def xc_sweep(torch):
+    """_XC_PLANS: each config checked against the reference (odd M inside its bucket), timed over 64
+    weights back to back, and its chained outputs then compared with the package default's."""
+    from kernels_numba import int4_matmul
+    rng = np.random.default_rng(13)
+    for (n, k), plan in _XC_PLANS.items():
+        for m, cfg in plan:
+            for mm in sorted({m, max(m - 3, 1)}):
+                check_print(rng, "v13", mm, n, k, cfg, int4_matmul)
+    for (n, k), plan in _XC_PLANS.items():
+        ws = random_weights(n, k, 32, 64, torch)
+        for m, cfg in plan:
+            x = torch.randn(m, k, device="cuda").half()
+            outs = [torch.full((m, n), float("nan"), device="cuda") for _ in ws]
+            label = f"v13 N={n} K={k} M={m} cfg={cfg}"
+            us = time_rotating(torch, int4_matmul, x, ws, outs, cfg, label)
+            if us is None:
+                continue
+            ref = torch.stack([int4_matmul(x, w) for w in ws])
+            err = float(((torch.stack(outs) - ref).abs().max() / ref.abs().max()).nan_to_num(1e9))
+            print(f"{label}: {us:.2f} us, chained outputs vs default rel err {err:.1e}", flush=True)
     return 0
 
 
