@@ -540,37 +540,66 @@ def xs_sweep(torch):
 # block of a cluster of XC multicasts to all of them, one mbarrier per stretch; XC = 1 stages without a
 # cluster. At gate M = 16 each of 128 blocks reads all 229 KB of x from L2 (2.1 of 6.05 us, x-aliased
 # timing); multicast divides the L2's x traffic by XC
-_XC_PLANS = {(2048, 7168): [(1, (1, 16, 7)), (1, (1, 16, 7, 2)), (16, (2, 16, 7)), (16, (2, 16, 7, 1)),
-                            (16, (2, 16, 7, 2)), (16, (2, 16, 7, 4))],
-             (7168, 2048): [(1, (1, 4, 8)), (16, (2, 4, 8)), (16, (2, 4, 8, 1)), (16, (2, 4, 8, 2)),
-                            (16, (2, 4, 8, 4)), (32, (4, 4, 8)), (32, (4, 4, 8, 2))]}
+_XC_PLANS = {(2048, 7168): [(1, (1, 16, 7)), (1, (1, 16, 7, 1)), (1, (1, 16, 7, 2)), (16, (2, 16, 7)),
+                            (16, (2, 16, 7, 1)), (16, (2, 16, 7, 2)), (16, (2, 16, 7, 4))],
+             (7168, 2048): [(1, (1, 4, 8)), (16, (2, 4, 8)), (16, (2, 4, 8, 2))]}
+
+
+# v13 as first built (session 13, ladder/int4_xc_h200.log): warp w issued the copies of stage w (all
+# stages in flight at once), every one of the 8 MT rows copied (rows past M repeat row M - 1)
+_XC_BY_WARP = """        if XC:
+            nrk = cluster_size()
+            mine = lane < 8 * MT and (lane & (nrk - 1)) == cluster_rank()
+            for st in range(warp, CPW, KS):
+                if lane == 0:
+                    mbar_expect_tx(red, XBAR + 2 * st, 8 * MT * KS * 128)
+                if mine:
+                    row = min(m0 + lane, m_rows - 1)
+                    bulk_copy_mc(red, lane * XROW + st * KS * 32, x, row * K + st * KS * 64, KS * 128,
+                                 red, XBAR + 2 * st, (1 << nrk) - 1)
+"""
+
+
+def _xc_by_warp():
+    """The patch from the package's staging block (up to _WAITED) to _XC_BY_WARP."""
+    from pathlib import Path
+
+    import kernels_numba.int4_matmul  # noqa: F401 - the module (the package's name is the function)
+    src = Path(sys.modules["kernels_numba.int4_matmul"].__file__).read_text()
+    i = src.index("        if XC and warp == 0:")
+    return [(src[i:src.index(_WAITED, i)], _XC_BY_WARP)]
 
 
 def xc_sweep(torch):
-    """_XC_PLANS: each config checked against the reference (odd M inside its bucket), timed over 64
-    weights back to back, and its chained outputs then compared with the package default's."""
+    """_XC_PLANS: v13 as built now and as first built (_XC_BY_WARP), each config checked against the
+    reference (odd M inside its bucket), timed over 64 weights back to back, and its chained outputs
+    then compared with the package default's."""
     from kernels_numba import int4_matmul
+    impls = {"v13": int4_matmul, **_variant_impls(variants={"v13 by warp": _xc_by_warp()})}
     rng = np.random.default_rng(13)
     for (n, k), plan in _XC_PLANS.items():
         for m, cfg in plan:
-            for mm in sorted({m, max(m - 3, 1)}):
-                check_print(rng, "v13", mm, n, k, cfg, int4_matmul)
+            for name, fn in impls.items():
+                for mm in sorted({m, max(m - 3, 1)}):
+                    check_print(rng, name, mm, n, k, cfg, fn)
     for (n, k), plan in _XC_PLANS.items():
         ws = random_weights(n, k, 32, 64, torch)
         for m, cfg in plan:
             x = torch.randn(m, k, device="cuda").half()
-            outs = [torch.full((m, n), float("nan"), device="cuda") for _ in ws]
-            label = f"v13 N={n} K={k} M={m} cfg={cfg}"
-            us = time_rotating(torch, int4_matmul, x, ws, outs, cfg, label)
-            if us is None:
-                continue
             ref = torch.stack([torch.zeros(m, n, device="cuda") for _ in ws])
             for w, r in zip(ws, ref, strict=True):
                 int4_matmul(x, w, out=r)
-            err = float(((torch.stack(outs) - ref).abs().max() / ref.abs().max()).nan_to_num(1e9))
-            print(f"{label}: {us:.2f} us, chained outputs vs default rel err {err:.1e}", flush=True)
+            for name, fn in impls.items():
+                if len(cfg) < 4 and name != "v13":
+                    continue
+                outs = [torch.full((m, n), float("nan"), device="cuda") for _ in ws]
+                label = f"{name} N={n} K={k} M={m} cfg={cfg}"
+                us = time_rotating(torch, fn, x, ws, outs, cfg, label)
+                if us is None:
+                    continue
+                err = float(((torch.stack(outs) - ref).abs().max() / ref.abs().max()).nan_to_num(1e9))
+                print(f"{label}: {us:.2f} us, chained outputs vs default rel err {err:.1e}", flush=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
