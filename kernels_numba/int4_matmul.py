@@ -152,16 +152,18 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XC: int 
             griddep_wait_for(pin)
         else:
             griddep_wait()
-        if XC and warp == 0:                                  # x rows m0.. (< M) to shared memory, stage
-            nrows = min(8 * MT, m_rows - m0)                  # by stage; each row by one block of the
-            nrk = cluster_size()                              # cluster, multicast to all of them
-            if lane == 0:
+        if XC:                                                # x rows m0.. (< M) to shared memory: lane 0
+            nrows = min(8 * MT, m_rows - m0)                  # of warp w copies rows w, w + KS, ..., each
+            nrk = cluster_size()                              # stage by stage, and multicasts them to the
+            if tid == 0:                                      # cluster (each row by one of its blocks)
                 for st in range(CPW):
                     mbar_expect_tx(red, XBAR + 2 * st, nrows * KS * 128)
-            if lane < nrows and (lane & (nrk - 1)) == cluster_rank():
-                for st in range(CPW):
-                    bulk_copy_mc(red, lane * XROW + st * KS * 32, x, (m0 + lane) * K + st * KS * 64,
-                                 KS * 128, red, XBAR + 2 * st, (1 << nrk) - 1)
+            if lane == 0:
+                for row in range(warp, nrows, KS):
+                    if (row & (nrk - 1)) == cluster_rank():
+                        for st in range(CPW):
+                            bulk_copy_mc(red, row * XROW + st * KS * 32, x, (m0 + row) * K + st * KS * 64,
+                                         KS * 128, red, XBAR + 2 * st, (1 << nrk) - 1)
         for mt in range(MT):
             m = m0 + mt * 8 + g
             if MASK:

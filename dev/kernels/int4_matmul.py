@@ -560,22 +560,37 @@ _XC_BY_WARP = """        if XC:
 """
 
 
-def _xc_by_warp():
-    """The patch from the package's staging block (up to _WAITED) to _XC_BY_WARP."""
+# the second build (session 13, ladder/int4_xc2_h200.log): lanes of warp 0 issue every copy, stage by stage
+_XC_ONE_WARP = """        if XC and warp == 0:
+            nrows = min(8 * MT, m_rows - m0)
+            nrk = cluster_size()
+            if lane == 0:
+                for st in range(CPW):
+                    mbar_expect_tx(red, XBAR + 2 * st, nrows * KS * 128)
+            if lane < nrows and (lane & (nrk - 1)) == cluster_rank():
+                for st in range(CPW):
+                    bulk_copy_mc(red, lane * XROW + st * KS * 32, x, (m0 + lane) * K + st * KS * 64,
+                                 KS * 128, red, XBAR + 2 * st, (1 << nrk) - 1)
+"""
+
+
+def _xc_patch(text):
+    """The patch from the package's staging block (up to _WAITED) to ``text``."""
     from pathlib import Path
 
     import kernels_numba.int4_matmul  # noqa: F401 - the module (the package's name is the function)
     src = Path(sys.modules["kernels_numba.int4_matmul"].__file__).read_text()
-    i = src.index("        if XC and warp == 0:")
-    return [(src[i:src.index(_WAITED, i)], _XC_BY_WARP)]
+    i = src.index("# x rows m0..") - 62
+    return [(src[i:src.index(_WAITED, i)], text)]
 
 
 def xc_sweep(torch):
-    """_XC_PLANS: v13 as built now and as first built (_XC_BY_WARP), each config checked against the
-    reference (odd M inside its bucket), timed over 64 weights back to back, and its chained outputs
-    then compared with the package default's."""
+    """_XC_PLANS: v13 as built now and its earlier builds (_XC_ONE_WARP, _XC_BY_WARP), each config
+    checked against the reference (odd M inside its bucket), timed over 64 weights back to back, and
+    its chained outputs then compared with the package default's."""
     from kernels_numba import int4_matmul
-    impls = {"v13": int4_matmul, **_variant_impls(variants={"v13 by warp": _xc_by_warp()})}
+    impls = {"v13": int4_matmul, **_variant_impls(variants={"v13 one warp": _xc_patch(_XC_ONE_WARP),
+                                                        "v13 by warp": _xc_patch(_XC_BY_WARP)})}
     rng = np.random.default_rng(13)
     for (n, k), plan in _XC_PLANS.items():
         for m, cfg in plan:
