@@ -1,7 +1,7 @@
 """Version ladder for the W4A16 GEMV/GEMM (style.md §2.4): validate every version, then time them.
 
 Run on a GPU:  python dev/kernels/int4_matmul.py [--quick | --ms M ...] [--ncu | --m16 | --ceiling
-                | --timeline DIR | --xs | --xc]
+                | --timeline DIR | --xs | --xc | --dedup]
 Offline:       NUMBA_ENABLE_CUDASIM=1 python dev/kernels/int4_matmul.py --check
 Versions (docs/perf.md has predictions and measurements):
   s0  stream-only: the same 16-byte weight loads and grid, no math (the attainable rate per launch)
@@ -158,6 +158,8 @@ def main(argv=None) -> int:
     ap.add_argument("--xc", action="store_true", help="v13: x staged in shared memory by bulk copies "
                     "multicast to a cluster of XC blocks (4-tuple configs) beside the package's 3-tuple "
                     "configs, checked first and after the timed chain")
+    ap.add_argument("--dedup", action="store_true", help="timing only: blocks of 2 tiles x half of K, so "
+                    "that warp pairs read the same x (L1), without and with a cluster barrier (_DEDUP)")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
     args = ap.parse_args(argv)
@@ -170,6 +172,8 @@ def main(argv=None) -> int:
         return xs_sweep(torch)
     if args.xc:
         return xc_sweep(torch)
+    if args.dedup:
+        return dedup_probe(torch)
     if args.ceiling:
         return ceiling(torch)
     if args.timeline:
@@ -615,6 +619,33 @@ def xc_sweep(torch):
                 err = float(((torch.stack(outs) - ref).abs().max() / ref.abs().max()).nan_to_num(1e9))
                 print(f"{label}: {us:.2f} us, chained outputs vs default rel err {err:.1e}", flush=True)
     return 0
+
+
+# --dedup (session 13, timing only: the halves are not summed, results wrong): v13's runs showed that
+# multicast does not cut the x cost once copies issue fast (row-warps: XC = 1 6.28, XC = 2 6.23 us), so
+# the limit is each SM taking in all 229 KB of x. Here block b computes tiles b & ~1 and (b & ~1) + 1
+# over half b & 1 of K: warp w and w + KS / 2 read the same x (the second from L1), so each SM takes in
+# half of x; "+ cluster" also launches clusters of 2 and adds the cluster barrier a DSMEM exchange of
+# the halves would need
+_DEDUP = [("        tile = cuda.blockIdx.x                                # 16 output rows\n", ""),
+          ("        t = lane & 3\n",
+           "        t = lane & 3\n        tile = (cuda.blockIdx.x & ~1) + warp // (KS // 2)\n"),
+          ("        c0 = warp if XC else warp * CPW\n",
+           "        c0 = (cuda.blockIdx.x & 1) * (KC // 2) + (warp % (KS // 2)) * CPW\n")]
+_RED_DONE = "        cuda.syncthreads()\n        for o in range(tid, NOUT, NTHR):"
+_DEDUP_CLUSTER = [(_RED_DONE, _RED_DONE.replace("\n", "\n        cluster_sync()\n", 1)),
+                  ("pdl, shared, max(xc, 1))", "pdl, shared, 2)")]
+
+
+def dedup_probe(torch):
+    impls = {"v7": _variant_impls(variants={"v7": []})["v7"],
+             **_variant_impls(variants={"dedup (timing only)": _DEDUP,
+                                        "dedup + cluster (timing only)": _DEDUP + _DEDUP_CLUSTER,
+                                        "v13 one warp": _xc_patch(_XC_ONE_WARP)})}
+    plans = {(2048, 7168): [(1, (1, 16, 7)), (16, (2, 16, 7)), (16, (2, 16, 7, 2))]}
+    time_plans(torch, impls, plans, lambda name, cfg: (len(cfg) == 4) == name.startswith("v13"))
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
