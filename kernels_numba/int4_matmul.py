@@ -37,49 +37,30 @@ from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, fl
 from .int4_layout import Int4Weight
 from .intrinsics import (
     SIMULATED,
-    bulk_copy_mc,
-    cluster_rank,
-    cluster_size,
-    cluster_sync,
+    cluster_arrive,
+    cluster_arrive_relaxed,
+    cluster_wait,
     dequant_i4x8,
-    fence_mbar_init,
     griddep_launch_dependents,
     griddep_wait,
     griddep_wait_for,
     h2_to_f32,
     ld_once_v4,
-    ld_shared_v4,
     ld_stream_v4,
     ld_v4,
-    mbar_expect_tx,
-    mbar_init,
-    mbar_wait,
     mma_16816,
+    st_cluster_f32,
 )
 from .launch import launch
 
 MT_BUCKETS = (1, 2, 4, 8)          # m8 tiles per block: M <= 8, 16, 32, 64
 ZERO = float32(0.0)
-SHARED_MAX = 232448                # bytes of shared memory one block may have on sm_90 (227 KB)
-
-
-def _x_stage_layout(k: int, mt: int) -> tuple[int, int]:
-    """Staged x (XC > 0): words per row (K/2 + 16: 64 bytes of padding put rows g and g + 1 on other
-    banks, so ld.shared.v4 of a fragment is conflict-free) and the word of the first barrier."""
-    xrow = k // 2 + 16
-    return xrow, 8 * mt * xrow
-
-
-def x_stage_bytes(k: int, mt: int, cpw: int) -> int:
-    """Dynamic shared memory of an XC > 0 block: 8 MT staged x rows and one 8-byte barrier per stage
-    (CPW of them)."""
-    return _x_stage_layout(k, mt)[1] * 4 + 8 * cpw
 
 
 @functools.cache
-def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XC: int = 0):
-    """Kernel factory: K, G and the tiling are compile-time constants (closure variables); XC > 0
-    stages x in shared memory, multicast to the XC blocks of a cluster (``x_stage_bytes``)."""
+def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, KP: int = 0):
+    """Kernel factory: K, G and the tiling are compile-time constants (closure variables). KP = 2: tile
+    pairs, each block of a cluster of 2 computing both tiles over its half of K (``PAIRED``)."""
     KC = K // 64                   # 64-column chunks per weight row tile
     NS = K // G                    # scale groups per row
     TILE_W = KC * 128              # uint32 words per 16-row tile
@@ -92,11 +73,12 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XC: int 
     NOUT = MT * 128                # outputs per block (16 rows x 8 MT columns)
     NTHR = KS * 32
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
-    XROW, XBAR = _x_stage_layout(K, MT)   # XC: staged x row stride and first barrier (shared words)
-    NRED_S = 0 if XC else NRED     # XC: the sum reuses the staged x (dynamic shared memory)
-    CSTEP = KS if XC else 1        # chunk c0 + ci * CSTEP is a warp's ci-th: XC strides them, so the
-                                   # ci-th chunks of all KS warps (stage ci) are one stretch of x
     NWL = CPW * 4                  # weight words held per lane
+    NTW = KS // 2 if KP else KS    # warps per 16-row tile
+    # K halves a block computes: KP on the GPU runs in clusters of 2 (one half each); the simulator's
+    # clusters have one block, which computes both (a compile-time trip count keeps the GPU build
+    # straight-line: with a runtime one ptxas moved 5 of 7 weight loads past the wait, offline SASS)
+    NHB = 2 if KP and SIMULATED else 1
     NSL = CPW * SPC                # scale words held per lane
     # MT >= 2: <= 128 registers, 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave
     # at M = 16 (uncapped it took 192 registers: 2 waves, 6.34 vs 5.42 us); no config spills at 128
@@ -106,14 +88,21 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XC: int 
     @cuda.jit(**opts)
     def int4_matmul_kernel(out, x, wq, sq, m_rows, n_rows):
         griddep_launch_dependents()                           # the next kernel may start its weight loads
-        tile = cuda.blockIdx.x                                # 16 output rows
         m0 = cuda.blockIdx.y * (8 * MT)                       # first activation row of this block
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
         g = lane >> 2
         t = lane & 3
-        red = cuda.shared.array(NRED_S, float32)
+        if KP:                                                # a tile pair: warp w computes tile w // NTW
+            cluster_arrive_relaxed()                          # (see the exchange below)
+            half = cuda.blockIdx.x & 1                        # this block's half of K (its cluster rank)
+            tile = (cuda.blockIdx.x & ~1) + warp // NTW       # 16 weight rows
+        else:
+            tile = cuda.blockIdx.x
+            half = 0
+        red = cuda.shared.array(NRED, float32)
+        inbox = cuda.shared.array(NOUT if KP else 1, float32)   # KP: the other block's half of my tile
         acc = cuda.local.array(NACC, float32)
         prt = cuda.local.array(NACC, float32)
         xb = cuda.local.array(MT, uint32)                     # first activation word index, per m8 tile
@@ -121,105 +110,100 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, XC: int 
         for i in range(NACC):
             acc[i] = ZERO
             prt[i] = ZERO
-        c0 = warp if XC else warp * CPW
-        if XC and tid < CPW:
-            mbar_init(red, XBAR + 2 * tid, 1)                 # one barrier per stage: its x has landed
-        # phase 1: all 16-byte weight loads (and scale words) of this warp's slice in flight at
-        # once; index math once, constant offsets inside the unrolled loop
-        wl = cuda.local.array(NWL, uint32)
-        sl = cuda.local.array(NSL, uint32)
-        wbase = tile * TILE_W + c0 * 128 + lane * 4
-        sbase = (tile * NS + (c0 * 64) // G) * 8 + g
-        for ci in range(CPW):
-            if EXACT or c0 + ci * CSTEP < KC:
-                if ONCE:
-                    w = ld_once_v4(wq, wbase + ci * CSTEP * 128)
-                else:
-                    w = ld_stream_v4(wq, wbase + ci * CSTEP * 128)
-                for j in range(4):
-                    wl[ci * 4 + j] = w[j]
-                for j in range(SPC):
-                    sl[ci * SPC + j] = sq[sbase + ((ci * CSTEP * 64) // G + j) * 8]
-        if XC:
-            fence_mbar_init()
-            cluster_sync()                                    # every barrier of the cluster is ready
-        if PIN:                                               # x and out belong to the previous kernel
-            pin = uint32(0)                                   # every word phase 1 loaded
-            for j in range(NWL):
-                pin ^= wl[j]
-            for j in range(NSL):
-                pin ^= sl[j]
-            griddep_wait_for(pin)
-        else:
-            griddep_wait()
-        if XC:                                                # x rows m0.. (< M) to shared memory: lane 0
-            nrows = min(8 * MT, m_rows - m0)                  # of warp w copies rows w, w + KS, ..., each
-            nrk = cluster_size()                              # stage by stage, and multicasts them to the
-            if tid == 0:                                      # cluster (each row by one of its blocks)
-                for st in range(CPW):
-                    mbar_expect_tx(red, XBAR + 2 * st, nrows * KS * 128)
-            if lane == 0:
-                for row in range(warp, nrows, KS):
-                    if (row & (nrk - 1)) == cluster_rank():
-                        for st in range(CPW):
-                            bulk_copy_mc(red, row * XROW + st * KS * 32, x, (m0 + row) * K + st * KS * 64,
-                                         KS * 128, red, XBAR + 2 * st, (1 << nrk) - 1)
-        for mt in range(MT):
-            m = m0 + mt * 8 + g
-            if MASK:
-                xm[mt] = uint32(0xFFFFFFFF) if m < m_rows else uint32(0)
-            if XC:                                            # word index in the staged rows
-                xb[mt] = (mt * 8 + g) * XROW + c0 * 32 + 4 * t
+        for j in range(NHB):                                  # this block's halves of K (see NHB)
+            hv = j if NHB > 1 else half
+            # phase 1: all 16-byte weight loads (and scale words) of this warp's slice in flight at
+            # once; index math once, constant offsets inside the unrolled loop
+            wl = cuda.local.array(NWL, uint32)
+            sl = cuda.local.array(NSL, uint32)
+            c0 = hv * (KC // 2) + (warp % NTW) * CPW if KP else warp * CPW
+            wbase = tile * TILE_W + c0 * 128 + lane * 4
+            sbase = (tile * NS + (c0 * 64) // G) * 8 + g
+            for ci in range(CPW):
+                if EXACT or c0 + ci < KC:
+                    if ONCE:
+                        w = ld_once_v4(wq, wbase + ci * 128)
+                    else:
+                        w = ld_stream_v4(wq, wbase + ci * 128)
+                    for j in range(4):
+                        wl[ci * 4 + j] = w[j]
+                    for j in range(SPC):
+                        sl[ci * SPC + j] = sq[sbase + ((ci * 64) // G + j) * 8]
+            if PIN:                                               # x and out belong to the previous kernel
+                pin = uint32(0)                                   # every word phase 1 loaded
+                for j in range(NWL):
+                    pin ^= wl[j]
+                for j in range(NSL):
+                    pin ^= sl[j]
+                griddep_wait_for(pin)
             else:
+                griddep_wait()
+            for mt in range(MT):
+                m = m0 + mt * 8 + g
+                if MASK:
+                    xm[mt] = uint32(0xFFFFFFFF) if m < m_rows else uint32(0)
                 xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t
-        # phase 2: dequantize (exact), MMA, scale per group
-        for ci in range(CPW):
-            if EXACT or c0 + ci * CSTEP < KC:
-                if XC:
-                    mbar_wait(red, XBAR + 2 * ci, 0)
-                for h in range(2):
-                    a = dequant_i4x8(wl[ci * 4 + 2 * h])
-                    b = dequant_i4x8(wl[ci * 4 + 2 * h + 1])
-                    s_lo, s_hi = h2_to_f32(sl[ci * SPC + h * (SPC - 1)])
-                    for mt in range(MT):
-                        if XC:
-                            xv = ld_shared_v4(red, xb[mt] + ci * KS * 32 + 16 * h)
-                        else:
+            # phase 2: dequantize (exact), MMA, scale per group
+            for ci in range(CPW):
+                if EXACT or c0 + ci < KC:
+                    for h in range(2):
+                        a = dequant_i4x8(wl[ci * 4 + 2 * h])
+                        b = dequant_i4x8(wl[ci * 4 + 2 * h + 1])
+                        s_lo, s_hi = h2_to_f32(sl[ci * SPC + h * (SPC - 1)])
+                        for mt in range(MT):
                             xv = ld_v4(x, xb[mt] + ci * 64 + 32 * h)
-                        if MASK:
-                            k0, k1, k2, k3 = xv[0] & xm[mt], xv[1] & xm[mt], xv[2] & xm[mt], xv[3] & xm[mt]
-                        else:
-                            k0, k1, k2, k3 = xv[0], xv[1], xv[2], xv[3]
-                        if G == 32:                           # one group per half: start from zero
-                            d = mma_16816(a[0], a[1], a[2], a[3], k0, k1, ZERO, ZERO, ZERO, ZERO)
-                        else:
-                            d = mma_16816(a[0], a[1], a[2], a[3], k0, k1, prt[mt * 4], prt[mt * 4 + 1],
-                                          prt[mt * 4 + 2], prt[mt * 4 + 3])
-                        d = mma_16816(b[0], b[1], b[2], b[3], k2, k3, d[0], d[1], d[2], d[3])
-                        if G == 32 or h == 1:                 # end of a group (or of a chunk, G > 64)
-                            acc[mt * 4 + 0] += s_lo * d[0]
-                            acc[mt * 4 + 1] += s_lo * d[1]
-                            acc[mt * 4 + 2] += s_hi * d[2]
-                            acc[mt * 4 + 3] += s_hi * d[3]
-                            for r in range(4):
-                                prt[mt * 4 + r] = ZERO
-                        else:
-                            for r in range(4):
-                                prt[mt * 4 + r] = d[r]
+                            if MASK:
+                                msk = xm[mt]
+                                k0, k1, k2, k3 = xv[0] & msk, xv[1] & msk, xv[2] & msk, xv[3] & msk
+                            else:
+                                k0, k1, k2, k3 = xv[0], xv[1], xv[2], xv[3]
+                            if G == 32:                           # one group per half: start from zero
+                                d = mma_16816(a[0], a[1], a[2], a[3], k0, k1, ZERO, ZERO, ZERO, ZERO)
+                            else:
+                                d = mma_16816(a[0], a[1], a[2], a[3], k0, k1, prt[mt * 4], prt[mt * 4 + 1],
+                                              prt[mt * 4 + 2], prt[mt * 4 + 3])
+                            d = mma_16816(b[0], b[1], b[2], b[3], k2, k3, d[0], d[1], d[2], d[3])
+                            if G == 32 or h == 1:                 # end of a group (or of a chunk, G > 64)
+                                acc[mt * 4 + 0] += s_lo * d[0]
+                                acc[mt * 4 + 1] += s_lo * d[1]
+                                acc[mt * 4 + 2] += s_hi * d[2]
+                                acc[mt * 4 + 3] += s_hi * d[3]
+                                for r in range(4):
+                                    prt[mt * 4 + r] = ZERO
+                            else:
+                                for r in range(4):
+                                    prt[mt * 4 + r] = d[r]
         # the KS warps' partial tiles meet in shared memory; fixed-order sum, one output per thread
-        if XC:
-            cuda.syncthreads()                                # every warp is done with the staged x
         for i in range(NACC):
             red[(warp * NACC + i) * 32 + lane] = acc[i]
         cuda.syncthreads()
-        for o in range(tid, NOUT, NTHR):
-            s = ZERO
-            for w_ in range(KS):
-                s += red[(w_ * NACC + (o >> 5)) * 32 + (o & 31)]
+        if KP:                                                # each block sums its half for both tiles,
+            own = ZERO                                        # sends the other tile's to the other block
+            o = tid                                           # (DSMEM) and adds the half it receives:
+            cluster_wait()                                    # the other block has started (arrive above)
+            if o < NOUT:                                      # out = half 0 + half 1 in both (exact order)
+                for w_ in range(NTW):
+                    own += red[((half * NTW + w_) * NACC + (o >> 5)) * 32 + (o & 31)]
+                if NHB == 1:
+                    p = ZERO
+                    for w_ in range(NTW):
+                        p += red[(((half ^ 1) * NTW + w_) * NACC + (o >> 5)) * 32 + (o & 31)]
+                    st_cluster_f32(inbox, o, half ^ 1, p)
+            cluster_arrive()
+            cluster_wait()
+            if o < NOUT and NHB == 1:
+                own += inbox[o]
+        for o in range(tid, NOUT if KP == 0 else min(NOUT, NTHR), NTHR):
+            if KP:
+                s = own
+            else:
+                s = ZERO
+                for w_ in range(KS):
+                    s += red[(w_ * NACC + (o >> 5)) * 32 + (o & 31)]
             mt = o >> 7
             r = (o >> 5) & 3
             ln = o & 31
-            n = tile * 16 + (ln >> 2) + 8 * (r >> 1)
+            n = cuda.blockIdx.x * 16 + (ln >> 2) + 8 * (r >> 1)
             m = m0 + mt * 8 + 2 * (ln & 3) + (r & 1)
             if n < n_rows and m < m_rows:
                 out[m * n_rows + n] = s
@@ -262,9 +246,8 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     ``x`` float16 ``[M, K]`` C-contiguous, 16-byte aligned, M >= 1; ``weight`` an ``Int4Weight``
     on the device (``.to_device()``); ``out`` optional float32 ``[M, N]`` (allocated if None).
     Accepts numba device arrays or torch CUDA tensors; launches on ``stream`` (numba stream,
-    torch stream or raw handle; None = default). ``config`` (MT, KS, CPW) or (MT, KS, CPW, XC)
-    overrides ``choose_config``; XC > 0 stages x in shared memory by bulk copies multicast to a
-    cluster of XC blocks (XC = 1: no cluster), so the L2 serves each x row once per cluster.
+    torch stream or raw handle; None = default). ``config`` (MT, KS, CPW) or (MT, KS, CPW, KP)
+    overrides ``choose_config`` (KP = 2: tile pairs over a cluster of 2 blocks, see ``PAIRED``).
     ``pdl``: launch with programmatic dependent launch (``launch.py``), so the
     weight loads overlap the previous kernel in the stream. Raises KernelInputError before launching
     on any bad input.
@@ -284,19 +267,18 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     if out is None:
         out = empty((m, n), np.float32, stream)
     out = check(out, "out", np.float32, (m, n), align=4)
-    mt, ks, cpw, xc = (*(config or choose_config(m, k, gs)), 0)[:4]
+    mt, ks, cpw, kp = (*(config or choose_config(m, k, gs)), 0)[:4]
     if mt not in MT_BUCKETS or not 1 <= ks <= 32 or cpw < 1 or ks * cpw < k // 64 or (
             gs == 128 and cpw % 2 and ks > 1):
         raise KernelInputError(f"bad config MT={mt} KS={ks} CPW={cpw} for K={k} G={gs}")
     grid = (weight.n16, -(-m // (8 * mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
-    shared = x_stage_bytes(k, mt, cpw) if xc else 0
-    if xc and (xc not in (1, 2, 4) or mt > 4 or gs > 64 or ks * cpw != k // 64 or grid[0] % xc
-               or shared > SHARED_MAX):
-        raise KernelInputError(f"bad staged-x config MT={mt} KS={ks} CPW={cpw} XC={xc} for N={n} K={k} "
-                               f"G={gs}: needs XC in 1/2/4, MT <= 4, G <= 64, KS*CPW = K/64, N/16 % XC = 0 "
-                               f"and {shared} <= {SHARED_MAX} bytes of shared memory")
-    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw, xc)
-    launch(kernel, grid, ks * 32, stream, (flat(out), flat(x), wq, sq, m, n), pdl, shared, max(xc, 1))
+    if kp and (kp != 2 or ks % 2 or ks * cpw != k // 64 or (k // 64) % 2 or gs > 64 or mt * 4 > ks
+               or grid[0] % 2):
+        raise KernelInputError(f"bad paired config MT={mt} KS={ks} CPW={cpw} KP={kp} for N={n} K={k} G={gs}: "
+                               "needs KP = 2, KS even, KS*CPW = K/64 (even), G <= 64, MT <= KS/4 and an "
+                               "even number of 16-row tiles")
+    kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw, kp)
+    launch(kernel, grid, ks * 32, stream, (flat(out), flat(x), wq, sq, m, n), pdl, max(kp, 1))
     return out

@@ -22,24 +22,20 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``griddep_wait_for(v)`` | the wait, predicated both ways on ``v``: ``v``'s loads stay before it | no-op |
 | ``griddep_launch_dependents()`` | ``griddepcontrol.launch_dependents``: the next grid may start | no-op |
 | ``globaltimer()`` | ``%globaltimer``: nanoseconds, one clock for every SM (timing probes) | host ns clock |
-| ``cluster_rank()``, ``cluster_size()`` | ``%cluster_ctarank``, ``%cluster_nctarank`` | 0, 1 |
-| ``cluster_sync()`` | ``barrier.cluster.arrive.relaxed`` + ``wait``: the whole cluster | ``syncthreads`` |
-| ``mbar_init(s, i, n)`` | ``mbarrier.init``: the 8 bytes at shared ``s[i]``, ``n`` arrivals | no-op |
-| ``fence_mbar_init()`` | ``fence.mbarrier_init.release.cluster`` (before ``cluster_sync``) | no-op |
-| ``mbar_expect_tx(s, i, b)`` | ``mbarrier.arrive.expect_tx``: one arrival, ``b`` bytes to come | no-op |
-| ``mbar_wait(s, i, p)`` | ``mbarrier.try_wait.parity`` loop: until phase ``p`` completes | ``syncthreads`` |
-| ``bulk_copy_mc(d, di, a, ai, b, s, si, mask)`` | ``cp.async.bulk .multicast::cluster`` (below) | a copy |
-| ``ld_shared_v4(s, i)`` | ``ld.shared.v4.u32``: 16 B of a shared array | 4 words |
+| ``cluster_size()`` | ``%cluster_nctarank``: blocks in this block's cluster | 1 |
+| ``cluster_arrive()`` | ``barrier.cluster.arrive.release``: this thread's writes are released | no-op |
+| ``cluster_arrive_relaxed()`` | ``barrier.cluster.arrive.relaxed`` (no memory ordering) | no-op |
+| ``cluster_wait()`` | ``barrier.cluster.wait.acquire``: until the whole cluster arrived | ``syncthreads`` |
+| ``st_cluster_f32(s, i, k, v)`` | ``mapa``, ``st.shared::cluster``: ``s[i] = v`` in block ``k`` | ``k`` = 0 |
 
-``bulk_copy_mc`` copies ``b`` bytes of global ``a[ai:]`` to shared ``d[di:]`` of every block of the
-cluster in ``mask`` and completes ``b`` bytes on each one's barrier ``s[si]``. The simulator runs a
-cluster of one block (rank 0 of 1) whose threads copy at once, and its ``mbar_wait`` is a
-``syncthreads``: every thread of the block must wait on the same barriers in the same order (as
-int4_matmul's do) and issue its copies before its first wait.
+Clusters: the simulator runs clusters of one block. ``cluster_arrive`` / ``cluster_wait`` alternate in
+every thread (each wait completes the phase of that thread's last arrive); all threads of a block
+call them together.
+
 ``i`` is an element index into ``a`` (any 1-D array); the 16 bytes at element ``i`` must be
 16-byte aligned (the host wrappers check base pointers, the kernels keep offsets multiples of 16 B).
-``mma_16816``, ``syncwarp``, ``mbar_wait`` and ``bcast0`` are warp-collective: all 32 lanes of a
-warp must call them together (blockDim.x is a multiple of 32 in every kernel here).
+``mma_16816``, ``syncwarp`` and ``bcast0`` are warp-collective: all 32 lanes of a warp must call
+them together (blockDim.x is a multiple of 32 in every kernel here).
 Fragment layout (PTX ISA, m16n8k16 .f16): lane = 4*g + t;
 A rows g / g+8, columns 2t..2t+1 (a0: row g, a1: row g+8) and 2t+8..2t+9 (a2, a3);
 B rows (k) 2t..2t+1 (b0) and 2t+8..2t+9 (b1), column g; C/D: c0, c1 = row g, columns 2t, 2t+1;
@@ -133,11 +129,10 @@ def _sim_syncthreads():
     threading.current_thread().syncthreads()
 
 
-def _sim_bulk_copy(dst, di, src, si, nbytes, *_):
-    n = int(nbytes) // src.dtype.itemsize
-    raw = np.array([src[int(si) + j] for j in range(n)], dtype=src.dtype).view(dst.dtype)
-    for j, v in enumerate(raw):
-        dst[int(di) + j] = v
+def _sim_st_cluster_f32(a, i, k, v):
+    if int(k) != 0:
+        raise IndexError("st_cluster_f32: the simulator's clusters have one block (rank 0)")
+    a[int(i)] = v
 
 
 def _sim_ld_u32(a, i):
@@ -357,87 +352,43 @@ def _build_gpu():
             return builder.call(asm, [args[0]])
         return v(v), codegen
 
-    # thread block clusters, mbarriers and bulk (TMA) copies. Shared operands are 32-bit shared-window
-    # addresses: the array's base converted once (a pure asm, so LLVM hoists and shares it) plus the
-    # byte offset in 32-bit arithmetic, which ptxas folds into the instructions' immediates
-    def _saddr(context, builder, aty, arr, idx):
-        ary = context.make_array(aty)(context, builder, value=arr)
-        base = builder.ptrtoint(ary.data, ir.IntType(64))
-        cvta = ir.InlineAsm(ir.FunctionType(i32, [ir.IntType(64)]),
-                            "{\n.reg .u64 s;\ncvta.to.shared.u64 s, $1;\ncvt.u32.u64 $0, s;\n}", "=r,l")
-        off = builder.mul(builder.trunc(idx, i32), ir.Constant(i32, aty.dtype.bitwidth // 8))
-        return builder.add(builder.call(cvta, [base]), off)
-
-    def _special(name):
-        @intrinsic
-        def impl(typingctx):
-            def codegen(context, builder, sig, args):
-                return builder.call(ir.InlineAsm(ir.FunctionType(i32, []), f"mov.u32 $0, {name};", "=r"), [])
-            return types.uint32(), codegen
-        return impl
-
-    def _on_bar(body):
-        """``body`` on the shared barrier ``s[i]`` (address ``$0``) with a 32-bit operand ``$1``."""
-        @intrinsic
-        def impl(typingctx, a, i, v):
-            if not isinstance(a, types.Array) or not isinstance(i, types.Integer) or \
-                    not isinstance(v, types.Integer):
-                return None
-
-            def codegen(context, builder, sig, args):
-                bar = _saddr(context, builder, sig.args[0], args[0], args[1])
-                val = context.cast(builder, args[2], sig.args[2], types.uint32)
-                builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32]), body, "r,r,~{memory}",
-                                          side_effect=True), [bar, val])
-                return context.get_dummy_value()
-            return types.none(a, i, v), codegen
-        return impl
-
-    mbar_init = _on_bar("mbarrier.init.shared::cta.b64 [$0], $1;")
-    mbar_expect_tx = _on_bar("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;")
-    mbar_wait = _on_bar("{\n.reg .pred ok;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 ok, [$0], $1;\n"
-                        "@!ok bra WAIT;\n}")
-
+    # thread block clusters and distributed shared memory
     @intrinsic
-    def bulk_copy_mc(typingctx, d, di, a, ai, nbytes, s, si, mask):
+    def cluster_size(typingctx):
         def codegen(context, builder, sig, args):
-            ta = sig.args
-            dst = _saddr(context, builder, ta[0], args[0], args[1])
-            src = _ptr(context, builder, ta[2], args[2], args[3])
-            bar = _saddr(context, builder, ta[5], args[5], args[6])
-            nb, mk = (context.cast(builder, args[j], ta[j], types.uint32) for j in (4, 7))
-            fty = ir.FunctionType(ir.VoidType(), [i32, i32.as_pointer(), i32, i32, i32])
-            text = ("{\n.reg .u64 ga;\n.reg .u16 mk;\ncvta.to.global.u64 ga, $1;\ncvt.u16.u32 mk, $4;\n"
-                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-                    " [$0], [ga], $3, [$2], mk;\n}")
-            builder.call(ir.InlineAsm(fty, text, "r,l,r,r,r,~{memory}", side_effect=True),
-                         [dst, src, bar, nb, mk])
-            return context.get_dummy_value()
-        return types.none(d, di, a, ai, nbytes, s, si, mask), codegen
+            asm = ir.InlineAsm(ir.FunctionType(i32, []), "mov.u32 $0, %cluster_nctarank;", "=r")
+            return builder.call(asm, [])
+        return types.uint32(), codegen
 
     @intrinsic
-    def ld_shared_v4(typingctx, a, i):
-        # a side effect: stays after the mbar_wait that makes its bytes valid
-        if not isinstance(a, types.Array) or a.ndim != 1 or not isinstance(i, types.Integer):
+    def st_cluster_f32(typingctx, a, i, k, v):
+        if not isinstance(a, types.Array) or a.dtype != types.float32 or not isinstance(i, types.Integer):
             return None
 
         def codegen(context, builder, sig, args):
-            addr = _saddr(context, builder, sig.args[0], args[0], args[1])
-            fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
-            asm = ir.InlineAsm(fty, "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
-                               side_effect=True)
-            return _tuple(context, builder, sig.return_type, builder.call(asm, [addr]), 4)
-        return u32x4(a, i), codegen
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            base = builder.ptrtoint(ary.data, ir.IntType(64))
+            off = builder.mul(builder.trunc(args[1], i32), ir.Constant(i32, 4))
+            rank = context.cast(builder, args[2], sig.args[2], types.uint32)
+            val = context.cast(builder, args[3], sig.args[3], types.float32)
+            text = ("{\n.reg .u64 g;\n.reg .u32 s, d;\ncvta.to.shared.u64 g, $0;\ncvt.u32.u64 s, g;\n"
+                    "add.u32 s, s, $1;\nmapa.shared::cluster.u32 d, s, $2;\n"
+                    "st.shared::cluster.f32 [d], $3;\n}")
+            fty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), i32, i32, f32])
+            builder.call(ir.InlineAsm(fty, text, "l,r,r,f,~{memory}", side_effect=True),
+                         [base, off, rank, val])
+            return context.get_dummy_value()
+        return types.none(a, i, k, v), codegen
 
-    cluster_sync = _void_asm("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.acquire.aligned;")
-    fence_mbar_init = _void_asm("fence.mbarrier_init.release.cluster;")
+    cluster_arrive = _void_asm("barrier.cluster.arrive.release.aligned;")
+    cluster_arrive_relaxed = _void_asm("barrier.cluster.arrive.relaxed.aligned;")
+    cluster_wait = _void_asm("barrier.cluster.wait.acquire.aligned;")
 
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"),
             _ld("ld.global.L1::no_allocate.v4.u32"), dequant_i4x8,
             mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
-            _special("%cluster_ctarank"), _special("%cluster_nctarank"), cluster_sync, mbar_init,
-            fence_mbar_init, mbar_expect_tx, mbar_wait, bulk_copy_mc, ld_shared_v4)
+            cluster_size, cluster_arrive, cluster_arrive_relaxed, cluster_wait, st_cluster_f32)
 
 
 if SIMULATED:
@@ -454,15 +405,12 @@ if SIMULATED:
     bcast0 = _sim_bcast0
     griddep_wait = griddep_wait_for = griddep_launch_dependents = _sim_nop
     globaltimer = _sim_globaltimer
-    cluster_rank = lambda: np.uint32(0)                 # noqa: E731 - a cluster of one block
-    cluster_size = lambda: np.uint32(1)                 # noqa: E731
-    cluster_sync = _sim_syncthreads
-    mbar_init = fence_mbar_init = mbar_expect_tx = _sim_nop
-    mbar_wait = lambda s, i, p: _sim_syncthreads()      # noqa: E731 - every copy issued before it is done
-    bulk_copy_mc = _sim_bulk_copy
-    ld_shared_v4 = _sim_ld_u32x4
+    cluster_size = lambda: np.uint32(1)                 # noqa: E731 - clusters of one block
+    cluster_arrive = cluster_arrive_relaxed = _sim_nop
+    cluster_wait = _sim_syncthreads
+    st_cluster_f32 = _sim_st_cluster_f32
 else:
     (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32,
      ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for,
-     griddep_launch_dependents, globaltimer, cluster_rank, cluster_size, cluster_sync, mbar_init,
-     fence_mbar_init, mbar_expect_tx, mbar_wait, bulk_copy_mc, ld_shared_v4) = _build_gpu()
+     griddep_launch_dependents, globaltimer, cluster_size, cluster_arrive, cluster_arrive_relaxed,
+     cluster_wait, st_cluster_f32) = _build_gpu()

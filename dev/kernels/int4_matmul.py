@@ -1,7 +1,7 @@
 """Version ladder for the W4A16 GEMV/GEMM (style.md §2.4): validate every version, then time them.
 
 Run on a GPU:  python dev/kernels/int4_matmul.py [--quick | --ms M ...] [--ncu | --m16 | --ceiling
-                | --timeline DIR | --xs | --xc | --dedup]
+                | --timeline DIR | --xs | --paired]
 Offline:       NUMBA_ENABLE_CUDASIM=1 python dev/kernels/int4_matmul.py --check
 Versions (docs/perf.md has predictions and measurements):
   s0  stream-only: the same 16-byte weight loads and grid, no math (the attainable rate per launch)
@@ -155,11 +155,8 @@ def main(argv=None) -> int:
                     "reference at small shapes (no torch; also in the simulator: NUMBA_ENABLE_CUDASIM=1)")
     ap.add_argument("--xs", action="store_true", help="M = 1 / 16 / 32: the package beside the v12 "
                     "snapshot (XS tiles per block, K split over XS blocks), each checked first")
-    ap.add_argument("--xc", action="store_true", help="v13: x staged in shared memory by bulk copies "
-                    "multicast to a cluster of XC blocks (4-tuple configs) beside the package's 3-tuple "
-                    "configs, checked first and after the timed chain")
-    ap.add_argument("--dedup", action="store_true", help="timing only: blocks of 2 tiles x half of K, so "
-                    "that warp pairs read the same x (L1), without and with a cluster barrier (_DEDUP)")
+    ap.add_argument("--paired", action="store_true", help="v14: tile pairs over clusters of 2 (4-tuple "
+                    "configs) beside the package's 3-tuple configs, checked first and after the timed chain")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
     args = ap.parse_args(argv)
@@ -170,10 +167,8 @@ def main(argv=None) -> int:
         return m16_ratio(torch)
     if args.xs:
         return xs_sweep(torch)
-    if args.xc:
-        return xc_sweep(torch)
-    if args.dedup:
-        return dedup_probe(torch)
+    if args.paired:
+        return paired_sweep(torch)
     if args.ceiling:
         return ceiling(torch)
     if args.timeline:
@@ -539,113 +534,42 @@ def xs_sweep(torch):
 
 
 
-# --xc (session 13): v13 stages x in shared memory (XC > 0 in a 4-tuple config): the ci-th chunks of all
-# KS warps are one stretch of x (strided chunks), copied per row by bulk copies (cp.async.bulk) that one
-# block of a cluster of XC multicasts to all of them, one mbarrier per stretch; XC = 1 stages without a
-# cluster. At gate M = 16 each of 128 blocks reads all 229 KB of x from L2 (2.1 of 6.05 us, x-aliased
-# timing); multicast divides the L2's x traffic by XC
-_XC_PLANS = {(2048, 7168): [(1, (1, 16, 7)), (1, (1, 16, 7, 1)), (1, (1, 16, 7, 2)), (16, (2, 16, 7)),
-                            (16, (2, 16, 7, 1)), (16, (2, 16, 7, 2)), (16, (2, 16, 7, 4))],
-             (7168, 2048): [(1, (1, 4, 8)), (16, (2, 4, 8)), (16, (2, 4, 8, 2))]}
+# --paired (session 13): v14 = tile pairs (KP = 2 in a 4-tuple config): block b of a cluster of 2 computes
+# tiles b & ~1 and (b & ~1) + 1 over half b & 1 of K, so warps w and w + KS / 2 read the same x (the
+# second from L1) and each SM takes in half of x; the halves meet through distributed shared memory.
+# Before it (session 13, logs in ladder/): v13 staged x in shared memory by bulk copies multicast to a
+# cluster (snapshot _int4_matmul_v13xc_snapshot.py.txt, which needs the mbarrier / bulk-copy intrinsics
+# of commit 1c0b1d3): correct, but multicast did not cut the x cost once the copies issued fast
+# (int4_xc*_h200.log); a timing-only probe of the pairing (commit 1c0b1d3, --dedup) ran gate M = 16 at
+# 5.28-5.33 vs 5.97-5.99 us, 5.67-5.68 with a cluster launch and barrier (int4_dedup*_h200.log)
+_PAIRED_PLANS = {(2048, 7168): [(1, (1, 16, 7)), (1, (1, 16, 7, 2)), (16, (2, 16, 7)), (16, (2, 16, 7, 2)),
+                                (16, (2, 8, 14, 2)), (32, None), (32, (4, 16, 7, 2))],
+                 (7168, 2048): [(16, (2, 4, 8)), (16, (2, 8, 4, 2)), (16, (2, 16, 2, 2))]}
 
 
-# v13 as first built (session 13, ladder/int4_xc_h200.log): warp w issued the copies of stage w (all
-# stages in flight at once), every one of the 8 MT rows copied (rows past M repeat row M - 1)
-_XC_BY_WARP = """        if XC:
-            nrk = cluster_size()
-            mine = lane < 8 * MT and (lane & (nrk - 1)) == cluster_rank()
-            for st in range(warp, CPW, KS):
-                if lane == 0:
-                    mbar_expect_tx(red, XBAR + 2 * st, 8 * MT * KS * 128)
-                if mine:
-                    row = min(m0 + lane, m_rows - 1)
-                    bulk_copy_mc(red, lane * XROW + st * KS * 32, x, row * K + st * KS * 64, KS * 128,
-                                 red, XBAR + 2 * st, (1 << nrk) - 1)
-"""
-
-
-# the second build (session 13, ladder/int4_xc2_h200.log): lanes of warp 0 issue every copy, stage by stage
-_XC_ONE_WARP = """        if XC and warp == 0:
-            nrows = min(8 * MT, m_rows - m0)
-            nrk = cluster_size()
-            if lane == 0:
-                for st in range(CPW):
-                    mbar_expect_tx(red, XBAR + 2 * st, nrows * KS * 128)
-            if lane < nrows and (lane & (nrk - 1)) == cluster_rank():
-                for st in range(CPW):
-                    bulk_copy_mc(red, lane * XROW + st * KS * 32, x, (m0 + lane) * K + st * KS * 64,
-                                 KS * 128, red, XBAR + 2 * st, (1 << nrk) - 1)
-"""
-
-
-def _xc_patch(text):
-    """The patch from the package's staging block (up to _WAITED) to ``text``."""
-    from pathlib import Path
-
-    import kernels_numba.int4_matmul  # noqa: F401 - the module (the package's name is the function)
-    src = Path(sys.modules["kernels_numba.int4_matmul"].__file__).read_text()
-    i = src.index("# x rows m0..") - 62
-    return [(src[i:src.index(_WAITED, i)], text)]
-
-
-def xc_sweep(torch):
-    """_XC_PLANS: v13 as built now and its earlier builds (_XC_ONE_WARP, _XC_BY_WARP), each config
-    checked against the reference (odd M inside its bucket), timed over 64 weights back to back, and
-    its chained outputs then compared with the package default's."""
+def paired_sweep(torch):
+    """_PAIRED_PLANS: each config checked against the reference (odd M inside its bucket), timed over
+    64 weights back to back, and its chained outputs then compared with the package default's."""
     from kernels_numba import int4_matmul
-    impls = {"v13": int4_matmul, **_variant_impls(variants={"v13 one warp": _xc_patch(_XC_ONE_WARP),
-                                                        "v13 by warp": _xc_patch(_XC_BY_WARP)})}
-    rng = np.random.default_rng(13)
-    for (n, k), plan in _XC_PLANS.items():
+    rng = np.random.default_rng(14)
+    for (n, k), plan in _PAIRED_PLANS.items():
         for m, cfg in plan:
-            for name, fn in impls.items():
-                for mm in sorted({m, max(m - 3, 1)}):
-                    check_print(rng, name, mm, n, k, cfg, fn)
-    for (n, k), plan in _XC_PLANS.items():
+            for mm in sorted({m, max(m - 3, 1)}):
+                check_print(rng, "package", mm, n, k, cfg, int4_matmul)
+    for (n, k), plan in _PAIRED_PLANS.items():
         ws = random_weights(n, k, 32, 64, torch)
         for m, cfg in plan:
             x = torch.randn(m, k, device="cuda").half()
             ref = torch.stack([torch.zeros(m, n, device="cuda") for _ in ws])
             for w, r in zip(ws, ref, strict=True):
                 int4_matmul(x, w, out=r)
-            for name, fn in impls.items():
-                if len(cfg) < 4 and name != "v13":
-                    continue
-                outs = [torch.full((m, n), float("nan"), device="cuda") for _ in ws]
-                label = f"{name} N={n} K={k} M={m} cfg={cfg}"
-                us = time_rotating(torch, fn, x, ws, outs, cfg, label)
-                if us is None:
-                    continue
+            outs = [torch.full((m, n), float("nan"), device="cuda") for _ in ws]
+            label = f"package N={n} K={k} M={m} cfg={cfg}"
+            us = time_rotating(torch, int4_matmul, x, ws, outs, cfg, label)
+            if us is not None:
                 err = float(((torch.stack(outs) - ref).abs().max() / ref.abs().max()).nan_to_num(1e9))
                 print(f"{label}: {us:.2f} us, chained outputs vs default rel err {err:.1e}", flush=True)
     return 0
-
-
-# --dedup (session 13, timing only: the halves are not summed, results wrong): v13's runs showed that
-# multicast does not cut the x cost once copies issue fast (row-warps: XC = 1 6.28, XC = 2 6.23 us), so
-# the limit is each SM taking in all 229 KB of x. Here block b computes tiles b & ~1 and (b & ~1) + 1
-# over half b & 1 of K: warp w and w + KS / 2 read the same x (the second from L1), so each SM takes in
-# half of x; "+ cluster" also launches clusters of 2 and adds the cluster barrier a DSMEM exchange of
-# the halves would need
-_DEDUP = [("        tile = cuda.blockIdx.x                                # 16 output rows\n", ""),
-          ("        t = lane & 3\n",
-           "        t = lane & 3\n        tile = (cuda.blockIdx.x & ~1) + warp // (KS // 2)\n"),
-          ("        c0 = warp if XC else warp * CPW\n",
-           "        c0 = (cuda.blockIdx.x & 1) * (KC // 2) + (warp % (KS // 2)) * CPW\n")]
-_RED_DONE = "        cuda.syncthreads()\n        for o in range(tid, NOUT, NTHR):"
-_DEDUP_CLUSTER = [(_RED_DONE, _RED_DONE.replace("\n", "\n        cluster_sync()\n", 1)),
-                  ("pdl, shared, max(xc, 1))", "pdl, shared, 2)")]
-
-
-def dedup_probe(torch):
-    impls = {"v7": _variant_impls(variants={"v7": []})["v7"],
-             **_variant_impls(variants={"dedup (timing only)": _DEDUP,
-                                        "dedup + cluster (timing only)": _DEDUP + _DEDUP_CLUSTER,
-                                        "v13 one warp": _xc_patch(_XC_ONE_WARP)})}
-    plans = {(2048, 7168): [(1, (1, 16, 7)), (16, (2, 16, 7)), (16, (2, 16, 7, 2))]}
-    time_plans(torch, impls, plans, lambda name, cfg: (len(cfg) == 4) == name.startswith("v13"))
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
