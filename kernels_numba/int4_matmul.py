@@ -31,16 +31,16 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32, uint32, uint64
 
 from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, flat
 from .int4_layout import Int4Weight
 from .intrinsics import (
     SIMULATED,
-    cluster_arrive,
     cluster_arrive_relaxed,
     cluster_wait,
     dequant_i4x8,
+    fence_mbar_init,
     griddep_launch_dependents,
     griddep_wait,
     griddep_wait_for,
@@ -48,8 +48,11 @@ from .intrinsics import (
     ld_once_v4,
     ld_stream_v4,
     ld_v4,
+    mbar_expect_tx,
+    mbar_init,
+    mbar_wait,
     mma_16816,
-    st_cluster_f32,
+    st_async_f32,
 )
 from .launch import launch
 
@@ -94,15 +97,19 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, KP: int 
         lane = tid & 31
         g = lane >> 2
         t = lane & 3
+        red = cuda.shared.array(NRED, float32)
+        inbox = cuda.shared.array(NOUT if KP else 1, float32)   # KP: the other block's half of my tile
+        bar = cuda.shared.array(1, uint64)
         if KP:                                                # a tile pair: warp w computes tile w // NTW
-            cluster_arrive_relaxed()                          # (see the exchange below)
+            if tid == 0:                                      # (the exchange at the end: this barrier
+                mbar_init(bar, 0, 1)                          # completes when the other block's half of
+            fence_mbar_init()                                 # this block's tile has landed in inbox)
+            cluster_arrive_relaxed()
             half = cuda.blockIdx.x & 1                        # this block's half of K (its cluster rank)
             tile = (cuda.blockIdx.x & ~1) + warp // NTW       # 16 weight rows
         else:
             tile = cuda.blockIdx.x
             half = 0
-        red = cuda.shared.array(NRED, float32)
-        inbox = cuda.shared.array(NOUT if KP else 1, float32)   # KP: the other block's half of my tile
         acc = cuda.local.array(NACC, float32)
         prt = cuda.local.array(NACC, float32)
         xb = cuda.local.array(MT, uint32)                     # first activation word index, per m8 tile
@@ -178,19 +185,20 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, KP: int 
             red[(warp * NACC + i) * 32 + lane] = acc[i]
         cuda.syncthreads()
         if KP:                                                # each block sums its half for both tiles,
-            own = ZERO                                        # sends the other tile's to the other block
-            o = tid                                           # (DSMEM) and adds the half it receives:
-            cluster_wait()                                    # the other block has started (arrive above)
-            if o < NOUT:                                      # out = half 0 + half 1 in both (exact order)
+            own = ZERO                                        # stores the other tile's into the other
+            o = tid                                           # block's inbox (st.async, completing bytes
+            cluster_wait()                                    # on its barrier) and adds the half it gets:
+            if tid == 0:                                      # out = half 0 + half 1 in both (exact order)
+                mbar_expect_tx(bar, 0, NOUT * 4)              # (the wait: the other block has started)
+            if o < NOUT:
                 for w_ in range(NTW):
                     own += red[((half * NTW + w_) * NACC + (o >> 5)) * 32 + (o & 31)]
                 if NHB == 1:
                     p = ZERO
                     for w_ in range(NTW):
                         p += red[(((half ^ 1) * NTW + w_) * NACC + (o >> 5)) * 32 + (o & 31)]
-                    st_cluster_f32(inbox, o, half ^ 1, p)
-            cluster_arrive()
-            cluster_wait()
+                    st_async_f32(inbox, o, half ^ 1, p, bar, 0)
+            mbar_wait(bar, 0, 0)
             if o < NOUT and NHB == 1:
                 own += inbox[o]
         for o in range(tid, NOUT if KP == 0 else min(NOUT, NTHR), NTHR):

@@ -23,14 +23,17 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``griddep_launch_dependents()`` | ``griddepcontrol.launch_dependents``: the next grid may start | no-op |
 | ``globaltimer()`` | ``%globaltimer``: nanoseconds, one clock for every SM (timing probes) | host ns clock |
 | ``cluster_size()`` | ``%cluster_nctarank``: blocks in this block's cluster | 1 |
-| ``cluster_arrive()`` | ``barrier.cluster.arrive.release``: this thread's writes are released | no-op |
 | ``cluster_arrive_relaxed()`` | ``barrier.cluster.arrive.relaxed`` (no memory ordering) | no-op |
 | ``cluster_wait()`` | ``barrier.cluster.wait.acquire``: until the whole cluster arrived | ``syncthreads`` |
-| ``st_cluster_f32(s, i, k, v)`` | ``mapa``, ``st.shared::cluster``: ``s[i] = v`` in block ``k`` | ``k`` = 0 |
+| ``mbar_init(s, i, n)`` | ``mbarrier.init``: the 8 bytes at shared ``s[i]``, ``n`` arrivals | no-op |
+| ``fence_mbar_init()`` | ``fence.mbarrier_init.release.cluster``: inits visible to the cluster | no-op |
+| ``mbar_expect_tx(s, i, b)`` | ``mbarrier.arrive.expect_tx``: one arrival, ``b`` bytes to come | no-op |
+| ``mbar_wait(s, i, p)`` | ``mbarrier.try_wait.parity.acquire.cluster``: phase ``p`` done | ``syncthreads`` |
+| ``st_async_f32(a, i, k, v, s, si)`` | ``st.async`` (below) | ``a[i] = v``, ``k`` = 0 |
 
-Clusters: the simulator runs clusters of one block. ``cluster_arrive`` / ``cluster_wait`` alternate in
-every thread (each wait completes the phase of that thread's last arrive); all threads of a block
-call them together.
+Clusters: ``st_async_f32`` stores ``v`` to ``a[i]`` of block ``k`` of this cluster and completes 4
+bytes on that block's barrier ``s[si]``. The simulator runs clusters of one block; its
+``cluster_wait`` and ``mbar_wait`` are ``syncthreads``, so all threads of a block call them together.
 
 ``i`` is an element index into ``a`` (any 1-D array); the 16 bytes at element ``i`` must be
 16-byte aligned (the host wrappers check base pointers, the kernels keep offsets multiples of 16 B).
@@ -129,9 +132,9 @@ def _sim_syncthreads():
     threading.current_thread().syncthreads()
 
 
-def _sim_st_cluster_f32(a, i, k, v):
+def _sim_st_async_f32(a, i, k, v, *_):
     if int(k) != 0:
-        raise IndexError("st_cluster_f32: the simulator's clusters have one block (rank 0)")
+        raise IndexError("st_async_f32: the simulator's clusters have one block (rank 0)")
     a[int(i)] = v
 
 
@@ -352,7 +355,17 @@ def _build_gpu():
             return builder.call(asm, [args[0]])
         return v(v), codegen
 
-    # thread block clusters and distributed shared memory
+    # thread block clusters, mbarriers and distributed shared memory. Shared operands are 32-bit
+    # shared-window addresses: the array's base converted once (a pure asm, so LLVM can hoist and share
+    # it) plus the byte offset in 32-bit arithmetic
+    def _saddr(context, builder, aty, arr, idx):
+        ary = context.make_array(aty)(context, builder, value=arr)
+        base = builder.ptrtoint(ary.data, ir.IntType(64))
+        cvta = ir.InlineAsm(ir.FunctionType(i32, [ir.IntType(64)]),
+                            "{\n.reg .u64 s;\ncvta.to.shared.u64 s, $1;\ncvt.u32.u64 $0, s;\n}", "=r,l")
+        off = builder.mul(builder.trunc(idx, i32), ir.Constant(i32, aty.dtype.bitwidth // 8))
+        return builder.add(builder.call(cvta, [base]), off)
+
     @intrinsic
     def cluster_size(typingctx):
         def codegen(context, builder, sig, args):
@@ -360,35 +373,57 @@ def _build_gpu():
             return builder.call(asm, [])
         return types.uint32(), codegen
 
+    def _on_bar(body):
+        """``body`` on the shared barrier ``s[i]`` (address ``$0``) with a 32-bit operand ``$1``."""
+        @intrinsic
+        def impl(typingctx, a, i, v):
+            if not isinstance(a, types.Array) or not isinstance(i, types.Integer) or \
+                    not isinstance(v, types.Integer):
+                return None
+
+            def codegen(context, builder, sig, args):
+                bar = _saddr(context, builder, sig.args[0], args[0], args[1])
+                val = context.cast(builder, args[2], sig.args[2], types.uint32)
+                builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32]), body, "r,r,~{memory}",
+                                          side_effect=True), [bar, val])
+                return context.get_dummy_value()
+            return types.none(a, i, v), codegen
+        return impl
+
+    mbar_init = _on_bar("mbarrier.init.shared::cta.b64 [$0], $1;")
+    mbar_expect_tx = _on_bar("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;")
+    mbar_wait = _on_bar("{\n.reg .pred ok;\nWAIT:\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 "
+                        "ok, [$0], $1;\n@!ok bra WAIT;\n}")
+
     @intrinsic
-    def st_cluster_f32(typingctx, a, i, k, v):
-        if not isinstance(a, types.Array) or a.dtype != types.float32 or not isinstance(i, types.Integer):
+    def st_async_f32(typingctx, a, i, k, v, s, si):
+        if not isinstance(a, types.Array) or a.dtype != types.float32 or not isinstance(s, types.Array):
             return None
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-            base = builder.ptrtoint(ary.data, ir.IntType(64))
-            off = builder.mul(builder.trunc(args[1], i32), ir.Constant(i32, 4))
+            dst = _saddr(context, builder, sig.args[0], args[0], args[1])
+            bar = _saddr(context, builder, sig.args[4], args[4], args[5])
             rank = context.cast(builder, args[2], sig.args[2], types.uint32)
             val = context.cast(builder, args[3], sig.args[3], types.float32)
-            text = ("{\n.reg .u64 g;\n.reg .u32 s, d;\ncvta.to.shared.u64 g, $0;\ncvt.u32.u64 s, g;\n"
-                    "add.u32 s, s, $1;\nmapa.shared::cluster.u32 d, s, $2;\n"
-                    "st.shared::cluster.f32 [d], $3;\n}")
-            fty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), i32, i32, f32])
-            builder.call(ir.InlineAsm(fty, text, "l,r,r,f,~{memory}", side_effect=True),
-                         [base, off, rank, val])
+            text = ("{\n.reg .u32 d, b;\nmapa.shared::cluster.u32 d, $0, $2;\n"
+                    "mapa.shared::cluster.u32 b, $1, $2;\n"
+                    "st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [d], $3, [b];\n}")
+            fty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, f32])
+            builder.call(ir.InlineAsm(fty, text, "r,r,r,f,~{memory}", side_effect=True),
+                         [dst, bar, rank, val])
             return context.get_dummy_value()
-        return types.none(a, i, k, v), codegen
+        return types.none(a, i, k, v, s, si), codegen
 
-    cluster_arrive = _void_asm("barrier.cluster.arrive.release.aligned;")
     cluster_arrive_relaxed = _void_asm("barrier.cluster.arrive.relaxed.aligned;")
     cluster_wait = _void_asm("barrier.cluster.wait.acquire.aligned;")
+    fence_mbar_init = _void_asm("fence.mbarrier_init.release.cluster;")
 
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"),
             _ld("ld.global.L1::no_allocate.v4.u32"), dequant_i4x8,
             mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
-            cluster_size, cluster_arrive, cluster_arrive_relaxed, cluster_wait, st_cluster_f32)
+            cluster_size, cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
+            mbar_wait, st_async_f32)
 
 
 if SIMULATED:
@@ -406,11 +441,12 @@ if SIMULATED:
     griddep_wait = griddep_wait_for = griddep_launch_dependents = _sim_nop
     globaltimer = _sim_globaltimer
     cluster_size = lambda: np.uint32(1)                 # noqa: E731 - clusters of one block
-    cluster_arrive = cluster_arrive_relaxed = _sim_nop
+    cluster_arrive_relaxed = mbar_init = fence_mbar_init = mbar_expect_tx = _sim_nop
     cluster_wait = _sim_syncthreads
-    st_cluster_f32 = _sim_st_cluster_f32
+    mbar_wait = lambda s, i, p: _sim_syncthreads()      # noqa: E731 - the simulator's copies are done
+    st_async_f32 = _sim_st_async_f32
 else:
     (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32,
      ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for,
-     griddep_launch_dependents, globaltimer, cluster_size, cluster_arrive, cluster_arrive_relaxed,
-     cluster_wait, st_cluster_f32) = _build_gpu()
+     griddep_launch_dependents, globaltimer, cluster_size, cluster_arrive_relaxed, cluster_wait, mbar_init,
+     fence_mbar_init, mbar_expect_tx, mbar_wait, st_async_f32) = _build_gpu()

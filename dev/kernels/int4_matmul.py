@@ -542,20 +542,31 @@ def xs_sweep(torch):
 # of commit 1c0b1d3): correct, but multicast did not cut the x cost once the copies issued fast
 # (int4_xc*_h200.log); a timing-only probe of the pairing (commit 1c0b1d3, --dedup) ran gate M = 16 at
 # 5.28-5.33 vs 5.97-5.99 us, 5.67-5.68 with a cluster launch and barrier (int4_dedup*_h200.log)
-_PAIRED_PLANS = {(2048, 7168): [(1, (1, 16, 7)), (1, (1, 16, 7, 2)), (16, (2, 16, 7)), (16, (2, 16, 7, 2)),
-                                (16, (2, 8, 14, 2)), (32, None), (32, (4, 16, 7, 2))],
-                 (7168, 2048): [(16, (2, 4, 8)), (16, (2, 8, 4, 2)), (16, (2, 16, 2, 2))]}
+_PAIRED_PLANS = {(2048, 7168): [(1, (1, 16, 7)), (16, (2, 16, 7)), (16, (2, 16, 7, 2)), (32, None),
+                                (32, (4, 16, 7, 2))],
+                 (7168, 2048): [(16, (2, 4, 8)), (16, (2, 8, 4, 2))]}
+# paired configs with coherent weight loads (which ptxas keeps before the wait; the paired gate build
+# has 5 of its 7 .nc weight loads after it, offline SASS)
+_PAIRED_ONCE = [("ONCE = G == 32 and (MT, K, KS, CPW) in COHERENT",
+                  "ONCE = G == 32 and (KP > 0 or (MT, K, KS, CPW) in COHERENT)")]
 
 
 def paired_sweep(torch):
-    """_PAIRED_PLANS: each config checked against the reference (odd M inside its bucket), timed over
-    64 weights back to back, and its chained outputs then compared with the package default's."""
+    """_PAIRED_PLANS: the package and (paired configs only) _PAIRED_ONCE, each config checked against
+    the reference (odd M inside its bucket), timed over 64 weights back to back, and its chained
+    outputs then compared with the package default's."""
     from kernels_numba import int4_matmul
+    impls = {"package": int4_matmul, **_variant_impls(variants={"paired once": _PAIRED_ONCE})}
+
+    def runs(name, cfg):
+        return name == "package" or (cfg is not None and len(cfg) == 4)
     rng = np.random.default_rng(14)
     for (n, k), plan in _PAIRED_PLANS.items():
         for m, cfg in plan:
-            for mm in sorted({m, max(m - 3, 1)}):
-                check_print(rng, "package", mm, n, k, cfg, int4_matmul)
+            for name, fn in impls.items():
+                for mm in sorted({m, max(m - 3, 1)}):
+                    if runs(name, cfg):
+                        check_print(rng, name, mm, n, k, cfg, fn)
     for (n, k), plan in _PAIRED_PLANS.items():
         ws = random_weights(n, k, 32, 64, torch)
         for m, cfg in plan:
@@ -563,12 +574,15 @@ def paired_sweep(torch):
             ref = torch.stack([torch.zeros(m, n, device="cuda") for _ in ws])
             for w, r in zip(ws, ref, strict=True):
                 int4_matmul(x, w, out=r)
-            outs = [torch.full((m, n), float("nan"), device="cuda") for _ in ws]
-            label = f"package N={n} K={k} M={m} cfg={cfg}"
-            us = time_rotating(torch, int4_matmul, x, ws, outs, cfg, label)
-            if us is not None:
-                err = float(((torch.stack(outs) - ref).abs().max() / ref.abs().max()).nan_to_num(1e9))
-                print(f"{label}: {us:.2f} us, chained outputs vs default rel err {err:.1e}", flush=True)
+            for name, fn in impls.items():
+                if not runs(name, cfg):
+                    continue
+                outs = [torch.full((m, n), float("nan"), device="cuda") for _ in ws]
+                label = f"{name} N={n} K={k} M={m} cfg={cfg}"
+                us = time_rotating(torch, fn, x, ws, outs, cfg, label)
+                if us is not None:
+                    err = float(((torch.stack(outs) - ref).abs().max() / ref.abs().max()).nan_to_num(1e9))
+                    print(f"{label}: {us:.2f} us, chained outputs vs default rel err {err:.1e}", flush=True)
     return 0
 
 if __name__ == "__main__":
