@@ -20,6 +20,13 @@ Design (docs/perf.md has the version ladder and measurements; dev/kernels/int4_m
   ``griddep_wait_for`` the XOR of every phase-1 word, which keeps all of them before it (measured
   faster only where listed in ``PINNED``); COHERENT configs load the weights with the coherent
   ``ld.global.L1::no_allocate``, which ptxas keeps before a plain wait (faster only there).
+- Tile pairs (KP = 2, v14; gate/up at M = 16 / 32): at M = 16 every block reads all of x (229 KB at
+  K2 gate/up) for 8 KB of output, and x read from L2 costs 2.1 of 6 us. With KP, block b of a cluster
+  of 2 computes tiles b & ~1 and (b & ~1) + 1 over half b & 1 of K (KS / 2 warps per tile): warps w and
+  w + KS / 2 read the same x, the second from L1, so each SM takes in half of x. Each block sums its
+  half of both tiles and stores the other tile's with ``st.async`` into the other block's ``inbox``,
+  completing bytes on its mbarrier; out = half 0 + half 1 in both blocks (f32 addition commutes, so
+  the result does not depend on which block adds).
 - Branch-free inner loop: when KS * CPW == K/64 (the chosen configs) there are no chunk guards;
   rows past M read row M-1 (their outputs are never stored; for MT = 1 they are also masked to
   zero, which ptxas schedules better there); for G = 32 each 32-column half is one group, so its
@@ -219,9 +226,11 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, KP: int 
     return int4_matmul_kernel
 
 
-# (MT, KS, CPW) measured best on the H200 per (M bucket, K) (docs/perf.md, v4 sweep); others: heuristic
-_TUNED = {(1, 7168): (1, 16, 7), (2, 7168): (2, 16, 7), (1, 2048): (1, 4, 8), (2, 2048): (2, 4, 8),
-          (4, 2048): (4, 4, 8)}         # M = 32 down: 8.72 us vs 13.54 for the heuristic's (4, 16, 2)
+# (MT, KS, CPW[, KP]) measured best on the H200 per (M bucket, K) (docs/perf.md: v4 sweep; M = 32 down:
+# 8.72 us vs 13.54 for the heuristic's (4, 16, 2)); others: heuristic. KP = 2 (v14, ladder --paired):
+# gate/up at M = 16 5.72 vs 5.98 us, M = 32 8.46 vs 8.79 (down: slower, 7.39 vs 5.13 at M = 16)
+_TUNED = {(1, 7168): (1, 16, 7), (2, 7168): (2, 16, 7, 2), (4, 7168): (4, 16, 7, 2), (1, 2048): (1, 4, 8),
+          (2, 2048): (2, 4, 8), (4, 2048): (4, 4, 8)}
 # (MT, K, KS, CPW) measured faster with the PIN wait (ladder --m16, two runs: K2 down M = 16 5.18 /
 # 5.23 vs 5.53 / 5.52 us); slower at gate/up M = 1 / 16, down M = 1 and down (2, 8, 4)
 PINNED = {(2, 2048, 4, 8)}
@@ -231,11 +240,13 @@ PINNED = {(2, 2048, 4, 8)}
 COHERENT = {(4, 2048, 4, 8)}
 
 
-def choose_config(m: int, k: int, g: int = 32) -> tuple[int, int, int]:
-    """(MT, KS, CPW): the M bucket, warps per block, chunks per warp."""
+def choose_config(m: int, k: int, g: int = 32, n: int | None = None) -> tuple[int, ...]:
+    """(MT, KS, CPW) or (MT, KS, CPW, KP): the M bucket, warps per block, chunks per warp and tile
+    pairing (KP = 2 needs an even number of 16-row tiles: without it for other ``n``)."""
     mt = next(b for b in MT_BUCKETS if m <= 8 * b) if m <= 64 else 8
     if (mt, k) in _TUNED and g == 32:
-        return _TUNED[(mt, k)]
+        cfg = _TUNED[(mt, k)]
+        return cfg if n is None or -(-n // 16) % 2 == 0 else cfg[:3]
     kc = k // 64
     cpw_max = 8 if mt <= 4 else 4                       # keep the unrolled loops in registers
     ks_max = 32 if mt <= 2 else 16
@@ -255,7 +266,7 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     on the device (``.to_device()``); ``out`` optional float32 ``[M, N]`` (allocated if None).
     Accepts numba device arrays or torch CUDA tensors; launches on ``stream`` (numba stream,
     torch stream or raw handle; None = default). ``config`` (MT, KS, CPW) or (MT, KS, CPW, KP)
-    overrides ``choose_config`` (KP = 2: tile pairs over a cluster of 2 blocks, see ``PAIRED``).
+    overrides ``choose_config`` (KP = 2: tile pairs in clusters of 2 blocks, see the module notes).
     ``pdl``: launch with programmatic dependent launch (``launch.py``), so the
     weight loads overlap the previous kernel in the stream. Raises KernelInputError before launching
     on any bad input.
@@ -275,7 +286,7 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     if out is None:
         out = empty((m, n), np.float32, stream)
     out = check(out, "out", np.float32, (m, n), align=4)
-    mt, ks, cpw, kp = (*(config or choose_config(m, k, gs)), 0)[:4]
+    mt, ks, cpw, kp = (*(config or choose_config(m, k, gs, n)), 0)[:4]
     if mt not in MT_BUCKETS or not 1 <= ks <= 32 or cpw < 1 or ks * cpw < k // 64 or (
             gs == 128 and cpw % 2 and ks > 1):
         raise KernelInputError(f"bad config MT={mt} KS={ks} CPW={cpw} for K={k} G={gs}")

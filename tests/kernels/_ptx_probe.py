@@ -18,7 +18,8 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "ldg_v4": "ld.global.v4.u32", "ldg_once_v4": "ld.global.L1::no_allocate.v4.u32",
         "lop3": "lop3.b32", "hfma2": "fma.rn.f16x2", "local": ".local",
         "atom_shared": "atom.shared", "bar": "bar.sync", "pdl_wait": "griddepcontrol.wait",
-        "pdl_wait_for": "@!p griddepcontrol.wait", "pdl_launch": "griddepcontrol.launch_dependents"}
+        "pdl_wait_for": "@!p griddepcontrol.wait", "pdl_launch": "griddepcontrol.launch_dependents",
+        "st_async": "st.async.shared::cluster", "mbar_wait": "mbarrier.try_wait"}
 
 
 def counts(kernel, sig):
@@ -33,10 +34,11 @@ def main():
         return t[::1]
     out = {}
     mm_sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), T.int64, T.int64)
-    for m, k in ((1, 7168), (16, 7168), (1, 2048), (16, 2048), (32, 2048), (64, 2048), (3, 1024)):
-        for g in (32, 128):
-            cfg = choose_config(m, k, g)
-            out[f"int4_matmul M={m} K={k} G={g} {cfg}"] = counts(make_int4_matmul_kernel(k, g, *cfg), mm_sig)
+    builds = [(m, k, g) for m, k in ((1, 7168), (16, 7168), (1, 2048), (16, 2048), (32, 2048), (64, 2048),
+                                     (3, 1024)) for g in (32, 128)] + [(32, 7168, 32)]
+    for m, k, g in builds:
+        cfg = choose_config(m, k, g)
+        out[f"int4_matmul M={m} K={k} G={g} {cfg}"] = counts(make_int4_matmul_kernel(k, g, *cfg), mm_sig)
     gsig = (a(T.uint16), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
             a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
     cfg = choose_moe_config(7168, 2048, tokens=64)          # the stream-K GEMMs (T = 1: moe_gemv)

@@ -26,7 +26,7 @@ def ptx_counts():
 
 def test_int4_matmul_uses_tensor_cores_and_wide_loads(ptx_counts):
     mm = {k: v for k, v in ptx_counts.items() if k.startswith("int4_matmul")}
-    assert len(mm) == 14
+    assert len(mm) == 15
     for name, c in mm.items():
         assert c["mma"] >= 2, name                  # mma.sync m16n8k16 (swap A/B)
         assert c["ldg_nc_v4"] + c["ldg_once_v4"] >= 1, name   # 16-byte read-once weight loads
@@ -38,6 +38,9 @@ def test_int4_matmul_uses_tensor_cores_and_wide_loads(ptx_counts):
     assert [n for n, c in mm.items() if c["pdl_wait_for"]] == ["int4_matmul M=16 K=2048 G=32 (2, 4, 8)"]
     assert [n for n, c in mm.items() if c["ldg_once_v4"]] == ["int4_matmul M=32 K=2048 G=32 (4, 4, 8)"]
     assert mm["int4_matmul M=32 K=2048 G=32 (4, 4, 8)"]["ldg_nc_v4"] == 0
+    paired = ["int4_matmul M=16 K=7168 G=32 (2, 16, 7, 2)", "int4_matmul M=32 K=7168 G=32 (4, 16, 7, 2)"]
+    assert [n for n, c in mm.items() if c["st_async"]] == paired      # tile pairs: the halves meet by
+    assert all(mm[n]["st_async"] == 1 and mm[n]["mbar_wait"] == 1 for n in paired)   # st.async + mbarrier
 
 
 def test_moe_kernels(ptx_counts):

@@ -9,6 +9,7 @@ import pytest
 
 from kernels_numba import KernelInputError, int4_matmul, repack_int4
 from kernels_numba.int4_layout import Int4Weight
+from kernels_numba.int4_matmul import choose_config
 from workbench.quant.int4 import gen_quant4, int4_linear, pack_int4
 
 from .helpers import SIMULATED, assert_close, dev, gpu, host, needs_gpu, poisoned
@@ -55,6 +56,21 @@ def test_tuned_k2_down_configs():
     _check(29, 16, 2048, 32, 6)
 
 
+def test_paired_configs():
+    """KP = 2, tile pairs in clusters of 2 (the simulator's clusters have one block, which computes both
+    halves of K; the exchange of halves runs in the GPU tier): M buckets 1, 2, 4, G = 64, two grid rows."""
+    _check(13, 32, 1024, 32, 1, config=(2, 8, 2, 2))
+    _check(3, 64, 512, 64, 2, config=(1, 4, 2, 2))
+    _check(29, 32, 1024, 32, 3, config=(4, 16, 1, 2))
+    _check(70, 32, 512, 32, 4, config=(2, 8, 1, 2))
+
+
+def test_choose_config_pairs_only_even_tile_counts():
+    assert choose_config(16, 7168) == (2, 16, 7, 2) == choose_config(9, 7168, n=2048)
+    assert choose_config(32, 7168, n=2032) == (4, 16, 7)          # 127 tiles: no pairs
+    assert choose_config(1, 7168, n=2048) == (1, 16, 7)
+
+
 def test_output_allocated_when_omitted():
     w, packed, scales = _weight(16, 64, 32, 5)
     x = np.random.default_rng(5).standard_normal((2, 64)).astype(np.float16)
@@ -78,6 +94,17 @@ def test_bad_inputs_raise_before_launch():
         int4_matmul(dev(x), Int4Weight(w.wq[:-4], w.sq, 16, 64, 32))
     with pytest.raises(KernelInputError, match="config"):
         int4_matmul(dev(x), w, config=(3, 1, 1))
+    w3, _, _ = _weight(48, 1024, 32, 8)                              # 3 tiles: no pairs
+    x3 = dev(np.zeros((16, 1024), np.float16))
+    with pytest.raises(KernelInputError, match="paired config"):
+        int4_matmul(x3, w3, config=(2, 8, 2, 2))
+    w4, _, _ = _weight(64, 1024, 32, 9)
+    for bad in ((2, 8, 2, 3), (4, 8, 2, 2), (2, 4, 4, 2)):           # KP != 2, MT > KS / 4
+        with pytest.raises(KernelInputError, match="paired config"):
+            int4_matmul(x3, w4, config=bad)
+    w128, _, _ = _weight(64, 1024, 128, 10)
+    with pytest.raises(KernelInputError, match="paired config"):
+        int4_matmul(x3, w128, config=(2, 8, 2, 2))
     if SIMULATED:     # host-side layout checks on numpy views (device arrays cannot be misaligned this way)
         with pytest.raises(KernelInputError, match="contiguous"):
             int4_matmul(np.zeros((2, 128), np.float16)[:, ::2], w)
@@ -141,6 +168,15 @@ def test_gpu_dependent_launches(m, own_stream):
 @pytest.mark.parametrize("n,k", [(2048, 7168), (7168, 2048)])
 def test_gpu_k2_shapes(m, n, k):
     _check(m, n, k, 32, seed=m + n)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("m", [9, 16, 30])
+def test_gpu_paired_and_odd_tile_counts(m):
+    """Gate/up widths at the paired M buckets: 127 tiles (no pairs) and 2 x 64 tiles by default."""
+    _check(m, 2032, 7168, 32, seed=m)
+    _check(m, 2048, 7168, 32, seed=m + 1, config=choose_config(m, 7168))
 
 
 @gpu
