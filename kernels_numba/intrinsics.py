@@ -22,7 +22,6 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``griddep_wait_for(v)`` | the wait, predicated both ways on ``v``: ``v``'s loads stay before it | no-op |
 | ``griddep_launch_dependents()`` | ``griddepcontrol.launch_dependents``: the next grid may start | no-op |
 | ``globaltimer()`` | ``%globaltimer``: nanoseconds, one clock for every SM (timing probes) | host ns clock |
-| ``cluster_size()`` | ``%cluster_nctarank``: blocks in this block's cluster | 1 |
 | ``cluster_arrive_relaxed()`` | ``barrier.cluster.arrive.relaxed`` (no memory ordering) | no-op |
 | ``cluster_wait()`` | ``barrier.cluster.wait.acquire``: until the whole cluster arrived | ``syncthreads`` |
 | ``mbar_init(s, i, n)`` | ``mbarrier.init``: the 8 bytes at shared ``s[i]``, ``n`` arrivals | no-op |
@@ -366,13 +365,6 @@ def _build_gpu():
         off = builder.mul(builder.trunc(idx, i32), ir.Constant(i32, aty.dtype.bitwidth // 8))
         return builder.add(builder.call(cvta, [base]), off)
 
-    @intrinsic
-    def cluster_size(typingctx):
-        def codegen(context, builder, sig, args):
-            asm = ir.InlineAsm(ir.FunctionType(i32, []), "mov.u32 $0, %cluster_nctarank;", "=r")
-            return builder.call(asm, [])
-        return types.uint32(), codegen
-
     def _on_bar(body):
         """``body`` on the shared barrier ``s[i]`` (address ``$0``) with a 32-bit operand ``$1``."""
         @intrinsic
@@ -422,7 +414,7 @@ def _build_gpu():
             _ld("ld.global.L1::no_allocate.v4.u32"), dequant_i4x8,
             mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
-            cluster_size, cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
+            cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
             mbar_wait, st_async_f32)
 
 
@@ -440,7 +432,6 @@ if SIMULATED:
     bcast0 = _sim_bcast0
     griddep_wait = griddep_wait_for = griddep_launch_dependents = _sim_nop
     globaltimer = _sim_globaltimer
-    cluster_size = lambda: np.uint32(1)                 # noqa: E731 - clusters of one block
     cluster_arrive_relaxed = mbar_init = fence_mbar_init = mbar_expect_tx = _sim_nop
     cluster_wait = _sim_syncthreads
     mbar_wait = lambda s, i, p: _sim_syncthreads()      # noqa: E731 - the simulator's copies are done
@@ -448,5 +439,5 @@ if SIMULATED:
 else:
     (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32,
      ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for,
-     griddep_launch_dependents, globaltimer, cluster_size, cluster_arrive_relaxed, cluster_wait, mbar_init,
+     griddep_launch_dependents, globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init,
      fence_mbar_init, mbar_expect_tx, mbar_wait, st_async_f32) = _build_gpu()

@@ -34,6 +34,11 @@ Versions (docs/perf.md has predictions and measurements):
   v12 (snapshot _int4_matmul_v12xs_snapshot.py.txt, --xs) XS tiles per block, K split over XS
       blocks, so each x fragment serves XS tiles: slower at every tiling (gate M = 16 7.0-12.3 vs
       5.96 us); not kept.
+  v13 (snapshot _int4_matmul_v13xc_snapshot.py.txt) x staged in shared memory by bulk copies multicast
+      to a cluster of XC blocks: correct, no robust gain (the SM's intake of x, not the L2, limits).
+  v14 tile pairs (KP = 2 in a 4-tuple config; --paired): each block of a cluster of 2 computes two
+      tiles over its half of K, so warp pairs share x through L1; the halves meet by st.async. The
+      package's config for gate/up at M = 16 / 32 (5.72 vs 5.98 us at M = 16).
 The package's choose_config is the winner of the (MT, KS, CPW, KB) sweep below.
 """
 
