@@ -61,7 +61,7 @@ from .intrinsics import (
     mma_16816,
     st_async_f32,
 )
-from .launch import launch
+from .launch import CLUSTERS_AVAILABLE, launch
 
 MT_BUCKETS = (1, 2, 4, 8)          # m8 tiles per block: M <= 8, 16, 32, 64
 ZERO = float32(0.0)
@@ -242,11 +242,12 @@ COHERENT = {(4, 2048, 4, 8)}
 
 def choose_config(m: int, k: int, g: int = 32, n: int | None = None) -> tuple[int, ...]:
     """(MT, KS, CPW) or (MT, KS, CPW, KP): the M bucket, warps per block, chunks per warp and tile
-    pairing (KP = 2 needs an even number of 16-row tiles: without it for other ``n``)."""
+    pairing (KP = 2 needs an even number of 16-row tiles and cluster launches: without it otherwise)."""
     mt = next(b for b in MT_BUCKETS if m <= 8 * b) if m <= 64 else 8
     if (mt, k) in _TUNED and g == 32:
         cfg = _TUNED[(mt, k)]
-        return cfg if n is None or -(-n // 16) % 2 == 0 else cfg[:3]
+        pairs = CLUSTERS_AVAILABLE and (n is None or -(-n // 16) % 2 == 0)
+        return cfg if pairs else cfg[:3]
     kc = k // 64
     cpw_max = 8 if mt <= 4 else 4                       # keep the unrolled loops in registers
     ks_max = 32 if mt <= 2 else 16
@@ -294,10 +295,10 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
     if kp and (kp != 2 or ks % 2 or ks * cpw != k // 64 or (k // 64) % 2 or gs > 64 or mt * 4 > ks
-               or grid[0] % 2):
+               or grid[0] % 2 or not CLUSTERS_AVAILABLE):
         raise KernelInputError(f"bad paired config MT={mt} KS={ks} CPW={cpw} KP={kp} for N={n} K={k} G={gs}: "
-                               "needs KP = 2, KS even, KS*CPW = K/64 (even), G <= 64, MT <= KS/4 and an "
-                               "even number of 16-row tiles")
+                               "needs KP = 2, KS even, KS*CPW = K/64 (even), G <= 64, MT <= KS/4, an "
+                               "even number of 16-row tiles and cluster launches (numba-cuda with cuda.core)")
     kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw, kp)
     launch(kernel, grid, ks * 32, stream, (flat(out), flat(x), wq, sq, m, n), pdl, max(kp, 1))
     return out

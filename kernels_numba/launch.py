@@ -52,13 +52,14 @@ def _install() -> bool:
 
 
 PDL_AVAILABLE = _install()
+CLUSTERS_AVAILABLE = PDL_AVAILABLE or SIMULATED     # the simulator runs clusters of one block
 
 
 def launch(kernel, grid, block, stream, args, pdl: bool = True, cluster: int = 1):
     """``kernel[grid, block, stream](*args)``, with PDL when ``pdl`` and this numba-cuda supports it, in
     thread block clusters of ``cluster`` blocks along x (grid[0] a multiple of it; the simulator runs
     clusters of one block)."""
-    if cluster > 1 and not (PDL_AVAILABLE or SIMULATED):
+    if cluster > 1 and not CLUSTERS_AVAILABLE:
         raise RuntimeError("this numba-cuda cannot launch thread block clusters")
     _local.pdl = pdl and PDL_AVAILABLE
     _local.cluster = cluster if PDL_AVAILABLE else 1
