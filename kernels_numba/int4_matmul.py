@@ -70,7 +70,7 @@ ZERO = float32(0.0)
 @functools.cache
 def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, KP: int = 0):
     """Kernel factory: K, G and the tiling are compile-time constants (closure variables). KP = 2: tile
-    pairs, each block of a cluster of 2 computing both tiles over its half of K (``PAIRED``)."""
+    pairs, each block of a cluster of 2 computing both tiles over its half of K (module notes)."""
     KC = K // 64                   # 64-column chunks per weight row tile
     NS = K // G                    # scale groups per row
     TILE_W = KC * 128              # uint32 words per 16-row tile
@@ -84,12 +84,12 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, KP: int 
     NTHR = KS * 32
     NRED = KS * NACC * 32          # shared floats for the cross-warp reduction
     NWL = CPW * 4                  # weight words held per lane
+    NSL = CPW * SPC                # scale words held per lane
     NTW = KS // 2 if KP else KS    # warps per 16-row tile
     # K halves a block computes: KP on the GPU runs in clusters of 2 (one half each); the simulator's
     # clusters have one block, which computes both (a compile-time trip count keeps the GPU build
     # straight-line: with a runtime one ptxas moved 5 of 7 weight loads past the wait, offline SASS)
     NHB = 2 if KP and SIMULATED else 1
-    NSL = CPW * SPC                # scale words held per lane
     # MT >= 2: <= 128 registers, 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave
     # at M = 16 (uncapped it took 192 registers: 2 waves, 6.34 vs 5.42 us); no config spills at 128
     # (offline SASS). MT = 1 stays uncapped: capped, K2 down M = 1 ran 3.90 us instead of 3.66.
@@ -124,8 +124,8 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, KP: int 
         for i in range(NACC):
             acc[i] = ZERO
             prt[i] = ZERO
-        for j in range(NHB):                                  # this block's halves of K (see NHB)
-            hv = j if NHB > 1 else half
+        for hj in range(NHB):                                 # this block's halves of K (see NHB)
+            hv = hj if NHB > 1 else half
             # phase 1: all 16-byte weight loads (and scale words) of this warp's slice in flight at
             # once; index math once, constant offsets inside the unrolled loop
             wl = cuda.local.array(NWL, uint32)
@@ -208,7 +208,7 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, KP: int 
             mbar_wait(bar, 0, 0)
             if o < NOUT and NHB == 1:
                 own += inbox[o]
-        for o in range(tid, NOUT if KP == 0 else min(NOUT, NTHR), NTHR):
+        for o in range(tid, NOUT, NTHR):                      # (KP: NOUT <= NTHR, o = tid)
             if KP:
                 s = own
             else:

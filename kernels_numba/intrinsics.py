@@ -434,7 +434,7 @@ if SIMULATED:
     globaltimer = _sim_globaltimer
     cluster_arrive_relaxed = mbar_init = fence_mbar_init = mbar_expect_tx = _sim_nop
     cluster_wait = _sim_syncthreads
-    mbar_wait = lambda s, i, p: _sim_syncthreads()      # noqa: E731 - the simulator's copies are done
+    mbar_wait = lambda s, i, p: _sim_syncthreads()      # noqa: E731 - every store before it is done
     st_async_f32 = _sim_st_async_f32
 else:
     (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32,
