@@ -538,7 +538,6 @@ def xs_sweep(torch):
     return 0
 
 
-
 # --paired (session 13): v14 = tile pairs (KP = 2 in a 4-tuple config): block b of a cluster of 2 computes
 # tiles b & ~1 and (b & ~1) + 1 over half b & 1 of K, so warps w and w + KS / 2 read the same x (the
 # second from L1) and each SM takes in half of x; the halves meet through distributed shared memory.
@@ -589,6 +588,7 @@ def paired_sweep(torch):
                     err = float(((torch.stack(outs) - ref).abs().max() / ref.abs().max()).nan_to_num(1e9))
                     print(f"{label}: {us:.2f} us, chained outputs vs default rel err {err:.1e}", flush=True)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
