@@ -294,7 +294,7 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     grid = (weight.n16, -(-m // (8 * mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
-    if kp and (kp != 2 or ks % 2 or ks * cpw != k // 64 or (k // 64) % 2 or gs > 64 or mt * 4 > ks
+    if kp and (kp != 2 or ks % 2 or ks * cpw != k // 64 or gs > 64 or mt * 4 > ks
                or grid[0] % 2 or not CLUSTERS_AVAILABLE):
         raise KernelInputError(f"bad paired config MT={mt} KS={ks} CPW={cpw} KP={kp} for N={n} K={k} G={gs}: "
                                "needs KP = 2, KS even, KS*CPW = K/64 (even), G <= 64, MT <= KS/4, an "

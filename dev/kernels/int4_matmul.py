@@ -384,20 +384,31 @@ def check_print(rng, name, m, n, k, cfg, fn) -> bool:
     return err < 1e-4
 
 
-def time_plans(torch, impls, plans, runs=lambda name, cfg: True):
+def time_plans(torch, impls, plans, runs=lambda name, cfg: True, compare=False):
     """Per K2 shape of ``plans`` ({(N, K): [(M, config), ...]}) 64 random weights, then every
-    implementation ``runs`` allows at every (M, config), timed over them back to back."""
+    implementation ``runs`` allows at every (M, config), timed over them back to back; ``compare``:
+    each timed chain's outputs (NaN before it) against the package default's."""
+    from kernels_numba import int4_matmul
     for (n, k), plan in plans.items():
         ws = random_weights(n, k, 32, 64, torch)
         for m, cfg in plan:
             x = torch.randn(m, k, device="cuda").half()
-            outs = [torch.zeros(m, n, device="cuda") for _ in ws]
+            if compare:
+                ref = torch.stack([torch.zeros(m, n, device="cuda") for _ in ws])
+                for w, r in zip(ws, ref, strict=True):
+                    int4_matmul(x, w, out=r)
             for name, fn in impls.items():
                 if runs(name, cfg):
+                    outs = [torch.full((m, n), float("nan"), device="cuda") for _ in ws]
                     label = f"{name} N={n} K={k} M={m} cfg={cfg}"
                     us = time_rotating(torch, fn, x, ws, outs, cfg, label)
-                    if us is not None:
-                        print(f"{label}: {us:.2f} us", flush=True)
+                    if us is None:
+                        continue
+                    tail = ""
+                    if compare:
+                        err = float(((torch.stack(outs) - ref).abs().max() / ref.abs().max()).nan_to_num(1e9))
+                        tail = f", chained outputs vs default rel err {err:.1e}"
+                    print(f"{label}: {us:.2f} us{tail}", flush=True)
 
 
 # --timeline: thread 0 of every block stamps the global timer at its start, after the wait and at its
@@ -568,25 +579,10 @@ def paired_sweep(torch):
     for (n, k), plan in _PAIRED_PLANS.items():
         for m, cfg in plan:
             for name, fn in impls.items():
-                for mm in sorted({m, max(m - 3, 1)}):
-                    if runs(name, cfg):
+                if runs(name, cfg):
+                    for mm in sorted({m, max(m - 3, 1)}):
                         check_print(rng, name, mm, n, k, cfg, fn)
-    for (n, k), plan in _PAIRED_PLANS.items():
-        ws = random_weights(n, k, 32, 64, torch)
-        for m, cfg in plan:
-            x = torch.randn(m, k, device="cuda").half()
-            ref = torch.stack([torch.zeros(m, n, device="cuda") for _ in ws])
-            for w, r in zip(ws, ref, strict=True):
-                int4_matmul(x, w, out=r)
-            for name, fn in impls.items():
-                if not runs(name, cfg):
-                    continue
-                outs = [torch.full((m, n), float("nan"), device="cuda") for _ in ws]
-                label = f"{name} N={n} K={k} M={m} cfg={cfg}"
-                us = time_rotating(torch, fn, x, ws, outs, cfg, label)
-                if us is not None:
-                    err = float(((torch.stack(outs) - ref).abs().max() / ref.abs().max()).nan_to_num(1e9))
-                    print(f"{label}: {us:.2f} us, chained outputs vs default rel err {err:.1e}", flush=True)
+    time_plans(torch, impls, _PAIRED_PLANS, runs, compare=True)
     return 0
 
 

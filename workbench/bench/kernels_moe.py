@@ -101,8 +101,8 @@ def bench_moe(torch, copy, rows, log):
             row["pct_copy"] = row["pct_floor"]
             rows.append(row)
             log(row)
-        stages = dict(moe_stages(x, ids, tw, mw, out, ws)[0])
-        if t in (1, 64) and "align" in stages:     # the stream-K path's align launch captured alone
+        stages = dict(moe_stages(x, ids, tw, mw, out, ws)[0]) if t in (1, 64) else {}
+        if "align" in stages:                      # the stream-K path's align launch captured alone
             align = stages["align"]
             ga = graph_of(torch, functools.partial(_on_current_stream, torch, align))
             sa, _ = timed_replays(torch, ga, ids, id_sets, 12)
