@@ -164,6 +164,8 @@ def main(argv=None) -> int:
                     "configs) beside the package's 3-tuple configs, checked first and after the timed chain")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
+    ap.add_argument("--floor", metavar="DIR", nargs="?", const="", help="M = 1 with the weights read "
+                    "from L2 (_FLOOR, timing only) beside the package, and their timeline (stamps under DIR)")
     args = ap.parse_args(argv)
     if args.check:
         return check_variants()
@@ -176,6 +178,8 @@ def main(argv=None) -> int:
         return paired_sweep(torch)
     if args.ceiling:
         return ceiling(torch)
+    if args.floor is not None:
+        return floor_probe(torch, args.floor)
     if args.timeline:
         return timeline(torch, args.timeline)
 
@@ -440,13 +444,13 @@ def timeline(torch, out_dir=None):
     return 0
 
 
-def timeline_shape(torch, n, k, cfg):
+def timeline_shape(torch, n, k, cfg, variants=None):
     count, tiles = 64, n // 16
     ws = random_weights(n, k, 32, count, torch)
     x = torch.randn(1, k, device="cuda").half()
     outs = [torch.zeros(1, n, device="cuda") for _ in range(count)]
     stamps = {}
-    for name, fn in _variant_impls(_STAMPS).items():
+    for name, fn in _variant_impls(_STAMPS, variants).items():
         us = time_rotating(torch, fn, x, ws, outs, cfg, name)   # the last replay's stamps stay in outs
         if us is None:
             continue
@@ -583,6 +587,37 @@ def paired_sweep(torch):
                     for mm in sorted({m, max(m - 3, 1)}):
                         check_print(rng, name, mm, n, k, cfg, fn)
     time_plans(torch, impls, _PAIRED_PLANS, runs, compare=True)
+    return 0
+
+
+# --floor (session 14; timing only, results wrong): what the dependent M = 1 chain costs with DRAM out
+# of the way. "weights from L2": every weight and scale load aliased into the first 4 KB of wq / sq
+# (one more AND per load; the loads hit L2), so a launch is the wait's release, the post-wait work and
+# the blocks' spread; "no dequant": the MMAs take the raw weight words (4 LOP3 + SHR + 4 HFMA2 fewer
+# per word)
+_WALIAS = [("w = ld_stream_v4(wq, wbase + ci * 128)", "w = ld_stream_v4(wq, (wbase + ci * 128) & 1023)"),
+           ("sl[ci * SPC + j] = sq[sbase + ((ci * 64) // G + j) * 8]",
+            "sl[ci * SPC + j] = sq[(sbase + ((ci * 64) // G + j) * 8) & 1023]")]
+_NODQ = [("a = dequant_i4x8(wl[ci * 4 + 2 * h])",
+          "wa = wl[ci * 4 + 2 * h]\n" + " " * 24 + "a = (wa, wa, wa, wa)"),
+         ("b = dequant_i4x8(wl[ci * 4 + 2 * h + 1])",
+          "wb = wl[ci * 4 + 2 * h + 1]\n" + " " * 24 + "b = (wb, wb, wb, wb)")]
+_FLOOR = {"v7": [], "v7 weights from L2": _WALIAS, "v7 weights from L2, no wait": _WALIAS + _NOWAIT,
+          "v7 weights from L2, no dequant": _WALIAS + _NODQ, "v7 no dequant": _NODQ}
+
+
+def floor_probe(torch, out_dir=None):
+    """_FLOOR at the package's M = 1 configs, timed over 64 weights back to back, then the timeline of
+    v7 and v7 weights from L2 (where the per-launch time goes without DRAM traffic)."""
+    import os
+    impls = _variant_impls(variants=_FLOOR)
+    plans = {(2048, 7168): [(1, (1, 16, 7))], (7168, 2048): [(1, (1, 4, 8))]}
+    time_plans(torch, impls, plans)
+    stamps = {}
+    for (n, k), plan in plans.items():
+        stamps.update(timeline_shape(torch, n, k, plan[0][1], {key: _FLOOR[key] for key in list(_FLOOR)[:2]}))
+    if out_dir:
+        np.savez_compressed(os.path.join(out_dir, "timeline_floor.npz"), **stamps)
     return 0
 
 

@@ -113,7 +113,7 @@ def check_small(torch, v2):
         nt_cfgs = [{"gu": (16, 1, 2, 2), "dn": (16, 1, 2, 4), "blocks": 132, "maxreg": 128},
                    {"gu": (16, 1, 3, 4), "dn": (16, 1, 2, 8), "blocks": 132, "maxreg": 128}]
         for name, kcfg in [("v2", None), ("package", None), ("v4 NT=2/4", nt_cfgs[0]),
-                           ("v4 NT=4/8", nt_cfgs[1])]:
+                           ("v4 NT=4/8", nt_cfgs[1]), ("GEMV path", gemv_config(d, i))]:
             out = torch.full((t, d), float("nan"), device="cuda")
             ws = moe_workspace(t, 4, mw, config=kcfg)
             if name == "v2":
@@ -123,6 +123,31 @@ def check_small(torch, v2):
             cuda.synchronize()
             err = float(np.abs(out.cpu().numpy() - ref).max() / np.abs(ref).max())
             print(f"check {name} fused_moe T={t}: rel err {err:.2e}", "OK" if err < 1e-3 else "FAIL")
+
+
+def gemv_config(d, i):
+    """The GEMV path's config (choose_moe_config's at T = 1), for any T."""
+    from kernels_numba.moe_gemv import gemv_tiling
+    return {"gemv": True, "gu": gemv_tiling(d, 8), "dn": gemv_tiling(i, 4), "maxreg": 128}
+
+
+def token_sweep(torch, tokens):
+    """The default config beside the GEMV path at every T of ``tokens`` (the 70% target is for T = 1 to
+    64; the benchmark times T = 1 / 4 / 16 / 64)."""
+    from kernels_numba.moe import choose_moe_config
+    from workbench.bench.common import copy_bandwidth
+    copy = copy_bandwidth()
+    print(f"copy {copy:.0f} GB/s")
+    mw = k2_random_experts(torch)
+    for t in tokens:
+        base = choose_moe_config(7168, 2048, t)
+        for name, cfg in (("default", base), ("GEMV path", gemv_config(7168, 2048))):
+            if name == "default" or "gemv" not in base:
+                med, uniq = time_version(torch, name, mw, t, cfg, None)
+                floor = uniq * EXPERT_BYTES / (copy * 1e3)
+                print(f"T={t} {name} {cfg}: {med:.1f} us, unique experts {uniq:.0f}, floor {floor:.1f} us, "
+                      f"{100 * floor / med:.1f}% of floor", flush=True)
+    return 0
 
 
 def v2_config(p):
@@ -177,10 +202,15 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", type=int, nargs="+", default=[], help="--diag: also these EXTRA_CONFIGS "
                     "(indices), for every variant but v5")
     ap.add_argument("--no-check", action="store_true", help="--diag without the small-shape checks")
+    ap.add_argument("--sweep-tokens", type=int, nargs="+", help="the default config beside the GEMV path "
+                    "at these token counts (after the small-shape checks)")
     args = ap.parse_args(argv)
     import torch
     if args.ncu:
         return ncu_calls(torch)
+    if args.sweep_tokens:
+        check_small(torch, load_snapshot("_moe_gemm_v2_snapshot"))
+        return token_sweep(torch, args.sweep_tokens)
     if args.diag:
         if not args.no_check:
             check_small(torch, load_snapshot("_moe_gemm_v2_snapshot"))
