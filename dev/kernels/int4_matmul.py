@@ -418,10 +418,10 @@ def time_plans(torch, impls, plans, runs=lambda name, cfg: True, compare=False):
 # --timeline: thread 0 of every block stamps the global timer at its start, after the wait and at its
 # end into out[3 * tile ...] (ns mod 2**24, exact in float32); the outputs are then not stored (a
 # never-true test keeps the math), so the stamps are the only writes
-_WAITED = "        for mt in range(MT):\n            m = m0 + mt * 8 + g\n"    # first lines after the wait
-_TILE = "        tile = cuda.blockIdx.x "
-_STAMPS = [(_TILE, "        t_start = globaltimer()\n" + _TILE),
-           (_WAITED, "        t_wait = globaltimer()\n" + _WAITED),
+_WAITED = "            for mt in range(MT):\n                m = m0 + mt * 8 + g\n"    # after the wait
+_START = "        m0 = cuda.blockIdx.y * (8 * MT) "
+_STAMPS = [(_START, "        t_start = globaltimer()\n" + _START),
+           (_WAITED, "            t_wait = globaltimer()\n" + _WAITED),
            ("                out[m * n_rows + n] = s\n",
             "                if s == float32(1.2345e-30):\n                    out[m * n_rows + n] = s\n"
             "        if tid == 0:\n            t_end = globaltimer()\n"

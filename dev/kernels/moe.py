@@ -201,7 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="+", default=["v5", "v6", "stream"], help="versions of --diag")
     ap.add_argument("--configs", type=int, nargs="+", default=[], help="--diag: also these EXTRA_CONFIGS "
                     "(indices), for every variant but v5")
-    ap.add_argument("--no-check", action="store_true", help="--diag without the small-shape checks")
+    ap.add_argument("--no-check", action="store_true", help="--diag / --sweep-tokens without the small-shape "
+                    "checks")
     ap.add_argument("--sweep-tokens", type=int, nargs="+", help="the default config beside the GEMV path "
                     "at these token counts (after the small-shape checks)")
     args = ap.parse_args(argv)
@@ -209,7 +210,8 @@ def main(argv=None) -> int:
     if args.ncu:
         return ncu_calls(torch)
     if args.sweep_tokens:
-        check_small(torch, load_snapshot("_moe_gemm_v2_snapshot"))
+        if not args.no_check:
+            check_small(torch, load_snapshot("_moe_gemm_v2_snapshot"))
         return token_sweep(torch, args.sweep_tokens)
     if args.diag:
         if not args.no_check:
