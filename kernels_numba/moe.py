@@ -5,8 +5,9 @@ pseudo-experts, P = T*(K + S) (token, expert) pairs, G group size.
 
 Four launches, no host synchronisation, fixed grids (graph-capturable with a preallocated
 ``MoEWorkspace``): ``moe_align_kernel`` (1 block), ``moe_gemm_kernel`` gate/up and down, each a
-persistent stream-K grid (moe_gemm.py), ``moe_combine_kernel``. For one token (decode) the default
-is moe_gemv.py's path instead: gate/up, act, down as grouped GEMVs, then the same combine. Mirrors
+persistent stream-K grid (moe_gemm.py), ``moe_combine_kernel``. For up to GEMV_TOKENS tokens (decode
+and small draft trees) the default is moe_gemv.py's path instead: gate/up, act, down as grouped GEMVs,
+then the same combine. Mirrors
 workbench/reference/moe.py ``moe``: sum_k w_k SwiGLU_e(x) + shared SwiGLU(x), each linear the W4A16
 definition (activations rounded to f16, f32 accumulation); h = silu(gate) * up is rounded to f16
 as the reference's down linear does.
@@ -93,7 +94,7 @@ def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
                   config: dict | None = None) -> MoEWorkspace:
     """Scratch for ``n_tok`` tokens; ``config`` (default ``choose_moe_config``) sizes the part buffer
     (for the default stream-K config where it is the GEMV path's) and whether the GEMV path's gate/up
-    buffer is there (always for one token)."""
+    buffer is there (always up to GEMV_TOKENS tokens)."""
     p = n_tok * (k_top + weights.n_shared)
     i, d, g = weights.w13.n, weights.w2.n, weights.w13.group_size
     stream = as_stream(stream)
@@ -104,7 +105,7 @@ def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
                         empty(2, np.int32, stream), empty(p * i, np.uint16, stream),
                         empty(p * d, np.float32, stream), empty(part, np.float32, stream),
                         empty(p * (i // 16), np.int32, stream), empty(p * (d // 16), np.int32, stream),
-                        n_tok, empty(p * 2 * i if gemv or n_tok == 1 else 1, np.float32, stream))
+                        n_tok, empty(p * 2 * i if gemv or n_tok <= GEMV_TOKENS else 1, np.float32, stream))
 
 
 def _check_config(cfg, d: int, i: int, g: int = 32) -> dict:
@@ -148,15 +149,22 @@ def _sm_count() -> int:
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
+# the GEMV path is the default up to this many tokens (G = 32). K2 width, % of the unique-expert floor,
+# stream-K vs GEMV in one run (ladder/moe_tokens2_h200.log): T = 2 64.6 vs 75.4, 3 68.7 vs 75.0, 4 71.3 vs
+# 75.2, 8 73.5 vs 73.6, 16 74.5 vs 69.2, 32 72.3 vs 58.7 (each pair reads its expert's weights, so
+# experts shared by tokens are read more than once, mostly from L2)
+GEMV_TOKENS = 8
+
+
 def choose_moe_config(d: int, i: int, tokens: int = 1, g: int = 32) -> dict:
-    """One token at G = 32: the GEMV path (moe_gemv.py; its tiling per GEMM as (warps per block,
-    chunks per warp): K2 gate/up (8, 14) and down (4, 8), measured best of four at T = 1). Otherwise,
-    per stream-K GEMM (warps per block, chunks per step, steps in flight, n-tiles per unit), the
-    persistent grid's block count and the register cap: the best of the v3-v5 sweeps on the H200 at
-    T = 1..64 (docs/perf.md). Stream-K balances any amount of work; only down changes with
+    """Up to GEMV_TOKENS tokens at G = 32: the GEMV path (moe_gemv.py; its tiling per GEMM as (warps
+    per block, chunks per warp): K2 gate/up (8, 14) and down (4, 8), measured best of four at T = 1).
+    Otherwise, per stream-K GEMM (warps per block, chunks per step, steps in flight, n-tiles per unit),
+    the persistent grid's block count and the register cap: the best of the v3-v5 sweeps on the H200
+    at T = 1..64 (docs/perf.md). Stream-K balances any amount of work; only down changes with
     ``tokens``: 4 chunks per step and one n-tile per unit measured faster at T = 4 and 16 in four
     benchmark runs (slower at T = 64), so it is used for 2 <= T <= 16."""
-    if tokens == 1 and g == 32:
+    if tokens <= GEMV_TOKENS and g == 32:
         gu_t, dn_t = gemv_tiling(d, 2 if SIMULATED else 8), gemv_tiling(i, 1 if SIMULATED else 4)
         if gu_t and dn_t:
             return {"gemv": True, "gu": gu_t, "dn": dn_t, "maxreg": 128}

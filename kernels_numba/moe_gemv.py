@@ -1,4 +1,4 @@
-"""The fused MoE for one token: grouped GEMVs, one block per (pair, 16-row weight tile), no align.
+"""The fused MoE for few tokens: grouped GEMVs, one block per (pair, 16-row weight tile), no align.
 
 Legend as in moe.py (T tokens, D model width, I expert width, E routed experts, K experts per token,
 S shared pseudo-experts, P = T*(K + S) pairs; pair p < T*K is (token p // K, expert topk_ids.flat[p],
@@ -6,8 +6,9 @@ weight topk_w.flat[p]), pair T*K + s*T + t is (token t, expert E + s, weight 1))
 
 At T = 1 every pair has its own expert, so there is nothing to align or to share between pairs, and
 the stream-K GEMMs (moe_gemm.py) pay for machinery that has no work: at K2 width this path ran
-72.4 us (73% of the floor) against 96.5 us for stream-K in one benchmark run (docs/perf.md). Four
-launches, all with PDL:
+72.4 us (73% of the floor) against 96.5 us for stream-K in one benchmark run (docs/perf.md). With a
+few tokens few experts are shared; a shared one is read once per pair (the copies mostly from L2),
+so the path is the default up to moe.GEMV_TOKENS tokens. Four launches, all with PDL:
 
   gate_up  grid (2 I/16, P): block (2 n + half, p) computes 16 rows of the gate (half 0) or up
            (half 1) projection of pair p's expert for p's token: ``gu[p, half I + 16 n + r]`` (f32).

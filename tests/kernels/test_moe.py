@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kernels_numba import KernelInputError
-from kernels_numba.moe import choose_moe_config, fused_moe, moe_workspace, prepare_moe
+from kernels_numba.moe import GEMV_TOKENS, choose_moe_config, fused_moe, moe_workspace, prepare_moe
 from workbench.config import preset
 from workbench.quant.int4 import gen_quant4
 from workbench.reference.moe import moe, moe_gate
@@ -106,14 +106,16 @@ def test_stream_k_split_paths():
     assert gu >= {"warps", "early", "deferred"} and dn >= {"warps", "early"}, (gu, dn)
 
 
-def test_one_token_gemv_path():
-    """T = 1 at G = 32 takes the grouped-GEMV path (moe_gemv.py) by default; G = 64 and T > 1 the
-    stream-K one; both match the reference."""
+def test_few_tokens_gemv_path():
+    """Up to GEMV_TOKENS tokens at G = 32 the default is the grouped-GEMV path (moe_gemv.py); more tokens
+    and G = 64 take the stream-K one; both match the reference."""
     cfg = preset("tiny")
     d, i = cfg.hidden_size, cfg.moe_intermediate_size
-    assert "gemv" in choose_moe_config(d, i, 1) and "gemv" not in choose_moe_config(d, i, 2)
+    assert all("gemv" in choose_moe_config(d, i, t) for t in range(1, GEMV_TOKENS + 1))
+    assert "gemv" not in choose_moe_config(d, i, GEMV_TOKENS + 1)
     assert "gemv" not in choose_moe_config(d, i, 1, g=64)
     _check(cfg, 1, seed=31)
+    _check(cfg, 3, seed=33)
     _check(cfg, 1, seed=32, group=64)
 
 
@@ -188,8 +190,11 @@ def test_bad_configs_raise_before_launch():
     _, mw64 = _model(cfg, 9, group=64)
     with pytest.raises(KernelInputError, match="bad MoE config"):
         fused_moe(x1, ids1, tw1, mw64, out=out1, config=gemv)
+    t9 = GEMV_TOKENS + 1                                    # a stream-K workspace has no gate/up buffer
+    x9, ids9, tw9 = dev(np.zeros((t9, cfg.hidden_size), np.float16)), dev(np.zeros((t9, 2), np.int32)), \
+        dev(np.ones((t9, 2), np.float32))
     with pytest.raises(KernelInputError, match="no room"):
-        fused_moe(x, ids, tw, mw, out=out, workspace=moe_workspace(2, 2, mw), config=gemv)
+        fused_moe(x9, ids9, tw9, mw, workspace=moe_workspace(t9, 2, mw), config=gemv)
     big = {**SMALL, "blocks": 50}                           # more warps than the workspace was made for
     with pytest.raises(KernelInputError, match="part buffer"):
         fused_moe(x, ids, tw, mw, out=out, workspace=moe_workspace(2, 2, mw, config=SMALL), config=big)

@@ -7,9 +7,10 @@ Rows of kernels.csv (one per case x implementation), all timed with CUDA events 
   distinct weight matrices (far more than the L2) and captured as 64 back-to-back launches in one
   CUDA graph (time per launch = replay / 64); a torch device copy of the same byte count, captured
   the same way, is the per-launch ceiling.
-- fused MoE at the K2 shape (384 experts + 1 shared, top-8, INT4 g32) for T = 1, 4, 16, 64 tokens:
-  ``fused_moe`` (4 launches, one graph, routing rotated over 8 random sets between replays; at T = 1
-  its default is the one-token GEMV path, and the stream-K tilings are timed beside it),
+- fused MoE at the K2 shape (384 experts + 1 shared, top-8, INT4 g32) for T = 1..64 tokens
+  (kernels_moe.TOKENS): ``fused_moe`` (4 launches, one graph, routing rotated over 8 random sets between
+  replays; its default is the GEMV path up to moe.GEMV_TOKENS tokens, stream-K above, and the other
+  path's tilings are timed beside it),
   against the floor = (unique experts touched + shared) x 24.77 MB at the copy bandwidth, and
   against an eager torch per-expert loop (tinygemm per projection).
 GB/s = bytes the implementation must move (weights + scales + activations + outputs) / median time;
@@ -31,7 +32,6 @@ from .common import copy_bandwidth, run_metadata, time_op
 
 SHAPES = {"gate_up": (2048, 7168), "down": (7168, 2048)}       # (N, K)
 MS = (1, 2, 4, 8, 16, 32, 64)
-TOKENS = (1, 4, 16, 64)
 ROT = 64
 G = 32
 

@@ -83,8 +83,10 @@ def bench_moe(torch, copy, rows, log):
         out = torch.empty(t, D, device="cuda")
         ws = moe_workspace(t, K, mw)
         base = choose_moe_config(D, I, t)
+        gemv = choose_moe_config(D, I, 1)
         cfgs = [("fused_moe (numba, 4 launches)", base)] + [
-            (f"fused_moe alt config {c['gu']}/{c['dn']}", c) for c in ALT_CONFIGS if c != base]
+            (f"fused_moe alt config {'GEMV path ' if c is gemv else ''}{c['gu']}/{c['dn']}", c)
+            for c in [*ALT_CONFIGS, gemv] if c != base]
         floor_us = None
         for impl, cfg in cfgs:
             g = graph_of(torch, lambda cfg=cfg: fused_moe(x, ids, tw, mw, out=out, workspace=ws,  # noqa: B023
@@ -150,7 +152,7 @@ def torch_moe_loop(torch, x, ids, tw, tg):
     return y
 
 
-TOKENS = (1, 4, 16, 64)
+TOKENS = (1, 2, 4, 8, 16, 32, 64)
 # stream-K tilings timed beside the default (warps/block, chunks/step, steps in flight, n-tiles/unit)
 ALT_CONFIGS = [{"gu": (16, 1, 3, 1), "dn": (16, 1, 3, 2), "blocks": 132, "maxreg": 128},
                {"gu": (16, 2, 2, 1), "dn": (16, 4, 2, 1), "blocks": 132, "maxreg": 128},

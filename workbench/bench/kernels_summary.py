@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .kernels_moe import TOKENS
+
 
 def _get(rows, case, prefix):
     return next((r for r in rows if r["case"] == case and r["impl"].startswith(prefix)), None)
@@ -31,7 +33,7 @@ def summary(rows: list[dict], copy_gbs: float) -> str:
             out.append(f"{shape}: M=16 time / M=1 time = {ratio:.3f} (target <= 1.5)")
     out += ["", "| MoE T | unique experts | fused us | floor us | % floor | torch loop us |",
             "|---|---|---|---|---|---|"]
-    for t in (1, 4, 16, 64):
+    for t in TOKENS:
         r = _get(rows, f"moe T={t}", "fused_moe (")
         lp = _get(rows, f"moe T={t}", "torch per-expert")
         if r:
