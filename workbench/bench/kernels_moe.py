@@ -81,9 +81,8 @@ def bench_moe(torch, copy, rows, log):
         x = torch.randn(t, D, device="cuda").half()
         tw = torch.rand(t, K, device="cuda")
         out = torch.empty(t, D, device="cuda")
-        ws = moe_workspace(t, K, mw)
-        base = choose_moe_config(D, I, t)
-        gemv = choose_moe_config(D, I, 1)
+        base, gemv = choose_moe_config(D, I, t), choose_moe_config(D, I, 1)
+        ws = moe_workspace(t, K, mw, config=gemv)   # room for both paths (a stream-K part buffer too)
         cfgs = [("fused_moe (numba, 4 launches)", base)] + [
             (f"fused_moe alt config {'GEMV path ' if c is gemv else ''}{c['gu']}/{c['dn']}", c)
             for c in [*ALT_CONFIGS, gemv] if c != base]
