@@ -1,7 +1,7 @@
 """Version ladder for the W4A16 GEMV/GEMM (style.md §2.4): validate every version, then time them.
 
 Run on a GPU:  python dev/kernels/int4_matmul.py [--quick | --ms M ...] [--ncu | --m16 | --ceiling
-                | --timeline DIR | --xs | --paired]
+                | --timeline DIR | --xs | --paired | --floor [DIR]]
 Offline:       NUMBA_ENABLE_CUDASIM=1 python dev/kernels/int4_matmul.py --check
 Versions (docs/perf.md has predictions and measurements):
   s0  stream-only: the same 16-byte weight loads and grid, no math (the attainable rate per launch)
@@ -39,6 +39,8 @@ Versions (docs/perf.md has predictions and measurements):
   v14 tile pairs (KP = 2 in a 4-tuple config; --paired): each block of a cluster of 2 computes two
       tiles over its half of K, so warp pairs share x through L1; the halves meet by st.async. The
       package's config for gate/up at M = 16 / 32 (5.72 vs 5.98 us at M = 16).
+  (--floor, session 14) v7 with every weight load served from L2 (timing only): 3.5 / 3.6 us per
+      launch with no DRAM traffic at all, so M = 1 is bound by the compute path, not by memory.
 The package's choose_config is the winner of the (MT, KS, CPW, KB) sweep below.
 """
 

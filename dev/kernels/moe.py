@@ -1,6 +1,6 @@
 """Version ladder for the fused W4A16 MoE (style.md §2.4): validate, then time at the K2 shape.
 
-Run on a GPU:  python dev/kernels/moe.py [--quick]
+Run on a GPU:  python dev/kernels/moe.py [--quick | --diag | --sweep-tokens T ... | --ncu]
 Versions (docs/perf.md has predictions and measurements), all timed in the same run:
   v2  align (1 block) -> gate/up GEMM over (I/16 n-tiles x W workers), one 8-row expert tile per
       block pass, KS warps split K and meet in shared memory -> down GEMM -> combine
