@@ -45,8 +45,9 @@ def main():
     out["moe gate_up"] = counts(make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"]), gsig)
     dsig = (a(T.float32), a(T.uint16)) + gsig[2:]
     out["moe down"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]), dsig)
-    cfg = choose_moe_config(7168, 2048, tokens=4)
-    out["moe down T=4"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]), dsig)
+    cfg = choose_moe_config(7168, 2048, tokens=16)     # stream-K down for 9 <= T <= 16
+    out["moe down T=16"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]),
+                                  dsig)
     out["moe align"] = counts(make_align_kernel(385, 512),
                               (a(T.int32), a(T.int32), a(T.int32), a(T.int32), *(T.int64,) * 4,
                                a(T.int32), T.int64))
