@@ -7,10 +7,9 @@ Four launches, no host synchronisation, fixed grids (graph-capturable with a pre
 ``MoEWorkspace``): ``moe_align_kernel`` (1 block), ``moe_gemm_kernel`` gate/up and down, each a
 persistent stream-K grid (moe_gemm.py), ``moe_combine_kernel``. For up to GEMV_TOKENS tokens (decode
 and small draft trees) the default is moe_gemv.py's path instead: gate/up, act, down as grouped GEMVs,
-then the same combine. Mirrors
-workbench/reference/moe.py ``moe``: sum_k w_k SwiGLU_e(x) + shared SwiGLU(x), each linear the W4A16
-definition (activations rounded to f16, f32 accumulation); h = silu(gate) * up is rounded to f16
-as the reference's down linear does.
+then the same combine. Mirrors workbench/reference/moe.py ``moe``: sum_k w_k SwiGLU_e(x) + shared
+SwiGLU(x), each linear the W4A16 definition (activations rounded to f16, f32 accumulation);
+h = silu(gate) * up is rounded to f16 as the reference's down linear does.
 """
 
 from __future__ import annotations

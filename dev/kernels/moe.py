@@ -80,7 +80,7 @@ def check_small(torch, v2):
 
     from numba import cuda
 
-    from kernels_numba.moe import fused_moe, moe_workspace, prepare_moe
+    from kernels_numba.moe import choose_moe_config, fused_moe, moe_workspace, prepare_moe
     from workbench.config import preset
     from workbench.quant.int4 import gen_quant4
     from workbench.reference.moe import moe, moe_gate
@@ -113,7 +113,7 @@ def check_small(torch, v2):
         nt_cfgs = [{"gu": (16, 1, 2, 2), "dn": (16, 1, 2, 4), "blocks": 132, "maxreg": 128},
                    {"gu": (16, 1, 3, 4), "dn": (16, 1, 2, 8), "blocks": 132, "maxreg": 128}]
         for name, kcfg in [("v2", None), ("package", None), ("v4 NT=2/4", nt_cfgs[0]),
-                           ("v4 NT=4/8", nt_cfgs[1]), ("GEMV path", gemv_config(d, i))]:
+                           ("v4 NT=4/8", nt_cfgs[1]), ("GEMV path", choose_moe_config(d, i, 1))]:
             out = torch.full((t, d), float("nan"), device="cuda")
             ws = moe_workspace(t, 4, mw, config=kcfg)
             if name == "v2":
@@ -125,15 +125,9 @@ def check_small(torch, v2):
             print(f"check {name} fused_moe T={t}: rel err {err:.2e}", "OK" if err < 1e-3 else "FAIL")
 
 
-def gemv_config(d, i):
-    """The GEMV path's config (choose_moe_config's at T = 1), for any T."""
-    from kernels_numba.moe_gemv import gemv_tiling
-    return {"gemv": True, "gu": gemv_tiling(d, 8), "dn": gemv_tiling(i, 4), "maxreg": 128}
-
-
 def token_sweep(torch, tokens):
-    """The default config beside the GEMV path at every T of ``tokens`` (the 70% target is for T = 1 to
-    64; the benchmark times T = 1 / 4 / 16 / 64)."""
+    """The default config beside the GEMV path (its config at T = 1) at every T of ``tokens`` (the 70%
+    target is for T = 1 to 64)."""
     from kernels_numba.moe import choose_moe_config
     from workbench.bench.common import copy_bandwidth
     copy = copy_bandwidth()
@@ -141,7 +135,7 @@ def token_sweep(torch, tokens):
     mw = k2_random_experts(torch)
     for t in tokens:
         base = choose_moe_config(7168, 2048, t)
-        for name, cfg in (("default", base), ("GEMV path", gemv_config(7168, 2048))):
+        for name, cfg in (("default", base), ("GEMV path", choose_moe_config(7168, 2048, 1))):
             if name == "default" or "gemv" not in base:
                 med, uniq = time_version(torch, name, mw, t, cfg, None)
                 floor = uniq * EXPERT_BYTES / (copy * 1e3)
