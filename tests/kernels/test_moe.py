@@ -191,8 +191,8 @@ def test_bad_configs_raise_before_launch():
     with pytest.raises(KernelInputError, match="bad MoE config"):
         fused_moe(x1, ids1, tw1, mw64, out=out1, config=gemv)
     t9 = GEMV_TOKENS + 1                                    # a stream-K workspace has no gate/up buffer
-    x9, ids9, tw9 = dev(np.zeros((t9, cfg.hidden_size), np.float16)), dev(np.zeros((t9, 2), np.int32)), \
-        dev(np.ones((t9, 2), np.float32))
+    x9 = dev(np.zeros((t9, cfg.hidden_size), np.float16))
+    ids9, tw9 = dev(np.zeros((t9, 2), np.int32)), dev(np.ones((t9, 2), np.float32))
     with pytest.raises(KernelInputError, match="no room"):
         fused_moe(x9, ids9, tw9, mw, workspace=moe_workspace(t9, 2, mw), config=gemv)
     big = {**SMALL, "blocks": 50}                           # more warps than the workspace was made for
