@@ -10,6 +10,13 @@ Seeds were picked (by a scan over seeds 0-299) so that every golden step's margi
 float64 vs float32 reference logit difference over the golden steps, recorded in the bundle meta as
 ``fp32_noise``). W4A16 rounds activations to float16, so the INT4 models' noise is ~1e-2 against
 ~1e-5 for FP32; docs/configs.md lists the margins.
+
+Reproducible on any CPU: tensors come from seeded integer streams and elementwise IEEE arithmetic,
+so they are identical everywhere, but float32 matmul sums depend on the BLAS kernels the CPU gets.
+So the stored margins are the float64 reference's, rounded to float32, and the noise figure keeps
+two significant digits: both then rebuild to the same bits on any CPU except in the rare case that
+a value sits on a rounding boundary, which is why rebuild checks compare them within
+``MARGIN_TOL`` (and the noise within a factor ``NOISE_TOL``) rather than bit for bit.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import write_bundle
+from .bundle import Bundle, write_bundle
 from .config import ModelConfig, preset
 from .ddtree.dflash import default_drafter_config, random_drafter_weights
 from .quant.policy import quantize_weights
@@ -29,8 +36,10 @@ from .weights import random_weights
 
 N_GOLDEN = 32                 # golden tokens per bundle (the issue asks for at least 24)
 MIN_MARGIN = 0.05             # every golden step's top-1 minus top-2 logit must be at least this
-NOISE_RATIO = 20.0            # ... and at least this many times the float32 logit noise
+NOISE_RATIO = 10.0            # ... and at least this many times the float32 logit noise (any CPU)
 PROMPT = (1, 17, 42, 99, 7, 256, 3, 128)   # fixed prompt, valid for every preset (ids < 400)
+MARGIN_TOL = 1e-4             # rebuilt margins agree this closely on any CPU (docs/configs.md: measured)
+NOISE_TOL = 4.0               # ... and the recorded float32 noise within this factor
 
 
 @dataclass(frozen=True)
@@ -62,17 +71,23 @@ def model_for(spec: RefSpec) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
     return cfg, weights, dcfg.to_dict()
 
 
+def two_digits(x: float) -> float:
+    """``x`` rounded to two significant digits (a noise figure, stored so it rebuilds the same anywhere)."""
+    return float(f"{x:.2g}")
+
+
 def golden(cfg: ModelConfig, weights: dict, what: str) -> tuple[np.ndarray, np.ndarray, float]:
-    """Greedy tokens and margins (float32 reference) and the float32 logit noise vs float64."""
+    """Greedy tokens (float32 reference, equal to float64's), their float64 margins rounded to
+    float32, and the float32 logit noise vs float64 to two digits."""
     g32 = greedy_generate(cfg, weights, PROMPT, N_GOLDEN, dtype=np.float32)
     g64 = greedy_generate(cfg, weights, PROMPT, N_GOLDEN, dtype=np.float64)
     if not np.array_equal(g32.tokens, g64.tokens):
         raise MarginTooSmall(f"{what}: float32 and float64 goldens differ")
     noise = float(np.max(np.abs(g32.logits.astype(np.float64) - g64.logits)))
-    if g32.margins.min() < max(MIN_MARGIN, NOISE_RATIO * noise):
-        raise MarginTooSmall(f"{what}: smallest golden margin {g32.margins.min():.4g} is below "
+    if g64.margins.min() < max(MIN_MARGIN, NOISE_RATIO * noise):
+        raise MarginTooSmall(f"{what}: smallest golden margin {g64.margins.min():.4g} is below "
                              f"max({MIN_MARGIN}, {NOISE_RATIO} x float32 noise {noise:.3g})")
-    return g32.tokens.astype(np.int32), g32.margins.astype(np.float32), noise
+    return g32.tokens.astype(np.int32), g64.margins.astype(np.float32), two_digits(noise)
 
 
 def build_ref(spec: RefSpec, out_dir: Path) -> Path:
@@ -95,3 +110,48 @@ def build_refs(out_dir: str | os.PathLike = "refs", names: tuple[str, ...] | Non
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return [build_ref(s, out) for s in REFS if names is None or s.name in names]
+
+
+def rebuild_differences(committed: Bundle, fresh: Bundle) -> tuple[list[str], float]:
+    """How a rebuilt bundle departs from the committed one: (what differs, largest margin difference).
+
+    Tensors, prompt, golden tokens, config and every non-float meta field must be identical; the
+    margins (also meta's ``fp32_margins`` and ``min_margin``) agree within ``MARGIN_TOL`` and the noise
+    figure within a factor ``NOISE_TOL``. Provenance (commit, versions) is not compared.
+    """
+    diffs: list[str] = []
+    if sorted(committed.tensors) != sorted(fresh.tensors):
+        diffs.append("tensor names")
+    else:
+        diffs += [f"tensor {k}" for k, x in committed.tensors.items()
+                  if not np.array_equal(_bits(x), _bits(fresh.tensors[k]))]
+    for what in ("prompt", "golden"):
+        if not np.array_equal(getattr(committed, what), getattr(fresh, what)):
+            diffs.append(what)
+    if committed.config != fresh.config:
+        diffs.append("config")
+    a, b = dict(committed.meta), dict(fresh.meta)
+    margins = [(np.asarray(committed.margins, np.float64), np.asarray(fresh.margins, np.float64))]
+    if "fp32_margins" in a or "fp32_margins" in b:
+        margins.append((np.asarray(a.pop("fp32_margins", []), np.float64),
+                        np.asarray(b.pop("fp32_margins", []), np.float64)))
+    margins.append((np.float64(a.pop("min_margin", np.nan)), np.float64(b.pop("min_margin", np.nan))))
+    worst = 0.0
+    for x, y in margins:
+        if x.shape != y.shape:
+            diffs.append("number of margins")
+            continue
+        d = float(np.max(np.abs(x - y), initial=0.0))
+        worst = max(worst, d) if np.isfinite(d) else np.inf
+    if not worst <= MARGIN_TOL:
+        diffs.append(f"margins (largest difference {worst:.3g} > {MARGIN_TOL})")
+    na, nb = a.pop("fp32_noise", None), b.pop("fp32_noise", None)
+    if na is None or nb is None or not (na > 0 and nb > 0 and max(na / nb, nb / na) <= NOISE_TOL):
+        diffs.append(f"fp32_noise ({na} vs {nb})")
+    if a != b:
+        diffs.append(f"meta fields {sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))}")
+    return diffs, worst
+
+
+def _bits(x) -> np.ndarray:
+    return np.asarray(getattr(x, "bits", x))
