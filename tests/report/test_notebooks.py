@@ -32,7 +32,7 @@ def check_01(out: Path) -> list[tuple[bool, str]]:
     return [
         ([r["bundle"] for r in v] == ["tiny", "int4_tiny"], "01: validated bundles"),
         (all(r["golden_reproduced"] == "True" for r in v), "01: goldens reproduced"),
-        (all(r["reproduced"] == "True" for r in rows(out, "01_rebuild")), "01: rebuild reproduces the bundles"),
+        (all(r["reproduced"] == "True" for r in rows(out, "01_rebuild")), "01: rebuild reproduces"),
         (len(side) == 32 and {"fp32_token", "int4_token", "same"} <= set(side[0]), "01: side by side"),
         ((out / "figures" / "01_margins.png").stat().st_size > 1000, "01: margins figure"),
     ]
