@@ -1,4 +1,4 @@
-"""Version ladder for the W4A16 GEMV/GEMM (style.md §2.4): validate every version, then time them.
+"""Version ladder for the W4A16 GEMV/GEMM (docs/conventions.md): validate every version, then time them.
 
 Run on a GPU:  python dev/kernels/int4_matmul.py [--quick | --ms M ...] [--ncu | --m16 | --ceiling
                 | --timeline DIR | --xs | --paired | --floor [DIR]]

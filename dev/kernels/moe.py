@@ -1,4 +1,4 @@
-"""Version ladder for the fused W4A16 MoE (style.md §2.4): validate, then time at the K2 shape.
+"""Version ladder for the fused W4A16 MoE (docs/conventions.md): validate, then time at the K2 shape.
 
 Run on a GPU:  python dev/kernels/moe.py [--quick | --diag | --sweep-tokens T ... | --ncu]
 Versions (docs/perf.md has predictions and measurements), all timed in the same run:
