@@ -48,7 +48,7 @@ def test_retire_others_removes_only_earlier_sets_of_the_same_benchmark(tmp_path)
     old = _write_set(tmp_path, "kernels", "old1111", "2001-01-01T00:00:00+00:00")
     new = _write_set(tmp_path, "kernels", "new2222", "2002-01-01T00:00:00+00:00")
     eng = _write_set(tmp_path, "engine", "old1111", "2001-01-01T00:00:00+00:00")
-    keep = [tmp_path / "kernels_old1111.md", tmp_path / "gpu_tier_kernels_old1111.log"]
+    keep = [tmp_path / "kernels_old1111.txt", tmp_path / "gpu_tier_kernels_old1111.log"]
     for p in keep:
         p.write_text("kept\n")
     gone = retire_others(new)

@@ -136,7 +136,7 @@ def test_kernel_finder_skips_engine_files(tmp_path):
     assert benchdata.find_results(tmp_path) == []          # only an engine set here
     (tmp_path / "kernels_abc1234.csv").write_text("case,impl,M,gbs\nc M=1,a,1,10.0\n")
     (tmp_path / "kernels_abc1234.json").write_text(json.dumps({"gpu": "K"}))
-    (tmp_path / "kernels_notes.md").write_text("not a result set")
+    (tmp_path / "kernels_notes.txt").write_text("not a result set")
     [(path, meta)] = benchdata.find_results(tmp_path)
     assert path.name == "kernels_abc1234.csv" and meta == {"gpu": "K"}
     (tmp_path / "kernels_abc1234.json").unlink()
