@@ -1,6 +1,6 @@
 """Host-side checks shared by the kernel wrappers: every check runs before any launch.
 
-The GPU has no bounds checking (numba_cuda.md §3), so these checks are the only protection:
+The GPU has no bounds checking (docs/numba-cuda.md), so these checks are the only protection:
 dtype, rank, shape, C-contiguity, 16-byte alignment, int32 index ranges, grid limits.
 """
 

@@ -20,13 +20,13 @@ Design (docs/perf.md has the version ladder and measurements; dev/kernels/int4_m
   ``griddep_wait_for`` the XOR of every phase-1 word, which keeps all of them before it (measured
   faster only where listed in ``PINNED``); COHERENT configs load the weights with the coherent
   ``ld.global.L1::no_allocate``, which ptxas keeps before a plain wait (faster only there).
-- Tile pairs (KP = 2, v14; gate/up at M = 16 / 32): at M = 16 every block reads all of x (229 KB at
-  K2 gate/up) for 8 KB of output, and x read from L2 costs 2.1 of 6 us. With KP, block b of a cluster
-  of 2 computes tiles b & ~1 and (b & ~1) + 1 over half b & 1 of K (KS / 2 warps per tile): warps w and
-  w + KS / 2 read the same x, the second from L1, so each SM takes in half of x. Each block sums its
-  half of both tiles and stores the other tile's with ``st.async`` into the other block's ``inbox``,
-  completing bytes on its mbarrier; out = half 0 + half 1 in both blocks (f32 addition commutes, so
-  the result does not depend on which block adds).
+- Tile pairs (KP = 2; gate/up at M = 16 / 32): at M = 16 every block reads all of x (229 KB at K2
+  gate/up) for 8 KB of output, and reading x from L2 is about a third of that time. With KP, block b of
+  a cluster of 2 computes tiles b & ~1 and (b & ~1) + 1 over half b & 1 of K (KS / 2 warps per tile):
+  warps w and w + KS / 2 read the same x, the second from L1, so each SM takes in half of x. Each block
+  sums its half of both tiles and stores the other tile's with ``st.async`` into the other block's
+  ``inbox``, completing bytes on its mbarrier; out = half 0 + half 1 in both blocks (f32 addition
+  commutes, so the result does not depend on which block adds).
 - Branch-free inner loop: when KS * CPW == K/64 (the chosen configs) there are no chunk guards;
   rows past M read row M-1 (their outputs are never stored; for MT = 1 they are also masked to
   zero, which ptxas schedules better there); for G = 32 each 32-column half is one group, so its
@@ -88,11 +88,10 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, KP: int 
     NTW = KS // 2 if KP else KS    # warps per 16-row tile
     # K halves a block computes: KP on the GPU runs in clusters of 2 (one half each); the simulator's
     # clusters have one block, which computes both (a compile-time trip count keeps the GPU build
-    # straight-line: with a runtime one ptxas moved 5 of 7 weight loads past the wait, offline SASS)
+    # straight-line: with a runtime one ptxas moves weight loads past the wait)
     NHB = 2 if KP and SIMULATED else 1
-    # MT >= 2: <= 128 registers, 4 blocks of 4 warps per SM, so K2 down (448 blocks) runs in one wave
-    # at M = 16 (uncapped it took 192 registers: 2 waves, 6.34 vs 5.42 us); no config spills at 128
-    # (offline SASS). MT = 1 stays uncapped: capped, K2 down M = 1 ran 3.90 us instead of 3.66.
+    # MT >= 2: <= 128 registers, so K2 down M = 16 fits 4 blocks per SM and runs in one wave; MT = 1
+    # measured faster uncapped (docs/perf.md, int4_matmul ladder v6)
     opts = {} if SIMULATED else {"max_registers": min(128 if MT > 1 else 255, 65536 // NTHR // 8 * 8)}
 
     @cuda.jit(**opts)
@@ -226,17 +225,14 @@ def make_int4_matmul_kernel(K: int, G: int, MT: int, KS: int, CPW: int, KP: int 
     return int4_matmul_kernel
 
 
-# (MT, KS, CPW[, KP]) measured best on the H200 per (M bucket, K) (docs/perf.md: v4 sweep; M = 32 down:
-# 8.72 us vs 13.54 for the heuristic's (4, 16, 2)); others: heuristic. KP = 2 (v14, ladder --paired):
-# gate/up at M = 16 5.72 vs 5.98 us, M = 32 8.46 vs 8.79 (down: slower, 7.39 vs 5.13 at M = 16)
+# (MT, KS, CPW[, KP]) measured best on the H200 per (M bucket, K), the rest from the heuristic; tile
+# pairs (KP = 2) only at gate/up M = 16 / 32, where they measured faster (docs/perf.md, v14)
 _TUNED = {(1, 7168): (1, 16, 7), (2, 7168): (2, 16, 7, 2), (4, 7168): (4, 16, 7, 2), (1, 2048): (1, 4, 8),
           (2, 2048): (2, 4, 8), (4, 2048): (4, 4, 8)}
-# (MT, K, KS, CPW) measured faster with the PIN wait (ladder --m16, two runs: K2 down M = 16 5.18 /
-# 5.23 vs 5.53 / 5.52 us); slower at gate/up M = 1 / 16, down M = 1 and down (2, 8, 4)
+# (MT, K, KS, CPW) measured faster with the PIN wait (K2 down M = 16; slower elsewhere: docs/perf.md, v7)
 PINNED = {(2, 2048, 4, 8)}
 # (MT, K, KS, CPW) measured faster with coherent weight loads (ld_once_v4, which ptxas keeps before the
-# wait; ladder --m16, two runs: K2 down M = 32 7.83 / 7.99 vs 8.77 / 8.85 us); slower at M = 1 and at
-# gate/up M = 32 / 64, equal at M = 16 and down M = 64
+# wait): K2 down M = 32 only (docs/perf.md)
 COHERENT = {(4, 2048, 4, 8)}
 
 

@@ -1,6 +1,6 @@
 """The one module with GPU-only instructions, each with a simulator fallback of the same semantics.
 
-Kernels call only these names for PTX the numba API lacks (numba_cuda.md §3, §5.2), so the very
+Kernels call only these names for PTX the numba API lacks (docs/numba-cuda.md), so the very
 kernel source that runs on the H200 also runs, thread by thread, in the CPU simulator
 (``NUMBA_ENABLE_CUDASIM=1``) where there is no inline PTX and no warp-level exchange.
 

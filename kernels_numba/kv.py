@@ -1,4 +1,4 @@
-"""Latent-KV compaction of the accepted DDTree path, on the device (ddtree.md §3.4).
+"""Latent-KV compaction of the accepted DDTree path, on the device (docs/ddtree.md, commit).
 
 Legend: Ly layers, S cache rows, W = C + R latent width, A accepted nodes (root included).
 After a verify over rows [ps, ps + N + 1), the accepted node offsets acc[0..A) (acc[0] = 0, strictly

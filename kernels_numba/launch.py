@@ -1,13 +1,13 @@
 """Kernel launch with programmatic dependent launch (PDL), so consecutive kernels overlap.
 
 Without PDL a kernel's blocks start only after every block of the previous kernel in the stream has
-exited, and its first loads only then begin: one launch gap plus one memory ramp-up and drain per
-kernel (measured ~1.8 us per launch for one K2 weight matrix, docs/perf.md). With PDL the next
-kernel may start as soon as every block of this one has executed ``griddep_launch_dependents()``;
+exited, and its first loads only then begin: one launch gap plus one memory ramp-up and drain per kernel
+(int4_matmul at K2 M = 1 takes 1.3-1.7 us longer per launch without PDL, docs/perf.md). With PDL the
+next kernel may start as soon as every block of this one has executed ``griddep_launch_dependents()``;
 it issues its weight loads (which depend on nothing earlier in the stream) and then blocks in
-``griddep_wait()`` until the previous grid has completed and its writes are visible, before it
-reads any activation or writes any output. A kernel launched this way must call ``griddep_wait()``
-before its first dependent read or write; without the launch attribute the wait is a no-op.
+``griddep_wait()`` until the previous grid has completed and its writes are visible, before it reads any
+activation or writes any output. A kernel launched this way must call ``griddep_wait()`` before its
+first dependent read or write; without the launch attribute the wait is a no-op.
 
 numba-cuda (0.30) launches through ``cuda.core``'s ``LaunchConfig``, which has the
 ``programmatic_stream_serialization`` attribute but no numba API to set it. On import, this module

@@ -148,10 +148,8 @@ def _sm_count() -> int:
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-# the GEMV path is the default up to this many tokens (G = 32). K2 width, % of the unique-expert floor,
-# stream-K vs GEMV in one run (ladder/moe_tokens2_h200.log): T = 2 64.6 vs 75.4, 3 68.7 vs 75.0, 4 71.3 vs
-# 75.2, 8 73.5 vs 73.6, 16 74.5 vs 69.2, 32 72.3 vs 58.7 (each pair reads its expert's weights, so
-# experts shared by tokens are read more than once, mostly from L2)
+# the GEMV path is the default up to this many tokens (G = 32): up to 8 it measured at least as fast as
+# stream-K at K2 width, beyond it slower, as each pair reads its own expert (docs/perf.md, MoE v8)
 GEMV_TOKENS = 8
 
 
@@ -161,8 +159,8 @@ def choose_moe_config(d: int, i: int, tokens: int = 1, g: int = 32) -> dict:
     Otherwise, per stream-K GEMM (warps per block, chunks per step, steps in flight, n-tiles per unit),
     the persistent grid's block count and the register cap: the best of the v3-v5 sweeps on the H200
     at T = 1..64 (docs/perf.md). Stream-K balances any amount of work; only down changes with
-    ``tokens``: 4 chunks per step and one n-tile per unit measured faster at T = 4 and 16 in four
-    benchmark runs (slower at T = 64), so it is used for 2 <= T <= 16."""
+    ``tokens``: 4 chunks per step and one n-tile per unit measured faster at T = 4 and 16 (slower at
+    T = 64), so it is used for 2 <= T <= 16."""
     if tokens <= GEMV_TOKENS and g == 32:
         gu_t, dn_t = gemv_tiling(d, 2 if SIMULATED else 8), gemv_tiling(i, 1 if SIMULATED else 4)
         if gu_t and dn_t:

@@ -5,8 +5,8 @@ S shared pseudo-experts, P = T*(K + S) pairs; pair p < T*K is (token p // K, exp
 weight topk_w.flat[p]), pair T*K + s*T + t is (token t, expert E + s, weight 1)); G = 32.
 
 At T = 1 every pair has its own expert, so there is nothing to align or to share between pairs, and
-the stream-K GEMMs (moe_gemm.py) pay for machinery that has no work: at K2 width this path ran
-72.4 us (73% of the floor) against 96.5 us for stream-K in one benchmark run (docs/perf.md). With a
+the stream-K GEMMs (moe_gemm.py) pay for machinery that has no work: at K2 width this path runs at
+about three quarters of the bandwidth floor, stream-K at about half (docs/perf.md). With a
 few tokens few experts are shared; a shared one is read once per pair (the copies mostly from L2),
 so the path is the default up to moe.GEMV_TOKENS tokens. Four launches, all with PDL:
 

@@ -92,7 +92,7 @@ for path, meta in results:
     run_copy = benchdata.copy_gbps(meta, rows)
     where = f"{meta.get('gpu', 'unknown GPU')}, {meta.get('time_utc', 'unknown date')}"
     display(Markdown(f"### `{path.name}`: {where}"))
-    tables.show_table(rows, f"04_{path.stem}", out_dir)
+    tables.show_table(rows, "04_kernels", out_dir)
     groups = benchdata.families(rows, case)
     fig, axes = plots.plt.subplots(len(groups), 1, figsize=(8, 3.6 * len(groups)), squeeze=False)
     for ax, (fam, fam_rows) in zip(axes[:, 0], groups.items(), strict=True):
@@ -118,7 +118,7 @@ for path, meta in results:
             ax.axhline(run_copy, color="gray", ls="-.", lw=0.8, label=f"copy, big buffer {run_copy:.0f} GB/s")
         ax.axhline(peak_gbps, color="gray", ls=":", lw=0.8, label=f"datasheet peak {peak_gbps:.0f} GB/s")
         ax.legend(fontsize=7)
-    plots.finish(fig, f"04_{path.stem}", out_dir, plots.caption_text(
+    plots.finish(fig, "04_kernels", out_dir, plots.caption_text(
         f"{path.name}.", hardware=str(meta.get("gpu", "unknown GPU")),
         date=str(meta.get("time_utc", "unknown date"))))
 

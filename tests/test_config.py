@@ -6,7 +6,7 @@ import pytest
 from workbench.config import PRESETS, ConfigError, ModelConfig, preset
 
 
-def test_k2_derived_sizes_match_the_design_card():
+def test_k2_derived_sizes_match_docs_model():
     k2 = preset("k2")
     assert (k2.qk_head_dim, k2.kv_cache_dim, k2.n_moe_layers) == (192, 576, 60)
     assert k2.softmax_scale == pytest.approx(0.130861, abs=1e-6)        # factor 32
@@ -14,7 +14,7 @@ def test_k2_derived_sizes_match_the_design_card():
     assert k2.replace(rope_scaling_type=None).softmax_scale == pytest.approx(0.072169, abs=1e-6)
 
 
-def test_presets_have_the_issue_sizes():
+def test_presets_have_their_documented_sizes():
     tiny, tiny2, k2s = preset("tiny"), preset("tiny2"), preset("k2_slice")
     assert tiny.num_hidden_layers == 4 and tiny.first_k_dense_replace == 1
     assert (tiny.n_routed_experts, tiny.n_shared_experts) == (8, 1) and tiny.vocab_size > 500

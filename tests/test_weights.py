@@ -80,7 +80,7 @@ def test_unknown_hf_names_are_input_errors(bad):
         from_hf_name(bad)
 
 
-def test_k2_shapes_match_the_design_card():
+def test_k2_shapes_match_docs_model():
     s = expected_shapes(preset("k2"))
     assert s["layers.5.attn.wq_b"] == (12288, 1536) and s["layers.5.attn.wkv_b"] == (16384, 512)
     assert s["layers.5.attn.wkv_a"] == (576, 7168) and s["layers.5.attn.wo"] == (7168, 8192)
@@ -244,7 +244,7 @@ def test_partly_quantized_dense_mlp_gets_an_explicit_ignore_entry(tmp_path):
 
 
 def _pack_by_hand(q):
-    # int4_format.md section 3: u = q + 8; column k -> word k // 8, bits 4*(k % 8)
+    # docs/int4.md: u = q + 8; column k -> word k // 8, bits 4*(k % 8)
     u = (q + 8).astype(np.uint32)
     words = np.zeros((q.shape[0], q.shape[1] // 8), np.uint32)
     for k in range(q.shape[1]):

@@ -244,8 +244,8 @@ def yarn_mscale(factor: float, mscale: float) -> float:
 
 
 # ---- presets ---------------------------------------------------------------------------------
-# tiny / tiny2 are the sizes of the original engine's test models; dims the issue leaves open
-# are chosen so each FP32 golden bundle (with drafter weights) stays under 8 MB. See docs/configs.md.
+# tiny / tiny2: the sizes marked fixed in docs/configs.md are kept as they are; the other dims are
+# chosen so each FP32 golden bundle (with drafter weights) stays under 8 MB.
 PRESETS: dict[str, ModelConfig] = {
     "k2": ModelConfig(),
     "k2_slice": ModelConfig(num_hidden_layers=3),  # real dims: 1 dense + 2 MoE layers

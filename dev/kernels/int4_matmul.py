@@ -1,16 +1,16 @@
-"""Version ladder for the W4A16 GEMV/GEMM (style.md §2.4): validate every version, then time them.
+"""Version ladder for the W4A16 GEMV/GEMM (docs/conventions.md): validate every version, then time them.
 
 Run on a GPU:  python dev/kernels/int4_matmul.py [--quick | --ms M ...] [--ncu | --m16 | --ceiling
                 | --timeline DIR | --xs | --paired | --floor [DIR]]
 Offline:       NUMBA_ENABLE_CUDASIM=1 python dev/kernels/int4_matmul.py --check
-Versions (docs/perf.md has predictions and measurements):
+Versions (docs/perf.md has the predictions and measurements of each):
   s0  stream-only: the same 16-byte weight loads and grid, no math (the attainable rate per launch)
   v1  tensor cores, swap A/B (weights = A of mma.m16n8k16), repacked tile layout, one 16-row tile per
       block, KS warps split K, all CPW 16-byte weight loads of a warp issued before use (KB = 1).
   v2  v1 + index math hoisted out of the unrolled loops + K split over KB blocks per tile (atomics).
   v3  v2 + activation fragments loaded in phase 1 too (v2's serial L2 round trips per MMA step);
       split-K partials reduced by the last-arriving block (deterministic, no memset, no atomics on out).
-      Measured slower than v2 (register spills at M=16, 2 waves with KB > 1): reverted.
+      Slower than v2 (register spills at M=16): reverted.
   v4  v2 without split-K; branch-free inner loop (exact slices, masked activation rows), G = 32 groups
       start their MMA chain at zero (no partial-sum registers).
   v5  v4 launched with programmatic dependent launch (weight loads before griddep_wait), one-pass
@@ -19,28 +19,26 @@ Versions (docs/perf.md has predictions and measurements):
       instead of two; capping MT = 1 too made K2 down M = 1 slower).
   v7  v6 waiting on the XOR of the phase-1 words (griddep_wait_for: ptxas keeps every weight load
       before the wait) where measured faster: K2 down at M = 16 only (PINNED); coherent weight loads
-      (ld_once_v4) where measured faster: K2 down at M = 32 only (COHERENT, session 12).
+      (ld_once_v4) where measured faster: K2 down at M = 32 only (COHERENT).
       This is the package kernel; --m16 times it beside patched variants (_VARIANTS).
   v8  (snapshot _int4_matmul_v8_snapshot.py.txt) phase 1 copies weights and scales to shared memory
       with cp.async at a 64-register cap, so that grids of the PDL chain are resident together:
-      measured 1.6-2x slower (80 registers: 1.15-1.7x); not kept.
+      slower; not kept.
   v9  v7 with coherent weight loads (ld_once_v4: unlike .nc loads, ptxas keeps them all before the
-      wait without a data dependency), MT = 1 capped at 64 / 80 / 128 registers: slower at M = 1 in
-      the PDL chain (gate 4.1-5.2 us vs 3.9), though without the wait cap 64 runs 2.57 vs 3.03 us.
-  v10 v9 with x staged in shared memory after the wait at M = 1 (commit 317e529): slower
-      (gate 4.5 vs 3.9 us, down 4.0-5.2 vs 3.6); not kept.
-  v11 v7 dequantizing the first PRE chunks before the wait, no M = 1 row mask (_V11): post-wait time
-      -40%, per launch within 2% of v7 (the release comes later by as much); not kept.
+      wait without a data dependency), MT = 1 capped at 64 / 80 / 128 registers: slower in the PDL
+      chain, faster only without the wait; not kept.
+  v10 v9 with x staged in shared memory after the wait at M = 1: slower; not kept.
+  v11 v7 dequantizing the first PRE chunks before the wait, no M = 1 row mask (_V11): less work after
+      the wait, but the release comes later by as much; not kept.
   v12 (snapshot _int4_matmul_v12xs_snapshot.py.txt, --xs) XS tiles per block, K split over XS
-      blocks, so each x fragment serves XS tiles: slower at every tiling (gate M = 16 7.0-12.3 vs
-      5.96 us); not kept.
+      blocks, so each x fragment serves XS tiles: slower at every tiling; not kept.
   v13 (snapshot _int4_matmul_v13xc_snapshot.py.txt) x staged in shared memory by bulk copies multicast
       to a cluster of XC blocks: correct, no robust gain (the SM's intake of x, not the L2, limits).
   v14 tile pairs (KP = 2 in a 4-tuple config; --paired): each block of a cluster of 2 computes two
       tiles over its half of K, so warp pairs share x through L1; the halves meet by st.async. The
-      package's config for gate/up at M = 16 / 32 (5.72 vs 5.98 us at M = 16).
-  (--floor, session 14) v7 with every weight load served from L2 (timing only): 3.5 / 3.6 us per
-      launch with no DRAM traffic at all, so M = 1 is bound by the compute path, not by memory.
+      package's config for gate/up at M = 16 / 32.
+  --ceiling, --timeline, --floor: the probes behind docs/perf.md's account of the M = 1 time
+      (load-only kernels, global-timer stamps, every weight load served from L2).
 The package's choose_config is the winner of the (MT, KS, CPW, KB) sweep below.
 """
 
@@ -73,7 +71,7 @@ def make_stream_kernel(K, KS, CPW, KB, PDL=False, TAIL=False, FLAT=False, PAD=0,
     grid y, or with FLAT on x, next to each other in launch order (block b then reads bytes b * tile /
     KB on, as the down tiling does). PAD: words of shared memory per block, to cap blocks per SM.
     ONCE: coherent loads (ld_once_v4). With the .nc loads ptxas hoists the wait above every load
-    (offline SASS, session 11), so the PDL rows of sessions 9-10 waited before loading."""
+    (offline SASS), so those builds wait before loading."""
     load = ld_once_v4 if ONCE else ld_stream_v4
     KC, TILE_W, NPAD = K // 64, K * 2, max(PAD, 32)
 
@@ -295,18 +293,16 @@ def time_rotating(torch, matmul, x, ws, outs, cfg, label):
 
 
 # textual patches of the package kernel, all launched as the package launches (with PDL); the
-# variants measured so far are in docs/perf.md (their patches left with them; v8 in its snapshot):
-#   v6               no PIN wait anywhere (session 10: PINNED = set())
-#   v7 (all PIN)     the PIN wait at every config, registers capped at 128 for every MT (session 10)
+# variants measured so far are in docs/perf.md (most patches left with them; v8 in its snapshot):
 #   v9 (once, cap C) coherent weight loads (ld_once_v4: ptxas keeps them before the plain wait), no
-#                    PIN, MT = 1 capped at C registers (session 11: _ONCE + _cap1(C); slower in the chain)
+#                    PIN, MT = 1 capped at C registers (_ONCE + _cap1(C))
 #   (no wait)        timing only (back-to-back results race): the grids of the chain do not serialize
-#   PIN, MT1 cap C   the PIN wait at every config, MT = 1 capped at C (session 11: no faster than v9)
-#   PRE n            (v11, not timed yet) the first n chunks of each warp's slice dequantized before the
-#                    wait (the nibbles do not depend on x); the PIN wait on their XOR keeps them there
-#   no mask          (not timed yet) MT = 1 without the row-mask ANDs (rows past M are never stored)
-#   u32 red          (not timed yet) the cross-warp sum indexes shared memory with uint32 (no negative-
-#                    index wraparound code: -96 instructions at gate (1, 16, 7), +64 at down (1, 4, 8))
+#   PIN everywhere   the PIN wait at every config (_PIN_ALL)
+#   PRE n            (v11) the first n chunks of each warp's slice dequantized before the wait (the
+#                    nibbles do not depend on x); the PIN wait on their XOR keeps them there
+#   no mask          MT = 1 without the row-mask ANDs (rows past M are never stored)
+#   u32 red          the cross-warp sum indexes shared memory with uint32 (no negative-index
+#                    wraparound code)
 _ONCE = [("w = ld_stream_v4(wq,", "w = ld_once_v4(wq,"), ("PINNED = {(2, 2048, 4, 8)}", "PINNED = set()")]
 _NOWAIT = [("            griddep_wait()\n", "            pass\n"), _ONCE[1]]
 _PIN_ALL = [("PIN = EXACT and G == 32 and (MT, K, KS, CPW) in PINNED", "PIN = EXACT")]
@@ -344,12 +340,9 @@ def _pre(n):
                       "                    else:\n    " + dq_a + "    " + dq_b)]
 
 
-# v11 (session 12, ladder/int4_m16_v11_h200.log, int4_timeline_v11_h200.log): PRE n + no mask at a
-# 128-register cap; post-wait time per block fell as the offline SASS predicted (gate 2.59 -> 1.49-1.67
-# us) but the wait released later (the dequantization sits in the block's life before it), so per
-# launch gate 3.82-4.00 vs 3.90 us, down 3.59-3.87 vs 3.59: not kept; its patches stay for reference.
-# _CAPS (session 12, ladder/int4_timeline_caps_h200.log): where 2 grids fit per SM, the timeline of
-# the chain shows every block of the next grid started early, but the post-wait work slower
+# v11: PRE n + no mask at a 128-register cap; less post-wait work, but the wait releases later (the
+# dequantization sits in the block's life before it), so no gain per launch: not kept
+# _CAPS: register caps where 2 grids fit per SM, for --timeline
 _V11 = {**{f"v11 (PRE {n}, no mask)": _pre(n) + _cap1(128) + _NOMASK for n in (3, 5, 6)},
         "v11 (PRE 5, no mask, u32 red)": _pre(5) + _cap1(128) + _NOMASK + _RED_U32}
 _CAPS = {"v9 (once, cap 128)": _ONCE + _cap1(128), "v9 (once, cap 64)": _ONCE + _cap1(64),
@@ -359,8 +352,7 @@ _CAPS = {"v9 (once, cap 128)": _ONCE + _cap1(128), "v9 (once, cap 64)": _ONCE + 
 # falls in the first 4 KB of x (L1 hits)
 _XALIAS = [("xb[mt] = min(m, m_rows - 1) * K + c0 * 64 + 8 * t",
             "xb[mt] = (min(m, m_rows - 1) * K + c0 * 64 + 8 * t) & 1023")]
-# session 12: v12's coherent-load build ran K2 down M = 32 (4, 4, 8) at 7.99 vs 8.85 us; the same patch
-# on v7 at M = 1..64 (ladder/int4_m16_once2_h200.log): 7.83 vs 8.77 there, so COHERENT in the package
+# v7 beside v7 with coherent weight loads at M = 1..64 (where COHERENT came from)
 _VARIANTS = {"v7": [], "v7 once": _ONCE}
 # --timeline configs per K2 shape: the package's, and tilings where 2 grids fit per SM at a cap
 _TIMELINE_CFGS = {(2048, 7168): [(1, 16, 7), (1, 8, 14)], (7168, 2048): [(1, 4, 8), (1, 8, 4)]}
@@ -519,12 +511,11 @@ def m16_ratio(torch):
     return 0
 
 
-# --xs (session 12, not kept): v12 = XS tiles of 16 rows per block, K split over XS blocks, so that x is
-# read once per XS tiles (x from L2 measured at 2.1 of 6.05 us at gate M = 16 and 1.2 of 5.15 at down by
-# the x-aliased variant); the group's last block sums the XS partial tiles in K order (a scratch buffer
-# and counters). Snapshot _int4_matmul_v12xs_snapshot.py.txt (3- or 4-tuple configs, checked in the
-# simulator and on the GPU); its XS > 1 builds have every .nc weight load after the wait (offline
-# SASS), so they are also timed pinned (PIN at XS > 1) and with coherent loads (_ONCE)
+# --xs (v12, not kept): XS tiles of 16 rows per block, K split over XS blocks, so that x is read once
+# per XS tiles; the group's last block sums the XS partial tiles in K order (a scratch buffer and
+# counters). Snapshot _int4_matmul_v12xs_snapshot.py.txt (3- or 4-tuple configs); its XS > 1 builds
+# have every .nc weight load after the wait (offline SASS), so they are also timed pinned (PIN at
+# XS > 1) and with coherent loads (_ONCE)
 _PIN_XS = [("XS == 1 and (MT, K, KS, CPW) in PINNED", "(XS > 1 or (MT, K, KS, CPW) in PINNED)")]
 _XS_PLANS = {(2048, 7168): [(1, None), (16, None), (16, (2, 14, 4, 2)), (16, (2, 28, 2, 2)),
                             (32, None), (32, (4, 14, 4, 2))],
@@ -555,19 +546,16 @@ def xs_sweep(torch):
     return 0
 
 
-# --paired (session 13): v14 = tile pairs (KP = 2 in a 4-tuple config): block b of a cluster of 2 computes
-# tiles b & ~1 and (b & ~1) + 1 over half b & 1 of K, so warps w and w + KS / 2 read the same x (the
-# second from L1) and each SM takes in half of x; the halves meet through distributed shared memory.
-# Before it (session 13, logs in ladder/): v13 staged x in shared memory by bulk copies multicast to a
-# cluster (snapshot _int4_matmul_v13xc_snapshot.py.txt, which needs the mbarrier / bulk-copy intrinsics
-# of commit 1c0b1d3): correct, but multicast did not cut the x cost once the copies issued fast
-# (int4_xc*_h200.log); a timing-only probe of the pairing (commit 1c0b1d3, --dedup) ran gate M = 16 at
-# 5.28-5.33 vs 5.97-5.99 us, 5.67-5.68 with a cluster launch and barrier (int4_dedup*_h200.log)
+# --paired: v14 = tile pairs (KP = 2 in a 4-tuple config): block b of a cluster of 2 computes tiles
+# b & ~1 and (b & ~1) + 1 over half b & 1 of K, so warps w and w + KS / 2 read the same x (the second
+# from L1) and each SM takes in half of x; the halves meet through distributed shared memory. (v13's
+# snapshot, _int4_matmul_v13xc_snapshot.py.txt, needs the mbarrier / bulk-copy intrinsics of commit
+# 1c0b1d3.)
 _PAIRED_PLANS = {(2048, 7168): [(1, (1, 16, 7)), (16, (2, 16, 7)), (16, (2, 16, 7, 2)), (32, None),
                                 (32, (4, 16, 7, 2))],
                  (7168, 2048): [(16, (2, 4, 8)), (16, (2, 8, 4, 2))]}
 # paired configs with coherent weight loads (which ptxas keeps before the wait; the paired gate build
-# has 5 of its 7 .nc weight loads after it, offline SASS)
+# has most of its .nc weight loads after it, offline SASS)
 _PAIRED_ONCE = [("ONCE = G == 32 and (MT, K, KS, CPW) in COHERENT",
                   "ONCE = G == 32 and (KP > 0 or (MT, K, KS, CPW) in COHERENT)")]
 
@@ -592,7 +580,7 @@ def paired_sweep(torch):
     return 0
 
 
-# --floor (session 14; timing only, results wrong): what the dependent M = 1 chain costs with DRAM out
+# --floor (timing only, results wrong): what the dependent M = 1 chain costs with DRAM out
 # of the way. "weights from L2": every weight and scale load aliased into the first 4 KB of wq / sq
 # (one more AND per load; the loads hit L2), so a launch is the wait's release, the post-wait work and
 # the blocks' spread; "no dequant": the MMAs take the raw weight words (4 LOP3 + SHR + 4 HFMA2 fewer

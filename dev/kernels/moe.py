@@ -1,4 +1,4 @@
-"""Version ladder for the fused W4A16 MoE (style.md §2.4): validate, then time at the K2 shape.
+"""Version ladder for the fused W4A16 MoE (docs/conventions.md): validate, then time at the K2 shape.
 
 Run on a GPU:  python dev/kernels/moe.py [--quick | --diag | --sweep-tokens T ... | --ncu]
 Versions (docs/perf.md has predictions and measurements), all timed in the same run:
@@ -10,11 +10,10 @@ Versions (docs/perf.md has predictions and measurements), all timed in the same 
       units split between warps summed deterministically by the last part (the package kernel).
   v4  v3 with NT n-tiles per unit (2 NT gate/up matrices, NT down matrices share each activation load,
       the unit's index math and its epilogue).
-  v5  v4 with the hot loop's instructions cut (SASS, offline: ~220 -> ~150 per KB of weights): running
-      step / unit counters instead of 64-bit divisions per step, scale words through ld_u32 (no index
-      wraparound code; constant offsets fold into the loads), no masking of padding columns (their
-      results are never stored). ncu on v4: issue-bound (0.6 warp-instructions per scheduler-cycle).
-      Kept as _moe_gemm_v5_snapshot.py.txt.
+  v5  v4 with fewer instructions in the hot loop (v4 is issue-bound): running step / unit counters
+      instead of 64-bit divisions per step, scale words through ld_u32 (no index wraparound code;
+      constant offsets fold into the loads), no masking of padding columns (their results are never
+      stored). Kept as _moe_gemm_v5_snapshot.py.txt.
   v6  two-level stream-K: warps of a block sum their split units from shared memory after one
       syncthreads at the end; only block-crossing pieces use the global part buffer (the package).
 --diag times each stage of v5, v6 and variants of the package kernel made by textual patches (a
@@ -172,8 +171,7 @@ def time_version(torch, name, mw, t, cfg, v2, reps=24):
 EXTRA_CONFIGS = [{"gu": (16, 1, 2, 1), "dn": (16, 2, 2, 1), "blocks": 132, "maxreg": 128},
                  {"gu": (8, 2, 2, 1), "dn": (8, 2, 2, 2), "blocks": 264, "maxreg": 128},
                  {"gu": (16, 1, 2, 2), "dn": (16, 1, 2, 4), "blocks": 132, "maxreg": 128},
-                 # v6 without spills (offline SASS: 142-144 / 166-168 / 188-194 registers at DP = 2 / 3
-                 # / 4, no stack); 14 warps x 144 registers did not launch (out of resources)
+                 # v6 with enough registers for no stack at DP = 2 / 3 / 4 (as few warps as fit)
                  {"gu": (13, 2, 2, 1), "dn": (13, 2, 2, 2), "blocks": 132, "maxreg": 144},
                  {"gu": (11, 2, 3, 1), "dn": (11, 2, 3, 2), "blocks": 132, "maxreg": 176},
                  {"gu": (8, 2, 4, 1), "dn": (8, 2, 4, 2), "blocks": 132, "maxreg": 240}]
@@ -289,8 +287,7 @@ def stage_breakdown(torch, mw):
 #           pipeline alone, at the package's grid)
 #   v6dp    candidate (correct results): step shares in whole groups of DP steps (every _share call
 #           splits steps // DP groups), so units and shares end only in the last unrolled slot and
-#           finish() is inlined once per loop body, not DP times (offline SASS: 5088 / 4720
-#           instructions vs 6680 / 6368; needs KSTEPS % DP == 0)
+#           finish() is inlined once per loop body, not DP times (needs KSTEPS % DP == 0)
 _MATH_START = "                xs = cto[CX] + ks * (SC * 64)\n"
 _MATH_END = "                if ks == KSTEPS - 1 or s == b - 1:"
 _XOR_ONLY = """                xo = uint32(0)

@@ -38,7 +38,7 @@ def _linear_f64(x, packed, scales_f32):
 
 # ---- layout ----------------------------------------------------------------------------------
 
-def test_worked_example_int4_format_section3():
+def test_worked_example_of_the_packing():  # docs/int4.md
     q = np.array([[1, -2, 3, 0, -7, 7, 5, -1]], dtype=np.int8)
     packed = pack_int4(q)
     assert packed.dtype == np.int32 and packed.shape == (1, 1)

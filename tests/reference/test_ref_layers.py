@@ -56,7 +56,7 @@ def test_linear_names_the_missing_tensor():
 
 
 def _unpack_nibbles(packed):
-    # int4_format.md section 3, written out independently: column k sits in word k // 8, bits 4*(k % 8)
+    # docs/int4.md's packing, written out independently: column k sits in word k // 8, bits 4*(k % 8)
     n, words = packed.shape
     u = np.zeros((n, words * 8), dtype=np.int64)
     p = packed.astype(np.int64) & 0xFFFFFFFF

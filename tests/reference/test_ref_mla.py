@@ -9,7 +9,7 @@ from workbench.weights import random_weights
 
 
 def _brute_force(cfg, w, layer, x_all, pos_all):
-    """Design card 3.3 written out per head and per key, causal, with explicit complex rotation."""
+    """docs/model.md's naive MLA written out per head and per key, causal, with explicit complex rotation."""
     p = f"layers.{layer}.attn."
     n, r, c, h = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.num_attention_heads
 

@@ -6,7 +6,7 @@ from workbench.weights import random_weights
 
 
 def _brute_gate(cfg, x, gate_w, bias):
-    """Per-token router in plain Python (design card 3.7), ties to the lowest index."""
+    """Per-token router in plain Python (docs/model.md, MoE), ties to the lowest index."""
     e_per = cfg.n_routed_experts // cfg.n_group
     idx_all, w_all = [], []
     for row in x:

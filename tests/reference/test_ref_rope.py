@@ -20,7 +20,7 @@ K2 = preset("k2")
     ({"beta_fast": 32.0}, (8, 20)),                                  # K2.5 / K2.6
     ({"rope_theta": 10000.0, "beta_fast": 32.0}, (10, 23)),          # DeepSeek-V3
 ])
-def test_yarn_correction_range_matches_the_design_card(changes, want):
+def test_yarn_correction_range_matches_docs_model(changes, want):
     assert yarn_correction_range(K2.replace(**changes)) == want
 
 

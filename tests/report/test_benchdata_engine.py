@@ -1,5 +1,5 @@
-"""Engine benchmark results (enginedata) and the kernel-CSV finder next to them (benchdata), against
-a small engine_results.csv written here in the layout ``python -m workbench bench engine`` writes."""
+"""Engine benchmark results (enginedata) and the kernel-set finder next to them (benchdata), against
+a small engine result set written here in the layout ``python -m workbench bench engine`` writes."""
 
 from __future__ import annotations
 
@@ -44,13 +44,13 @@ META = {"gpu": "Test GPU (synthetic, not a measurement)", "time_utc": "2001-02-0
         "spec_tokens": 12}
 
 
-def write(d, rows=ROWS, meta=META, cols=COLS):
-    with open(d / "engine_results.csv", "w", newline="") as f:
+def write(d, rows=ROWS, meta=META, cols=COLS, commit="abc1234"):
+    with open(d / f"engine_{commit}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         w.writerows(rows)
     if meta is not None:
-        (d / "engine_meta.json").write_text(json.dumps(meta))
+        (d / f"engine_{commit}.json").write_text(json.dumps(meta))
 
 
 def test_load_and_sections(tmp_path):
@@ -64,7 +64,7 @@ def test_load_and_sections(tmp_path):
     with pytest.raises(InputError, match="unknown engine section"):
         res.section("nope")
     write(tmp_path, meta=None)
-    (tmp_path / "engine_meta.json").unlink()
+    (tmp_path / "engine_abc1234.json").unlink()
     res = enginedata.load_engine(tmp_path)
     assert res.meta == {} and res.hardware == "unknown GPU" and res.date == "unknown date"
     write(tmp_path, meta={"time_utc": "last tuesday"})
@@ -133,13 +133,22 @@ def test_spec_settings_without_meta_or_rows(tmp_path):
 
 def test_kernel_finder_skips_engine_files(tmp_path):
     write(tmp_path)
-    (tmp_path / "kernels.csv").write_text("case,impl,M,gbs\nc M=1,a,1,10.0\n")
-    (tmp_path / "kernels_meta.json").write_text(json.dumps({"gpu": "K"}))
+    assert benchdata.find_results(tmp_path) == []          # only an engine set here
+    (tmp_path / "kernels_abc1234.csv").write_text("case,impl,M,gbs\nc M=1,a,1,10.0\n")
+    (tmp_path / "kernels_abc1234.json").write_text(json.dumps({"gpu": "K"}))
+    (tmp_path / "kernels_notes.txt").write_text("not a result set")
     [(path, meta)] = benchdata.find_results(tmp_path)
-    assert path.name == "kernels.csv" and meta == {"gpu": "K"}
-    (tmp_path / "kernels_meta.json").unlink()
-    [(path, meta)] = benchdata.find_results(tmp_path)     # the only JSON left is the engine's: not used
+    assert path.name == "kernels_abc1234.csv" and meta == {"gpu": "K"}
+    (tmp_path / "kernels_abc1234.json").unlink()
+    [(path, meta)] = benchdata.find_results(tmp_path)     # the engine set's JSON is not used
     assert meta == {}
+
+
+def test_the_newest_set_is_current(tmp_path):
+    write(tmp_path, meta={**META, "time_utc": "2001-01-01T00:00:00+00:00"}, commit="old1111")
+    write(tmp_path, rows=ROWS[:3], meta={**META, "time_utc": "2002-01-01T00:00:00+00:00"}, commit="new2222")
+    res = enginedata.load_engine(tmp_path)
+    assert res.path.name == "engine_new2222.csv" and len(res.rows) == 3
 
 
 def test_rerun_runs_the_bench_command(tmp_path, monkeypatch):

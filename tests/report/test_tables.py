@@ -26,10 +26,10 @@ def test_html_is_rounded_and_escaped():
 
 
 def test_bench_results(tmp_path):
-    (tmp_path / "k.csv").write_text(
+    (tmp_path / "kernels_abc1234.csv").write_text(
         "case,impl,M,gbps,pct_copy\nc,a,4,2000.0,50\nc,a,1,1000,25\nc,b,1,3000,75\n"
     )
-    (tmp_path / "k.json").write_text(json.dumps({"gpu": "X"}))
+    (tmp_path / "kernels_abc1234.json").write_text(json.dumps({"gpu": "X"}))
     [(path, meta)] = benchdata.find_results(tmp_path)
     rows = benchdata.read_csv(path)
     assert meta == {"gpu": "X"} and rows[0]["M"] == 4 and rows[0]["gbps"] == 2000.0

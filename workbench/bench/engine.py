@@ -7,7 +7,8 @@
 3. Verify-step time against the budget (1 .. 256), next to the decode step, the device top-k and the
    host tree build.
 4. DDTree tokens/s vs AR with the oracle drafter over p and budgets.
-Writes engine_results.csv, engine_meta.json, engine_plot.png under the output folder (default reports/bench/).
+Writes the result set ``engine_<commit>.csv / .json / .png`` (workbench/bench/results.py) under the
+output folder (default reports/bench/).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from ..fileio import save_figure_atomic, write_json_atomic
 from ..report.tables import write_csv
 from .common import require_gpu, run_metadata
+from .results import ResultSet, result_set
 
 ROOT = Path(__file__).resolve().parents[2]
 AR_TOKENS = 256
@@ -271,23 +273,23 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def run_engine_bench(out_dir) -> int:
+def run_engine_bench(out_dir) -> ResultSet:
     require_gpu()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    meta = run_metadata(bench="engine", ar_tokens=AR_TOKENS, hf_tokens=HF_TOKENS, spec_tokens=SPEC_TOKENS)
+    rs = result_set(out, "engine", meta["git_sha"])       # the commit before any result lands in the tree
     rows: list[dict] = []
     ar = bench_ar("tiny2", rows)
     bench_kernel_sum(ar, rows)
     bench_ar("int4_tiny2", rows)
     bench_verify("tiny2", rows)
     bench_spec(ar, "tiny2", rows)
-    write_csv(rows, out / "engine_results.csv")
-    write_json_atomic(out / "engine_meta.json", run_metadata(bench="engine", ar_tokens=AR_TOKENS,
-                                                             hf_tokens=HF_TOKENS, spec_tokens=SPEC_TOKENS),
-                      indent=2)
+    write_csv(rows, rs.csv)
+    write_json_atomic(rs.meta, meta, indent=2)
     try:
-        plot(rows, out / "engine_plot.png")
+        plot(rows, rs.plot)
     except Exception as e:                                   # noqa: BLE001 - the CSV/JSON are the results
         print(f"plot failed: {type(e).__name__}: {e}")
-    print(f"wrote {out / 'engine_results.csv'}, {out / 'engine_meta.json'}, {out / 'engine_plot.png'}")
-    return 0
+    print(f"wrote {rs.csv}, {rs.meta}, {rs.plot}")
+    return rs

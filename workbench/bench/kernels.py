@@ -1,6 +1,6 @@
 """``python -m workbench bench kernels``: W4A16 GEMV/GEMM and fused MoE on the GPU, side by side.
 
-Rows of kernels.csv (one per case x implementation), all timed with CUDA events on torch's stream:
+Rows of the CSV (one per case x implementation), all timed with CUDA events on torch's stream:
 - matmul at K2 shapes (gate/up 7168 -> 2048, down 2048 -> 7168), M in 1..64: this workbench's
   ``int4_matmul`` (as shipped, with programmatic dependent launch; and with PDL off), torch cuBLAS
   bf16 ``x @ w.t()``, torch tinygemm INT4 g32 (``_weight_int4pack_mm``), each rotating over 64
@@ -15,6 +15,7 @@ Rows of kernels.csv (one per case x implementation), all timed with CUDA events 
   against an eager torch per-expert loop (tinygemm per projection).
 GB/s = bytes the implementation must move (weights + scales + activations + outputs) / median time;
 pct_copy = GB/s / copy bandwidth measured in the same run (2 GiB device-to-device copy).
+Writes the result set ``kernels_<commit>.csv / .json / .png`` (workbench/bench/results.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 from ..fileio import write_json_atomic
 from ..report.tables import write_csv
 from .common import copy_bandwidth, run_metadata, time_op
+from .results import result_set
 
 SHAPES = {"gate_up": (2048, 7168), "down": (7168, 2048)}       # (N, K)
 MS = (1, 2, 4, 8, 16, 32, 64)
@@ -129,7 +131,8 @@ def bench_matmul(torch, copy, rows, log):
 
 
 def run(out_dir: Path) -> dict:
-    """Run everything, write kernels.csv, kernels_meta.json, kernels.png under ``out_dir``."""
+    """Run everything, write the result set (CSV, metadata, plot) under ``out_dir``; returns rows, meta,
+    the log lines and the ``ResultSet`` as "set"."""
     import torch
 
     from . import kernels_moe
@@ -145,18 +148,19 @@ def run(out_dir: Path) -> dict:
     copy = copy_bandwidth()
     log(f"copy bandwidth (2 GiB device-to-device, read + write): {copy:.0f} GB/s")
     meta = run_metadata(copy_gbs=round(copy, 1), rotation=ROT, group_size=G)
+    rs = result_set(out_dir, "kernels", meta["git_sha"])
     sections = [("matmul", bench_matmul), ("moe", kernels_moe.bench_moe)]
     for name, fn in sections:
         try:
             fn(torch, copy, rows, log)
         except Exception:  # noqa: BLE001 - keep what was measured, report the failure
             log(f"section {name} FAILED:\n{traceback.format_exc()}")
-        write_csv(rows, out_dir / "kernels.csv")
+        write_csv(rows, rs.csv)
     meta["wall_s"] = round(time.time() - t0, 1)
-    write_json_atomic(out_dir / "kernels_meta.json", meta, indent=2)
+    write_json_atomic(rs.meta, meta, indent=2)
     try:
         from .kernels_plot import plot
-        plot(rows, out_dir / "kernels.png", copy)
+        plot(rows, rs.plot, copy)
     except Exception:  # noqa: BLE001
         log(f"plot FAILED:\n{traceback.format_exc()}")
-    return {"rows": rows, "meta": meta, "log": lines}
+    return {"rows": rows, "meta": meta, "log": lines, "set": rs}

@@ -2,7 +2,7 @@
 
 Determinism: tensors are stored in name order after the three payload sections, the config block
 is canonical JSON, provenance holds no time or host; the same inputs give the same bytes.
-Atomicity (bundle_reliability.md R7): temp file in the destination directory -> write -> flush ->
+Atomicity (docs/kdtr-format.md §10, §13): temp file in the destination directory -> write -> flush ->
 fsync -> os.replace -> fsync of the directory. On any exception (KeyboardInterrupt included) the
 temp file is removed and the exception re-raised; the destination is never opened for writing, so
 an existing file (even one memory-mapped by a live Bundle) stays intact until the rename. An

@@ -1,13 +1,36 @@
-"""``python -m workbench bench kernels|engine [--out DIR]``: GPU benchmarks (one-line error without a GPU)."""
+"""``python -m workbench bench kernels|engine [--out DIR]``: GPU benchmarks (one-line error without a GPU).
+
+Each run writes one result set ``<bench>_<commit>.csv / .json / .png / .log`` into DIR (the log is
+the run's console output) and then removes DIR's earlier sets of the same benchmark
+(workbench/bench/results.py).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
 from pathlib import Path
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("what", choices=("kernels", "engine"), help="which benchmark")
     parser.add_argument("--out", default="reports/bench", help="output folder (default reports/bench)")
+
+
+class _Tee(io.TextIOBase):
+    """stdout that is also kept, for the result set's log."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.parts = stream, []
+
+    def write(self, s: str) -> int:
+        self.stream.write(s)
+        self.parts.append(s)
+        return len(s)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def run(args) -> int:
@@ -17,12 +40,21 @@ def run(args) -> int:
     from numba import config
     if config.ENABLE_CUDASIM:
         raise UserError("benchmarks cannot run under NUMBA_ENABLE_CUDASIM=1 (the CPU simulator)")
+    from workbench.bench.results import retire_others
+    from workbench.fileio import write_text_atomic
     out = Path(args.out)
-    if args.what == "kernels":
-        from workbench.bench.kernels import run as run_kernels
-        from workbench.bench.kernels_summary import summary
-        res = run_kernels(out)
-        print(summary(res["rows"], res["meta"]["copy_gbs"]))
-        return 0
-    from workbench.bench.engine import run_engine_bench
-    return int(run_engine_bench(out) or 0)
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        if args.what == "kernels":
+            from workbench.bench.kernels import run as run_kernels
+            from workbench.bench.kernels_summary import summary
+            res = run_kernels(out)
+            print(summary(res["rows"], res["meta"]["copy_gbs"]))
+            rs = res["set"]
+        else:
+            from workbench.bench.engine import run_engine_bench
+            rs = run_engine_bench(out)
+    write_text_atomic(rs.log, "".join(tee.parts))
+    for p in retire_others(rs):
+        print(f"removed the earlier result file {p}")
+    return 0

@@ -1,4 +1,4 @@
-"""DFlash-style block drafter (ddtree.md §1): a few non-causal layers in the target's width D that
+"""DFlash-style block drafter (docs/ddtree.md): a few non-causal layers in the target's width D that
 turn [bonus, MASK x L] into per-position draft logits, conditioned on the target's own hidden states.
 
 Legend: D target hidden size, V vocabulary, Bs block size, L = Bs - 1 drafted positions,

@@ -1,4 +1,4 @@
-"""The DDTree speculative loop over the numpy reference (ddtree.md §3; style.md §2.7).
+"""The DDTree speculative loop over the numpy reference (docs/ddtree.md, "One round").
 
 Legend: P prompt length, V vocabulary, N tree nodes (root not counted), F*D drafter features per
 token (F tapped target layers of width D), L drafted positions.

@@ -6,7 +6,7 @@ K = min(B, V) candidates per position, N nodes in the tree (N <= B), node 0 is t
 
 A tree is a prefix-closed set of token sequences rooted at the bonus token; a node at depth d
 (1..L) holds a candidate for the token d positions after the root. Its score is log q(u) = the sum
-of the draft log-probabilities along its path (ddtree.md §2.1); the heap pops nodes in
+of the draft log-probabilities along its path (docs/ddtree.md); the heap pops nodes in
 non-increasing score, so every parent gets its index before its children (parents[i] < i).
 """
 
@@ -59,7 +59,7 @@ def top_k_log_probs(draft_logits: np.ndarray, k: int) -> tuple[np.ndarray, np.nd
 
 
 def build_tree(draft_logits: np.ndarray, budget: int) -> Tree:
-    """Best-first DDTree heap (ddtree.md §2.2, Algorithm 1) over draft marginals [L, V].
+    """Best-first DDTree heap (the DDTree paper's Algorithm 1, docs/ddtree.md) over draft marginals [L, V].
 
     budget: B >= 0 nodes besides the root; B = 0 gives the root-only tree. K = min(B, V).
     The heap key is (-score, rank path): equal scores pop in lexicographic order of the per-depth

@@ -1,4 +1,4 @@
-"""The DDTree walk: follow the target's own token choices down the draft tree (ddtree.md §3.2).
+"""The DDTree walk: follow the target's own token choices down the draft tree (docs/ddtree.md).
 
 Legend: N nodes besides the root (index 0).
 """

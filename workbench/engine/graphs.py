@@ -1,4 +1,4 @@
-"""CUDA-graph capture and replay of numba launch sequences through torch (numba_cuda.md §7).
+"""CUDA-graph capture and replay of numba launch sequences through torch (docs/numba-cuda.md).
 
 On a GPU, a step (a Python function launching numba kernels on a given stream) runs once eagerly,
 which compiles every kernel, then once more inside ``torch.cuda.graph`` with the launches on

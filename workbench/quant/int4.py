@@ -1,4 +1,4 @@
-"""INT4 W4A16 group quantization in three layers with paired names (style.md §2.5).
+"""INT4 W4A16 group quantization in three layers with paired names (docs/int4.md).
 
 - logical: ``quantize_int4`` / ``dequantize_int4``   (codes in [-7, 7], one float16 scale per group)
 - layout:  ``pack_int4`` / ``unpack_int4``           (compressed-tensors ``pack-quantized`` int32 words)
@@ -6,7 +6,7 @@
 
 Legend: N output rows, K input columns, G group size, K/G groups per row, K/8 int32 words per row.
 A weight is ``[N, K]`` (``y = x @ W.T``); leading batch dims ``[..., N, K]`` (stacked experts) are
-accepted by the logical and layout functions. Format facts: shared/design/int4_format.md.
+accepted by the logical and layout functions. Format facts: docs/int4.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Kernel benchmark results for the throughput notebook: find and read the CSV + metadata JSON that
-``python -m workbench bench kernels`` writes, re-run it on a GPU, and the bytes model of a W4A16
-or bf16 matmul that the measured GB/s are read against.
+"""Kernel benchmark results for the throughput notebook: find and read the current result set that
+``python -m workbench bench kernels`` writes (``kernels_<commit>.csv`` + ``.json``, see
+workbench/bench/results.py), re-run it on a GPU, and the bytes model of a W4A16 or bf16 matmul that
+the measured GB/s are read against.
 
 CSV columns are matched by name, not position: case ('gate_up M=16', 'moe T=4', 'down copy
 ceiling'), impl, M or T, median_us, gbs or gbps, pct_copy, floor_us; anything else is kept as is.
@@ -9,18 +10,16 @@ ceiling'), impl, M or T, median_us, gbs or gbps, pct_copy, floor_us; anything el
 from __future__ import annotations
 
 import csv
-import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..bench.results import current_set
 from ..errors import InputError
 
 GBPS_NAMES = ("gbs", "gbps", "GB/s", "eff_gbps")
-ENGINE_CSV = "engine_results.csv"      # written by ``python -m workbench bench engine``
-ENGINE_META = "engine_meta.json"
 
 
 def _num(v: str) -> Any:
@@ -38,22 +37,10 @@ def read_csv(path: str | Path) -> list[dict[str, Any]]:
 
 
 def find_results(bench_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
-    """(csv path, metadata) for every kernel-benchmark CSV under bench_dir (the engine benchmark's
-    ``engine_results.csv`` is left out: see enginedata). Metadata from ``<stem>.json`` or
-    ``<stem>_meta.json``, else the only JSON in the folder that is not ``engine_meta.json``, else {}."""
-    d = Path(bench_dir)
-    if not d.is_dir():
-        return []
-    jsons = [j for j in sorted(d.glob("*.json")) if j.name != ENGINE_META]
-    out = []
-    for p in sorted(d.glob("*.csv")):
-        if p.name == ENGINE_CSV:
-            continue
-        twins = [t for t in (p.with_suffix(".json"), p.with_name(f"{p.stem}_meta.json")) if t.is_file()]
-        meta_path = twins[0] if twins else (jsons[0] if len(jsons) == 1 else None)
-        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path else {}
-        out.append((p, meta))
-    return out
+    """[(csv path, metadata)] of the current kernel-benchmark set under bench_dir, [] when it has none
+    (the engine benchmark's set is enginedata's)."""
+    rs = current_set(bench_dir, "kernels")
+    return [(rs.csv, rs.read_meta())] if rs else []
 
 
 def column(rows: list[dict[str, Any]], *names: str) -> str | None:

@@ -1,5 +1,6 @@
-"""Engine benchmark results for the DDTree budget notebook: read ``engine_results.csv`` and
-``engine_meta.json`` (written by ``python -m workbench bench engine``) and select its sections.
+"""Engine benchmark results for the DDTree budget notebook: read the current result set that
+``python -m workbench bench engine`` writes (``engine_<commit>.csv`` + ``.json``, see
+workbench/bench/results.py) and select its sections.
 
 The CSV is long format, one row per measurement, with a ``section`` column and the union of the
 sections' columns (empty cells where a section has none):
@@ -14,14 +15,14 @@ Columns are matched by name; cells are numbers where they parse, 'True'/'False' 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..bench.results import current_set
 from ..errors import InputError
-from .benchdata import ENGINE_CSV, ENGINE_META, read_csv
+from .benchdata import read_csv
 
 SECTIONS = ("ar", "kernel_sum", "kernel_breakdown", "verify", "spec")
 
@@ -30,7 +31,7 @@ SECTIONS = ("ar", "kernel_sum", "kernel_breakdown", "verify", "spec")
 class EngineResults:
     path: Path                    # the CSV
     rows: list[dict[str, Any]]    # every row, cells converted
-    meta: dict[str, Any]          # engine_meta.json ({} when absent)
+    meta: dict[str, Any]          # the set's metadata JSON ({} when absent)
 
     @property
     def hardware(self) -> str:
@@ -67,21 +68,20 @@ def _cell(v: Any) -> Any:
 
 
 def load_engine(bench_dir: str | Path) -> EngineResults | None:
-    """The engine results under bench_dir, or None when it has no engine_results.csv.
+    """The current engine result set under bench_dir, or None when it has none.
 
     InputError when the CSV has no 'section' or 'model' column, or a section name not in SECTIONS."""
-    path = Path(bench_dir) / ENGINE_CSV
-    if not path.is_file():
+    rs = current_set(bench_dir, "engine")
+    if rs is None:
         return None
+    path = rs.csv
     rows = [{k: _cell(v) for k, v in r.items()} for r in read_csv(path)]
     if rows and not {"section", "model"} <= set(rows[0]):
         raise InputError(f"{path}: needs 'section' and 'model' columns, has {sorted(rows[0])}")
     bad = sorted({str(r["section"]) for r in rows} - set(SECTIONS))
     if bad:
         raise InputError(f"{path}: unknown sections {bad} (known: {', '.join(SECTIONS)})")
-    meta_path = path.with_name(ENGINE_META)
-    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-    return EngineResults(path, rows, meta)
+    return EngineResults(path, rows, rs.read_meta())
 
 
 def _is_num(v: Any) -> bool:

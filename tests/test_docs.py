@@ -1,0 +1,93 @@
+"""The repository explains itself: it cites only documents it contains, its links resolve, it speaks
+of the workbench rather than of how the work was organised, and reports/bench keeps one result set
+per benchmark with an index of its history logs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from workbench.bench.results import BENCHES, result_sets
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTSIDE = re.compile(r"\.\./shared|shared/design|design card", re.IGNORECASE)
+MD_NAME = re.compile(r"(?<![\w/.-])([\w./-]*?)([\w-]+\.md)\b")
+ORGANISED = re.compile(r"\b(sessions?|issues?|stops?)\s+#?\d+\b", re.IGNORECASE)
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def _tracked() -> list[Path]:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs a git checkout (git ls-files)")
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return [ROOT / p for p in out.splitlines() if (ROOT / p).is_file()]
+
+
+def _texts() -> dict[Path, str]:
+    """Tracked text files (generated HTML reports and binary files left out), path -> text."""
+    out = {}
+    for p in _tracked():
+        if p.suffix == ".html" or p == Path(__file__):
+            continue
+        data = p.read_bytes()
+        if b"\0" in data[:8192]:
+            continue
+        out[p] = data.decode("utf-8", errors="replace")
+    return out
+
+
+def test_only_documents_in_the_repository_are_cited():
+    names = {p.name for p in _tracked()}
+    bad = []
+    for p, text in _texts().items():
+        for i, line in enumerate(text.splitlines(), 1):
+            if OUTSIDE.search(line):
+                bad.append(f"{p.relative_to(ROOT)}:{i}: {line.strip()[:80]}")
+            for m in MD_NAME.finditer(line):
+                if m.group(2) not in names and "<" not in m.group(1):
+                    bad.append(f"{p.relative_to(ROOT)}:{i}: cites {m.group(0)}, not in the repository")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_file_speaks_of_how_the_work_was_organised():
+    bad = [str(p.relative_to(ROOT)) for p in _tracked() if "session" in p.name.lower()]
+    for p, text in _texts().items():
+        for i, line in enumerate(text.splitlines(), 1):
+            if ORGANISED.search(line):
+                bad.append(f"{p.relative_to(ROOT)}:{i}: {line.strip()[:80]}")
+    assert not bad, "\n".join(bad)
+
+
+def test_markdown_links_resolve():
+    bad = []
+    for p, text in _texts().items():
+        if p.suffix != ".md":
+            continue
+        for target in LINK.findall(text):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (p.parent / target).exists():
+                bad.append(f"{p.relative_to(ROOT)}: link to {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_bench_results_one_set_per_benchmark_and_an_indexed_history():
+    bench = ROOT / "reports" / "bench"
+    for name in BENCHES:
+        sets = result_sets(bench, name)
+        assert len(sets) == 1, f"{name}: {[s.stem for s in sets]}"
+        s = sets[0]
+        assert s.csv.is_file() and s.meta.is_file(), s.stem
+        assert s.read_meta().get("git_sha", "").startswith(s.commit), (s.stem, s.read_meta().get("git_sha"))
+    history = bench / "history"
+    index = (history / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `([^`]+)` \|", index, flags=re.MULTILINE))
+    present = {p.name for p in history.iterdir() if p.name != "README.md"}
+    assert listed == present, f"not indexed: {sorted(present - listed)}; missing: {sorted(listed - present)}"
+    perf = (ROOT / "docs" / "perf.md").read_text(encoding="utf-8")
+    assert all(name in perf for name in present), sorted(n for n in present if n not in perf)
