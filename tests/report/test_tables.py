@@ -12,17 +12,29 @@ from workbench.report import benchdata, tables
 
 def test_csv_keeps_full_precision(tmp_path):
     x = 0.1 + 0.2
-    rows = [{"a": x, "b": np.float64(1 / 3), "c": None}, {"a": 1e-300, "d": [1, 2]}]
+    rows = [{"a": x, "b": np.float64(1 / 3), "c": None, "n": 7}, {"a": 1e-300, "d": [1, 2], "n": None}]
     tables.write_csv(rows, tmp_path / "t.csv")
     back = list(csv.DictReader(open(tmp_path / "t.csv")))
     assert float(back[0]["a"]) == x and float(back[0]["b"]) == 1 / 3 and float(back[1]["a"]) == 1e-300
     assert back[0]["c"] == "" and back[0]["d"] == "" and back[1]["d"] == "[1, 2]"
+    assert [r["n"] for r in back] == ["7", ""]             # an int column with a gap stays ints
+    assert list(back[0]) == ["a", "b", "c", "n", "d"]     # keys in first-seen order
+    assert not list(tmp_path.glob(".*.tmp"))              # written through the atomic writer
+
+
+def test_frame_types_columns_and_passes_frames_through():
+    df = tables.frame([{"k": 1, "x": 0.5, "s": "a", "ok": True}, {"k": None, "x": None, "s": "b", "ok": False}])
+    assert str(df["k"].dtype) == "Int64" and df["x"].dtype == np.float64 and df["ok"].dtype == bool
+    assert tables.frame(df) is df and tables.frame([]).shape == (0, 0)
 
 
 def test_html_is_rounded_and_escaped():
-    html = tables.table_html([{"x": 3.14159265, "name": "<b>"}], digits=3)
-    assert "3.14<" in html and "3.1415" not in html and "&lt;b&gt;" in html
-    assert tables.fmt(float("nan")) == "nan" and tables.fmt([1.23456, 2]) == "1.235 2"
+    html = tables.styled([{"x": 3.14159265, "name": "<b>", "k": 12345678}], digits=3, caption="a < b",
+                         name="01_t").to_html()
+    assert "3.14<" in html and "3.1415" not in html and "&lt;b&gt;" in html and "<b>" not in html
+    assert ">12345678<" in html and "a &lt; b" in html and 'id="T_01_t"' in html   # ints whole; stable ids
+    assert tables.fmt(float("nan")) == "" and tables.fmt([1.23456, 2]) == "1.235 2" and tables.fmt(None) == ""
+    assert tables.fmt(np.float32(0.1)) == "0.1" and tables.fmt(True) == "True"
 
 
 def test_bench_results(tmp_path):
