@@ -19,7 +19,7 @@ bundle_names = ["tiny", "tiny2", "int4_tiny", "int4_tiny2"]
 int4_pairs = {"int4_tiny": "tiny", "int4_tiny2": "tiny2"}
 refs_dir = "refs"
 rebuild = True
-out_dir = "reports"
+out_dir = "reports/local"
 profile = "full"
 device = "auto"
 

@@ -33,7 +33,7 @@ sim_budgets = [4]
 sim_drafters = ["oracle"]
 draw = {"bundle": "tiny", "drafter": "oracle", "budget": 16, "round": 0}
 refs_dir = "refs"
-out_dir = "reports"
+out_dir = "reports/local"
 profile = "full"
 device = "auto"
 

@@ -30,7 +30,7 @@ n_forced = 384
 group_sizes = [32, 64, 128]
 policy = "mlp"
 refs_dir = "refs"
-out_dir = "reports"
+out_dir = "reports/local"
 profile = "full"
 device = "auto"
 

@@ -24,7 +24,7 @@ ms = [1, 2, 4, 8, 16, 32, 64]
 group_size = 32
 peak_gbps = 4800.0
 peak_tflops = 989.0
-out_dir = "reports"
+out_dir = "reports/local"
 profile = "full"
 device = "auto"
 

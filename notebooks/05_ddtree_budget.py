@@ -43,7 +43,7 @@ engine_ref_budgets = None
 engine_ref_ps = None
 engine_oracle_seed = 1
 refs_dir = "refs"
-out_dir = "reports"
+out_dir = "reports/local"
 profile = "full"
 device = "auto"
 

@@ -23,7 +23,8 @@ def test_csv_keeps_full_precision(tmp_path):
 
 
 def test_frame_types_columns_and_passes_frames_through():
-    df = tables.frame([{"k": 1, "x": 0.5, "s": "a", "ok": True}, {"k": None, "x": None, "s": "b", "ok": False}])
+    df = tables.frame([{"k": 1, "x": 0.5, "s": "a", "ok": True},
+                       {"k": None, "x": None, "s": "b", "ok": False}])
     assert str(df["k"].dtype) == "Int64" and df["x"].dtype == np.float64 and df["ok"].dtype == bool
     assert tables.frame(df) is df and tables.frame([]).shape == (0, 0)
 

@@ -24,7 +24,8 @@ def strip_stderr(ipynb: Path, log: Path) -> int:
         err = [o for o in outs if o.get("output_type") == "stream" and o.get("name") == "stderr"]
         if err:
             cell.outputs = [o for o in outs if o not in err]
-            moved += [f"stderr of code cell {number} (kept out of the report):\n{o.get('text', '')}" for o in err]
+            head = f"stderr of code cell {number} (kept out of the report):\n"
+            moved += [head + o.get("text", "") for o in err]
     if moved:
         write_text_atomic(ipynb, nbformat.writes(nb))
         with open(log, "a", encoding="utf-8") as f:

@@ -33,6 +33,16 @@ def git_state(root: Path) -> dict[str, Any]:
     return {"sha": sha, "dirty": None if dirty is None else bool(dirty)}
 
 
+def tracked_files(root: Path, folder: Path) -> list[str]:
+    """Files git tracks under ``folder`` (paths relative to ``root``); [] outside the repo or without git."""
+    try:
+        rel = folder.resolve().relative_to(root.resolve())
+    except ValueError:
+        return []
+    out = _run(["git", "ls-files", "--", str(rel) or "."], root)
+    return out.splitlines() if out else []
+
+
 def gpus() -> list[dict[str, str]]:
     """Real CUDA GPUs from nvidia-smi (name, driver, memory); [] when there is none."""
     if shutil.which("nvidia-smi") is None:
