@@ -49,7 +49,6 @@ for k, n in shapes:
                            "bf16_us_at_peak": b16 / peak_gbps / 1e3, "int4_us_at_peak": b4 / peak_gbps / 1e3,
                            "compute_us_at_peak": 2 * m * n * k / peak_tflops / 1e6,
                            "ideal_speedup": b16 / b4})
-tables.show_table(model_rows, "04_bandwidth_model", out_dir)
 fig, ax = plots.plt.subplots(figsize=(7, 3.8))
 rows = [r for r in model_rows if [r["K"], r["N"]] == shapes[0]]
 m_axis = [r["M"] for r in rows]
@@ -60,6 +59,8 @@ plots.lines(ax, {"bf16 weights: bytes / bandwidth": (m_axis, [r["bf16_us_at_peak
             logy=True)
 plots.finish(fig, "04_roofline_model", out_dir, f"Roofline model at {peak_gbps:g} GB/s and {peak_tflops:g} "
              "TFLOP/s (H200 datasheet); computed, not measured.")
+tables.save_table(model_rows, "04_bandwidth_model", out_dir,
+                  "Both shapes, bytes, times at peak and the ideal INT4 speedup")
 
 # %% [markdown]
 # ## Measured: GB/s against M, and the fused MoE against its floor
@@ -90,9 +91,9 @@ for path, meta in results:
         display(Markdown(f"`{path.name}`: columns {list(rows[0]) if rows else []} not understood, skipped."))
         continue
     run_copy = benchdata.copy_gbps(meta, rows)
-    where = f"{meta.get('gpu', 'unknown GPU')}, {meta.get('time_utc', 'unknown date')}"
-    display(Markdown(f"### `{path.name}`: {where}"))
-    tables.show_table(rows, f"04_{path.stem}", out_dir)
+    where = (f"{meta.get('gpu', 'unknown GPU')}, {meta.get('time_utc', 'unknown date')}, "
+             f"commit {meta.get('git_sha', 'unknown')}")
+    display(Markdown(f"### `{path.name}`: measured on {where}"))
     groups = benchdata.families(rows, case)
     fig, axes = plots.plt.subplots(len(groups), 1, figsize=(8, 3.6 * len(groups)), squeeze=False)
     for ax, (fam, fam_rows) in zip(axes[:, 0], groups.items(), strict=True):
@@ -121,6 +122,7 @@ for path, meta in results:
     plots.finish(fig, f"04_{path.stem}", out_dir, plots.caption_text(
         f"{path.name}.", hardware=str(meta.get("gpu", "unknown GPU")),
         date=str(meta.get("time_utc", "unknown date"))))
+    tables.save_table(rows, f"04_{path.stem}", out_dir, f"Every measurement of `{path.name}` ({where})")
 
 # %% [markdown]
 # ## The whole decode step

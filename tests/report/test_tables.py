@@ -36,6 +36,7 @@ def test_html_is_rounded_and_escaped():
     assert ">12345678<" in html and "a &lt; b" in html and 'id="T_01_t"' in html   # ints whole; stable ids
     assert tables.fmt(float("nan")) == "" and tables.fmt([1.23456, 2]) == "1.235 2" and tables.fmt(None) == ""
     assert tables.fmt(np.float32(0.1)) == "0.1" and tables.fmt(True) == "True"
+    assert tables.fmt(50000.0) == "50000" and tables.fmt(26469.3) == "26469" and tables.fmt(1e20) == "1e+20"
 
 
 def test_bench_results(tmp_path):

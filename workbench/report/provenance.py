@@ -62,12 +62,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_line() -> str:
+    """This machine's CPU for captions of what ran on it (the numpy reference): 'CPU <model> x<cores>'."""
+    return f"CPU {cpu_name()} x{os.cpu_count()}"
+
+
 def hardware_line() -> str:
-    """Short hardware description for plot captions: the GPU if one is used, else the CPU."""
+    """Short hardware description: the GPU if one is used, else the CPU."""
     g = gpus()
     if g and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
         return f"{g[0]['name']} (driver {g[0]['driver']})"
-    return f"CPU {cpu_name()} x{os.cpu_count()}"
+    return cpu_line()
 
 
 def resolve_device(device: str) -> str:

@@ -11,6 +11,7 @@ import html
 import io
 import numbers
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,11 @@ def frame(table: Table) -> pd.DataFrame:
     return df.apply(_column) if len(df.columns) else df
 
 
-def write_csv(table: Table, path: str | Path, index: bool = False) -> Path:
+def write_csv(table: Table, path: str | Path) -> None:
     """Write ``table`` as CSV (atomically) with every float at full precision."""
     buf = io.StringIO()
-    frame(table).to_csv(buf, index=index, na_rep="", lineterminator="\n")
-    return write_text_atomic(path, buf.getvalue())
+    frame(table).to_csv(buf, index=False, na_rep="", lineterminator="\n")
+    write_text_atomic(path, buf.getvalue())
 
 
 def fmt(v: Any, digits: int = 4) -> str:
@@ -50,6 +51,8 @@ def fmt(v: Any, digits: int = 4) -> str:
     if v is None or v is pd.NA or (isinstance(v, float) and v != v):
         return ""
     if isinstance(v, numbers.Real) and not isinstance(v, numbers.Integral):
+        if 10 ** digits <= abs(v) < 1e15:
+            return f"{float(v):.0f}"                      # 50000 and 26469, not 5e+04 and 2.647e+04
         return f"{float(v):.{digits}g}"
     return str(v)
 
@@ -57,7 +60,8 @@ def fmt(v: Any, digits: int = 4) -> str:
 def styled(table: Table, digits: int = 4, caption: str = "", name: str = "", index: bool = False) -> Any:
     """The table as a pandas Styler: rounded cells, a caption, no row numbers unless ``index``."""
     df = frame(table)
-    st = df.style.format(lambda v: fmt(v, digits), escape="html")
+    cell = partial(fmt, digits=digits)
+    st = df.style.format(cell, escape="html").format_index(cell, axis=0).format_index(cell, axis=1)
     if name:
         st = st.set_uuid(re.sub(r"\W", "_", name))       # stable element ids: the same table renders the same
     if not index:
@@ -67,18 +71,21 @@ def styled(table: Table, digits: int = 4, caption: str = "", name: str = "", ind
 
 
 def show_table(table: Table, name: str, out_dir: str | Path, digits: int = 4, caption: str = "",
-               index: bool = False) -> pd.DataFrame:
-    """Display ``table`` rounded in the notebook and write ``out_dir/data/<name>.csv`` in full."""
-    from IPython.display import display
+               view: pd.DataFrame | None = None) -> None:
+    """Write ``table`` to ``out_dir/data/<name>.csv`` in full and display it rounded, or display
+    ``view`` instead: a compact DataFrame made from it (a pivot), shown with its index."""
+    from IPython.display import HTML, display
 
     df = frame(table)
-    write_csv(df, Path(out_dir) / "data" / f"{name}.csv", index=index)
-    note = f"{caption} " if caption else ""
-    display(styled(df, digits, f"{note}(full precision: data/{name}.csv)", name, index))
-    return df
+    write_csv(df, Path(out_dir) / "data" / f"{name}.csv")
+    where = "full precision" if view is None else "full table"
+    link = f'<a href="data/{name}.csv">data/{name}.csv</a>'
+    note = f"{html.escape(caption)} " if caption else ""
+    display(HTML(f'<p class="workbench-caption"><i>{note}({where}: {link})</i></p>'))   # as wide as the text
+    display(styled(df if view is None else view, digits, name=name, index=view is not None))
 
 
-def save_table(table: Table, name: str, out_dir: str | Path, what: str = "") -> pd.DataFrame:
+def save_table(table: Table, name: str, out_dir: str | Path, what: str = "") -> None:
     """Write ``out_dir/data/<name>.csv`` and show one line pointing at it (for tables plotted instead)."""
     from IPython.display import Markdown, display
 
@@ -86,4 +93,3 @@ def save_table(table: Table, name: str, out_dir: str | Path, what: str = "") -> 
     write_csv(df, Path(out_dir) / "data" / f"{name}.csv")
     lead = f"{what}: " if what else "The table behind the figure: "
     display(Markdown(f"*{lead}{len(df)} rows in [`data/{name}.csv`](data/{name}.csv).*"))
-    return df
