@@ -7,7 +7,8 @@
 # benchmark: effective GB/s against M for this workbench's W4A16 kernel, torch cuBLAS bf16 and
 # torch tinygemm INT4, with the copy ceiling measured in the same run and the datasheet peak, and
 # the fused MoE layer against its floor. The numbers come from the committed H200 results under
-# `reports/bench/` unless this machine has a GPU, in which case the benchmark is run again here.
+# `reports/bench/` unless this machine has a GPU and `rerun_on_gpu` is on, in which case the
+# benchmark is run again here; each result names the GPU, date and commit it was measured at.
 
 # %%
 from pathlib import Path

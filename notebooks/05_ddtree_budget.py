@@ -13,9 +13,9 @@
 # (`python -m workbench bench engine`): the AR baseline against HF transformers, the decode step
 # against the sum of its kernels, the verify step against the budget, and DDTree tokens/s against
 # AR over oracle p and budget, with the engine's acceptance checked against the reference's. They
-# come from the committed H200 results in `reports/bench/` unless this machine has a GPU, in which
-# case the benchmark runs again here. Every section says whether its numbers are **measured** or
-# a **model**.
+# come from the committed H200 results in `reports/bench/` unless this machine has a GPU and
+# `rerun_engine_on_gpu` is on, in which case the benchmark runs again here. Every section says
+# whether its numbers are **measured** or a **model**, and where they were measured.
 
 # %%
 import numpy as np
@@ -90,8 +90,9 @@ plots.finish(fig, "05_acceptance", out_dir, plots.caption_text(
 # %% [markdown]
 # ## Measured on the GPU: the engine benchmark
 # Results of `python -m workbench bench engine` (numba engine, CUDA-graph replay, greedy) on the
-# `tiny2` bundles. On a machine with a GPU the benchmark runs again here into `<out_dir>/bench`;
-# otherwise the committed results in `engine_bench_dir` are shown, with their GPU and date.
+# `tiny2` bundles. On a machine with a GPU (and `rerun_engine_on_gpu`) the benchmark runs again here
+# into `<out_dir>/bench`; otherwise the committed results in `engine_bench_dir` are shown, with
+# their GPU and date.
 
 # %%
 engine_source = engine_bench_dir

@@ -69,3 +69,21 @@ def test_bench_results(tmp_path):
         benchdata.matmul_bytes(1, 2048, 7168, "int4", 32)
         == 2048 * 7168 * (0.5 + 2 / 32) + 2 * 7168 + 2 * 2048
     )
+
+
+def test_show_and_save_write_the_full_table_and_display_the_view(tmp_path, monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    rows = [{"p": p, "b": b, "tau": p * b + 1 / 3} for p in (0.5, 1.0) for b in (1, 4, 16)]
+    df = tables.frame(rows)
+    tables.show_table(df, "05_x", tmp_path, caption="τ by p and budget",
+                      view=df.pivot(index="p", columns="b", values="tau"))
+    assert len(list(csv.DictReader(open(tmp_path / "data" / "05_x.csv")))) == 6   # every row in the CSV
+    note, table = (s.to_html() if hasattr(s, "to_html") else s.data for s in shown)
+    assert "τ by p and budget" in note and 'href="data/05_x.csv"' in note
+    assert table.count("<tr>") == 1 + 1 + 2 and ">16.33<" in table and ">0.5<" in table  # 2 x 3 pivot
+    shown.clear()
+    tables.save_table(rows, "05_y", tmp_path, "The curve's points")
+    assert (tmp_path / "data" / "05_y.csv").is_file() and "6 rows in [`data/05_y.csv`]" in shown[0].data
