@@ -121,8 +121,8 @@ for path, meta in results:
         ax.axhline(peak_gbps, color="gray", ls=":", lw=0.8, label=f"datasheet peak {peak_gbps:.0f} GB/s")
         ax.legend(fontsize=7)
     plots.finish(fig, f"04_{path.stem}", out_dir, plots.caption_text(
-        f"{path.name}.", hardware=str(meta.get("gpu", "unknown GPU")),
-        date=str(meta.get("time_utc", "unknown date"))))
+        f"{path.name}, commit {meta.get('git_sha', 'unknown')}.",
+        hardware=str(meta.get("gpu", "unknown GPU")), date=str(meta.get("time_utc", "unknown date"))))
     tables.save_table(rows, f"04_{path.stem}", out_dir, f"Every measurement of `{path.name}` ({where})")
 
 # %% [markdown]
