@@ -29,8 +29,11 @@ test: $(STAMP) browser
 report: $(STAMP)
 	$(PY) -m workbench report
 
-# the committed showcase: the notebooks into reports/ itself (tracked files change; commit them)
+# the committed showcase: the notebooks into reports/ itself, replacing the last one whole (tracked
+# files change; commit them). reports/bench/ (the benchmark results) is left as it is.
+SHOWCASE_FILES := reports/[0-9]*.html reports/index.html reports/manifest.json reports/data reports/figures reports/logs
 showcase: $(STAMP)
+	rm -rf $(SHOWCASE_FILES)
 	$(PY) -m workbench report --out reports
 
 # JupyterLab on the notebooks: jupytext pairs, the kdtree-workbench kernel, kernels at the repo root

@@ -4,7 +4,8 @@
 # The image there has no papermill/nbconvert/jupytext/ipykernel/pandas: they come as the wheels in
 # .whl/ (fetch_wheels.sh), installed offline into $SITE. Notebooks 04 and 05 show the committed
 # benchmark results of reports/bench/ (RERUN=1 re-runs both benchmarks into it first: about 6 more
-# minutes). With $OUT set (the device tool), the rendered showcase also goes to $OUT/showcase.tgz.
+# minutes). The last showcase is replaced whole (reports/bench/ stays). With $OUT set (the device
+# tool), the rendered showcase also goes to $OUT/showcase.tgz.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
@@ -20,9 +21,10 @@ export PYTHONUNBUFFERED=1
 'papermill', papermill.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 [ $# -gt 0 ] || set -- --profile full
-if [ "${RERUN:-0}" != 1 ] && [[ " $* " != *" --only"* ]]; then   # with --only, name the -p yourself
-  set -- "$@" -p 'rerun_on_gpu=false' -p 'rerun_engine_on_gpu=false'
-fi
+if [[ " $* " != *" --only"* ]]; then          # the whole showcase: replace the last one whole
+  rm -rf reports/[0-9]*.html reports/index.html reports/manifest.json reports/data reports/figures reports/logs
+  [ "${RERUN:-0}" = 1 ] || set -- "$@" -p 'rerun_on_gpu=false' -p 'rerun_engine_on_gpu=false'
+fi                                               # (with --only, name any -p yourself)
 status=0
 "$PY" -m workbench report --out reports "$@" || status=$?
 if [ -n "${OUT:-}" ]; then
