@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test report refs lint clean browser
+.PHONY: test report showcase lab refs lint clean browser
 
 # the report tests open every HTML report in headless Chromium (Debian's package)
 browser:
@@ -25,8 +25,21 @@ test: $(STAMP) browser
 	$(PY) -m pytest -q -n 2 -p no:cacheprovider
 	$(PY) -O -m pytest -q -n 2 -p no:cacheprovider -m "not slow"
 
+# the notebooks into reports/local/ (git-ignored)
 report: $(STAMP)
 	$(PY) -m workbench report
+
+# the committed showcase: the notebooks into reports/ itself, replacing the last one whole (tracked
+# files change; commit them). reports/bench/ (the benchmark results) is left as it is.
+SHOWCASE_FILES := reports/[0-9]*.html reports/index.html reports/manifest.json reports/data reports/figures reports/logs
+showcase: $(STAMP)
+	rm -rf $(SHOWCASE_FILES)
+	$(PY) -m workbench report --out reports
+
+# JupyterLab on the notebooks: jupytext pairs, the kdtree-workbench kernel, kernels at the repo root
+# (lab/jupyter_server_config.py). On a remote machine: make lab LAB_ARGS=--no-browser
+lab: $(STAMP)
+	JUPYTER_CONFIG_PATH="$(CURDIR)/lab" $(PY) -m jupyterlab $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
 
 refs: $(STAMP)
 	$(PY) -m workbench build-refs

@@ -19,7 +19,7 @@ bundle_names = ["tiny", "tiny2", "int4_tiny", "int4_tiny2"]
 int4_pairs = {"int4_tiny": "tiny", "int4_tiny2": "tiny2"}
 refs_dir = "refs"
 rebuild = True
-out_dir = "reports"
+out_dir = "reports/local"
 profile = "full"
 device = "auto"
 
@@ -52,11 +52,16 @@ tables.show_table(bundles.config_rows(refs), "01_configs", out_dir)
 
 # %% [markdown]
 # ## Tensor tables
-# Tensors grouped by family. In the INT4 bundles each quantized linear `X` is stored as
-# `X.packed` (int32) plus `X.scale` (float16), so its count doubles and its bytes shrink.
+# Tensors grouped by family: how many, and their bytes in MB, per bundle. In the INT4 bundles each
+# quantized linear `X` is stored as `X.packed` (int32) plus `X.scale` (float16), so its count
+# doubles and its bytes shrink. Element counts and dtypes are in the CSV.
 
 # %%
-tables.show_table([r for n, b in refs.items() for r in bundles.tensor_rows(n, b)], "01_tensors", out_dir)
+tensors = tables.frame([r for n, b in refs.items() for r in bundles.tensor_rows(n, b)])
+by_family = tensors.assign(MB=tensors["bytes"] / 1e6).pivot(index="family", columns="bundle",
+                                                            values=["tensors", "MB"])
+tables.show_table(tensors, "01_tensors", out_dir, view=by_family[[(v, n) for v in ("tensors", "MB")
+                                                                  for n in refs]])
 
 # %% [markdown]
 # ## Golden tokens and margins
@@ -76,6 +81,8 @@ tables.show_table([{"bundle": n, "prompt": b.prompt.tolist(), "golden": b.golden
 # The INT4 bundle holds the same model with every MLP linear quantized (group size in its meta);
 # its golden is the reference's greedy decoding of the quantized weights. Where the two part ways
 # is set by how the INT4 logit error compares with the margins above; report 03 measures that error.
+# Each figure shows both goldens' margins per step, with the steps whose tokens differ shaded; the
+# tokens are in the table above and, step by step, in the CSV.
 
 # %%
 for q, f in int4_pairs.items():
@@ -85,4 +92,13 @@ for q, f in int4_pairs.items():
     rows, first = bundles.golden_side_by_side(refs[f], refs[q])
     where = "identical over all steps" if first is None else f"first divergence at step {first}"
     display(Markdown(f"**{f} vs {q}** ({refs[q].meta.get('quant', {})}): {where}."))
-    tables.show_table(rows, f"01_side_by_side_{f}", out_dir)
+    side = tables.frame(rows)
+    fig, ax = plots.plt.subplots(figsize=(7, 3.2))
+    plots.lines(ax, {f"{f} (FP32)": (side["step"], side["fp32_margin"]),
+                     f"{q} (INT4)": (side["step"], side["int4_margin"])},
+                "golden step", "top-1 minus top-2 logit (logit units)", f"{f} vs {q}: {where}", logy=True)
+    for s in side.loc[~side["same"], "step"]:
+        ax.axvspan(s - 0.5, s + 0.5, color="#cc3311", alpha=0.12, lw=0)
+    plots.finish(fig, f"01_side_by_side_{f}", out_dir, plots.caption_text(
+        "Shaded: steps whose golden tokens differ. float32 numpy reference."))
+    tables.save_table(side, f"01_side_by_side_{f}", out_dir, "Tokens and margins step by step")

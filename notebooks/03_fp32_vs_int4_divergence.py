@@ -30,7 +30,7 @@ n_forced = 384
 group_sizes = [32, 64, 128]
 policy = "mlp"
 refs_dir = "refs"
-out_dir = "reports"
+out_dir = "reports/local"
 profile = "full"
 device = "auto"
 
@@ -110,7 +110,6 @@ for name in specs:
 # %%
 layer_rows = [{"model": n, "group_size": g, **r} for n, g in pairs
               for r in analysis.hidden_errors(tf[n, None].hidden, tf[n, g].hidden)]
-tables.show_table(layer_rows, "03_hidden_state_error", out_dir)
 fig, axes = plots.plt.subplots(1, len(specs), figsize=(4.5 * len(specs), 3.6), squeeze=False)
 for ax, name in zip(axes[0], specs, strict=True):
     mine = [r for r in layer_rows if r["model"] == name]
@@ -120,19 +119,24 @@ for ax, name in zip(axes[0], specs, strict=True):
     plots.lines(ax, series, "layer (block output)", "mean relative error (fraction)", name, logy=True,
                 integer_x=True)
 plots.finish(fig, "03_hidden_state_error", out_dir, plots.caption_text("Teacher-forced, float32 reference."))
+tables.save_table(layer_rows, "03_hidden_state_error", out_dir, "Per layer, mean and max relative error")
 
 # %% [markdown]
 # ## What the quantizer does to each matrix
 # quantize → dequantize of every matrix the policy selects: relative Frobenius error, and the
-# largest element error as a fraction of the matrix's largest |w|. Per-matrix rows are in the CSV.
+# largest element error as a fraction of the matrix's largest |w|. The table shows the mean
+# relative Frobenius error per kind of matrix and group size; its CSV adds the max and the count.
 
 # %%
-qrows = [{"model": n, **r} for n in specs
-         for r in analysis.quantization_errors(specs[n][0], weights[n, None],
-                                               tuple(g for m, g in pairs if m == n), policy)]
-tables.write_csv(qrows, f"{out_dir}/data/03_matrix_errors.csv")
-tables.show_table(analysis.summarize(qrows, ("model", "kind", "group_size"), "rel_frobenius_err"),
-                  "03_matrix_error_summary", out_dir)
+qrows = tables.frame([{"model": n, **r} for n in specs
+                      for r in analysis.quantization_errors(specs[n][0], weights[n, None],
+                                                            tuple(g for m, g in pairs if m == n), policy)])
+tables.save_table(qrows, "03_matrix_errors", out_dir, "Every matrix at every group size")
+per_kind = (qrows.groupby(["model", "kind", "group_size"], sort=False)["rel_frobenius_err"]
+            .agg(mean_rel_frobenius_err="mean", max_rel_frobenius_err="max", count="count").reset_index())
+tables.show_table(per_kind, "03_matrix_error_summary", out_dir, caption="Mean relative Frobenius error.",
+                  view=per_kind.pivot(index=["model", "kind"], columns="group_size",
+                                      values="mean_rel_frobenius_err"))
 
 # %% [markdown]
 # ## Group size 32 vs 64 vs 128
@@ -140,11 +144,10 @@ tables.show_table(analysis.summarize(qrows, ("model", "kind", "group_size"), "re
 # the models that group size fits.
 
 # %%
-weight_err = {r["group_size"]: r for r in analysis.summarize(qrows, ("group_size",), "rel_frobenius_err")}
-kl = {r["group_size"]: r for r in analysis.summarize(summary, ("group_size",), "mean_kl_nats")}
-top1 = {r["group_size"]: r for r in analysis.summarize(summary, ("group_size",), "top1_agreement")}
-gs_rows = [{"group_size": g, "models": kl[g]["count"], "bytes_per_weight": 0.5 + 2 / g,
-            "mean_rel_weight_err": weight_err[g]["mean_rel_frobenius_err"],
-            "mean_kl_nats": kl[g]["mean_mean_kl_nats"],
-            "top1_agreement": top1[g]["mean_top1_agreement"]} for g in group_sizes if g in kl]
-tables.show_table(gs_rows, "03_group_sizes", out_dir)
+by_g = tables.frame(summary).groupby("group_size").agg(models=("model", "nunique"),
+                                                       mean_kl_nats=("mean_kl_nats", "mean"),
+                                                       top1_agreement=("top1_agreement", "mean"))
+by_g = by_g.assign(bytes_per_weight=0.5 + 2 / by_g.index,
+                   mean_rel_weight_err=qrows.groupby("group_size")["rel_frobenius_err"].mean())
+tables.show_table(by_g.reset_index()[["group_size", "models", "bytes_per_weight", "mean_rel_weight_err",
+                                      "mean_kl_nats", "top1_agreement"]], "03_group_sizes", out_dir)

@@ -7,7 +7,8 @@
 # benchmark: effective GB/s against M for this workbench's W4A16 kernel, torch cuBLAS bf16 and
 # torch tinygemm INT4, with the copy ceiling measured in the same run and the datasheet peak, and
 # the fused MoE layer against its floor. The numbers come from the committed H200 results under
-# `reports/bench/` unless this machine has a GPU, in which case the benchmark is run again here.
+# `reports/bench/` unless this machine has a GPU and `rerun_on_gpu` is on, in which case the
+# benchmark is run again here; each result names the GPU, date and commit it was measured at.
 
 # %%
 from pathlib import Path
@@ -24,7 +25,7 @@ ms = [1, 2, 4, 8, 16, 32, 64]
 group_size = 32
 peak_gbps = 4800.0
 peak_tflops = 989.0
-out_dir = "reports"
+out_dir = "reports/local"
 profile = "full"
 device = "auto"
 
@@ -49,7 +50,6 @@ for k, n in shapes:
                            "bf16_us_at_peak": b16 / peak_gbps / 1e3, "int4_us_at_peak": b4 / peak_gbps / 1e3,
                            "compute_us_at_peak": 2 * m * n * k / peak_tflops / 1e6,
                            "ideal_speedup": b16 / b4})
-tables.show_table(model_rows, "04_bandwidth_model", out_dir)
 fig, ax = plots.plt.subplots(figsize=(7, 3.8))
 rows = [r for r in model_rows if [r["K"], r["N"]] == shapes[0]]
 m_axis = [r["M"] for r in rows]
@@ -60,6 +60,8 @@ plots.lines(ax, {"bf16 weights: bytes / bandwidth": (m_axis, [r["bf16_us_at_peak
             logy=True)
 plots.finish(fig, "04_roofline_model", out_dir, f"Roofline model at {peak_gbps:g} GB/s and {peak_tflops:g} "
              "TFLOP/s (H200 datasheet); computed, not measured.")
+tables.save_table(model_rows, "04_bandwidth_model", out_dir,
+                  "Both shapes, bytes, times at peak and the ideal INT4 speedup")
 
 # %% [markdown]
 # ## Measured: GB/s against M, and the fused MoE against its floor
@@ -90,9 +92,9 @@ for path, meta in results:
         display(Markdown(f"`{path.name}`: columns {list(rows[0]) if rows else []} not understood, skipped."))
         continue
     run_copy = benchdata.copy_gbps(meta, rows)
-    where = f"{meta.get('gpu', 'unknown GPU')}, {meta.get('time_utc', 'unknown date')}"
-    display(Markdown(f"### `{path.name}`: {where}"))
-    tables.show_table(rows, "04_kernels", out_dir)
+    where = (f"{meta.get('gpu', 'unknown GPU')}, {meta.get('time_utc', 'unknown date')}, "
+             f"commit {meta.get('git_sha', 'unknown')}")
+    display(Markdown(f"### `{path.name}`: measured on {where}"))
     groups = benchdata.families(rows, case)
     fig, axes = plots.plt.subplots(len(groups), 1, figsize=(8, 3.6 * len(groups)), squeeze=False)
     for ax, (fam, fam_rows) in zip(axes[:, 0], groups.items(), strict=True):
@@ -119,8 +121,9 @@ for path, meta in results:
         ax.axhline(peak_gbps, color="gray", ls=":", lw=0.8, label=f"datasheet peak {peak_gbps:.0f} GB/s")
         ax.legend(fontsize=7)
     plots.finish(fig, "04_kernels", out_dir, plots.caption_text(
-        f"{path.name}.", hardware=str(meta.get("gpu", "unknown GPU")),
-        date=str(meta.get("time_utc", "unknown date"))))
+        f"{path.name}, commit {meta.get('git_sha', 'unknown')}.",
+        hardware=str(meta.get("gpu", "unknown GPU")), date=str(meta.get("time_utc", "unknown date"))))
+    tables.save_table(rows, "04_kernels", out_dir, f"Every measurement of `{path.name}` ({where})")
 
 # %% [markdown]
 # ## The whole decode step

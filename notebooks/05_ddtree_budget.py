@@ -13,9 +13,9 @@
 # (`python -m workbench bench engine`): the AR baseline against HF transformers, the decode step
 # against the sum of its kernels, the verify step against the budget, and DDTree tokens/s against
 # AR over oracle p and budget, with the engine's acceptance checked against the reference's. They
-# come from the committed H200 results in `reports/bench/` unless this machine has a GPU, in which
-# case the benchmark runs again here. Every section says whether its numbers are **measured** or
-# a **model**.
+# come from the committed H200 results in `reports/bench/` unless this machine has a GPU and
+# `rerun_engine_on_gpu` is on, in which case the benchmark runs again here. Every section says
+# whether its numbers are **measured** or a **model**, and where they were measured.
 
 # %%
 import numpy as np
@@ -43,7 +43,7 @@ engine_ref_budgets = None
 engine_ref_ps = None
 engine_oracle_seed = 1
 refs_dir = "refs"
-out_dir = "reports"
+out_dir = "reports/local"
 profile = "full"
 device = "auto"
 
@@ -71,7 +71,10 @@ for bud in progress(budgets, "dflash"):
     r = ddtree_generate(cfg, weights, prompt, n_tokens, drafter="dflash", budget=bud, drafter_config=dcfg)
     acc_rows.append({"drafter": "dflash (random weights)", "oracle_p": None, "budget": bud,
                      "tau": r.mean_accepted, "rounds": len(r.rounds)})
-tables.show_table(acc_rows, "05_acceptance", out_dir)
+acc = tables.frame(acc_rows)
+tau_table = acc.pivot(index="drafter", columns="budget", values="tau").loc[acc["drafter"].unique()]
+tables.show_table(acc, "05_acceptance", out_dir, caption="τ, tokens per round, by drafter and budget.",
+                  view=tau_table)
 fig, axes = plots.plt.subplots(1, 2, figsize=(11, 3.8))
 labels = list(dict.fromkeys(r["drafter"] for r in acc_rows))
 plots.lines(axes[0], {d: ([r["budget"] for r in acc_rows if r["drafter"] == d],
@@ -87,8 +90,9 @@ plots.finish(fig, "05_acceptance", out_dir, plots.caption_text(
 # %% [markdown]
 # ## Measured on the GPU: the engine benchmark
 # Results of `python -m workbench bench engine` (numba engine, CUDA-graph replay, greedy) on the
-# `tiny2` bundles. On a machine with a GPU the benchmark runs again here into `<out_dir>/bench`;
-# otherwise the committed results in `engine_bench_dir` are shown, with their GPU and date.
+# `tiny2` bundles. On a machine with a GPU (and `rerun_engine_on_gpu`) the benchmark runs again here
+# into `<out_dir>/bench`; otherwise the committed results in `engine_bench_dir` are shown, with
+# their GPU and date.
 
 # %%
 engine_source = engine_bench_dir
@@ -136,7 +140,6 @@ if eng is not None:
 if eng is not None:
     for m in eng.models("verify"):
         ver = enginedata.verify_table(eng, m)
-        tables.show_table(ver, f"05_engine_verify_{m}", out_dir, caption=f"{m}, measured; budget 0 = 1 row.")
         pos = [r for r in ver if r["budget"] >= 1]
         bx = [r["budget"] for r in pos]
         fig, ax = plots.plt.subplots(figsize=(7.5, 4))
@@ -150,6 +153,8 @@ if eng is not None:
             ax.legend(fontsize=8)
         plots.finish(fig, f"05_engine_verify_{m}", out_dir, plots.caption_text(
             f"{m}, numba engine, CUDA-graph replay.", hardware=eng.hardware, date=eng.date))
+        tables.save_table(ver, f"05_engine_verify_{m}", out_dir,
+                          f"{m}, measured on {eng.hardware} (budget 0 = the 1-row decode step)")
 
 # %% [markdown]
 # ### DDTree against AR over oracle p and budget (measured), with the reference's τ
@@ -175,9 +180,12 @@ if eng is not None and eng.section("spec"):
         ref_tau[(float(p), int(bud))] = r.mean_accepted
     spec_rows = enginedata.spec_table(eng, e_model, ref_tau)
     ar_tps = enginedata.spec_ar_tok_s(eng, e_model)
-    tables.show_table(spec_rows, "05_engine_spec", out_dir, digits=5, caption=(
-        f"{e_model}, {e_tokens} tokens per run; tok/s and speedup over AR ({ar_tps:.0f} tok/s) measured on "
-        f"{eng.hardware}, {eng.date}; tau_ref from the numpy reference on this machine."))
+    spec_df = tables.frame(spec_rows)
+    tables.show_table(spec_df, "05_engine_spec", out_dir, digits=3, caption=(
+        f"Measured speedup of DDTree over AR ({ar_tps:.0f} tok/s) by oracle p and budget: {e_model}, "
+        f"{e_tokens} tokens per run, on {eng.hardware}, {eng.date}. The CSV adds tok/s, τ of the engine and "
+        f"of the numpy reference (on {provenance.cpu_line()}) and µs per round."),
+        view=spec_df.pivot(index="oracle_p", columns="budget", values="speedup"))
     checked = [r for r in spec_rows if r["same_tau"] is not None]
     best = "; ".join(f"p = {r['oracle_p']:g}: **{r['speedup']:.2f}×** at B = {r['budget']} "
                      f"(τ {r['tau_engine']:.2f})" for r in enginedata.best_budget(spec_rows))
@@ -225,7 +233,6 @@ measured = np.mean(curves, axis=0)
 analytic = spec.analytic_coverage(k2.n_routed_experts, k2.num_experts_per_tok, sizes)
 cov_rows = [{"rows": n, "measured_unique_experts": float(m), "analytic_unique_experts": float(a)}
             for n, m, a in zip(sizes, measured, analytic, strict=True)]
-tables.show_table(cov_rows, "05_expert_coverage", out_dir, caption=f"mean over {coverage_trees} trees.")
 fig, ax = plots.plt.subplots(figsize=(7, 4))
 plots.lines(ax, {"measured (tree tokens, reference router)": (sizes, measured),
                  "analytic E(1-(1-k/E)^N)": (sizes, analytic)},
@@ -233,7 +240,9 @@ plots.lines(ax, {"measured (tree tokens, reference router)": (sizes, measured),
             f"expert coverage, E={k2.n_routed_experts}, top-{k2.num_experts_per_tok}", logx=True)
 ax.axhline(k2.n_routed_experts, color="gray", lw=0.8, ls=":")
 plots.finish(fig, "05_expert_coverage", out_dir, plots.caption_text(
-    f"{coverage_drafter} trees from {bundle_name}, random K2 router (seed {router_seed})."))
+    f"{coverage_drafter} trees from {bundle_name}, random K2 router (seed {router_seed}), mean over "
+    f"{coverage_trees} trees."))
+tables.save_table(cov_rows, "05_expert_coverage", out_dir, "Measured and analytic coverage by verify rows")
 
 # %% [markdown]
 # ## Verify cost and speedup at K2 scale (bandwidth model, not measured)
@@ -256,8 +265,6 @@ for row in acc_rows:
     bytes_b = spec.forward_weight_bytes(k2, touched, group_size)
     cost_rows.append({**row, "verify_rows": n_rows, "experts_touched": touched, "verify_GB": bytes_b / 1e9,
                       "cost_vs_decode": bytes_b / one, "model_speedup": row["tau"] * one / bytes_b})
-tables.show_table(cost_rows, "05_speedup_model", out_dir,
-                  caption="MODEL (K2 weight bytes), not measured; tau measured on the reference.")
 fig, axes = plots.plt.subplots(1, 2, figsize=(11, 3.8))
 cost_lines = {"MODEL: K2 weight bytes, B + 1 rows vs 1 row": (
     budgets, [r["cost_vs_decode"] for r in cost_rows if r["drafter"] == labels[0]])}
@@ -280,3 +287,4 @@ plots.finish(fig, "05_speedup_model", out_dir, plots.caption_text(
     f"MODEL: K2 ({coverage_preset}) weight-bytes model, INT4 G={group_size}, not a measurement."
     f"{measured_note} "
     f"Model inputs τ and coverage: numpy reference on {bundle_name}."))
+tables.save_table(cost_rows, "05_speedup_model", out_dir, "The MODEL's inputs and outputs by drafter, budget")

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from tests.report.browser import open_page
@@ -19,6 +21,21 @@ from workbench.commands import report
 from workbench.report.profiles import NOTEBOOKS
 
 BENCH_FIXTURE = Path(__file__).parent / "fixtures" / "bench"
+
+
+PROGRESS_TEXT = re.compile(r"\d+%\||it/s\]|s/it\]")   # what a tqdm bar prints
+
+
+def clean_report(out: Path, name: str) -> list[tuple[bool, str]]:
+    """No stderr stream output and no progress-bar text in the executed notebook or its HTML."""
+    nb = nbformat.read(out / f"{name}.ipynb", as_version=4)
+    outs = [o for c in nb.cells for o in c.get("outputs", [])]
+    text = "".join(o.get("text", "") for o in outs)
+    return [
+        (not [o for o in outs if o.get("name") == "stderr"], f"{name}: no stderr output in the ipynb"),
+        (not PROGRESS_TEXT.search(text), f"{name}: no progress bar in the ipynb"),
+        (not PROGRESS_TEXT.search((out / f"{name}.html").read_text()), f"{name}: no progress bar in HTML"),
+    ]
 
 
 def rows(out: Path, name: str) -> list[dict[str, str]]:
@@ -131,6 +148,8 @@ def test_smoke_profile_of_every_notebook(tmp_path):
     ]
     for fn in (check_01, check_02, check_03, check_04, check_05):
         checks += fn(out)
+    for name in NOTEBOOKS:
+        checks += clean_report(out, name)
     for name in [*NOTEBOOKS, "index"]:
         page = open_page(out / (f"{name}.html" if name == "index" else runs[name]["html"]), tmp_path)
         checks.append(

@@ -188,3 +188,19 @@ def test_project_kernel_is_preferred_when_installed(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["kernel"] == "kdtree-workbench"
     nb = nbformat.read(tmp_path / "out" / "ok.ipynb", as_version=4)
     assert nb.metadata.kernelspec.name == "kdtree-workbench"
+
+
+def test_progress_and_stderr_stay_out_of_the_report(tmp_path):
+    """Progress bars go to the runner's log, stderr outputs leave the executed notebook for the log."""
+    assert run_cli("--out", str(tmp_path), "--only", "noisy") == 0
+    nb = nbformat.read(tmp_path / "noisy.ipynb", as_version=4)
+    outs = [o for c in nb.cells for o in c.get("outputs", [])]
+    texts = "".join(o.get("text", "") for o in outs)
+    assert not [o for o in outs if o.get("output_type") == "stream" and o.get("name") == "stderr"]
+    assert "total 10" in texts and "end" in texts
+    html = (tmp_path / "noisy.html").read_text()
+    for noise in ("noisy loop", "it/s", "%|", "a line on stderr", "C-level write", "should not show"):
+        assert noise not in texts and noise not in html, noise
+    log = (tmp_path / "logs" / "noisy.log").read_text()
+    assert "progress: noisy loop: 100%|" in log and "a line on stderr" in log and "should not show" in log
+    assert "kept out of the report" in log

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = ROOT / "reports" / "local"     # git-ignored: a run leaves the tracked tree as it was
+SHOWCASE = ROOT / "reports"                  # the committed showcase, refreshed only when asked for
 
 
 def seconds(text: str) -> float:
@@ -27,7 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="full", help="parameter set: smoke or full (default full)")
     p.add_argument("--only", action="append", default=[], metavar="NAMES",
                    help="comma-separated notebook names (stems, or a unique prefix such as 02); repeatable")
-    p.add_argument("--out", type=Path, default=ROOT / "reports", help="output folder (default reports/)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help="output folder (default reports/local/, git-ignored; reports/ holds the committed "
+                        "showcase)")
     p.add_argument("--notebooks", type=Path, default=ROOT / "notebooks",
                    help="folder of py:percent notebooks (default notebooks/)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=JSON",
@@ -94,6 +98,11 @@ def run(args: argparse.Namespace) -> int:
     cell = profile.cell_timeout_s if args.cell_timeout is None else args.cell_timeout
     wall = profile.wall_timeout_s if args.wall_timeout is None else args.wall_timeout
     progress = None if args.quiet else sys.stderr
+    tracked = provenance.tracked_files(ROOT, args.out)
+    if tracked:
+        print(f"report: {args.out} holds {len(tracked)} committed files (the showcase): this run rewrites "
+              "them, so review 'git diff' and commit them, or drop --out to write to reports/local/ "
+              "(git-ignored)", file=sys.stderr)
     if progress:
         print(f"report: {len(paths)} notebook(s), profile {args.profile}, kernel {kernel}, "
               f"out {args.out}", file=progress)

@@ -129,11 +129,3 @@ def quantization_errors(cfg: ModelConfig, weights: dict[str, Any],
                          "max_abs_err_over_max_w": float(np.abs(err).max() / max(np.abs(w).max(), 1e-30))})
     return rows
 
-
-def summarize(rows: list[dict[str, Any]], by: tuple[str, ...], value: str) -> list[dict[str, Any]]:
-    """Group rows by the ``by`` keys; mean, max and count of ``value`` per group, in first-seen order."""
-    groups: dict[tuple, list[float]] = {}
-    for r in rows:
-        groups.setdefault(tuple(r[k] for k in by), []).append(float(r[value]))
-    return [{**dict(zip(by, key, strict=True)), f"mean_{value}": float(np.mean(v)),
-             f"max_{value}": float(np.max(v)), "count": len(v)} for key, v in groups.items()]

@@ -16,13 +16,14 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from ..fileio import save_figure_atomic
-from .provenance import hardware_line
+from .provenance import cpu_line
 from .spec import RoundTrace
 
 
 def caption_text(what: str = "", hardware: str | None = None, date: str | None = None) -> str:
-    """'<what> Measured on <hardware>, <date UTC>.' (defaults: this machine, now)."""
-    hw = hardware or hardware_line()
+    """'<what> Measured on <hardware>, <date UTC>.' Defaults: this machine's CPU, which runs the numpy
+    reference (results from the GPU name theirs, from their metadata), and now."""
+    hw = hardware or cpu_line()
     day = date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return f"{what} Measured on {hw}, {day}.".strip()
 

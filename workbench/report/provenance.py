@@ -33,6 +33,16 @@ def git_state(root: Path) -> dict[str, Any]:
     return {"sha": sha, "dirty": None if dirty is None else bool(dirty)}
 
 
+def tracked_files(root: Path, folder: Path) -> list[str]:
+    """Files git tracks under ``folder`` (paths relative to ``root``); [] outside the repo or without git."""
+    try:
+        rel = folder.resolve().relative_to(root.resolve())
+    except ValueError:
+        return []
+    out = _run(["git", "ls-files", "--", str(rel) or "."], root)
+    return out.splitlines() if out else []
+
+
 def gpus() -> list[dict[str, str]]:
     """Real CUDA GPUs from nvidia-smi (name, driver, memory); [] when there is none."""
     if shutil.which("nvidia-smi") is None:
@@ -52,12 +62,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_line() -> str:
+    """This machine's CPU for captions of what ran on it (the numpy reference): 'CPU <model> x<cores>'."""
+    return f"CPU {cpu_name()} x{os.cpu_count()}"
+
+
 def hardware_line() -> str:
-    """Short hardware description for plot captions: the GPU if one is used, else the CPU."""
+    """Short hardware description: the GPU if one is used, else the CPU."""
     g = gpus()
     if g and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
         return f"{g[0]['name']} (driver {g[0]['driver']})"
-    return f"CPU {cpu_name()} x{os.cpu_count()}"
+    return cpu_line()
 
 
 def resolve_device(device: str) -> str:

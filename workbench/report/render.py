@@ -19,7 +19,7 @@ def render_html(ipynb: Path, html: Path, *, status: str, reason: str) -> Path:
 
     A failed run gets a first cell ``<div id="workbench-failure">`` holding the status and reason,
     so a reader (and the browser test) sees the failure without scrolling to it. Every cell with
-    an error output is tagged ERROR_TAG, which tells it apart from cells that only wrote to stderr.
+    an error output is tagged ERROR_TAG (the runner has already moved stderr text to the log).
     """
     nb = nbformat.read(ipynb, as_version=4)
     for cell in nb.cells:

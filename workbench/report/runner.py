@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,8 @@ import psutil
 from ..errors import InputError
 from ..fileio import write_json_atomic
 from . import outcome
+from . import progress as bars
+from .clean import strip_stderr
 from .index import write_index
 from .params import check_overrides, default_parameters, read_notebook
 from .render import render_html
@@ -95,9 +98,11 @@ def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: s
         spec = {"notebook": str(path), "output": str(ipynb), "parameters": parameters, "kernel": kernel,
                 "cell_timeout": cell_timeout, "cwd": str(cwd), "result": str(Path(tmp, "result.json"))}
         Path(tmp, "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-        with open(log, "w", encoding="utf-8") as logf:
+        log.write_text("", encoding="utf-8")
+        with open(log, "a", encoding="utf-8") as logf:     # append mode: the kernel's progress lines join it
             cmd = [sys.executable, "-m", "workbench.report.execute", str(Path(tmp, "spec.json"))]
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=cwd, env=_child_env(cwd))
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=cwd,
+                                    env=_child_env(cwd, log))
             result = None
             while result is None:
                 try:
@@ -108,13 +113,16 @@ def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: s
                         _kill_tree(proc)
                         result = {"status": "wall_timeout"}
                     elif progress is not None and progress.isatty():
-                        progress.write(f"\r{label} {name}: {_cells_started(ipynb)}  "
-                                       f"{time.monotonic() - t0:5.0f} s ")
-                        progress.flush()
+                        _status(progress, f"{label} {name}: {_cells_started(ipynb)}  "
+                                          f"{time.monotonic() - t0:5.0f} s  {bars.last_line(log)}")
     duration = time.monotonic() - t0
     status, reason = result["status"], outcome.describe(result, ipynb, cell_timeout, wall_timeout)
     has_nb = ipynb.is_file()
     if has_nb:
+        try:
+            strip_stderr(ipynb, log)
+        except Exception:  # a notebook cut off mid-write: rendering below says why there is no HTML
+            pass
         try:
             render_html(ipynb, html, status=status, reason=reason)
         except Exception as e:  # a notebook cut off mid-write by a kill: keep the status, say why no HTML
@@ -125,11 +133,18 @@ def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: s
                        html=html.name if html.is_file() else None, log=f"logs/{log.name}", started=started)
 
 
-def _child_env(cwd: Path) -> dict[str, str]:
+def _status(console: TextIO, text: str, end: str = "") -> None:
+    """Rewrite the console's last line with ``text`` padded to the terminal's width (cut unless ``end``)."""
+    width = max(20, shutil.get_terminal_size().columns - 1)
+    console.write("\r" + (text if end else text[:width]).ljust(width) + end)
+    console.flush()
+
+
+def _child_env(cwd: Path, log: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), env.get("PYTHONPATH", "")) if p)
     env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # inline PNGs, even if Agg is set
-    env["WORKBENCH_REPORT"] = "1"                                      # progress bars update rarely
+    env[bars.ENV] = str(log.resolve())                                 # progress bars into the log
     return env
 
 
@@ -168,8 +183,12 @@ def run_report(paths: list[Path], out: Path, *, profile: str, overrides: dict[st
         runs.append(run)
         if progress is not None:
             mark = "ok" if run.status == "ok" else f"FAILED ({run.status}: {run.reason})"
-            progress.write(f"\r{label} {run.name}: {mark}  {run.duration_s:.1f} s\n")
-            progress.flush()
+            line = f"{label} {run.name}: {mark}  {run.duration_s:.1f} s"
+            if progress.isatty():
+                _status(progress, line, end="\n")
+            else:
+                progress.write(line + "\n")
+                progress.flush()
         manifest = {"profile": profile, "kernel": kernel, "cell_timeout_s": cell_timeout,
                     "wall_timeout_s": wall_timeout, "provenance": provenance,
                     "notebooks": [asdict(r) for r in runs],

@@ -1,75 +1,95 @@
-"""Tables in notebooks: rounded HTML for reading, the CSV beside it at full precision.
+"""Tables in notebooks as pandas DataFrames: rounded and styled for reading, the CSV at full precision.
 
-Rows are a list of dicts with the same keys (long format: one row per case and implementation).
+A table is a DataFrame, or rows (a list of dicts, long format: one row per case and implementation)
+that ``frame`` turns into one. The CSV keeps every float exactly (shortest round-trip form);
+missing values and NaN are empty cells.
 """
 
 from __future__ import annotations
 
-import csv
 import html
 import io
-import math
+import numbers
+import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from ..fileio import write_text_atomic
 
-
-def _columns(rows: list[dict[str, Any]]) -> list[str]:
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
-    return cols
+Table = pd.DataFrame | list[dict[str, Any]]
 
 
-def _full(v: Any) -> str:
-    if hasattr(v, "item") and not isinstance(v, (list, dict)):
-        v = v.item()                                     # numpy scalars (np.float64 is a float subclass)
-    if isinstance(v, float):
-        return repr(v)                                   # shortest exact round-trip form
-    return "" if v is None else str(v)
+def _column(values: pd.Series) -> pd.Series:
+    present = values.dropna()
+    if len(present) and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in present):
+        return values.astype("Int64")                    # ints with gaps stay ints (pandas would make floats)
+    return values.infer_objects()
 
 
-def write_csv(rows: list[dict[str, Any]], path: str | Path) -> None:
-    """Write rows as CSV with every float at full precision (repr); missing keys are empty cells."""
+def frame(table: Table) -> pd.DataFrame:
+    """``table`` as a DataFrame: rows become columns in first-seen key order, typed per column."""
+    if isinstance(table, pd.DataFrame):
+        return table
+    df = pd.DataFrame(table, dtype=object)
+    return df.apply(_column) if len(df.columns) else df
+
+
+def write_csv(table: Table, path: str | Path) -> None:
+    """Write ``table`` as CSV (atomically) with every float at full precision."""
     buf = io.StringIO()
-    cols = _columns(rows)
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(cols)
-    for r in rows:
-        w.writerow([_full(r.get(c)) for c in cols])
+    frame(table).to_csv(buf, index=False, na_rep="", lineterminator="\n")
     write_text_atomic(path, buf.getvalue())
 
 
 def fmt(v: Any, digits: int = 4) -> str:
-    """A value for reading: floats to ``digits`` significant digits, lists joined, None as ''."""
-    if hasattr(v, "item") and not isinstance(v, (list, dict)):
-        v = v.item()
-    if isinstance(v, bool) or v is None:
-        return "" if v is None else str(v)
-    if isinstance(v, float):
-        if math.isnan(v) or math.isinf(v):
-            return str(v)
-        return f"{v:.{digits}g}"
+    """A cell for reading: floats to ``digits`` significant digits, lists joined, missing as ''."""
     if isinstance(v, (list, tuple)):
         return " ".join(fmt(x, digits) for x in v)
+    if v is None or v is pd.NA or (isinstance(v, float) and v != v):
+        return ""
+    if isinstance(v, numbers.Real) and not isinstance(v, numbers.Integral):
+        if 10 ** digits <= abs(v) < 1e15:
+            return f"{float(v):.0f}"                      # 50000 and 26469, not 5e+04 and 2.647e+04
+        return f"{float(v):.{digits}g}"
     return str(v)
 
 
-def table_html(rows: list[dict[str, Any]], digits: int = 4, caption: str = "") -> str:
-    cols = _columns(rows)
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(r.get(c), digits))}</td>" for c in cols) + "</tr>"
-                   for r in rows)
-    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    return f'<table class="workbench-table">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+def styled(table: Table, digits: int = 4, caption: str = "", name: str = "", index: bool = False) -> Any:
+    """The table as a pandas Styler: rounded cells, a caption, no row numbers unless ``index``."""
+    df = frame(table)
+    cell = partial(fmt, digits=digits)
+    st = df.style.format(cell, escape="html").format_index(cell, axis=0).format_index(cell, axis=1)
+    if name:
+        st = st.set_uuid(re.sub(r"\W", "_", name))       # stable element ids: the same table renders the same
+    if not index:
+        st = st.hide(axis="index")
+    st = st.set_table_attributes('class="workbench-table"')
+    return st.set_caption(html.escape(caption)) if caption else st
 
 
-def show_table(rows: list[dict[str, Any]], name: str, out_dir: str | Path, digits: int = 4,
-               caption: str = "") -> None:
-    """Display ``rows`` rounded in the notebook and write ``out_dir/data/<name>.csv`` in full."""
+def show_table(table: Table, name: str, out_dir: str | Path, digits: int = 4, caption: str = "",
+               view: pd.DataFrame | None = None) -> None:
+    """Write ``table`` to ``out_dir/data/<name>.csv`` in full and display it rounded, or display
+    ``view`` instead: a compact DataFrame made from it (a pivot), shown with its index."""
     from IPython.display import HTML, display
 
-    write_csv(rows, Path(out_dir) / "data" / f"{name}.csv")
-    note = f"{caption} " if caption else ""
-    display(HTML(table_html(rows, digits, f"{note}(full precision: data/{name}.csv)")))
+    df = frame(table)
+    write_csv(df, Path(out_dir) / "data" / f"{name}.csv")
+    where = "full precision" if view is None else "full table"
+    link = f'<a href="data/{name}.csv">data/{name}.csv</a>'
+    note = f"{html.escape(caption)} " if caption else ""
+    display(HTML(f'<p class="workbench-caption"><i>{note}({where}: {link})</i></p>'))   # as wide as the text
+    display(styled(df if view is None else view, digits, name=name, index=view is not None))
+
+
+def save_table(table: Table, name: str, out_dir: str | Path, what: str = "") -> None:
+    """Write ``out_dir/data/<name>.csv`` and show one line pointing at it (for tables plotted instead)."""
+    from IPython.display import Markdown, display
+
+    df = frame(table)
+    write_csv(df, Path(out_dir) / "data" / f"{name}.csv")
+    lead = f"{what}: " if what else "The table behind the figure: "
+    display(Markdown(f"*{lead}{len(df)} rows in [`data/{name}.csv`](data/{name}.csv).*"))

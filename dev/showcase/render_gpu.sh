@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Render the committed showcase (reports/) on the GPU machine, from the repository root there:
+#   bash dev/showcase/render_gpu.sh [report options]          (default: --profile full)
+# The image there has no papermill/nbconvert/jupytext/ipykernel/pandas: they come as the wheels in
+# .whl/ (fetch_wheels.sh), installed offline into $SITE. Notebooks 04 and 05 show the committed
+# benchmark results of reports/bench/ (RERUN=1 re-runs both benchmarks into it first: about 6 more
+# minutes). The last showcase is replaced whole (reports/bench/ stays). With $OUT set (the device
+# tool), the rendered showcase also goes to $OUT/showcase.tgz.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-python3}
+SITE=${SITE:-/tmp/site}
+ls .whl/*.whl >/dev/null || { echo "render_gpu: no wheels in .whl/ (run dev/showcase/fetch_wheels.sh)" >&2; exit 2; }
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+# the kdtree-workbench kernel for this python, and nbconvert's templates from the wheels' data
+"$PY" -m ipykernel install --prefix "$SITE/kernel" --name kdtree-workbench --display-name kdtree-workbench >/dev/null
+export JUPYTER_PATH="$SITE/kernel/share/jupyter:$SITE/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
+export PYTHONUNBUFFERED=1
+"$PY" -c "import numpy, pandas, papermill, torch; print('numpy', numpy.__version__, 'pandas', pandas.__version__,
+'papermill', papermill.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+[ $# -gt 0 ] || set -- --profile full
+if [[ " $* " != *" --only"* ]]; then          # the whole showcase: replace the last one whole
+  rm -rf reports/[0-9]*.html reports/index.html reports/manifest.json reports/data reports/figures reports/logs
+  [ "${RERUN:-0}" = 1 ] || set -- "$@" -p 'rerun_on_gpu=false' -p 'rerun_engine_on_gpu=false'
+fi                                               # (with --only, name any -p yourself)
+status=0
+"$PY" -m workbench report --out reports "$@" || status=$?
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/showcase.tgz" reports/index.html reports/manifest.json reports/0*.html reports/data \
+    reports/figures reports/logs $([ "${RERUN:-0}" = 1 ] && echo reports/bench)
+  ls -l "$OUT/showcase.tgz"
+fi
+exit $status
