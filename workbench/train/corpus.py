@@ -68,7 +68,8 @@ class Source:
             if hits:
                 self._zip = zipfile.ZipFile(hits[0])
         if self._dist is None and self._zip is None:
-            where = f"and no {dist}-{version}-py3-none-any.whl in {wheels}" if wheels else "(give --wheels DIR)"
+            where = (f"and no {dist}-{version}-py3-none-any.whl in {wheels}" if wheels
+                     else "(give --wheels DIR)")
             raise InputError(f"corpus package {dist}=={version} is not installed {where}")
 
     def names(self) -> list[str]:

@@ -33,8 +33,8 @@ class TextTokenizer:
         try:
             self._tok = Tokenizer.from_str(json_text)
         except Exception as e:   # the library raises its own exception types for a malformed file
-            raise InputError(f"bad tokenizer JSON: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
-                from None
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise InputError(f"bad tokenizer JSON: {first}") from None
         self.json = json_text
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         ids = [self._tok.token_to_id(s) for s in SPECIALS]
@@ -67,7 +67,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> TextTokenizer:
     """Train a byte-level BPE of ``vocab_size`` tokens (specials included) on ``texts``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     if vocab_size < 256 + len(SPECIALS):
-        raise InputError(f"vocab_size must be at least {256 + len(SPECIALS)} (bytes + specials), got {vocab_size}")
+        raise InputError(f"vocab_size must be at least {256 + len(SPECIALS)} (bytes + specials), "
+                         f"got {vocab_size}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
