@@ -125,7 +125,7 @@ def run_loop(name: str, out: Path, modules: dict[str, nn.Module], opt: torch.opt
             log.write(event="plan", name=name, step=step, total=total, sec_per_step=per_step)
             bar.total = total
             bar.refresh()
-        if step % loop.log_every == 0 or step == total:
+        if step % loop.log_every == 0 or step == total or step == 1:
             log.write(event="step", name=name, step=step, elapsed_s=time.time() - t_start, **last)
         bar.update(1)
         bar.set_postfix(loss=f"{last.get('loss', float('nan')):.3f}", refresh=False)

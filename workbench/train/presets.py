@@ -30,6 +30,7 @@ class TargetRecipe:
     bias_rate: float = 1e-3        # router correction-bias step per training step
     eval_every: int = 500
     eval_windows: int = 64         # held-out windows of seq_len per evaluation
+    eval_prompts: int | None = None  # HumanEval prompts scored per evaluation (None: all 164)
     log_every: int = 20
     ckpt_seconds: float = 60.0
     seed: int = 0
@@ -90,8 +91,8 @@ SIZES: dict[str, Size] = {
     "full": Size(_FULL_TARGET, _FULL_DRAFTER, TargetRecipe(), DrafterRecipe()),
     "toy": Size(_TOY_TARGET, _TOY_DRAFTER,
                 TargetRecipe(seq_len=64, batch=8, max_steps=40, minutes=None, lr=1e-2, warmup=4,
-                             eval_every=20, eval_windows=4, log_every=5, max_files=6, n_completions=1,
-                             completion_tokens=8),
+                             eval_every=40, eval_windows=4, eval_prompts=8, log_every=5, max_files=6,
+                             n_completions=1, completion_tokens=8),
                 DrafterRecipe(prompt_lens=(16, 24), new_tokens=24, n_seqs=32, gen_batch=16, n_eval_seqs=4,
                               batch=8, anchors=8, gamma=4.0, max_steps=30, minutes=None, lr=1e-2, warmup=3,
                               eval_every=15, log_every=5)),

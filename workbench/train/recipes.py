@@ -129,6 +129,7 @@ def train_target(out: Path, size: Size, tok: TextTokenizer, device: torch.device
     heldout = torch.from_numpy(fixed_windows(data["heldout"], r.eval_windows, r.seq_len + 1))
     problems = load_problems(wheels)
     prompts = [tok.encode(p.prompt) for p in problems]
+    scored = prompts[:r.eval_prompts] if r.eval_prompts else prompts
     torch.manual_seed(r.seed)
     model = TorchTarget(cfg)
     model.init_weights(r.seed)
@@ -151,7 +152,7 @@ def train_target(out: Path, size: Size, tok: TextTokenizer, device: torch.device
                       r.eval_every, r.ckpt_seconds)
     t0 = time.time()
     res = run_loop("target", tdir, {"model": model}, opt, loop, step_fn,
-                   lambda: evaluate_target(model, device, heldout, prompts), progress=progress)
+                   lambda: evaluate_target(model, device, heldout, scored), progress=progress)
     completions = []
     model.eval()
     for p, ids in list(zip(problems, prompts, strict=True))[:r.n_completions]:
