@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from workbench.bundle import read_bundle
 from workbench.cli import main
@@ -14,64 +13,50 @@ from workbench.config import ModelConfig
 from workbench.train.tokenizer import tokenizer_from_meta
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("toy")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        rc = main(["train", "all", "--size", "toy", "--out", str(out), "--device", "cpu", "--no-progress",
-                   "--commit", "abc123"])
-    finally:
-        torch.set_num_threads(n)
-    assert rc == 0
-    return out
-
-
 def _log(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_target_and_drafter_losses_fall(run):
+def test_target_and_drafter_losses_fall(toy_run):
     for part in ("target", "drafter"):
-        steps = [r for r in _log(run / part / "log.jsonl") if r["event"] == "step"]
+        steps = [r for r in _log(toy_run / part / "log.jsonl") if r["event"] == "step"]
         assert len(steps) >= 4
         first, last = steps[0]["loss"], np.mean([r["loss"] for r in steps[-2:]])
         assert steps[0]["step"] == 1 and last < first - 0.5, (part, first, last)
-    rep = json.loads((run / "target" / "report.json").read_text())
+    rep = json.loads((toy_run / "target" / "report.json").read_text())
     assert rep["steps"] == 40 and np.isfinite(rep["eval"]["heldout_loss"])
     assert len(rep["eval"]["expert_counts"]) == 1 and len(rep["eval"]["expert_counts"][0]) == 8
 
 
-def test_rerun_resumes_the_finished_runs(run, capsys):
-    before = {p: (run / p / "ckpt.pt").stat().st_mtime_ns for p in ("target", "drafter")}
-    argv = ["train", "target", "--size", "toy", "--out", str(run), "--device", "cpu", "--no-progress"]
+def test_rerun_resumes_the_finished_runs(toy_run, capsys):
+    before = {p: (toy_run / p / "ckpt.pt").stat().st_mtime_ns for p in ("target", "drafter")}
+    argv = ["train", "target", "--size", "toy", "--out", str(toy_run), "--device", "cpu", "--no-progress"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out.splitlines()[0])
     assert out["target"]["steps"] == 40
-    events = [r["event"] for r in _log(run / "target" / "log.jsonl")]
+    events = [r["event"] for r in _log(toy_run / "target" / "log.jsonl")]
     assert events[-2:] == ["resume", "done"] and events.count("step") == 9
-    assert (run / "drafter" / "ckpt.pt").stat().st_mtime_ns == before["drafter"]
+    assert (toy_run / "drafter" / "ckpt.pt").stat().st_mtime_ns == before["drafter"]
 
 
-def test_bundles_validate_and_carry_tokenizer_and_provenance(run):
-    summary = json.loads((run / "summary.json").read_text())
+def test_bundles_validate_and_carry_tokenizer_and_provenance(toy_run):
+    summary = json.loads((toy_run / "summary.json").read_text())
     names = ("code", "code_int4_experts", "code_int4_mlp")
     for name in names:
-        b = read_bundle(run / "bundles" / f"{name}.kdtr")
+        b = read_bundle(toy_run / "bundles" / f"{name}.kdtr")
         assert isinstance(b.config, ModelConfig) and b.config.n_routed_experts == 8
         assert tokenizer_from_meta(b.meta).vocab_size == b.config.vocab_size
         assert b.provenance["commit"] == "abc123" and b.provenance["target_steps"] == 40
         assert len(b.provenance["corpus_manifest_sha256"]) == 64
         assert len(b.golden) == 32 and b.meta["golden_task"] == "HumanEval/2"
-        assert summary["bundles"][name]["bytes"] == (run / "bundles" / f"{name}.kdtr").stat().st_size
-    q = {n: read_bundle(run / "bundles" / f"{n}.kdtr").meta["quant"] for n in names[1:]}
+        assert summary["bundles"][name]["bytes"] == (toy_run / "bundles" / f"{name}.kdtr").stat().st_size
+    q = {n: read_bundle(toy_run / "bundles" / f"{n}.kdtr").meta["quant"] for n in names[1:]}
     assert q["code_int4_experts"]["policy"] == "experts" and q["code_int4_mlp"]["policy"] == "mlp"
     assert q["code_int4_experts"]["n_quantized"] == 8 * 3 < q["code_int4_mlp"]["n_quantized"]
 
 
-def test_generate_text_decodes_with_the_bundle_tokenizer(run, capsys):
-    bundle = str(run / "bundles" / "code.kdtr")
+def test_generate_text_decodes_with_the_bundle_tokenizer(toy_run, capsys):
+    bundle = str(toy_run / "bundles" / "code.kdtr")
     assert main(["generate", bundle, "--text", "def f(x):", "--tokens", "5", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     tok = tokenizer_from_meta(read_bundle(bundle).meta)

@@ -1,0 +1,36 @@
+"""``python -m workbench measure`` on the toy pair: acceptance rows and cells, drift, labels, errors."""
+
+import csv
+import json
+
+import pytest
+
+from workbench.cli import main
+
+
+def test_measure_writes_acceptance_and_drift(toy_run, tmp_path, capsys):
+    b = toy_run / "bundles"
+    argv = ["measure", str(b / "code.kdtr"), "--out", str(tmp_path), "--int4", str(b / "code_int4_mlp.kdtr"),
+            "--prompts", "2", "--tokens", "10", "--budgets", "1,8", "--drift-prompts", "1",
+            "--drift-tokens", "12"]
+    assert main(argv) == 0
+    acc = json.loads((tmp_path / "acceptance.json").read_text())
+    assert set(acc["labels"]) == {"model", "prompts", "new_tokens", "machine", "commit"}
+    assert set(acc["models"]) == {"code", "code_int4_mlp"}
+    s = acc["models"]["code"]["summary"]
+    assert [(c["tree"], c["budget"]) for c in s["cells"]] == [("chain", 3), ("ddtree", 1), ("ddtree", 8)]
+    assert s["all_equal_ar"] and s["best_budget"] in (1, 8) and s["ddtree_over_chain"] > 0
+    assert len(acc["models"]["code"]["rows"]) == 2 * 3
+    with open(tmp_path / "acceptance.csv") as f:
+        assert len(list(csv.DictReader(f))) == 2 * 3
+    d = json.loads((tmp_path / "drift.json").read_text())
+    assert len(d["runs"]) == 1 and len(d["runs"][0]["kl"]) == 12
+    assert "best tau" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, msg", [(["--budgets", "1,x"], "comma-separated"),
+                                        (["--budgets", "0"], ">= 1"), (["--tokens", "0"], "--tokens")])
+def test_bad_measure_arguments(toy_run, tmp_path, capsys, extra, msg):
+    assert main(["measure", str(toy_run / "bundles" / "code.kdtr"), "--out", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and msg in err
