@@ -248,7 +248,7 @@ def train_drafter(out: Path, size: Size, device: torch.device, progress: bool = 
         data = {"train": continuations(target, streams["train"], r.n_seqs, r.prompt_lens, length,
                                        r.gen_batch, r.seed, device),
                 "eval": continuations(target, streams["heldout"], r.n_eval_seqs, r.prompt_lens, length,
-                                      r.gen_batch, r.seed + 1, device)}
+                                      max(1, r.n_eval_seqs // len(r.prompt_lens)), r.seed + 1, device)}
         data["seconds"] = time.time() - t0
         tmp = ddir / ".data.pt.tmp"
         torch.save(data, tmp)
