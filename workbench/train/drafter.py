@@ -80,7 +80,7 @@ class TorchDrafter(nn.Module):
         pos_b = (anchors[:, :, None] + offs).reshape(b, a_n * bs)                             # [B, A*Bs]
         blk = torch.full((b, a_n, bs), dcfg.mask_token_id, dtype=torch.long, device=dev)
         blk[:, :, 0] = tokens.gather(1, anchors)
-        x = target.embed[blk.reshape(b, a_n * bs)].to(ctx.dtype)                              # [B, A*Bs, D]
+        x = target.embed[blk.reshape(b, a_n * bs)]                                             # [B, A*Bs, D]
         pos_c = torch.arange(t, device=dev).expand(b, t)                                       # [B, T]
         # row of block j sees context rows < a_j and the rows of block j
         see_ctx = pos_c[:, None, :] < anchors.repeat_interleave(bs, dim=1)[:, :, None]        # [B, A*Bs, T]

@@ -1,11 +1,12 @@
 """The training loop both recipes share: AdamW with warmup + cosine, clipping, a wall-clock step plan,
 resumable checkpoints, JSON-lines logs and a tqdm bar.
 
-Step plan: with a time budget, the first ``CALIBRATE`` steps are timed and the total is cut to what fits
-(never above max_steps); the total is fixed from then on and saved, so a resumed run follows the same
-schedule. Calibration ends inside the warmup, where the learning rate does not depend on the total.
-Batches are drawn from generators seeded by (seed, step), so a resumed run sees the same batches.
-Checkpoints are written atomically (temp file + rename); the log is appended line by line.
+Step plan: with a time budget, the first ``CALIBRATE`` steps and one evaluation are timed and the total
+is cut to what fits, evaluations included (never above max_steps); the total is fixed from then on and
+saved, so a resumed run follows the same schedule. Calibration ends inside the warmup, where the
+learning rate does not depend on the total. Batches are drawn from generators seeded by (seed, step),
+so a resumed run sees the same batches. Checkpoints are written atomically (temp file + rename); the
+log is appended line by line.
 """
 
 from __future__ import annotations
@@ -120,9 +121,15 @@ def run_loop(name: str, out: Path, modules: dict[str, nn.Module], opt: torch.opt
             t_calib = time.time()
         if total is None and t_calib is not None and step == min(CALIBRATE, loop.max_steps - 1):
             per_step = (time.time() - t_calib) / (step - 5)
+            t_eval = time.time()
+            last_eval = eval_fn()                  # timed: the plan leaves room for the evaluations
+            per_eval = time.time() - t_eval
+            log.write(event="eval", name=name, step=step, **last_eval)
             left = loop.minutes * 60 - (time.time() - t_start)
-            total = max(step + 1, min(loop.max_steps, step + int(left / per_step)))
-            log.write(event="plan", name=name, step=step, total=total, sec_per_step=per_step)
+            fit = int(left / (per_step + per_eval / loop.eval_every))
+            total = max(step + 1, min(loop.max_steps, step + fit))
+            log.write(event="plan", name=name, step=step, total=total, sec_per_step=per_step,
+                      sec_per_eval=per_eval)
             bar.total = total
             bar.refresh()
         if step % loop.log_every == 0 or step == total or step == 1:

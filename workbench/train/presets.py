@@ -21,7 +21,7 @@ class TargetRecipe:
     seq_len: int = 1024            # training context (= YaRN's original_max_position_embeddings)
     batch: int = 64                # sequences per step
     max_steps: int = 5000
-    minutes: float | None = 8.0    # wall-clock budget of the loop: steps are cut to fit (None: max_steps)
+    minutes: float | None = 7.5    # wall-clock budget of the loop: steps are cut to fit (None: max_steps)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1      # cosine decays to lr * this
     warmup: int = 200
