@@ -18,11 +18,15 @@ def test_measure_writes_acceptance_and_drift(toy_run, tmp_path, capsys):
     assert set(acc["labels"]) == {"model", "prompts", "new_tokens", "machine", "commit"}
     assert set(acc["models"]) == {"code", "code_int4_mlp"}
     s = acc["models"]["code"]["summary"]
-    assert [(c["tree"], c["budget"]) for c in s["cells"]] == [("chain", 3), ("ddtree", 1), ("ddtree", 8)]
-    assert s["all_equal_ar"] and s["best_budget"] in (1, 8) and s["ddtree_over_chain"] > 0
-    assert len(acc["models"]["code"]["rows"]) == 2 * 3
+    cases = [("chain", 3), ("ddtree", 1), ("ddtree", 8)]
+    assert [(c["temperature"], c["tree"], c["budget"]) for c in s["cells"]] == [(t, *c) for t in (0, 1)
+                                                                                for c in cases]
+    assert s["all_equal_ar"] and set(s["best"]) == {"T=0", "T=1"}
+    assert s["best"]["T=0"]["best_budget"] in (1, 8) and s["best"]["T=1"]["ddtree_over_chain"] > 0
+    assert all(0 < c["overlap_ratio"] <= 1.0 + 1e-9 for c in s["cells"])
+    assert len(acc["models"]["code"]["rows"]) == 2 * 3 * 2
     with open(tmp_path / "acceptance.csv") as f:
-        assert len(list(csv.DictReader(f))) == 2 * 3
+        assert len(list(csv.DictReader(f))) == 2 * 2 * 3
     d = json.loads((tmp_path / "drift.json").read_text())
     assert len(d["runs"]) == 1 and len(d["runs"][0]["kl"]) == 12
     assert "best tau" in capsys.readouterr().out

