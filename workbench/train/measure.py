@@ -233,3 +233,35 @@ def summarize(rows: list[dict[str, Any]], n_experts: int, k: int) -> dict[str, A
                                "ddtree_over_chain": (top["tau"] / chain["tau"]) if top and chain else None}
     greedy = [r["equals_ar"] for r in rows if r["temperature"] == 0]
     return {"cells": cells, "best": best, "all_equal_ar": all(greedy) if greedy else None}
+
+
+_WORKER: dict[str, Pair] = {}
+
+
+def _init_worker(path: str, name: str) -> None:
+    try:                                   # one BLAS thread per process: the processes are the parallelism
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(1)
+    except ImportError:
+        pass
+    _WORKER["pair"] = load_pair(path, name)
+
+
+def _sweep_one(job: tuple) -> list[dict[str, Any]]:
+    i, prompt, n_tokens, budgets, chain, temperature, seed = job
+    return acceptance_sweep(_WORKER["pair"], [prompt], n_tokens, budgets, chain, temperature, seed + i)
+
+
+def sweep(path: str, name: str, prompts: list[tuple[str, np.ndarray]], n_tokens: int, budgets: list[int],
+          chain: bool = True, temperature: float = 0.0, seed: int = 0,
+          workers: int = 1) -> list[dict[str, Any]]:
+    """``acceptance_sweep`` of the pair in bundle ``path`` with prompts spread over ``workers`` processes
+    (the same rows, in prompt order, as one process gives)."""
+    if workers <= 1:
+        return acceptance_sweep(load_pair(path, name), prompts, n_tokens, budgets, chain, temperature, seed)
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    jobs = [(i, p, n_tokens, list(budgets), chain, temperature, seed) for i, p in enumerate(prompts)]
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                                initargs=(path, name)) as ex:
+        return [row for rows in ex.map(_sweep_one, jobs) for row in rows]
