@@ -78,8 +78,12 @@ class LoopConfig:
 
 def run_loop(name: str, out: Path, modules: dict[str, nn.Module], opt: torch.optim.Optimizer,
              loop: LoopConfig, step_fn: Callable[[int], dict[str, float]],
-             eval_fn: Callable[[], dict[str, Any]], progress: bool = True) -> dict[str, Any]:
+             eval_fn: Callable[[], dict[str, Any]], progress: bool = True,
+             started: float | None = None) -> dict[str, Any]:
     """Train until the planned total; returns {"steps", "last": last step metrics, "eval": last eval}.
+
+    The time budget counts from ``started`` (a time.time() value; default: now), so a stage's set-up
+    (tokenizing, generating) can be inside it.
 
     step_fn(step) runs forward + backward (gradients left in the parameters) and returns metrics;
     the loop sets the learning rate, clips, steps the optimiser and zeroes the gradients.
@@ -105,6 +109,7 @@ def run_loop(name: str, out: Path, modules: dict[str, nn.Module], opt: torch.opt
 
     bar = _bar(name, total or loop.max_steps, step, progress)
     t_start = t_ckpt = time.time()
+    t_origin = t_start if started is None else started
     t_calib = None
     while step < (total or loop.max_steps):
         lr = lr_at(step, total or loop.max_steps, loop.warmup, loop.lr, loop.min_lr_ratio)
@@ -125,7 +130,7 @@ def run_loop(name: str, out: Path, modules: dict[str, nn.Module], opt: torch.opt
             last_eval = eval_fn()                  # timed: the plan leaves room for the evaluations
             per_eval = time.time() - t_eval
             log.write(event="eval", name=name, step=step, **last_eval)
-            left = loop.minutes * 60 - (time.time() - t_start)
+            left = loop.minutes * 60 - (time.time() - t_origin)
             fit = int(left / (per_step + per_eval / loop.eval_every))
             total = max(step + 1, min(loop.max_steps, step + fit))
             log.write(event="plan", name=name, step=step, total=total, sec_per_step=per_step,

@@ -121,6 +121,7 @@ def evaluate_target(model: TorchTarget, device: torch.device, heldout: torch.Ten
 
 def train_target(out: Path, size: Size, tok: TextTokenizer, device: torch.device, wheels: str | None = None,
                  progress: bool = True) -> dict[str, Any]:
+    t_stage = time.time()
     cfg, r = size.target, size.target_recipe
     if cfg.vocab_size != tok.vocab_size:
         raise InputError(f"target vocab {cfg.vocab_size} differs from the tokenizer's {tok.vocab_size}")
@@ -152,7 +153,8 @@ def train_target(out: Path, size: Size, tok: TextTokenizer, device: torch.device
                       r.eval_every, r.ckpt_seconds)
     t0 = time.time()
     res = run_loop("target", tdir, {"model": model}, opt, loop, step_fn,
-                   lambda: evaluate_target(model, device, heldout, scored), progress=progress)
+                   lambda: evaluate_target(model, device, heldout, scored), progress=progress,
+                   started=t_stage)
     completions = []
     model.eval()
     for p, ids in list(zip(problems, prompts, strict=True))[:r.n_completions]:
@@ -234,6 +236,7 @@ def evaluate_drafter(drafter: TorchDrafter, target: TorchTarget, toks: torch.Ten
 
 
 def train_drafter(out: Path, size: Size, device: torch.device, progress: bool = True) -> dict[str, Any]:
+    t_stage = time.time()
     cfg, dcfg, r = size.target, size.drafter, size.drafter_recipe
     target = load_target(out, size, device)
     ddir = out / "drafter"
@@ -278,7 +281,8 @@ def train_drafter(out: Path, size: Size, device: torch.device, progress: bool = 
                       r.eval_every, r.ckpt_seconds)
     t0 = time.time()
     res = run_loop("drafter", ddir, {"drafter": drafter}, opt, loop, step_fn,
-                   lambda: evaluate_drafter(drafter, target, etoks, eplens, device), progress=progress)
+                   lambda: evaluate_drafter(drafter, target, etoks, eplens, device), progress=progress,
+                   started=t_stage)
     report = {"drafter": dcfg.to_dict(), "recipe": asdict(r), "steps": res["steps"],
               "final_train_loss": res["last"].get("loss"), "eval": res["eval"],
               "train_sequences": int(toks.shape[0]), "sequence_length": length,
