@@ -1,13 +1,13 @@
 """A toy pair trained once per session (``train all --size toy`` on CPU), for the train and measure tests."""
 
 import pytest
-import torch
 
 from workbench.cli import main
 
 
 @pytest.fixture(scope="session")
 def toy_run(tmp_path_factory):
+    import torch  # here, not at collection: the other command tests do not need it
     out = tmp_path_factory.mktemp("toy")
     n = torch.get_num_threads()
     torch.set_num_threads(1)
