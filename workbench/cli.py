@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quantize": ("quantize", "quantize a bundle's MLP weights to INT4 W4A16"),
     "bench": ("bench", "GPU benchmarks (kernels, engine)"),
     "report": ("report", "run the notebooks with papermill into HTML reports"),
+    "train": ("train", "train the small code model and its DFlash drafter, export their bundles"),
+    "measure": ("measure", "acceptance (tau vs budget, DFlash chain, expert union) and INT4 drift of a pair"),
 }
 
 

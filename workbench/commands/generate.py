@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler and the oracle drafter")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--text", default=None,
+                   help="text prompt, encoded with the bundle's tokenizer; prints the decoded continuation")
 
 
 def parse_prompt(text: str) -> list[int]:
@@ -81,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from ..reference.generate import check_prompt
 
     b = read_bundle(args.bundle)
+    tok, prompt = text_prompt(args, b.meta, prompt)
     cfg = b.config
     weights = b.weights()
     toks = check_prompt(cfg, prompt if prompt is not None else [int(t) for t in b.prompt])
@@ -89,13 +92,43 @@ def run(args: argparse.Namespace) -> int:
     dcfg = b.meta.get("drafter") if isinstance(b.meta, dict) else None
     if args.mode == "ar":
         tokens = _ar(args, cfg, weights, toks, n, sampling)
-        _print(args, [int(t) for t in tokens], None)
+        (_print if tok is None else _print_text(tok))(args, [int(t) for t in tokens], None)
         return 0
     res = _ddtree(args, cfg, weights, toks, n, sampling, dcfg)
     rounds = [{"tree_size": r.tree_size, "accepted_len": r.accepted_len, "depth": r.depth}
               for r in res.rounds]
-    _print(args, [int(t) for t in np.asarray(res.tokens)], rounds)
+    (_print if tok is None else _print_text(tok))(args, [int(t) for t in np.asarray(res.tokens)], rounds)
     return 0
+
+
+def text_prompt(args, meta: Any, prompt: list[int] | None):
+    """(tokenizer, prompt ids) for --text (the bundle's meta.tokenizer encodes it), else (None, prompt)."""
+    if args.text is None:
+        return None, prompt
+    if prompt is not None:
+        raise UserError("give either --prompt or --text, not both")
+    from ..train.tokenizer import tokenizer_from_meta
+    tok = tokenizer_from_meta(meta)
+    if tok is None:
+        raise UserError(f"{args.bundle} carries no tokenizer (meta.tokenizer); give --prompt token ids")
+    ids = [int(t) for t in tok.encode(args.text)]
+    if not ids:
+        raise UserError("--text encodes to no tokens")
+    return tok, ids
+
+
+def _print_text(tok):
+    """Printer of the decoded continuation: the text, or with --json {"text", "tokens", "rounds"}."""
+    def show(args, tokens: list[int], rounds: list[dict] | None) -> None:
+        text = tok.decode(tokens)
+        if args.json:
+            print(json.dumps({"text": text, "tokens": tokens, "rounds": rounds}))
+        else:
+            print(text)
+            if rounds is not None:
+                print(f"rounds {len(rounds)}, accepted lengths {[r['accepted_len'] for r in rounds]}",
+                      file=sys.stderr)
+    return show
 
 
 def _ar(args, cfg, weights, toks, n, sampling):

