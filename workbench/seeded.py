@@ -111,7 +111,7 @@ def fp_kind(cfg: ModelConfig, name: str) -> tuple[float, float]:
     """(m, a) of a bf16 tensor: values uniform on [m - a, m + a].
 
     embed std 1; lm_head std HEAD_LOGIT_STD / sqrt(D) (logits of std ~3 for a unit-RMS input);
-    norms 1 +- 0.1; router bias +- 0.1; every linear (and the router) std 1 / sqrt(in).
+    norms 1 +- 0.1; router bias +- 0.01; every linear (and the router) std 1 / sqrt(in).
     """
     shape = _shape(cfg, name)
     leaf = name.rsplit(".", 1)[-1]
@@ -121,8 +121,8 @@ def fp_kind(cfg: ModelConfig, name: str) -> tuple[float, float]:
         return 0.0, math.sqrt(3.0) * HEAD_LOGIT_STD / math.sqrt(shape[1])
     if name == "norm" or leaf in _NORMS:
         return 1.0, 0.1
-    if leaf == "gate_bias":
-        return 0.0, 0.1
+    if leaf == "gate_bias":  # below the gaps between top-k sigmoid scores: nudges, never decides, routing
+        return 0.0, 0.01
     return 0.0, math.sqrt(3.0 / shape[1])
 
 
@@ -319,15 +319,15 @@ class RowTable:
         """``x [..., D] @ W.T -> [..., V]`` in x's dtype, one row chunk of W at a time."""
         v = self.shape[0]
         out = np.empty((*x.shape[:-1], v), x.dtype)
-        keep = [] if self.keep_bits and self._bits is None else None
+        keep = np.empty(self.shape, np.uint16) if self.keep_bits and self._bits is None else None
         for lo in range(0, v, self.chunk_rows):
             hi = min(lo + self.chunk_rows, v)
             bits = self._chunk(lo, hi)
             if keep is not None:
-                keep.append(bits)
+                keep[lo:hi] = bits
             out[..., lo:hi] = x @ BF16Array(bits).float32().astype(x.dtype, copy=False).T
         if keep is not None:
-            self._bits = np.concatenate(keep)
+            self._bits = keep
         return out
 
     def float32(self) -> np.ndarray:
@@ -340,13 +340,14 @@ class SeededWeights(Mapping):
 
     Keys are ``layout_names(cfg, layout)``. Values are what the reference reads: float32 arrays
     for bf16 / fp32 tensors (bf16 values widened exactly), ``X.packed`` / ``X.scale`` for INT4
-    linears, and ``RowTable`` objects for embed and head (never widened whole). Generated arrays
-    stay in an LRU cache of at most ``cache_bytes`` (embed/head bits not counted: 2 bytes per value
-    for head when ``keep_head_bits``). ``generated`` counts generations per tensor name.
+    linears, and ``RowTable`` objects for embed and head (never widened whole; head's bf16 bits kept
+    after the first forward when ``keep_head_bits``). Every other tensor but the routed experts is
+    generated once and kept (a forward reads them all); routed experts go through an LRU cache of at
+    most ``expert_cache_bytes``. ``generated`` counts generations per tensor name.
     """
 
-    def __init__(self, cfg: ModelConfig, seed: int, layout: str = "experts", cache_bytes: int = 6 << 30,
-                 keep_head_bits: bool = True):
+    def __init__(self, cfg: ModelConfig, seed: int, layout: str = "experts",
+                 expert_cache_bytes: int = 1 << 30, keep_head_bits: bool = True):
         _check_layout(layout)
         self.cfg, self.seed, self.layout = cfg, _check_seed(seed), layout
         self._names = layout_names(cfg, layout)
@@ -357,9 +358,10 @@ class SeededWeights(Mapping):
                 self._base[k] = name
         self._tables = {"embed": RowTable(cfg, self.seed, "embed", False),
                         "head": RowTable(cfg, self.seed, "head", keep_head_bits)}
-        self.cache_bytes = cache_bytes
-        self._cache: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
-        self._held = 0
+        self.expert_cache_bytes = expert_cache_bytes
+        self._kept: dict[str, dict[str, np.ndarray]] = {}
+        self._experts: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
+        self._expert_bytes = 0
         self.generated: Counter[str] = Counter()
 
     def __getitem__(self, key: str) -> Any:
@@ -368,20 +370,24 @@ class SeededWeights(Mapping):
         if key in self._tables:
             return self._tables[key]
         base = self._base[key]
-        hit = self._cache.get(base)
+        hit = self._kept.get(base) or self._experts.get(base)
         if hit is not None:
-            self._cache.move_to_end(base)
+            if base in self._experts:
+                self._experts.move_to_end(base)
             return hit[key]
-        parts = {k: _readonly(v) for k, v in stored(self.cfg, self.seed, base, self.layout).items()}
-        parts = {k: (v.float32() if isinstance(v, BF16Array) else v) for k, v in parts.items()}
+        parts = {k: _readonly(v.float32() if isinstance(v, BF16Array) else v)
+                 for k, v in stored(self.cfg, self.seed, base, self.layout).items()}
         self.generated[base] += 1
+        if not is_routed_expert(base):
+            self._kept[base] = parts
+            return parts[key]
         size = sum(v.nbytes for v in parts.values())
-        while self._cache and self._held + size > self.cache_bytes:
-            _, old = self._cache.popitem(last=False)
-            self._held -= sum(v.nbytes for v in old.values())
-        if size <= self.cache_bytes:
-            self._cache[base] = parts
-            self._held += size
+        while self._experts and self._expert_bytes + size > self.expert_cache_bytes:
+            _, old = self._experts.popitem(last=False)
+            self._expert_bytes -= sum(v.nbytes for v in old.values())
+        if size <= self.expert_cache_bytes:
+            self._experts[base] = parts
+            self._expert_bytes += size
         return parts[key]
 
     def __contains__(self, key: object) -> bool:
@@ -403,7 +409,6 @@ class SeededWeights(Mapping):
         return out
 
 
-def _readonly(a: Any) -> Any:
-    arr = a.bits if isinstance(a, BF16Array) else a
-    arr.flags.writeable = False
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
     return a
