@@ -20,6 +20,7 @@ from workbench.seeded import (
     LAYOUTS,
     RowTable,
     SeededWeights,
+    expert_bf16_bits,
     expert_float32,
     expert_int4,
     expert_scale_mean,
@@ -103,6 +104,7 @@ def test_expert_codes_scales_and_the_layouts_relations():
     assert stored(SMALL, 0, EX, "experts").keys() == {EX + ".packed", EX + ".scale"}
     np.testing.assert_array_equal(stored(SMALL, 0, EX, "fp32")[EX], w)
     np.testing.assert_array_equal(stored(SMALL, 0, EX, "bf16")[EX].bits, bf16(w).bits)
+    np.testing.assert_array_equal(expert_bf16_bits(SMALL, 0, EX), bf16(w).bits)
     dense = "layers.0.ffn.w1"
     bits = fp_bits(SMALL, 0, dense)
     np.testing.assert_array_equal(stored(SMALL, 0, dense, "bf16")[dense].bits, bits)

@@ -208,6 +208,11 @@ def expert_float32(cfg: ModelConfig, seed: int, name: str) -> np.ndarray:
     return dequantize_packed(*expert_int4(cfg, seed, name))
 
 
+def expert_bf16_bits(cfg: ModelConfig, seed: int, name: str) -> np.ndarray:
+    """The routed expert's weight [N, K] in the ``bf16`` layout: bf16 bits (uint16) of ``expert_float32``."""
+    return bf16(expert_float32(cfg, seed, name)).bits
+
+
 def expert_stack(cfg: ModelConfig, seed: int, layer: int, proj: str, experts: Any = None,
                  workers: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Routed experts ``experts`` (default all) of ``layer``, projection ``proj`` in w1 / w3 / w2:
@@ -269,8 +274,8 @@ def stored(cfg: ModelConfig, seed: int, name: str, layout: str) -> dict[str, Any
             packed = pack_int4(codes)
         return {name + ".packed": packed, name + ".scale": scale}
     if is_routed_expert(name):
-        w = expert_float32(cfg, seed, name)
-        return {name: w if layout == "fp32" else bf16(w)}
+        return {name: expert_float32(cfg, seed, name) if layout == "fp32"
+                else BF16Array(expert_bf16_bits(cfg, seed, name))}
     bits = BF16Array(fp_bits(cfg, seed, name))
     return {name: bits.float32() if layout == "fp32" else bits}
 
@@ -320,12 +325,14 @@ class RowTable:
         v = self.shape[0]
         out = np.empty((*x.shape[:-1], v), x.dtype)
         keep = np.empty(self.shape, np.uint16) if self.keep_bits and self._bits is None else None
+        wide = np.empty((min(self.chunk_rows, v), self.shape[1]), np.uint32)    # one buffer for every chunk
         for lo in range(0, v, self.chunk_rows):
             hi = min(lo + self.chunk_rows, v)
             bits = self._chunk(lo, hi)
             if keep is not None:
                 keep[lo:hi] = bits
-            out[..., lo:hi] = x @ BF16Array(bits).float32().astype(x.dtype, copy=False).T
+            w = np.left_shift(bits, np.uint32(16), out=wide[:hi - lo], dtype=np.uint32).view(np.float32)
+            out[..., lo:hi] = x @ w.astype(x.dtype, copy=False).T                # exact bf16 -> float32
         if keep is not None:
             self._bits = keep
         return out

@@ -11,6 +11,10 @@ accepted by the logical and layout functions. Format facts: shared/design/int4_f
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+
 import numpy as np
 
 from workbench.errors import InputError
@@ -169,9 +173,28 @@ def dequantize_packed(packed, scale) -> np.ndarray:
     n, k = packed.shape[0], packed.shape[1] * 8
     g = _infer_group((n, k), s.shape, None)
     byts = np.ascontiguousarray(packed, dtype=packed.dtype.newbyteorder("<")).view(np.uint8)  # [N, K/2]
-    w = _BYTE_CODES[byts].reshape(n, k // g, g)                          # [N, K/G, G] codes; low nibble first
-    w *= s[..., None]
+    w = np.empty((n, k // g, g), np.float32)                             # [N, K/G, G]
+
+    def rows(lo: int, hi: int) -> None:                                  # elementwise: any split is exact
+        np.take(_BYTE_CODES, byts[lo:hi], axis=0, out=w[lo:hi].reshape(hi - lo, k // 2, 2), mode="clip")
+        w[lo:hi] *= s[lo:hi, :, None]
+    cuts = np.linspace(0, n, min(_threads(), max(1, n * k >> 22)) + 1).astype(int)   # >= 4M values a part
+    if len(cuts) > 2:
+        list(_pool().map(rows, cuts[:-1], cuts[1:]))
+    else:
+        rows(0, n)
     return w.reshape(n, k)
+
+
+@lru_cache(maxsize=1)
+def _threads() -> int:
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(16, n))
+
+
+@lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(_threads(), thread_name_prefix="int4-dequant")
 
 
 def gen_quant4(n: int, k: int, group_size: int = 32, seed: int = 0):
