@@ -4,6 +4,7 @@ import json
 import pytest
 
 from workbench.config import PRESETS, ConfigError, ModelConfig, preset
+from workbench.reference.rope import yarn_correction_range
 
 
 def test_k2_derived_sizes_match_docs_model():
@@ -25,6 +26,18 @@ def test_presets_have_their_documented_sizes():
     k2 = preset("k2")
     assert all(getattr(k2s, f.name) == getattr(k2, f.name)
                for f in dataclasses.fields(k2) if f.name != "num_hidden_layers")
+
+
+def test_k2_6_is_k2_thinkings_backbone_with_its_own_rope_blend_and_eos():
+    k26, k2 = preset("k2_6"), preset("k2")
+    changed = {f.name: getattr(k26, f.name) for f in dataclasses.fields(k26)
+               if getattr(k26, f.name) != getattr(k2, f.name)}
+    assert changed == {"rope_factor": 64.0, "beta_fast": 32.0, "max_position_embeddings": 262144,
+                       "rms_norm_eps": 1e-5, "eos_token_id": 163586}
+    assert (k26.beta_slow, k26.rope_theta, k26.bos_token_id) == (1.0, 50000.0, 163584)
+    assert k26.model_type == "kimi_k2" and k26.num_hidden_layers == 61
+    assert k26.softmax_scale == pytest.approx(0.144680, abs=1e-6)          # factor 64
+    assert yarn_correction_range(k26) == (8, 20) and yarn_correction_range(k2) == (19, 20)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -189,7 +189,8 @@ def test_fp32_export_import_round_trip(tmp_path, cfg):
     assert raw["model_type"] == "deepseek_v3" and "quantization_config" not in raw
     cfg2, w2, info = load_hf_checkpoint(tmp_path / "ck")
     assert cfg2 == cfg and w2.keys() == w.keys() and all(_same(w[k], w2[k]) for k in w)
-    assert info == {"quantization_config": None, "group_sizes": [], "int4_linears": 0, "skipped": []}
+    assert info == {"quantization_config": None, "group_sizes": [], "int4_linears": 0, "skipped": [],
+                    "vision_skipped": 0}
 
 
 def test_sharded_export_writes_an_index_and_round_trips(tmp_path):

@@ -249,6 +249,10 @@ def yarn_mscale(factor: float, mscale: float) -> float:
 PRESETS: dict[str, ModelConfig] = {
     "k2": ModelConfig(),
     "k2_slice": ModelConfig(num_hidden_layers=3),  # real dims: 1 dense + 2 MoE layers
+    # Kimi-K2.6's text model: K2-Thinking's backbone (YaRN factor 64, 256k context, eps 1e-5) with
+    # beta_fast 32 and eos <|im_end|>
+    "k2_6": ModelConfig(rope_factor=64.0, beta_fast=32.0, beta_slow=1.0, max_position_embeddings=262144,
+                        rms_norm_eps=1e-5, eos_token_id=163586),
     "tiny": ModelConfig(
         vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
         num_hidden_layers=4, num_attention_heads=4, q_lora_rank=48, kv_lora_rank=32,

@@ -34,6 +34,15 @@ K2_IGNORE = ["lm_head", r"re:.*self_attn.*", r"re:.*shared_experts.*",
              r"re:.*mlp\.(gate|up|gate_up|down)_proj.*"]
 _INDEX = "model.safetensors.index.json"
 _LABEL = "workbench_model_type"  # the config's own model_type when config.json says deepseek_v3
+# Kimi-K2.5 / K2.6 layout: config.json nests the text model under text_config, its tensors carry
+# this prefix, and the vision encoder's tensors (skipped: the workbench models text only) these.
+TEXT_PREFIX = "language_model."
+VISION_PREFIXES = ("vision_tower.", "mm_projector.")
+# text_config fields without which the model is unknown (a missing one is never filled by a default)
+TEXT_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                 "num_hidden_layers", "num_attention_heads", "q_lora_rank", "kv_lora_rank",
+                 "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+                 "n_shared_experts", "num_experts_per_tok", "first_k_dense_replace")
 
 
 def load_hf_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any], dict[str, Any]]:
@@ -44,32 +53,41 @@ def load_hf_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
     tensors become bundle bfloat16 arrays (float32 if ``workbench.bundle`` is unavailable); INT4
     ``weight_packed`` / ``weight_scale`` stay packed, ``weight_shape`` is checked and dropped. Layers
     past num_hidden_layers (DeepSeek-V3's MTP layer) and ``rotary_emb.inv_freq`` are skipped.
+    The Kimi-K2.5 / K2.6 layout is read too: the text model's config under ``text_config`` (every
+    TEXT_REQUIRED field present), its tensors prefixed ``language_model.``, the vision tower and
+    projector (VISION_PREFIXES) skipped unread; quantization_config at the top level or in text_config.
     quant_info: {"quantization_config": dict | None, "group_sizes": [G...], "int4_linears": n,
-    "skipped": [hf names]}.
+    "skipped": [hf names], "vision_skipped": n}.
     """
     d = Path(path)
     if not d.is_dir():
         raise InputError(f"{d}: not a checkpoint directory")
     raw = _read_json(d / "config.json")
-    cfg = ModelConfig.from_hf_dict(raw)
-    if raw.get(_LABEL) in ("kimi_k2", "deepseek_v3"):  # written by save_hf_checkpoint, see there
-        cfg = cfg.replace(model_type=raw[_LABEL])
-    qcfg = raw.get("quantization_config")
+    text, prefix = _text_config(raw)
+    cfg = ModelConfig.from_hf_dict(text)
+    if text.get(_LABEL) in ("kimi_k2", "deepseek_v3"):  # written by save_hf_checkpoint, see there
+        cfg = cfg.replace(model_type=text[_LABEL])
+    qcfg = text.get("quantization_config")
     group_sizes = _parse_quant_config(qcfg) if qcfg is not None else set()
-    tensors = _read_safetensors(d)
+    vision = (lambda hf: hf.startswith(VISION_PREFIXES)) if prefix else (lambda hf: False)
+    tensors, vision_names = _read_safetensors(d, skip=vision)
     weights: dict[str, Any] = {}
     shape_tensors: dict[str, Any] = {}
-    skipped = []
+    skipped = list(vision_names)
     for hf, arr in tensors.items():
-        m = re.match(r"model\.layers\.([0-9]+)\.", hf)
-        if (m is not None and int(m.group(1)) >= cfg.num_hidden_layers) or hf.endswith("rotary_emb.inv_freq"):
+        if prefix and not hf.startswith(prefix):
+            raise InputError(f"{hf}: a text_config checkpoint names its text tensors {prefix}*")
+        name = hf[len(prefix):]
+        m = re.match(r"model\.layers\.([0-9]+)\.", name)
+        past = m is not None and int(m.group(1)) >= cfg.num_hidden_layers           # e.g. an MTP layer
+        if past or name.endswith("rotary_emb.inv_freq"):
             skipped.append(hf)
-        elif hf.endswith((".weight_zero_point", ".weight_g_idx")):
+        elif name.endswith((".weight_zero_point", ".weight_g_idx")):
             raise InputError(f"{hf}: asymmetric or act-order INT4 is not supported (symmetric group only)")
-        elif hf.endswith(".weight_shape"):
-            shape_tensors[from_hf_name(hf[: -len("shape")] + "packed")[: -len(".packed")]] = arr
+        elif name.endswith(".weight_shape"):
+            shape_tensors[from_hf_name(name[: -len("shape")] + "packed")[: -len(".packed")]] = arr
         else:
-            weights[from_hf_name(hf)] = arr
+            weights[from_hf_name(name)] = arr
     check_weights(cfg, weights)
     expected = expected_shapes(cfg)
     packed = [n[: -len(".packed")] for n in weights if n.endswith(".packed")]
@@ -86,8 +104,27 @@ def load_hf_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
         if a.shape != (2,) or a.dtype.kind not in "iu" or tuple(int(v) for v in a) != expected[name]:
             raise InputError(f"{to_hf_name(name)}_shape is {a.tolist()}, expected {list(expected[name])}")
     info = {"quantization_config": qcfg, "group_sizes": sorted(group_sizes), "int4_linears": len(packed),
-            "skipped": sorted(skipped)}
+            "skipped": sorted(skipped), "vision_skipped": len(vision_names)}
     return cfg, weights, info
+
+
+def _text_config(raw: Any) -> tuple[dict[str, Any], str]:
+    """(the text model's config dict, the prefix of its tensor names): raw itself and "" for a
+    DeepseekV3 / Kimi-K2 config.json; text_config and TEXT_PREFIX for the K2.5 / K2.6 layout."""
+    if not isinstance(raw, dict) or "text_config" not in raw:
+        return raw, ""
+    text = raw["text_config"]
+    if not isinstance(text, dict):
+        raise InputError("config.json: text_config must be a JSON object")
+    missing = [k for k in TEXT_REQUIRED if k not in text]
+    if missing:
+        raise InputError(f"config.json: text_config lacks {', '.join(missing)}")
+    text = {"model_type": "kimi_k2", **text}
+    if "quantization_config" in raw:
+        if "quantization_config" in text:
+            raise InputError("config.json: quantization_config both at the top level and in text_config")
+        text["quantization_config"] = raw["quantization_config"]
+    return text, TEXT_PREFIX
 
 
 def _read_json(p: Path) -> Any:
@@ -132,8 +169,9 @@ def _parse_quant_config(q: Any) -> set[int]:
     return sizes
 
 
-def _read_safetensors(d: Path) -> dict[str, Any]:
-    """All tensors of the checkpoint, hf name -> array (bf16 -> bundle bfloat16 or float32)."""
+def _read_safetensors(d: Path, skip: Any = lambda name: False) -> tuple[dict[str, Any], list[str]]:
+    """(hf name -> array for every tensor of the checkpoint (bf16 -> bundle bfloat16 or float32) but
+    those ``skip(name)`` picks, the names of those, left unread)."""
     from safetensors import SafetensorError, safe_open
     if (d / _INDEX).is_file():
         index = _read_json(d / _INDEX)
@@ -150,6 +188,7 @@ def _read_safetensors(d: Path) -> dict[str, Any]:
         if not files:
             raise InputError(f"{d}: no *.safetensors files")
     out: dict[str, Any] = {}
+    skipped: list[str] = []
     for f in files:
         try:
             with safe_open(str(d / f), framework="pt") as st:
@@ -157,12 +196,15 @@ def _read_safetensors(d: Path) -> dict[str, Any]:
                 if wm is not None and set(keys) != {k for k, v in wm.items() if v == f}:
                     raise InputError(f"{d / f}: tensors do not match {_INDEX}")
                 for k in keys:
-                    if k in out:
+                    if k in out or k in skipped:
                         raise InputError(f"{k} appears in more than one shard")
-                    out[k] = _from_torch(st.get_tensor(k), k)
+                    if skip(k):
+                        skipped.append(k)
+                    else:
+                        out[k] = _from_torch(st.get_tensor(k), k)
         except (OSError, SafetensorError) as e:
             raise InputError(f"{d / f}: not a readable safetensors file ({e})") from None
-    return out
+    return out, skipped
 
 
 def _from_torch(t: Any, name: str) -> Any:

@@ -120,3 +120,23 @@ def test_bad_export_arguments_exit_2(tmp_path, capsys):
         rc, _, err = _cli(capsys, *argv)
         assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1, (argv, err)
     assert not (tmp_path / "o").exists()
+
+
+def test_import_of_a_k26_checkpoint_notes_the_skipped_vision_tensors(tmp_path, capsys):
+    from tests.test_hf_checkpoint import VISION, write_k26_checkpoint
+    w = write_k26_checkpoint(tmp_path / "ck", int4=True)
+    rc, out, err = _cli(capsys, "import-hf", tmp_path / "ck", tmp_path / "k26.kdtr")
+    assert (rc, err) == (0, "")
+    notes = [line for line in out.splitlines() if line.startswith("note:")]
+    assert notes == [f"note: {len(VISION)} vision tensors (vision_tower, mm_projector) skipped: "
+                     "the bundle holds the text model only"]
+    b = read_bundle(tmp_path / "k26.kdtr")
+    assert b.config.beta_fast == 32.0 and b.tensors.keys() == w.keys()
+    assert set(VISION) <= set(b.meta["skipped_tensors"]) and b.meta["int4_linears"] == 12
+
+    conf = json.loads((tmp_path / "ck" / "config.json").read_text())
+    del conf["text_config"]["num_hidden_layers"]
+    (tmp_path / "ck" / "config.json").write_text(json.dumps(conf))
+    rc, out, err = _cli(capsys, "import-hf", tmp_path / "ck", tmp_path / "bad.kdtr")
+    assert rc == 2 and err == "error: config.json: text_config lacks num_hidden_layers\n"
+    assert not (tmp_path / "bad.kdtr").exists()

@@ -1,4 +1,4 @@
-"""python -m workbench import-hf CKPT_DIR OUT.kdtr: a HF DeepseekV3 / Kimi-K2 checkpoint -> one bundle.
+"""python -m workbench import-hf CKPT_DIR OUT.kdtr: a HF DeepseekV3 / Kimi-K2 / K2.6 checkpoint -> one bundle.
 
 Tensors keep their stored form: bf16 stays bfloat16, INT4 compressed-tensors linears stay packed
 (never dequantized). The checkpoint's quantization_config and skipped tensors go into the meta.
@@ -27,6 +27,9 @@ def run(args: argparse.Namespace) -> int:
             "quantization_config": info["quantization_config"], "int4_linears": info["int4_linears"],
             "skipped_tensors": info["skipped"]}
     write_bundle(args.out, config=cfg, tensors=weights, meta=meta)
+    if info["vision_skipped"]:
+        print(f"note: {info['vision_skipped']} vision tensors (vision_tower, mm_projector) skipped: "
+              "the bundle holds the text model only")
     print(f"wrote {args.out}: {cfg.model_type}, {cfg.num_hidden_layers} layers, {len(weights)} tensors"
           f" ({info['int4_linears']} INT4 linears, {len(info['skipped'])} checkpoint tensors skipped)")
     return 0

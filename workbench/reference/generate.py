@@ -17,6 +17,7 @@ class GreedyResult:
     tokens: np.ndarray     # [n] int64 generated ids
     margins: np.ndarray    # [n] top-1 minus top-2 logit at each step (float64)
     logits: np.ndarray     # [n, V] the logits each token was chosen from (compute dtype)
+    cache: LatentCache | None = None   # prompt + n - 1 rows (the last token is never fed back)
 
 
 def check_prompt(cfg: ModelConfig, prompt: Any) -> np.ndarray:
@@ -62,4 +63,4 @@ def greedy_generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_to
         margins[i] = top2_margin(row)
         all_logits[i] = row
         step_in = out_tokens[i:i + 1]
-    return GreedyResult(out_tokens, margins, all_logits)
+    return GreedyResult(out_tokens, margins, all_logits, cache)

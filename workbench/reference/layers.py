@@ -58,19 +58,31 @@ def silu(x: np.ndarray) -> np.ndarray:
 def linear(weights: dict[str, Any], name: str, x: np.ndarray) -> np.ndarray:
     """THE projection dispatch point: ``x [..., K] -> [..., N]`` for the linear called ``name``.
 
-    - ``name`` present: a dense [N, K] matrix, computed as ``x @ W.T`` in x's dtype.
+    - ``name`` present: a dense [N, K] matrix, computed as ``x @ W.T`` in x's dtype (by the object's
+      own ``matmul_t(x)`` when it has one: ``workbench.seeded.RowTable``).
     - ``name.packed`` present: an INT4 W4A16 linear (int32 [N, K/8] + scale [N, K/G]), computed by
       ``workbench.quant.int4.int4_linear`` (fp16-rounded activations, (q-8)*scale weights, fp32 sums).
     - neither: InputError naming the missing tensor.
     """
     if name in weights:
-        w = as_array(weights[name], x.dtype)                                    # [N, K]
-        return x @ w.T                                                          # [..., N]
+        w = weights[name]
+        if hasattr(w, "matmul_t"):  # a row-chunked table (seeded lm_head): never widened whole
+            return w.matmul_t(x)                                                # [..., N]
+        return x @ as_array(w, x.dtype).T                                       # [..., N]
     if name + ".packed" in weights:
         from ..quant.int4 import int4_linear  # lazy: the quant package is optional here
         y = int4_linear(x, weights[name + ".packed"], weight(weights, name + ".scale"))  # [..., N]
         return np.asarray(y).astype(x.dtype, copy=False)
     raise InputError(f"missing weight tensor {name!r} (neither {name} nor {name}.packed is present)")
+
+
+def gather_rows(table: Any, ids: np.ndarray, dtype: Any) -> np.ndarray:
+    """Rows ``ids`` of an embedding table [V, M] as ``dtype`` [S, M], gathered before any widening
+    (a bfloat16 table on its bits; a ``RowTable`` generates only the blocks holding them)."""
+    if hasattr(table, "take_rows"):
+        return as_array(table.take_rows(ids), dtype)
+    rows = table[ids] if isinstance(table, np.ndarray) else type(table)(table.bits[ids])
+    return as_array(rows, dtype)
 
 
 def dense_weight(weights: dict[str, Any], name: str, dtype: Any) -> np.ndarray:

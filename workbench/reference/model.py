@@ -13,7 +13,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import InputError
-from .layers import as_array, linear, rmsnorm, weight
+from .layers import gather_rows, linear, rmsnorm, weight
 from .mla import mla_absorbed, mla_naive
 from .moe import dense_mlp, moe
 
@@ -72,6 +72,7 @@ class LatentCache:
 class ForwardOut:
     logits: np.ndarray                                                          # [S, V] in the compute dtype
     hidden: dict[int, np.ndarray] = field(default_factory=dict)                 # layer k -> its output [S, M]
+    routes: dict[int, np.ndarray] = field(default_factory=dict)                 # MoE layer -> experts [S, K]
 
 
 def _check_tokens(cfg: ModelConfig, tokens: Any) -> np.ndarray:
@@ -91,7 +92,8 @@ def forward(cfg: ModelConfig, weights: dict[str, Any], tokens: Any, cache: Laten
     tokens: [S] ints in [0, V); positions: [S] ints (default cache.length + arange(S));
     visibility: None (causal among the new rows) or bool [S, S] (row i sees new row j; all cached
     rows are always visible); capture: layer indices whose block outputs [S, M] are returned in
-    ``hidden``; attn: "absorbed" or "naive"; dtype: float32 or float64 (weights are cast on use).
+    ``hidden`` (every MoE layer's routed expert ids [S, K] go to ``routes``); attn: "absorbed" or
+    "naive"; dtype: float32 or float64 (weights are cast on use).
     """
     dt = np.dtype(dtype)
     if dt not in _DTYPES:
@@ -111,19 +113,20 @@ def forward(cfg: ModelConfig, weights: dict[str, Any], tokens: Any, cache: Laten
         raise InputError(f"capture layers must lie in [0, {cfg.num_hidden_layers})")
     attention = _ATTN[attn]
 
-    emb = weight(weights, "embed")                                              # [V, M]
-    # gather the S rows before casting; a bfloat16 table (``.bits``) is gathered on its bits
-    rows = emb[toks] if isinstance(emb, np.ndarray) else type(emb)(emb.bits[toks])
-    h = as_array(rows, dt)                                                      # [S, M]
+    h = gather_rows(weight(weights, "embed"), toks, dt)                         # [S, M]
     hidden: dict[int, np.ndarray] = {}
+    routes: dict[int, np.ndarray] = {}
     for layer in range(cfg.num_hidden_layers):
         p = f"layers.{layer}."
         h = h + attention(cfg, weights, layer, rmsnorm(h, weight(weights, p + "attn_norm"), cfg.rms_norm_eps),
                           pos, cache, visibility)
-        ffn = moe if cfg.is_moe_layer(layer) else dense_mlp
-        h = h + ffn(cfg, weights, layer, rmsnorm(h, weight(weights, p + "ffn_norm"), cfg.rms_norm_eps))
+        x = rmsnorm(h, weight(weights, p + "ffn_norm"), cfg.rms_norm_eps)
+        if cfg.is_moe_layer(layer):
+            h = h + moe(cfg, weights, layer, x, routes)
+        else:
+            h = h + dense_mlp(cfg, weights, layer, x)
         if layer in capture:
             hidden[layer] = h.copy()
     cache.length += s
     logits = linear(weights, "head", rmsnorm(h, weight(weights, "norm"), cfg.rms_norm_eps))  # [S, V]
-    return ForwardOut(logits=logits, hidden=hidden)
+    return ForwardOut(logits=logits, hidden=hidden, routes=routes)

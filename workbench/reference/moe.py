@@ -49,15 +49,19 @@ def dense_mlp(cfg: ModelConfig, weights: dict[str, Any], layer: int, x: np.ndarr
     return swiglu(weights, f"layers.{layer}.ffn", x)
 
 
-def moe(cfg: ModelConfig, weights: dict[str, Any], layer: int, x: np.ndarray) -> np.ndarray:
+def moe(cfg: ModelConfig, weights: dict[str, Any], layer: int, x: np.ndarray,
+        routes: dict[int, np.ndarray] | None = None) -> np.ndarray:
     """MoE block: sum_k w_k Expert_{idx_k}(x) + SharedExperts(x); x [S, M] -> [S, M] in x's dtype.
 
     Experts are summed in increasing expert index (HF's order); the routed scaling factor is
     already inside w and never touches the shared experts (one fused MLP of n_shared * width).
+    Only the experts some row routes to are read from ``weights``; ``routes[layer]`` gets idx [S, K].
     """
     p = f"layers.{layer}.ffn"
     gate_w, bias = weight(weights, p + ".gate"), weight(weights, p + ".gate_bias")
     idx, w = moe_gate(cfg, x, gate_w, bias)                                     # [S, K], [S, K]
+    if routes is not None:
+        routes[layer] = idx
     y = np.zeros_like(x)                                                        # [S, M]
     for e in np.unique(idx):
         rows, slot = np.nonzero(idx == e)                                       # tokens routed to e
