@@ -111,14 +111,15 @@ def test_group_limit_is_applied(weights):
     assert max(len(set(r.tolist())) for r in groups) <= CFG.topk_group
 
 
-def test_seeded_build_equals_bf16_layout():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_seeded_build_equals_bf16_layout(dtype):
     """from_seeded (INT4 words dequantized by torch) holds exactly the bf16 layout's weights."""
     packed, scale = seeded.expert_int4(CFG, 5, "layers.1.ffn.experts.2.w2")
     got = dequantize_int4_torch(_t(packed), _t(scale), torch.bfloat16)
     want = seeded.expert_bf16_bits(CFG, 5, "layers.1.ffn.experts.2.w2")
     assert np.array_equal(got.view(torch.int16).numpy().view(np.uint16), want)
-    a = TorchLayer.from_seeded(CFG, 5, 1, device="cpu", max_len=4, chunk=3, workers=1)
-    b = TorchLayer.from_weights(CFG, seeded.SeededWeights(CFG, 5, "bf16"), 1, dtype=torch.bfloat16, max_len=4)
+    a = TorchLayer.from_seeded(CFG, 5, 1, device="cpu", dtype=dtype, max_len=4, chunk=3, workers=1)
+    b = TorchLayer.from_weights(CFG, seeded.SeededWeights(CFG, 5, "bf16"), 1, dtype=dtype, max_len=4)
     assert a.p.keys() == b.p.keys()
     for k in a.p:
         assert a.p[k].dtype == b.p[k].dtype and torch.equal(a.p[k], b.p[k]), k

@@ -22,6 +22,7 @@ Everything is in the layer's dtype (bfloat16 on the GPU) with float32 norms, rop
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -143,16 +144,17 @@ class TorchLayer:
     @classmethod
     def from_seeded(cls, cfg: ModelConfig, seed: int, layer: int, *, device: Any = "cuda", dtype: Any = None,
                     max_len: int = 4096, moe_impl: str = "auto", chunk: int = 32,
-                    workers: int = 8) -> TorchLayer:
+                    workers: int | None = None) -> TorchLayer:
         """The seeded model's layer (``workbench.seeded``, layout ``bf16``) built on ``device`` directly.
 
         Non-expert tensors upload their bf16 bits; routed experts upload their INT4 words and scales
-        ``chunk`` experts at a time (generated on ``workers`` host threads, the next chunk while the
-        device dequantizes this one), so no float32 copy of the experts exists on the host.
+        ``chunk`` experts at a time, generated on ``workers`` host threads (default: one per core, at
+        most 16) while the device dequantizes the previous chunk: no float32 expert copy on the host.
         """
         torch = _torch()
         from .. import seeded
         dtype = torch.bfloat16 if dtype is None else dtype
+        workers = workers or min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 4)
         _check_layer(cfg, layer)
 
         def bf16(name: str):
@@ -183,9 +185,9 @@ class TorchLayer:
                     (p1, s1), (p3, s3), (p2, s2) = [
                         (torch.from_numpy(p).to(device), torch.from_numpy(s).to(device)) for p, s in stacks]
                     e1 = e0 + p1.shape[0]
-                    w13[e0:e1, :mi] = dequantize_int4_torch(p1, s1, dtype)
-                    w13[e0:e1, mi:] = dequantize_int4_torch(p3, s3, dtype)
-                    w2[e0:e1] = dequantize_int4_torch(p2, s2, dtype)
+                    w13[e0:e1, :mi] = dequantize_int4_torch(p1, s1, torch.bfloat16)  # the bf16 layout's
+                    w13[e0:e1, mi:] = dequantize_int4_torch(p3, s3, torch.bfloat16)  # values, in any dtype
+                    w2[e0:e1] = dequantize_int4_torch(p2, s2, torch.bfloat16)
             return w13, w2
         moe = experts if cfg.is_moe_layer(layer) else None
         return cls(cfg, layer, _assemble(cfg, layer, get, get_1d, moe), max_len, moe_impl)
