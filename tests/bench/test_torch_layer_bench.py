@@ -91,7 +91,12 @@ def test_graph_replay_equals_eager_on_gpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="GPU tier: needs KDTREE_GPU=1 and a CUDA GPU")
 def test_time_rows_on_gpu():
-    rows = tlb.time_torch_layer(CFG, TorchLayer.from_seeded(CFG, 2, 1, device="cuda", max_len=80), (1, 4),
-                                context=64, reps=3)
+    tl = TorchLayer.from_seeded(CFG, 2, 1, device="cuda", max_len=80)
+    sets = [torch.tensor([[0, 1, 2]] * 4), torch.tensor([[0, 1, 2], [3, 4, 5], [5, 6, 7], [0, 1, 7]])]
+    rows = tlb.time_torch_layer(CFG, tl, (1, 4), context=64, reps=3, routes={4: sets})
     assert {r["part"] for r in rows} == {"attention", "router", "routed_experts", "shared_expert", "layer"}
     assert all(r["captured"] and r["us"] > 0 for r in rows)
+    routed = {r["tokens"]: r["unique_experts"] for r in rows if r["part"] == "routed_experts"}
+    assert routed[4] == 5.5 and routed[1] == 3                          # median of 3 and 8; one token: K
+    with pytest.raises(InputError, match="sets must be"):
+        tlb.time_torch_layer(CFG, tl, (4,), context=64, reps=1, routes={4: [torch.zeros(4, 2)]})

@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,13 +88,17 @@ def _timed(fn, reps: int, flush) -> tuple[list[float], bool]:
 
 
 def time_torch_layer(cfg: ModelConfig, weights: Any, tokens_list: Any = TOKENS, context: int = 4096,
-                     layer: int | None = None, reps: int = 50, seed: int = 0) -> list[dict[str, Any]]:
+                     layer: int | None = None, reps: int = 50, seed: int = 0,
+                     routes: Mapping[int, Any] | None = None) -> list[dict[str, Any]]:
     """Rows {layer, part, tokens, context, us (median), min_us, max_us, captured, impl, unique_experts}
     for the BF16 torch layer on the GPU (see the module docstring for what is timed and how).
 
     ``weights``: a weights mapping with internal names, a ``workbench.seeded.SeededWeights`` (built on
     the GPU from the seeded generator, in chunks), or a ``TorchLayer`` already on the GPU. ``layer``
-    defaults to the first MoE layer.
+    defaults to the first MoE layer. ``routes`` (optional) maps a token count N to a list of expert-id
+    sets [N, K]: the routed-experts part then rotates over them between replays (the same routing
+    sets another benchmark times), with weights 1/K; otherwise it runs the router's own routing.
+    ``unique_experts`` is the distinct routed experts of the timed routing (median over the sets).
     """
     torch = _torch()
     if not torch.cuda.is_available():
@@ -111,35 +116,57 @@ def time_torch_layer(cfg: ModelConfig, weights: Any, tokens_list: Any = TOKENS, 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     tl.cache[:context].normal_(generator=gen)                            # stands in for a prompt's latents
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def flush(r: int) -> None:
+        flush_buf.zero_()
     rows: list[dict[str, Any]] = []
     for n in tokens:
         parents, _ = random_tree(cfg, n - 1, seed=n)
         vis, pos = ancestor_inputs(parents, context)
         x = torch.randn(n, cfg.hidden_size, device="cuda", generator=gen).to(tl.dtype)
         mask, positions = torch.from_numpy(vis).cuda(), torch.from_numpy(pos).cuda()
-        xa, xf = tl.normed(x), tl.normed(x, "ffn_norm")
-        parts = {"attention": lambda: tl.attention(xa, mask, positions, context)}  # noqa: B023
-        unique = None
+        xa = tl.normed(x)
+        xf = tl.normed(x + tl.attention(xa, mask, positions, context), "ffn_norm")  # the layer's FFN input
+        parts = {"attention": (lambda: tl.attention(xa, mask, positions, context), flush)}  # noqa: B023
+        unique: dict[str, float | None] = {}
         if tl.is_moe:
             idx, w = tl.router(xf)
-            unique = int(torch.unique(idx).numel())
-            parts.update(router=lambda: tl.router(xf),                                   # noqa: B023
-                         routed_experts=lambda: tl.routed_experts(xf, idx, w),           # noqa: B023
-                         shared_expert=lambda: tl.shared_expert(xf))                     # noqa: B023
+            unique["layer"] = unique["routed_experts"] = float(torch.unique(idx).numel())
+            before = flush
+            if routes is not None and routes.get(n):
+                sets = [_route_set(torch, s, n, cfg) for s in routes[n]]
+                idx = sets[0].clone()
+                k = cfg.num_experts_per_tok
+                w = torch.full((n, k), cfg.routed_scaling_factor / k, device="cuda")
+
+                def before(r: int, sets=sets, idx=idx) -> None:
+                    idx.copy_(sets[r % len(sets)])
+                    flush_buf.zero_()
+                unique["routed_experts"] = statistics.median(float(torch.unique(s).numel()) for s in sets)
+            parts.update(router=(lambda: tl.router(xf), flush),                                   # noqa: B023
+                         routed_experts=(lambda: tl.routed_experts(xf, idx, w), before),          # noqa: B023
+                         shared_expert=(lambda: tl.shared_expert(xf), flush))                     # noqa: B023
         else:
-            parts["dense_mlp"] = lambda: tl.dense_mlp(xf)                                # noqa: B023
-        parts["layer"] = lambda: tl.forward(x, mask, positions, context)                 # noqa: B023
-        for part, fn in parts.items():
-            samples, captured = _timed(fn, reps, lambda r: flush_buf.zero_())
+            parts["dense_mlp"] = (lambda: tl.dense_mlp(xf), flush)                                # noqa: B023
+        parts["layer"] = (lambda: tl.forward(x, mask, positions, context), flush)                 # noqa: B023
+        for part, (fn, prep) in parts.items():
+            samples, captured = _timed(fn, reps, prep)
             impl = "torch bf16 " + {"attention": "absorbed MLA", "router": "fp32 router",
                                     "routed_experts": f"{tl.moe_path}", "shared_expert": "matmuls",
                                     "dense_mlp": "matmuls", "layer": f"({tl.moe_path or 'dense'})"}[part]
             rows.append({"layer": layer, "part": part, "tokens": n, "context": context,
                          "us": round(statistics.median(samples), 2), "min_us": round(min(samples), 2),
                          "max_us": round(max(samples), 2), "captured": captured, "impl": impl,
-                         "unique_experts": unique if part in ("routed_experts", "layer") else None})
+                         "unique_experts": unique.get(part)})
         torch.cuda.synchronize()
     return rows
+
+
+def _route_set(torch, s: Any, n: int, cfg: ModelConfig):
+    t = torch.as_tensor(s).to("cuda", torch.int64)
+    if tuple(t.shape) != (n, cfg.num_experts_per_tok):
+        raise InputError(f"routes[{n}] sets must be [{n}, {cfg.num_experts_per_tok}], got {tuple(t.shape)}")
+    return t
 
 
 # ---- the check against the reference ------------------------------------------------------------------
@@ -296,6 +323,8 @@ def _run(args) -> int:
         raise InputError("--device cuda but torch sees no CUDA GPU (use --device cpu for a CPU check)")
     if args.time and not args.device.startswith("cuda"):
         raise InputError("--time needs --device cuda")
+    if args.csv and not Path(args.csv).resolve().parent.is_dir():
+        raise InputError(f"--csv: no such directory {Path(args.csv).resolve().parent}")
     layers = args.layers
     if layers is None:
         layers = sorted({0, cfg.first_k_dense_replace} & set(range(cfg.num_hidden_layers)))
