@@ -79,6 +79,33 @@ def time_op(fn: Callable[[], None], *, calls: int = 1, reps: int = 20, warmup: i
     return stats(samples)
 
 
+SPIN_GRAPH = 100_000          # GPU cycles (~50 us) to cover the host's submission of one graph replay
+SPIN_EAGER = 10_000_000       # ~5 ms: covers the host launching an eager op sequence of a few hundred us
+
+
+def spin_timed(fn: Callable[[], None], reps: int, *, spin: int = SPIN_GRAPH,
+               before: Callable[[int], None] | None = None) -> list[float]:
+    """Microseconds of GPU time of each of ``reps`` calls of ``fn`` (a graph replay, or eager work).
+
+    A spin kernel of ``spin`` cycles queued before the start event keeps the GPU busy while the host
+    submits ``fn``, so the interval is the GPU's time, not the host's launch latency. ``before(r)``
+    runs ahead of the spin of rep r (new inputs, an L2 flush), outside the timed interval.
+    """
+    import torch
+    samples = []
+    for r in range(reps):
+        if before is not None:
+            before(r)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(spin)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) * 1e3)
+    return samples
+
+
 def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
     """Device-to-device copy of ``nbytes``: (read + written) bytes / median time, in GB/s."""
     import torch

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from .common import capture_graph, stats
+from .common import capture_graph, spin_timed, stats
 
 D, I, E, S, K, G = 7168, 2048, 384, 1, 8, 32
 EXPERT_BYTES = 3 * D * I // 2 + 3 * D * (I // G) * 2          # 24.77 MB: packed nibbles + f16 scales
@@ -51,17 +51,8 @@ def timed_replays(torch, g, ids, id_sets, reps, n_shared=S):
 
     A ~50 us spin kernel queued before the start event keeps the GPU busy while the host submits the
     graph, so the interval is the graph's GPU time, not the host's launch latency."""
-    samples, uniq = [], []
-    for r in range(reps):
-        ids.copy_(id_sets[r % len(id_sets)])
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(100_000)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3)
-        uniq.append(len(torch.unique(id_sets[r % len(id_sets)])) + n_shared)
+    samples = spin_timed(g.replay, reps, before=lambda r: ids.copy_(id_sets[r % len(id_sets)]))
+    uniq = [len(torch.unique(id_sets[r % len(id_sets)])) + n_shared for r in range(reps)]
     return samples, uniq
 
 

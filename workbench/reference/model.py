@@ -84,6 +84,22 @@ def _check_tokens(cfg: ModelConfig, tokens: Any) -> np.ndarray:
     return t.astype(np.int64)
 
 
+def decoder_layer(cfg: ModelConfig, weights: dict[str, Any], layer: int, h: np.ndarray, positions: np.ndarray,
+                  cache: LatentCache, visibility: np.ndarray | None = None, attention: Any = mla_absorbed,
+                  routes: dict[int, np.ndarray] | None = None) -> np.ndarray:
+    """One block on h [S, M]: h + MLA(RMSNorm(h)), then + FFN(RMSNorm(.)) (dense or MoE by layer).
+
+    Writes the S latent rows of ``layer`` at cache.length without advancing it (``forward`` does).
+    """
+    p = f"layers.{layer}."
+    h = h + attention(cfg, weights, layer, rmsnorm(h, weight(weights, p + "attn_norm"), cfg.rms_norm_eps),
+                      positions, cache, visibility)                           # [S, M]
+    x = rmsnorm(h, weight(weights, p + "ffn_norm"), cfg.rms_norm_eps)         # [S, M]
+    if cfg.is_moe_layer(layer):
+        return h + moe(cfg, weights, layer, x, routes)
+    return h + dense_mlp(cfg, weights, layer, x)
+
+
 def forward(cfg: ModelConfig, weights: dict[str, Any], tokens: Any, cache: LatentCache,
             positions: Any = None, visibility: np.ndarray | None = None, capture: Iterable[int] = (),
             attn: str = "absorbed", dtype: Any = np.float32) -> ForwardOut:
@@ -117,14 +133,7 @@ def forward(cfg: ModelConfig, weights: dict[str, Any], tokens: Any, cache: Laten
     hidden: dict[int, np.ndarray] = {}
     routes: dict[int, np.ndarray] = {}
     for layer in range(cfg.num_hidden_layers):
-        p = f"layers.{layer}."
-        h = h + attention(cfg, weights, layer, rmsnorm(h, weight(weights, p + "attn_norm"), cfg.rms_norm_eps),
-                          pos, cache, visibility)
-        x = rmsnorm(h, weight(weights, p + "ffn_norm"), cfg.rms_norm_eps)
-        if cfg.is_moe_layer(layer):
-            h = h + moe(cfg, weights, layer, x, routes)
-        else:
-            h = h + dense_mlp(cfg, weights, layer, x)
+        h = decoder_layer(cfg, weights, layer, h, pos, cache, visibility, attention, routes)
         if layer in capture:
             hidden[layer] = h.copy()
     cache.length += s
