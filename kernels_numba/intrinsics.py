@@ -46,13 +46,13 @@ c2, c3 = row g+8. In each half2 the low 16 bits hold the lower index.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
 import numpy as np
-from numba import config
 
-SIMULATED = bool(config.ENABLE_CUDASIM)
+from .device import SIMULATED
 
 # dequant_i4x8 expects the 8 nibbles of a word interleaved so that one mask pulls a half2 pair:
 # nibble position p holds fragment element NIBBLE_ORDER[p] (a0.lo, a0.hi, a1.lo, ..., a3.hi = 0..7).
@@ -61,15 +61,20 @@ NIBBLE_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 # ---- simulator fallbacks -------------------------------------------------------------------
 
+def _host_array(a):
+    """The numpy array behind a simulated kernel argument (the simulator wraps it twice)."""
+    a = getattr(a, "_item", a)                          # FakeWithinKernelCUDAArray -> FakeCUDAArray
+    return np.asarray(getattr(a, "_ary", a))
+
+
 def _sim_ld_u32x4(a, i):
+    arr = _host_array(a)
     i = int(i)
-    if a.dtype.itemsize == 4:
-        return tuple(np.uint32(np.asarray(a[i + j]).view(np.uint32)) for j in range(4))
-    n = 16 // a.dtype.itemsize
-    raw = np.array([a[i + j] for j in range(n)], dtype=a.dtype).view(np.uint32)
-    return tuple(np.uint32(v) for v in raw)
+    raw = arr[i:i + 16 // arr.dtype.itemsize].view(np.uint32)
+    return raw[0], raw[1], raw[2], raw[3]
 
 
+@functools.lru_cache(maxsize=1 << 16)                   # a weight word is dequantized once per use
 def _sim_dequant(w):
     w = int(w) & 0xFFFFFFFF
     elem = [0] * 8
@@ -79,9 +84,14 @@ def _sim_dequant(w):
     return tuple(np.uint32(v) for v in halves)
 
 
-def _sim_h2_to_f32(u):
-    h = np.array([int(u) & 0xFFFFFFFF], dtype=np.uint32).view(np.float16)
+@functools.lru_cache(maxsize=1 << 12)
+def _h2_bits_to_f32(u):
+    h = np.array([u], dtype=np.uint32).view(np.float16)
     return np.float32(h[0]), np.float32(h[1])
+
+
+def _sim_h2_to_f32(u):
+    return _h2_bits_to_f32(int(u) & 0xFFFFFFFF)
 
 
 def _sim_f32_to_h2(a, b):
@@ -104,18 +114,28 @@ def _warp_state():
     return states[warp], lane
 
 
+def _warp_wait(st):
+    """Until all 32 lanes of this warp are here: through the simulated thread's ``warp_sync`` where it
+    has one (greenlets of kernels_numba.sim cannot block on a lock), else the warp's Barrier."""
+    sync = getattr(threading.current_thread(), "warp_sync", None)
+    if sync is not None:
+        sync()
+    else:
+        st["barrier"].wait(timeout=120)
+
+
 def _sim_syncwarp():
     st, _ = _warp_state()
-    st["barrier"].wait(timeout=120)
+    _warp_wait(st)
 
 
 def _sim_bcast0(v):
     st, lane = _warp_state()
     if lane == 0:
         st["bcast"] = v
-    st["barrier"].wait(timeout=120)
+    _warp_wait(st)
     r = st["bcast"]
-    st["barrier"].wait(timeout=120)                      # nobody overwrites before every lane read
+    _warp_wait(st)                      # nobody overwrites before every lane read
     return r
 
 
@@ -169,7 +189,7 @@ def _sim_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """One lane's share of mma.m16n8k16: deposit, wait for the warp; lane 0 computes D once."""
     st, lane = _warp_state()
     st["slots"][lane] = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-    st["barrier"].wait(timeout=120)
+    _warp_wait(st)
     if lane == 0:
         v = st["slots"]
         regs = np.array([[int(r) & 0xFFFFFFFF for r in s[:6]] for s in v], dtype=np.uint32)   # [32, 6]
@@ -183,7 +203,7 @@ def _sim_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         C = np.zeros((16, 8))
         C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1] = c.T
         st["result"] = (A @ B + C).astype(np.float32)   # f16 products exact; f32 result
-    st["barrier"].wait(timeout=120)
+    _warp_wait(st)
     D = st["result"]
     g, t = divmod(lane, 4)
     return D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]

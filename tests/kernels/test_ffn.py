@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kernels_numba import ffn
-from workbench.engine.devarray import download, to_device
+from kernels_numba.device import download, to_device
 from workbench.engine.weights import _stack
 from workbench.quant.int4 import pack_int4, quantize_int4
 from workbench.reference.layers import swiglu

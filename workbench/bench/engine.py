@@ -159,9 +159,9 @@ def _events_us(fn, reps: int) -> float:
 
 def bench_verify(name: str, rows: list[dict]) -> None:
     """Verify-step replay time vs budget, with the decode step, device top-k and host build beside it."""
+    from kernels_numba.device import to_device, zeros
     from kernels_numba.tree import build_tree_host, topk_logprobs
     from workbench.ddtree.oracle import oracle_logits
-    from workbench.engine.devarray import to_device, zeros
     b, w, dcfg = _bundle(name)
     cfg, p = b.config, len(b.prompt)
     n_pos = dcfg.block_size - 1

@@ -1,8 +1,9 @@
-"""The simulated CUDA threads of ``simexec``: pooled OS threads (thread mode) and reusable greenlets
+"""The simulated CUDA threads of the executor: pooled OS threads (thread mode) and reusable greenlets
 on one OS thread (greenlet mode, when the ``greenlet`` package is installed).
 
-A block object (``simexec.PooledBlock``) hands its work to these and provides ``fn``, ``args``,
-``sync``, ``vote``, ``leave``, ``fail``, ``done``, ``scheduler`` and ``run_green``.
+A block object (``executor.PooledBlock``) hands its work to these and provides ``fn``, ``args``,
+``sync``, ``vote``, ``leave``, ``fail``, ``done``, ``scheduler`` and ``run_green``. A greenlet-mode
+thread also answers ``warp_sync`` (the warp collectives of kernels_numba.intrinsics wait through it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ _lock = threading.Lock()
 _pool: list = []                             # _Worker threads, reused across blocks and launches
 _green: list = []                            # the one _GreenWorker, created on first use
 FINISHED = object()                          # what a greenlet switches back with when its thread returned
-BARRIER = object()                           # ... and when it reached a barrier
+BARRIER = object()                           # ... when it reached a barrier
+WARP = object()                              # ... and when it reached a warp collective
 
 
 def green_available() -> bool:
@@ -93,6 +95,10 @@ class GreenWorker(SimThread):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self._slots: list = []
+
+    def warp_sync(self) -> None:
+        """Called by kernels_numba.intrinsics' warp collectives: wait for the warp's 32 lanes."""
+        self._manager.scheduler.switch(WARP)
 
     def slots(self, n: int) -> list:
         while len(self._slots) < n:          # created on this thread: their parent is its greenlet
