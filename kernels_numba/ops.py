@@ -144,10 +144,11 @@ def _repack(m: Int4Host) -> Int4Weight | None:
         return None
 
 
-def swiglu_weights(w1, w3, w2) -> SwiGLU:
-    """w1, w3 [I, D] and w2 [D, I], each a float ndarray or an ``Int4Host``."""
+def swiglu_weights(w1, w3, w2, fast: bool = True) -> SwiGLU:
+    """w1, w3 [I, D] and w2 [D, I], each a float ndarray or an ``Int4Host``; ``fast=False`` keeps INT4 on
+    the portable kernels (comparisons of the two paths)."""
     width, dim = _rows(w1), _rows(w2)
-    if all(isinstance(m, Int4Host) for m in (w1, w3, w2)) and group_size(w1) == group_size(w3):
+    if fast and all(isinstance(m, Int4Host) for m in (w1, w3, w2)) and group_size(w1) == group_size(w3):
         w13 = _repack(Int4Host(np.concatenate([np.asarray(w1.packed), np.asarray(w3.packed)]),
                                np.concatenate([_scales32(w1), _scales32(w3)])))
         down = _repack(w2)
@@ -169,24 +170,24 @@ class MoE:
     shared: SwiGLU | None = None
 
 
-def moe_weights(rt: Router, experts: list[tuple], shared: tuple | None) -> MoE:
+def moe_weights(rt: Router, experts: list[tuple], shared: tuple | None, fast: bool = True) -> MoE:
     """experts: (w1, w3, w2) per routed expert, all float or all ``Int4Host``; shared: (w1, w3, w2)
-    of width S*I, or None."""
+    of width S*I, or None; ``fast`` as in ``swiglu_weights``."""
     kinds = {isinstance(m, Int4Host) for e in experts for m in e}
     if len(kinds) != 1:
         raise KernelInputError("routed experts must be all FP or all INT4")
     width, dim = _rows(experts[0][0]), _rows(experts[0][2])
     fused = None
-    if kinds == {True}:
+    if fast and kinds == {True}:
         fuse_shared = shared is not None and all(isinstance(m, Int4Host) for m in shared)
         fused = _fused(experts, shared if fuse_shared else None)
         if fused is None and fuse_shared:                     # the shared expert alone does not fit
             fused = _fused(experts, None)
     if fused is not None:
-        alone = swiglu_weights(*shared) if shared is not None and not fused.n_shared else None
+        alone = swiglu_weights(*shared, fast=fast) if shared is not None and not fused.n_shared else None
         return MoE(FUSED_MOE, rt, width, dim, fused=fused, shared=alone)
     return MoE(PORTABLE, rt, width, dim, stack=portable_stack(experts),
-               shared=swiglu_weights(*shared) if shared is not None else None)
+               shared=swiglu_weights(*shared, fast=fast) if shared is not None else None)
 
 
 def _fused(experts: list[tuple], shared: tuple | None) -> MoEWeights | None:

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import write_bundle
+from .bundle import Bundle, read_bundle, write_bundle
 from .config import ModelConfig, preset
 from .ddtree.dflash import default_drafter_config, random_drafter_weights
+from .errors import InputError
 from .quant.policy import quantize_weights
 from .reference.generate import greedy_generate
 from .weights import random_weights
@@ -31,6 +32,7 @@ N_GOLDEN = 32                 # golden tokens per bundle (the issue asks for at 
 MIN_MARGIN = 0.05             # every golden step's top-1 minus top-2 logit must be at least this
 NOISE_RATIO = 20.0            # ... and at least this many times the float32 logit noise
 PROMPT = (1, 17, 42, 99, 7, 256, 3, 128)   # fixed prompt, valid for every preset (ids < 400)
+REFS_DIR = Path(__file__).resolve().parents[1] / "refs"   # where the committed bundles live
 
 
 @dataclass(frozen=True)
@@ -95,3 +97,12 @@ def build_refs(out_dir: str | os.PathLike = "refs", names: tuple[str, ...] | Non
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return [build_ref(s, out) for s in REFS if names is None or s.name in names]
+
+
+def golden_bundle(name: str, refs_dir: str | os.PathLike | None = None) -> Bundle:
+    """``<refs_dir>/<name>.kdtr`` (default: the repository's refs/) read with every CRC checked; the one
+    way tests, notebooks and benchmarks load a golden bundle. InputError if the file is missing."""
+    path = Path(REFS_DIR if refs_dir is None else refs_dir) / f"{name}.kdtr"
+    if not path.is_file():
+        raise InputError(f"bundle {path} not found (python -m workbench build-refs writes it)")
+    return read_bundle(path)

@@ -7,12 +7,12 @@ thread switching per thread and barrier, the polling loop competing for the inte
 into the kernels' arithmetic.
 
 ``fast_blocks()`` swaps ``PooledBlock`` in for the simulator's ``BlockManager`` while active (and
-holds device-function module swaps per launch, ``calls``). A block runs on one reused worker
-thread with each CUDA thread as a reusable greenlet (``greenlet`` package, when installed): a barrier
+holds device-function module swaps per launch, ``calls``). A block runs on the launching thread
+with each CUDA thread as a reusable greenlet (``greenlet`` package, when installed): a barrier
 switches to the next thread (~1 us) and the block proceeds in phases, each phase resuming every
 thread still inside the kernel, in a fixed order, until it reaches the barrier or returns. The
 warp-collective intrinsics of kernels_numba (mma, syncwarp, bcast0) wait the same way, for the 32
-lanes of their warp (``threads.GreenWorker.warp_sync``). Without ``greenlet`` (or with
+lanes of their warp (``warp_sync``, ``threads.inline``). Without ``greenlet`` (or with
 ``USE_GREENLETS`` off) the CUDA threads run on pooled OS threads, a barrier is a condition variable
 (the last thread to arrive releases the rest) and a warp collective the intrinsics' own 32-lane barrier.
 
@@ -84,7 +84,7 @@ class PooledBlock:
         self.generation = 0
         self.abort = False
         self.error = None
-        self.scheduler = None                # greenlet mode: the worker's own greenlet
+        self.scheduler = None                # greenlet mode: the launching thread's greenlet
 
     def run(self, grid_point, *args) -> None:
         from numba.cuda.simulator.kernelapi import Dim3
@@ -92,13 +92,11 @@ class PooledBlock:
         self.block_idx = Dim3(*grid_point)
         self.args = args
         self.live = len(self.points)
-        self.done.acquire()
         if _green_for(self.fn):
-            w = threads.green_worker()
-            w._manager = self
-            w.blockIdx = self.block_idx
-            w.gate.release()
+            with threads.inline(self) as w:
+                self.run_green(w)
         else:
+            self.done.acquire()
             workers = threads.thread_workers(len(self.points))
             for w, p in zip(workers, self.points, strict=True):
                 w._manager = self
@@ -106,14 +104,14 @@ class PooledBlock:
                 w.threadIdx, w.thread_id, w.state_idx = p
             for w in workers:
                 w.gate.release()
-        self.done.acquire()                  # released when the block is over
-        self.done.release()
+            self.done.acquire()              # released when the block is over
+            self.done.release()
         self.args = ()                       # the pooled threads keep no kernel arguments alive
         if self.error is not None:
             raise self.error[0].with_traceback(self.error[1])
 
     def run_green(self, w) -> None:
-        """Greenlet mode, on the worker thread: phases until every thread has returned. A phase resumes
+        """Greenlet mode, on the launching thread: phases until every thread has returned. A phase resumes
         each thread still inside the kernel until it reaches a barrier or returns; a lane at a warp
         collective waits there until all 32 lanes of its warp have come, then they go on in lane order."""
         self.scheduler = threads.greenlet.getcurrent()

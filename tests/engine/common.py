@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import functools
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from workbench.bundle import read_bundle
 from workbench.ddtree.config import DrafterConfig
 from workbench.reference.generate import greedy_generate
+from workbench.refs import golden_bundle
 
 GPU = os.environ.get("KDTREE_GPU") == "1"
-REFS = Path(__file__).resolve().parents[2] / "refs"
 BUNDLES = ("tiny", "tiny2", "int4_tiny", "int4_tiny2")
 MAX_BUDGET = 64
 # logits tolerance (max |engine - reference| over the vocabulary, every step): FP32 bundles differ
@@ -31,7 +29,7 @@ ATOL = {"tiny": 1e-3, "tiny2": 1e-3, "int4_tiny": 3e-2, "int4_tiny2": 3e-2}
 
 @functools.cache
 def bundle(name: str):
-    b = read_bundle(REFS / f"{name}.kdtr")
+    b = golden_bundle(name)
     return b, b.weights(), DrafterConfig.from_dict(b.meta["drafter"])
 
 

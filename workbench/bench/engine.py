@@ -23,7 +23,6 @@ from ..fileio import save_figure_atomic, write_json_atomic
 from ..report.tables import write_csv
 from .common import require_gpu, run_metadata
 
-ROOT = Path(__file__).resolve().parents[2]
 AR_TOKENS = 256
 HF_TOKENS = 64
 SPEC_TOKENS = 192
@@ -33,9 +32,9 @@ PS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 def _bundle(name: str):
-    from workbench.bundle import read_bundle
     from workbench.ddtree.config import DrafterConfig
-    b = read_bundle(ROOT / "refs" / f"{name}.kdtr")
+    from workbench.refs import golden_bundle
+    b = golden_bundle(name)
     return b, b.weights(), DrafterConfig.from_dict(b.meta["drafter"])
 
 
@@ -46,13 +45,13 @@ def _engine(cfg, w, p: int, n: int, budget: int):
 
 def bench_ar(name: str, rows: list[dict]) -> dict:
     """Engine AR tokens/s (and HF's for FP32 bundles); returns the engine pieces for later sections."""
-    from workbench.engine.ar import engine_ar_generate
+    from workbench.generate import generate
     b, w, dcfg = _bundle(name)
     cfg, prompt = b.config, np.asarray(b.prompt, np.int64)
     eng = _engine(cfg, w, len(prompt), AR_TOKENS + 16, 0)
-    engine_ar_generate(eng, prompt, 8)                       # capture + warm-up
+    generate(cfg, w, prompt, 8, backend="numba", engine=eng)               # capture + warm-up
     t: dict = {}
-    res = engine_ar_generate(eng, prompt, AR_TOKENS, timing=t)
+    res = generate(cfg, w, prompt, AR_TOKENS, backend="numba", engine=eng, timing=t)
     ok = bool(np.array_equal(res.tokens[:len(b.golden)], np.asarray(b.golden)))
     tps = (AR_TOKENS - 1) / t["decode_s"]
     rows.append(dict(section="ar", model=name, impl="engine", tokens=AR_TOKENS - 1, seconds=t["decode_s"],
@@ -133,7 +132,9 @@ def bench_kernel_sum(ar: dict, rows: list[dict]) -> None:
 
 _KERNELS = ("linear_kernel", "mla_attention_kernel", "mla_prep_kernel", "rmsnorm_kernel", "route_kernel",
             "up_f32_kernel", "down_f32_kernel", "up_i4_kernel", "down_i4_kernel", "embed_kernel",
-            "argmax_kernel", "advance_kernel", "copy_rows_kernel", "kv_compact_kernel", "tree_compile_kernel")
+            "argmax_kernel", "advance_kernel", "copy_rows_kernel", "kv_compact_kernel", "tree_compile_kernel",
+            "int4_matmul_kernel", "moe_gemv_kernel", "moe_gemm_kernel", "moe_align_kernel",
+            "moe_combine_kernel", "moe_act_kernel", "to_f16_kernel", "add_rows_kernel")
 
 
 def _kernel_name(mangled: str) -> str:
@@ -197,23 +198,23 @@ def bench_verify(name: str, rows: list[dict]) -> None:
 
 def bench_spec(ar: dict, name: str, rows: list[dict]) -> None:
     """DDTree (oracle drafter) tokens/s over p and budget, against this engine's AR tokens/s."""
-    from workbench.engine.ar import engine_ar_generate
-    from workbench.engine.ddtree import engine_ddtree_generate
+    from workbench.generate import generate
     b, w, dcfg = ar["b"], ar["w"], ar["dcfg"]
     cfg, prompt = b.config, np.asarray(b.prompt, np.int64)
     n_pos = dcfg.block_size - 1
     eng = _engine(cfg, w, len(prompt), SPEC_TOKENS + n_pos + 16, max(BUDGETS_SPEC))
-    cont = engine_ar_generate(eng, prompt, SPEC_TOKENS + n_pos + 1).tokens
+    cont = generate(cfg, w, prompt, SPEC_TOKENS + n_pos + 1, backend="numba", engine=eng).tokens
     t: dict = {}
-    ar_res = engine_ar_generate(eng, prompt, SPEC_TOKENS, timing=t)
+    ar_res = generate(cfg, w, prompt, SPEC_TOKENS, backend="numba", engine=eng, timing=t)
     ar_tps = (SPEC_TOKENS - 1) / t["decode_s"]
     rows.append(dict(section="spec", model=name, impl="ar", tokens=SPEC_TOKENS - 1, tok_s=ar_tps))
     for budget in BUDGETS_SPEC:
-        engine_ddtree_generate(eng, w, prompt, 16, "oracle", budget, drafter_config=dcfg, continuation=cont)
+        spec = dict(backend="numba", mode="ddtree", drafter="oracle", budget=budget, drafter_config=dcfg,
+                    continuation=cont, engine=eng)
+        generate(cfg, w, prompt, 16, **spec)                                 # capture + warm-up
         for p in PS:
             t = {}
-            r = engine_ddtree_generate(eng, w, prompt, SPEC_TOKENS, "oracle", budget, drafter_config=dcfg,
-                                       oracle_p=p, oracle_seed=1, continuation=cont, timing=t)
+            r = generate(cfg, w, prompt, SPEC_TOKENS, oracle_p=p, oracle_seed=1, timing=t, **spec)
             ok = bool(np.array_equal(r.tokens, ar_res.tokens))
             tps = (SPEC_TOKENS - 1) / t["decode_s"]
             rows.append(dict(section="spec", model=name, impl="ddtree", budget=budget, p=p,

@@ -95,7 +95,7 @@ class DeviceModel:
         return [lay.moe for lay in self.layers if lay.moe is not None]
 
 
-def _moe(cfg: ModelConfig, weights: dict[str, Any], f: str) -> ops.MoE:
+def _moe(cfg: ModelConfig, weights: dict[str, Any], f: str, fast: bool) -> ops.MoE:
     experts = [swiglu(weights, f"{f}.experts.{e}") for e in range(cfg.n_routed_experts)]
     kinds = {isinstance(m, ops.Int4Host) for e in experts for m in e}
     if len(kinds) > 1:
@@ -106,19 +106,20 @@ def _moe(cfg: ModelConfig, weights: dict[str, Any], f: str) -> ops.MoE:
     rt = ops.router(_f32(weights, f + ".gate"), _f32(weights, f + ".gate_bias"), cfg.num_experts_per_tok,
                     cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor)
     shared = swiglu(weights, f + ".shared") if cfg.n_shared_experts > 0 else None
-    return ops.moe_weights(rt, experts, shared)
+    return ops.moe_weights(rt, experts, shared, fast)
 
 
-def upload_model(cfg: ModelConfig, weights: dict[str, Any]) -> DeviceModel:
+def upload_model(cfg: ModelConfig, weights: dict[str, Any], fast: bool = True) -> DeviceModel:
     """All target weights on the device (drafter.* weights are uploaded per generation by
-    ``engine.dflash.DeviceDFlash``); InputError for weights the engine cannot take."""
+    ``engine.dflash.DeviceDFlash``); InputError for weights the engine cannot take. ``fast=False``
+    keeps every INT4 matrix on the portable kernels."""
     try:
-        return _upload(cfg, weights)
+        return _upload(cfg, weights, fast)
     except KernelInputError as e:
         raise InputError(str(e)) from None
 
 
-def _upload(cfg: ModelConfig, weights: dict[str, Any]) -> DeviceModel:
+def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool) -> DeviceModel:
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"layers.{i}."
@@ -138,9 +139,9 @@ def _upload(cfg: ModelConfig, weights: dict[str, Any]) -> DeviceModel:
                           wkv_b=to_device(_f32(weights, a + "wkv_b")), wo=ops.dense(_f32(weights, a + "wo")))
         f = p + "ffn"
         if cfg.is_moe_layer(i):
-            lay.moe = _moe(cfg, weights, f)
+            lay.moe = _moe(cfg, weights, f, fast)
         else:
-            lay.mlp = ops.swiglu_weights(*swiglu(weights, f))
+            lay.mlp = ops.swiglu_weights(*swiglu(weights, f), fast=fast)
         layers.append(lay)
     return DeviceModel(cfg=cfg, embed=to_device(_f32(weights, "embed")),
                        norm=to_device(_f32(weights, "norm")), head=ops.dense(_f32(weights, "head")),
