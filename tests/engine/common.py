@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from workbench.ddtree.config import DrafterConfig
+from workbench.quant.policy import quantize_weights
 from workbench.reference.generate import greedy_generate
 from workbench.refs import golden_bundle
 
@@ -48,6 +49,23 @@ def reference_greedy(name: str, n: int, prompt_len: int | None = None):
     """The reference's greedy run from the bundle prompt (or its first prompt_len tokens)."""
     b, w, _ = bundle(name)
     return greedy_generate(b.config, w, np.asarray(b.prompt[:prompt_len], np.int64), n)
+
+
+@functools.cache
+def experts_model(name: str):
+    """(bundle, weights, drafter config) of an FP32 bundle quantized with policy 'experts' at G = 32: routed
+    experts INT4, attention, router, shared expert, dense MLP and head FP32 (Kimi-K2's layout)."""
+    b, w, dcfg = bundle(name)
+    q, _ = quantize_weights(b.config, w, policy="experts", group_size=32)
+    return b, q, dcfg
+
+
+@functools.cache
+def experts_engine(name: str):
+    from workbench.engine.runtime import Engine
+    b, w, dcfg = experts_model(name)
+    p = len(b.prompt)
+    return Engine(b.config, w, max_len=p + 32 + 16 + 3, max_rows=max(p, 17), taps=dcfg.target_layer_ids)
 
 # The simulated end-to-end engine runs (1-40 s each on 2 cores) run once per `make test`, in the
 # full pass; the `python -O` pass (which exists to show no behaviour rests on assert) skips them
