@@ -1,9 +1,9 @@
 """Shared setup of the engine tests: golden bundles, one engine per bundle, tier-dependent sizes.
 
-Two tiers run the same tests: CI (numba's CUDA simulator, with the engine's faster block executor
-``workbench.engine.simexec``: about 0.1 s per token row on tiny to 0.55 s on int4_tiny2 with
-greenlet installed, 2-3x that without, so short prompts and few rounds) and the GPU tier
-(KDTREE_GPU=1 on the H200: every golden token). Both run every bundle, drafter and budget.
+Two tiers run the same tests: CI (numba's CUDA simulator, with the faster block executor
+``kernels_numba.sim``; a simulated decode step costs tenths of a second, more where the tensor-core
+kernels run (int4_tiny), so short prompts and few rounds) and the GPU tier (KDTREE_GPU=1 on the H200:
+every golden token). Both run every bundle, drafter and budget.
 """
 
 from __future__ import annotations
