@@ -69,8 +69,9 @@ def _scales32(m: Int4Host) -> np.ndarray:
 
 
 def group_size(m: Int4Host) -> int:
+    """G = K / (scale columns) of an INT4 matrix."""
     k = np.asarray(m.packed).shape[-1] * 8
-    cols = np.asarray(_scales32(m)).shape[-1]
+    cols = _scales32(m).shape[-1]
     if cols == 0 or k % cols:
         raise KernelInputError(f"INT4 matrix: K={k} is not a multiple of the {cols} scale columns")
     return k // cols
@@ -78,9 +79,8 @@ def group_size(m: Int4Host) -> int:
 
 def _scales16(m: Int4Host) -> np.ndarray | None:
     """The scales as float16 if float16 holds them exactly (the tile layout stores float16), else None."""
-    s = np.asarray(m.scale) if isinstance(m.scale, np.ndarray) else None
-    if s is not None and s.dtype == np.float16:
-        return s
+    if isinstance(m.scale, np.ndarray) and m.scale.dtype == np.float16:
+        return m.scale
     s32 = _scales32(m)
     s16 = s32.astype(np.float16)
     return s16 if np.array_equal(s16.astype(np.float32), s32) else None
@@ -95,9 +95,8 @@ def _device(w):
 
 @dataclass(frozen=True)
 class Dense:
-    """An FP32 projection ``y = x @ W.T``; ``wt`` = W.T [K, N] on the device."""
+    """An FP32 projection ``y = x @ W.T`` (portable kernel); ``wt`` = W.T [K, N] on the device."""
     wt: Any
-    path: str = PORTABLE
 
 
 def dense(w: np.ndarray) -> Dense:

@@ -1,7 +1,8 @@
 """``python -m workbench bench engine``: the decode engine on the GPU, side by side in one run.
 
 1. AR decode tokens/s: this engine (graph-replayed decode step) vs transformers'
-   DeepseekV3ForCausalLM ``generate`` on the same weights and GPU (float32, eager, greedy).
+   DeepseekV3ForCausalLM ``generate`` on the same weights and GPU (float32, eager, greedy); the INT4
+   bundles on the kernels ``kernels_numba.ops`` picks, int4_tiny also on the portable kernels.
 2. Per-token decode time (graph replay) vs the sum of its kernels' own device times
    (torch.profiler/CUPTI over eager decode steps).
 3. Verify-step time against the budget (1 .. 256), next to the decode step, the device top-k and the
@@ -38,26 +39,30 @@ def _bundle(name: str):
     return b, b.weights(), DrafterConfig.from_dict(b.meta["drafter"])
 
 
-def _engine(cfg, w, p: int, n: int, budget: int):
+def _engine(cfg, w, p: int, n: int, budget: int, fast_kernels: bool = True):
     from workbench.engine.runtime import Engine
-    return Engine(cfg, w, max_len=p + n + budget + 8, max_rows=max(p, budget + 1))
+    return Engine(cfg, w, max_len=p + n + budget + 8, max_rows=max(p, budget + 1), fast_kernels=fast_kernels)
 
 
-def bench_ar(name: str, rows: list[dict]) -> dict:
-    """Engine AR tokens/s (and HF's for FP32 bundles); returns the engine pieces for later sections."""
+def bench_ar(name: str, rows: list[dict], fast_kernels: bool = True) -> dict:
+    """Engine AR tokens/s (and HF's for FP32 bundles); returns the engine pieces for later sections.
+    fast_kernels=False: the same INT4 bundle with every layer on the portable kernels (impl
+    'engine, portable kernels')."""
     from workbench.generate import generate
     b, w, dcfg = _bundle(name)
     cfg, prompt = b.config, np.asarray(b.prompt, np.int64)
-    eng = _engine(cfg, w, len(prompt), AR_TOKENS + 16, 0)
+    eng = _engine(cfg, w, len(prompt), AR_TOKENS + 16, 0, fast_kernels)
+    impl = "engine" if fast_kernels else "engine, portable kernels"
     generate(cfg, w, prompt, 8, backend="numba", engine=eng)               # capture + warm-up
     t: dict = {}
     res = generate(cfg, w, prompt, AR_TOKENS, backend="numba", engine=eng, timing=t)
     ok = bool(np.array_equal(res.tokens[:len(b.golden)], np.asarray(b.golden)))
     tps = (AR_TOKENS - 1) / t["decode_s"]
-    rows.append(dict(section="ar", model=name, impl="engine", tokens=AR_TOKENS - 1, seconds=t["decode_s"],
-                     tok_s=tps, us_per_token=1e6 / tps, golden_ok=ok))
-    print(f"[ar] {name} engine {tps:,.0f} tok/s ({1e6 / tps:.1f} us/token), "
-          f"golden {'ok' if ok else 'MISMATCH'}")
+    rows.append(dict(section="ar", model=name, impl=impl, tokens=AR_TOKENS - 1, seconds=t["decode_s"],
+                     tok_s=tps, us_per_token=1e6 / tps, golden_ok=ok,
+                     kernels=" ".join(sorted({p for d in eng.model.paths() for p in d.values()}))))
+    print(f"[ar] {name} {impl} {tps:,.0f} tok/s ({1e6 / tps:.1f} us/token), "
+          f"golden {'ok' if ok else 'MISMATCH'}, FFN kernels {rows[-1]['kernels']}")
     if not any(k.endswith(".packed") for k in w):
         hf_tps, hf_match = bench_hf(cfg, w, prompt, res.tokens)
         rows.append(dict(section="ar", model=name, impl="hf_eager", tokens=HF_TOKENS,
@@ -279,7 +284,9 @@ def run_engine_bench(out_dir) -> int:
     rows: list[dict] = []
     ar = bench_ar("tiny2", rows)
     bench_kernel_sum(ar, rows)
-    bench_ar("int4_tiny2", rows)
+    bench_ar("int4_tiny2", rows)                     # dense MLP on int4_matmul, experts portable (width 32)
+    bench_ar("int4_tiny", rows)                      # dense MLP on int4_matmul, experts on fused_moe
+    bench_ar("int4_tiny", rows, fast_kernels=False)  # the same bundle on the portable kernels
     bench_verify("tiny2", rows)
     bench_spec(ar, "tiny2", rows)
     write_csv(rows, out / "engine_results.csv")
