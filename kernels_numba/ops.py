@@ -43,7 +43,7 @@ from .linear import linear as _linear
 from .mla import make_mla_attention, mla_prep_kernel
 from .moe import MoEWeights, fused_moe, moe_workspace, prepare_moe
 from .moe_gemv import moe_act_kernel
-from .rmsnorm import rmsnorm_kernel
+from .rmsnorm import rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
 from .router import make_route
 from .rows import add_rows_kernel, to_f16_kernel
 from .tokens import advance_kernel, argmax_kernel, copy_rows_kernel, embed_kernel
@@ -293,11 +293,6 @@ def _ws_key(w: MoEWeights, k: int) -> tuple:
 def embed(h, table, ids, meta, rows: int, stream=0) -> None:
     """h [T, D] = table[ids] for the live rows."""
     embed_kernel[rows, TPB, stream](h, table, ids, meta)
-
-
-def rmsnorm(out, x, w, eps: float, meta, rows: int, stream=0) -> None:
-    """out [T, K] = rmsnorm(x) * w (in place allowed)."""
-    rmsnorm_kernel[rows, TPB, stream](out, x, w, np.float32(eps), meta)
 
 
 def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False) -> None:
