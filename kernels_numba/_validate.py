@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .intrinsics import SIMULATED
+from .device import SIMULATED
 
 INT32_MAX = 2**31 - 1
 GRID_Y_MAX = 65535

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 
-from numba import config, cuda
+from numba import cuda
+
+from .device import SIMULATED
 
 TPB = 32                                    # threads per block along x in every engine kernel
 # K-slices along y for the long dot products (linear, experts, router, attention): a block is
@@ -20,14 +22,14 @@ TPB = 32                                    # threads per block along x in every
 # GPU this cuts each thread's dependent load chain KS-fold (decode at tiny shapes is latency-bound);
 # under the simulator KS = 1 keeps the simulated thread count low (the kernels take ``ks`` as a
 # factory argument, so tests also simulate KS > 1 at small shapes).
-KS = 1 if config.ENABLE_CUDASIM else 8
+KS = 1 if SIMULATED else 8
 
 
 def col_blocks(n: int) -> int:
     """Grid size along the output columns of a column-parallel kernel (which loops over column tiles
     with a block stride): one 32-column tile per block on the GPU; one block for all tiles under
     the simulator, where every simulated thread costs an OS thread."""
-    return 1 if config.ENABLE_CUDASIM else (n + TPB - 1) // TPB
+    return 1 if SIMULATED else (n + TPB - 1) // TPB
 
 
 @cuda.jit(device=True)

@@ -41,9 +41,9 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, flat
+from .device import SIMULATED
 from .int4_layout import Int4Weight
 from .intrinsics import (
-    SIMULATED,
     cluster_arrive_relaxed,
     cluster_wait,
     dequant_i4x8,

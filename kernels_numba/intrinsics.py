@@ -46,13 +46,13 @@ c2, c3 = row g+8. In each half2 the low 16 bits hold the lower index.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
 import numpy as np
-from numba import config
 
-SIMULATED = bool(config.ENABLE_CUDASIM)
+from .device import SIMULATED
 
 # dequant_i4x8 expects the 8 nibbles of a word interleaved so that one mask pulls a half2 pair:
 # nibble position p holds fragment element NIBBLE_ORDER[p] (a0.lo, a0.hi, a1.lo, ..., a3.hi = 0..7).
@@ -61,15 +61,20 @@ NIBBLE_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 # ---- simulator fallbacks -------------------------------------------------------------------
 
+def _host_array(a):
+    """The numpy array behind a simulated kernel argument (the simulator wraps it twice)."""
+    a = getattr(a, "_item", a)                          # FakeWithinKernelCUDAArray -> FakeCUDAArray
+    return np.asarray(getattr(a, "_ary", a))
+
+
 def _sim_ld_u32x4(a, i):
+    arr = _host_array(a)
     i = int(i)
-    if a.dtype.itemsize == 4:
-        return tuple(np.uint32(np.asarray(a[i + j]).view(np.uint32)) for j in range(4))
-    n = 16 // a.dtype.itemsize
-    raw = np.array([a[i + j] for j in range(n)], dtype=a.dtype).view(np.uint32)
-    return tuple(np.uint32(v) for v in raw)
+    raw = arr[i:i + 16 // arr.dtype.itemsize].view(np.uint32)
+    return raw[0], raw[1], raw[2], raw[3]
 
 
+@functools.lru_cache(maxsize=1 << 16)                   # a weight word is dequantized once per use
 def _sim_dequant(w):
     w = int(w) & 0xFFFFFFFF
     elem = [0] * 8
@@ -79,9 +84,14 @@ def _sim_dequant(w):
     return tuple(np.uint32(v) for v in halves)
 
 
-def _sim_h2_to_f32(u):
-    h = np.array([int(u) & 0xFFFFFFFF], dtype=np.uint32).view(np.float16)
+@functools.lru_cache(maxsize=1 << 12)
+def _h2_bits_to_f32(u):
+    h = np.array([u], dtype=np.uint32).view(np.float16)
     return np.float32(h[0]), np.float32(h[1])
+
+
+def _sim_h2_to_f32(u):
+    return _h2_bits_to_f32(int(u) & 0xFFFFFFFF)
 
 
 def _sim_f32_to_h2(a, b):
@@ -92,30 +102,45 @@ _lock = threading.Lock()
 
 
 def _warp_state():
+    """(this warp's exchange state, lane, current thread); the state is made once per block and warp."""
     th = threading.current_thread()
     mgr = th._manager                                   # simulator BlockManager of this block
     warp, lane = divmod(th.thread_id, 32)
-    with _lock:
-        states = mgr.__dict__.setdefault("_kdtree_warps", {})
-        if warp not in states:
-            if int(np.prod(mgr._block_dim)) % 32:
-                raise RuntimeError("warp-collective intrinsic needs blockDim a multiple of 32")
-            states[warp] = {"barrier": threading.Barrier(32), "slots": [None] * 32, "result": None}
-    return states[warp], lane
+    states = mgr.__dict__.get("_kdtree_warps")
+    st = None if states is None else states.get(warp)
+    if st is None:
+        with _lock:
+            states = mgr.__dict__.setdefault("_kdtree_warps", {})
+            if warp not in states:
+                if int(np.prod(mgr._block_dim)) % 32:
+                    raise RuntimeError("warp-collective intrinsic needs blockDim a multiple of 32")
+                states[warp] = {"barrier": threading.Barrier(32), "slots": [None] * 32, "result": None}
+            st = states[warp]
+    return st, lane, th
+
+
+def _warp_wait(st, th):
+    """Until all 32 lanes of this warp are here: through the simulated thread's ``warp_sync`` where it
+    has one (greenlets of kernels_numba.sim cannot block on a lock), else the warp's Barrier."""
+    sync = getattr(th, "warp_sync", None)
+    if sync is not None:
+        sync()
+    else:
+        st["barrier"].wait(timeout=120)
 
 
 def _sim_syncwarp():
-    st, _ = _warp_state()
-    st["barrier"].wait(timeout=120)
+    st, _, th = _warp_state()
+    _warp_wait(st, th)
 
 
 def _sim_bcast0(v):
-    st, lane = _warp_state()
+    st, lane, th = _warp_state()
     if lane == 0:
         st["bcast"] = v
-    st["barrier"].wait(timeout=120)
+    _warp_wait(st, th)
     r = st["bcast"]
-    st["barrier"].wait(timeout=120)                      # nobody overwrites before every lane read
+    _warp_wait(st, th)                      # nobody overwrites before every lane read
     return r
 
 
@@ -163,30 +188,30 @@ def _fragment_maps():
 
 
 _AR, _AC, _BK, _BN = _fragment_maps()
+_G, _T = np.arange(32) // 4, np.arange(32) % 4
+_DR = np.stack([_G, _G, _G + 8, _G + 8], 1)             # C/D row and column of lane l's c0..c3: [32, 4]
+_DC = np.stack([2 * _T, 2 * _T + 1, 2 * _T, 2 * _T + 1], 1)
 
 
 def _sim_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """One lane's share of mma.m16n8k16: deposit, wait for the warp; lane 0 computes D once."""
-    st, lane = _warp_state()
+    st, lane, th = _warp_state()
     st["slots"][lane] = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-    st["barrier"].wait(timeout=120)
+    _warp_wait(st, th)
     if lane == 0:
         v = st["slots"]
-        regs = np.array([[int(r) & 0xFFFFFFFF for r in s[:6]] for s in v], dtype=np.uint32)   # [32, 6]
+        regs = (np.array([s[:6] for s in v], dtype=np.int64) & 0xFFFFFFFF).astype(np.uint32)   # [32, 6]
         h = regs.view(np.float16).reshape(32, 6, 2).astype(np.float64)                      # [32, 6, 2]
         A = np.zeros((16, 16))
         B = np.zeros((16, 8))
         A[_AR, _AC] = h[:, :4, :]
         B[_BK, _BN] = h[:, 4:, :]
-        c = np.array([s[6:] for s in v], dtype=np.float64)                                   # [32, 4]
-        g, t = np.arange(32) // 4, np.arange(32) % 4
         C = np.zeros((16, 8))
-        C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1] = c.T
-        st["result"] = (A @ B + C).astype(np.float32)   # f16 products exact; f32 result
-    st["barrier"].wait(timeout=120)
-    D = st["result"]
-    g, t = divmod(lane, 4)
-    return D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]
+        C[_DR, _DC] = np.array([s[6:] for s in v], dtype=np.float64)                         # [32, 4]
+        st["result"] = (A @ B + C)[_DR, _DC].astype(np.float32)   # f16 products exact; per lane [32, 4]
+    _warp_wait(st, th)
+    d = st["result"][lane]
+    return d[0], d[1], d[2], d[3]
 
 
 # ---- GPU intrinsics ------------------------------------------------------------------------

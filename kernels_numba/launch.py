@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 
-from .intrinsics import SIMULATED
+from .device import SIMULATED
 
 _local = threading.local()
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validate import KernelInputError, as_stream, check, empty, flat
+from .device import SIMULATED
 from .int4_layout import Int4Weight, repack_int4
-from .intrinsics import SIMULATED
 from .launch import launch
 from .moe_align import align_threads, make_align_kernel, make_combine_kernel
 from .moe_gemm import make_moe_gemm_kernel

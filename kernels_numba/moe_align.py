@@ -15,7 +15,8 @@ import functools
 
 from numba import cuda, float32, int32
 
-from .intrinsics import SIMULATED, griddep_wait
+from .device import SIMULATED
+from .intrinsics import griddep_wait
 
 
 @functools.cache

@@ -38,8 +38,8 @@ import math
 
 from numba import cuda, float32, int32, int64, uint16, uint32
 
+from .device import SIMULATED
 from .intrinsics import (
-    SIMULATED,
     bcast0,
     dequant_i4x8,
     f32_to_h2,

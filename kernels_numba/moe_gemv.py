@@ -33,8 +33,8 @@ import math
 
 from numba import cuda, float32, uint16, uint32
 
+from .device import SIMULATED
 from .intrinsics import (
-    SIMULATED,
     dequant_i4x8,
     f32_to_h2,
     griddep_launch_dependents,

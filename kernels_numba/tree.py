@@ -21,16 +21,17 @@ import math
 
 import numba
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
 from .blockops import TPB, block_argmax
+from .device import SIMULATED
 
 BIG = 2 ** 30
 
 
 SORT_MAX = 2048                 # vocabularies up to this size are sorted in shared memory
 TOPK_MAX_THREADS = 256
-TOPK_THREADS = TPB if config.ENABLE_CUDASIM else TOPK_MAX_THREADS   # block size of the top-k launch
+TOPK_THREADS = TPB if SIMULATED else TOPK_MAX_THREADS   # block size of the top-k launch
 
 
 @cuda.jit(device=True)

@@ -17,7 +17,8 @@ import numpy as np
 from IPython.display import Markdown, display
 
 from workbench.ddtree import DrafterConfig
-from workbench.report import bundles, cases, plots, provenance, spec, tables
+from workbench.generate import generate
+from workbench.report import bundles, plots, provenance, spec, tables
 from workbench.report.progress import progress
 
 # %% tags=["parameters"]
@@ -70,13 +71,13 @@ if "numba" not in backends:
 results, rows = {}, []
 for name, backend, mode, drafter, budget, n in progress(plan, "runs"):
     b = refs[name]
-    r = cases.run_case(backend, mode, b.config, b.weights(), b.prompt, n, drafter=drafter or "dflash",
-                       budget=max(budget, 1), drafter_config=drafter_cfgs[name], oracle_p=oracle_p)
+    r = generate(b.config, b.weights(), b.prompt, n, backend=backend, mode=mode, drafter=drafter or "dflash",
+                 budget=max(budget, 1), drafter_config=drafter_cfgs[name], oracle_p=oracle_p)
     results[name, backend, mode, drafter, budget] = r
     rows.append({"bundle": name, "backend": backend, "mode": mode, "drafter": drafter, "budget": budget or "",
                  "tokens": n, "equals_golden": bool(np.array_equal(r.tokens, b.golden[:n])),
                  "rounds": len(r.rounds) or n,
-                 "mean_accepted": float(np.mean([x.accepted_len for x in r.rounds])) if r.rounds else 1.0,
+                 "mean_accepted": r.mean_accepted,
                  "wall_s": r.seconds})
 runs = tables.frame(rows)
 accepted = runs[runs["mode"] == "ddtree"].pivot_table(index=["bundle", "backend"],

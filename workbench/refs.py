@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import Bundle, write_bundle
+from .bundle import Bundle, read_bundle, write_bundle
 from .config import ModelConfig, preset
 from .ddtree.dflash import default_drafter_config, random_drafter_weights
+from .errors import InputError
 from .quant.policy import quantize_weights
 from .reference.generate import greedy_generate
 from .weights import random_weights
@@ -40,6 +41,7 @@ NOISE_RATIO = 10.0            # ... and at least this many times the float32 log
 PROMPT = (1, 17, 42, 99, 7, 256, 3, 128)   # fixed prompt, valid for every preset (ids < 400)
 MARGIN_TOL = 1e-4             # rebuilt margins agree this closely on any CPU (docs/configs.md: measured)
 NOISE_TOL = 4.0               # ... and the recorded float32 noise within this factor
+REFS_DIR = Path(__file__).resolve().parents[1] / "refs"   # where the committed bundles live
 
 
 @dataclass(frozen=True)
@@ -155,3 +157,12 @@ def rebuild_differences(committed: Bundle, fresh: Bundle) -> tuple[list[str], fl
 
 def _bits(x) -> np.ndarray:
     return np.asarray(getattr(x, "bits", x))
+
+
+def golden_bundle(name: str, refs_dir: str | os.PathLike | None = None) -> Bundle:
+    """``<refs_dir>/<name>.kdtr`` (default: the repository's refs/) read with every CRC checked; the one
+    way tests, notebooks and benchmarks load a golden bundle. InputError if the file is missing."""
+    path = Path(REFS_DIR if refs_dir is None else refs_dir) / f"{name}.kdtr"
+    if not path.is_file():
+        raise InputError(f"bundle {path} not found (python -m workbench build-refs writes it)")
+    return read_bundle(path)

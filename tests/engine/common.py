@@ -1,26 +1,25 @@
 """Shared setup of the engine tests: golden bundles, one engine per bundle, tier-dependent sizes.
 
-Two tiers run the same tests: CI (numba's CUDA simulator, with the engine's faster block executor
-``workbench.engine.simexec``: about 0.1 s per token row on tiny to 0.55 s on int4_tiny2 with
-greenlet installed, 2-3x that without, so short prompts and few rounds) and the GPU tier
-(KDTREE_GPU=1 on the H200: every golden token). Both run every bundle, drafter and budget.
+Two tiers run the same tests: CI (numba's CUDA simulator, with the faster block executor
+``kernels_numba.sim``; a simulated decode step costs tenths of a second, more where the tensor-core
+kernels run (int4_tiny), so short prompts and few rounds) and the GPU tier (KDTREE_GPU=1 on the H200:
+every golden token). Both run every bundle, drafter and budget.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from workbench.bundle import read_bundle
 from workbench.ddtree.config import DrafterConfig
+from workbench.quant.policy import quantize_weights
 from workbench.reference.generate import greedy_generate
+from workbench.refs import golden_bundle
 
 GPU = os.environ.get("KDTREE_GPU") == "1"
-REFS = Path(__file__).resolve().parents[2] / "refs"
 BUNDLES = ("tiny", "tiny2", "int4_tiny", "int4_tiny2")
 MAX_BUDGET = 64
 # logits tolerance (max |engine - reference| over the vocabulary, every step): FP32 bundles differ
@@ -31,7 +30,7 @@ ATOL = {"tiny": 1e-3, "tiny2": 1e-3, "int4_tiny": 3e-2, "int4_tiny2": 3e-2}
 
 @functools.cache
 def bundle(name: str):
-    b = read_bundle(REFS / f"{name}.kdtr")
+    b = golden_bundle(name)
     return b, b.weights(), DrafterConfig.from_dict(b.meta["drafter"])
 
 
@@ -50,6 +49,23 @@ def reference_greedy(name: str, n: int, prompt_len: int | None = None):
     """The reference's greedy run from the bundle prompt (or its first prompt_len tokens)."""
     b, w, _ = bundle(name)
     return greedy_generate(b.config, w, np.asarray(b.prompt[:prompt_len], np.int64), n)
+
+
+@functools.cache
+def experts_model(name: str):
+    """(bundle, weights, drafter config) of an FP32 bundle quantized with policy 'experts' at G = 32: routed
+    experts INT4, attention, router, shared expert, dense MLP and head FP32 (Kimi-K2's layout)."""
+    b, w, dcfg = bundle(name)
+    q, _ = quantize_weights(b.config, w, policy="experts", group_size=32)
+    return b, q, dcfg
+
+
+@functools.cache
+def experts_engine(name: str):
+    from workbench.engine.runtime import Engine
+    b, w, dcfg = experts_model(name)
+    p = len(b.prompt)
+    return Engine(b.config, w, max_len=p + 32 + 16 + 3, max_rows=max(p, 17), taps=dcfg.target_layer_ids)
 
 # The simulated end-to-end engine runs (1-40 s each on 2 cores) run once per `make test`, in the
 # full pass; the `python -O` pass (which exists to show no behaviour rests on assert) skips them

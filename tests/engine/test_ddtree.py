@@ -13,7 +13,17 @@ prompt. The dflash cases run the device drafter."""
 import numpy as np
 import pytest
 
-from tests.engine.common import BUNDLES, E2E, GPU, bundle, engine, reference_greedy
+from tests.engine.common import (
+    ATOL,
+    BUNDLES,
+    E2E,
+    GPU,
+    bundle,
+    engine,
+    experts_engine,
+    experts_model,
+    reference_greedy,
+)
 from workbench.ddtree.speculative import ddtree_generate
 from workbench.engine.ddtree import engine_ddtree_generate
 
@@ -33,10 +43,11 @@ def _prompt_and_expected(name: str, n: int):
     return prompt, reference_greedy(name, n, SIM_PROMPT).tokens
 
 
-def _tokens_for_rounds(name: str, drafter: str, budget: int, rounds: int, kw: dict) -> int:
+def _tokens_for_rounds(name: str, drafter: str, budget: int, rounds: int, kw: dict, model=None) -> int:
     """The n_tokens that make a run from the bundle prompt take exactly ``rounds`` rounds (read off
-    the reference's rounds: the first token comes from the prefill, each round adds accepted_len)."""
-    b, w, _ = bundle(name)
+    the reference's rounds: the first token comes from the prefill, each round adds accepted_len);
+    ``model``: (bundle, weights, _) instead of the golden bundle ``name``."""
+    b, w, _ = model or bundle(name)
     prompt = np.asarray(b.prompt, np.int64)
     longest = 1 + rounds * kw["drafter_config"].block_size     # a round adds <= block_size
     ref = ddtree_generate(b.config, w, prompt, longest, drafter, budget, **kw)
@@ -66,6 +77,29 @@ def test_engine_ddtree_matches_reference_and_golden(name, drafter, budget):
     if drafter == "oracle":
         assert all(r.accepted_len == r.depth + 1 for r in got.rounds), got.rounds
         assert all(r.tree_size == budget for r in got.rounds)
+
+
+@E2E
+@pytest.mark.parametrize("name,drafter", [("tiny", "dflash"), ("tiny", "oracle"), ("tiny2", "dflash")])
+def test_engine_ddtree_policy_experts_matches_reference(name, drafter):
+    """Policy 'experts' (tiny: fused_moe experts, tiny2: portable): engine DDTree == reference DDTree ==
+    the reference's greedy tokens, over steps whose greedy margins exceed twice the W4A16 tolerance
+    (tests.engine.test_ar.EXPERTS_TOKENS); two rounds under the simulator."""
+    from tests.engine.test_ar import EXPERTS_TOKENS
+    from workbench.reference.generate import greedy_generate
+    b, w, dcfg = experts_model(name)
+    n, budget = EXPERTS_TOKENS[name], 16 if GPU else 4
+    greedy = greedy_generate(b.config, w, b.prompt, n + dcfg.block_size)
+    assert greedy.margins[:n].min() > 2 * ATOL["int4_tiny"], greedy.margins
+    kw = dict(drafter_config=dcfg, oracle_p=1.0, oracle_seed=0, continuation=greedy.tokens)
+    if not GPU:
+        n = min(n, _tokens_for_rounds(name, drafter, budget, 2, kw, experts_model(name)))
+    got = engine_ddtree_generate(experts_engine(name), w, b.prompt, n, drafter, budget, **kw)
+    want = ddtree_generate(b.config, w, b.prompt, n, drafter, budget, **kw)
+    np.testing.assert_array_equal(got.tokens, greedy.tokens[:n])
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    assert [(r.tree_size, r.accepted_len, r.depth) for r in got.rounds] == \
+        [(r.tree_size, r.accepted_len, r.depth) for r in want.rounds]
 
 
 @E2E

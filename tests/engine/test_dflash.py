@@ -5,9 +5,9 @@ features written into the engine's tap buffer, so no target forward runs."""
 import numpy as np
 import pytest
 
+from kernels_numba.sim import sim_speed
 from tests.engine.common import bundle, engine
 from workbench.ddtree.dflash import DraftCache, dflash_propose
-from workbench.engine.devarray import sim_speed
 from workbench.engine.dflash import DeviceDFlash
 from workbench.errors import InputError
 

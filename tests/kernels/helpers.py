@@ -10,9 +10,10 @@ import os
 
 import numpy as np
 import pytest
-from numba import config, cuda
+from numba import cuda
 
-SIMULATED = bool(config.ENABLE_CUDASIM)
+from kernels_numba.device import SIMULATED
+
 ON_GPU = os.environ.get("KDTREE_GPU") == "1" and not SIMULATED and cuda.is_available()
 
 gpu = pytest.mark.gpu

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from kernels_numba import ffn
-from workbench.engine.devarray import download, to_device
-from workbench.engine.weights import _stack
+from kernels_numba.device import download, to_device
+from kernels_numba.ops import portable_stack
+from workbench.engine.weights import swiglu as swiglu_mats
 from workbench.quant.int4 import pack_int4, quantize_int4
 from workbench.reference.layers import swiglu
 
@@ -25,7 +26,7 @@ def test_up_down_match_reference_swiglu(int4, ks):
                 w[name + ".packed"], w[name + ".scale"] = pack_int4(c), sc
             else:
                 w[name] = a
-    stack = _stack(w, [f"ex.{x}" for x in range(e)])
+    stack = portable_stack([swiglu_mats(w, f"ex.{x}") for x in range(e)])
     x = rng.standard_normal((s, d)).astype(np.float32)
     ids = np.array([[0, 2], [1, 0], [2, 1]], np.int32)
     wts = rng.random((s, k)).astype(np.float32)

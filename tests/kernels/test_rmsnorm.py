@@ -4,9 +4,9 @@ meta[1] left untouched)."""
 import numpy as np
 import pytest
 
+from kernels_numba.device import download, to_device
 from kernels_numba.linear import linear
 from kernels_numba.rmsnorm import rmsnorm
-from workbench.engine.devarray import download, to_device
 from workbench.reference.layers import rmsnorm as ref_rmsnorm
 
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from kernels_numba.blockops import TPB
+from kernels_numba.device import download, to_device, zeros
 from kernels_numba.router import make_route
 from workbench.config import preset
-from workbench.engine.devarray import download, to_device, zeros
 from workbench.reference.moe import moe_gate
 
 

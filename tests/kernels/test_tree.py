@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kernels_numba.blockops import TPB
+from kernels_numba.device import download, to_device, upload, zeros
 from kernels_numba.kv import kv_compact_kernel
 from kernels_numba.tree import (
     build_tree_host,
@@ -18,7 +19,6 @@ from kernels_numba.tree import (
 from workbench.ddtree.oracle import oracle_logits
 from workbench.ddtree.tree import build_tree, top_k_log_probs, visibility_from_parents
 from workbench.ddtree.walk import walk
-from workbench.engine.devarray import download, to_device, upload, zeros
 
 
 def _logits(kind: str, n_pos: int, vocab: int, seed: int) -> np.ndarray:

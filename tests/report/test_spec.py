@@ -62,20 +62,3 @@ def test_forward_weight_bytes_counts_each_expert_once():
     diff = spec.forward_weight_bytes(k2, 9) - spec.forward_weight_bytes(k2, 8)
     assert diff == pytest.approx(k2.n_moe_layers * per_expert)
     assert spec.forward_weight_bytes(k2, 8, group_size=128) < spec.forward_weight_bytes(k2, 8, group_size=32)
-
-
-def test_run_case_reference_and_bad_input():
-    from workbench.report.cases import run_case
-
-    b = read_bundle(REFS / "tiny.kdtr")
-    w, dcfg = b.weights(), DrafterConfig.from_dict(b.meta["drafter"])
-    ar = run_case("reference", "ar", b.config, w, b.prompt, 8)
-    dd = run_case(
-        "reference", "ddtree", b.config, w, b.prompt, 8, drafter="oracle", budget=4, drafter_config=dcfg
-    )
-    assert np.array_equal(ar.tokens, b.golden[:8]) and np.array_equal(dd.tokens, b.golden[:8])
-    assert ar.rounds == [] and dd.rounds and ar.seconds > 0
-    with pytest.raises(InputError, match="backend"):
-        run_case("cuda", "ar", b.config, w, b.prompt, 8)
-    with pytest.raises(InputError, match="mode"):
-        run_case("reference", "beam", b.config, w, b.prompt, 8)

@@ -1,7 +1,8 @@
 """``python -m workbench bench engine``: the decode engine on the GPU, side by side in one run.
 
 1. AR decode tokens/s: this engine (graph-replayed decode step) vs transformers'
-   DeepseekV3ForCausalLM ``generate`` on the same weights and GPU (float32, eager, greedy).
+   DeepseekV3ForCausalLM ``generate`` on the same weights and GPU (float32, eager, greedy); the INT4
+   bundles on the kernels ``kernels_numba.ops`` picks, int4_tiny also on the portable kernels.
 2. Per-token decode time (graph replay) vs the sum of its kernels' own device times
    (torch.profiler/CUPTI over eager decode steps).
 3. Verify-step time against the budget (1 .. 256), next to the decode step, the device top-k and the
@@ -25,7 +26,6 @@ from ..report.tables import write_csv
 from .common import require_gpu, run_metadata
 from .results import ResultSet, result_set
 
-ROOT = Path(__file__).resolve().parents[2]
 AR_TOKENS = 256
 HF_TOKENS = 64
 SPEC_TOKENS = 192
@@ -35,32 +35,36 @@ PS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 def _bundle(name: str):
-    from workbench.bundle import read_bundle
     from workbench.ddtree.config import DrafterConfig
-    b = read_bundle(ROOT / "refs" / f"{name}.kdtr")
+    from workbench.refs import golden_bundle
+    b = golden_bundle(name)
     return b, b.weights(), DrafterConfig.from_dict(b.meta["drafter"])
 
 
-def _engine(cfg, w, p: int, n: int, budget: int):
+def _engine(cfg, w, p: int, n: int, budget: int, fast_kernels: bool = True):
     from workbench.engine.runtime import Engine
-    return Engine(cfg, w, max_len=p + n + budget + 8, max_rows=max(p, budget + 1))
+    return Engine(cfg, w, max_len=p + n + budget + 8, max_rows=max(p, budget + 1), fast_kernels=fast_kernels)
 
 
-def bench_ar(name: str, rows: list[dict]) -> dict:
-    """Engine AR tokens/s (and HF's for FP32 bundles); returns the engine pieces for later sections."""
-    from workbench.engine.ar import engine_ar_generate
+def bench_ar(name: str, rows: list[dict], fast_kernels: bool = True) -> dict:
+    """Engine AR tokens/s (and HF's for FP32 bundles); returns the engine pieces for later sections.
+    fast_kernels=False: the same INT4 bundle with every layer on the portable kernels (impl
+    'engine, portable kernels')."""
+    from workbench.generate import generate
     b, w, dcfg = _bundle(name)
     cfg, prompt = b.config, np.asarray(b.prompt, np.int64)
-    eng = _engine(cfg, w, len(prompt), AR_TOKENS + 16, 0)
-    engine_ar_generate(eng, prompt, 8)                       # capture + warm-up
+    eng = _engine(cfg, w, len(prompt), AR_TOKENS + 16, 0, fast_kernels)
+    impl = "engine" if fast_kernels else "engine, portable kernels"
+    generate(cfg, w, prompt, 8, backend="numba", engine=eng)               # capture + warm-up
     t: dict = {}
-    res = engine_ar_generate(eng, prompt, AR_TOKENS, timing=t)
+    res = generate(cfg, w, prompt, AR_TOKENS, backend="numba", engine=eng, timing=t)
     ok = bool(np.array_equal(res.tokens[:len(b.golden)], np.asarray(b.golden)))
     tps = (AR_TOKENS - 1) / t["decode_s"]
-    rows.append(dict(section="ar", model=name, impl="engine", tokens=AR_TOKENS - 1, seconds=t["decode_s"],
-                     tok_s=tps, us_per_token=1e6 / tps, golden_ok=ok))
-    print(f"[ar] {name} engine {tps:,.0f} tok/s ({1e6 / tps:.1f} us/token), "
-          f"golden {'ok' if ok else 'MISMATCH'}")
+    rows.append(dict(section="ar", model=name, impl=impl, tokens=AR_TOKENS - 1, seconds=t["decode_s"],
+                     tok_s=tps, us_per_token=1e6 / tps, golden_ok=ok,
+                     kernels=" ".join(sorted({p for d in eng.model.paths() for p in d.values()}))))
+    print(f"[ar] {name} {impl} {tps:,.0f} tok/s ({1e6 / tps:.1f} us/token), "
+          f"golden {'ok' if ok else 'MISMATCH'}, FFN kernels {rows[-1]['kernels']}")
     if not any(k.endswith(".packed") for k in w):
         hf_tps, hf_match = bench_hf(cfg, w, prompt, res.tokens)
         rows.append(dict(section="ar", model=name, impl="hf_eager", tokens=HF_TOKENS,
@@ -135,7 +139,9 @@ def bench_kernel_sum(ar: dict, rows: list[dict]) -> None:
 
 _KERNELS = ("linear_kernel", "mla_attention_kernel", "mla_prep_kernel", "rmsnorm_kernel", "route_kernel",
             "up_f32_kernel", "down_f32_kernel", "up_i4_kernel", "down_i4_kernel", "embed_kernel",
-            "argmax_kernel", "advance_kernel", "copy_rows_kernel", "kv_compact_kernel", "tree_compile_kernel")
+            "argmax_kernel", "advance_kernel", "copy_rows_kernel", "kv_compact_kernel", "tree_compile_kernel",
+            "int4_matmul_kernel", "moe_gemv_kernel", "moe_gemm_kernel", "moe_align_kernel",
+            "moe_combine_kernel", "moe_act_kernel", "to_f16_kernel", "add_rows_kernel")
 
 
 def _kernel_name(mangled: str) -> str:
@@ -161,9 +167,9 @@ def _events_us(fn, reps: int) -> float:
 
 def bench_verify(name: str, rows: list[dict]) -> None:
     """Verify-step replay time vs budget, with the decode step, device top-k and host build beside it."""
+    from kernels_numba.device import to_device, zeros
     from kernels_numba.tree import build_tree_host, topk_logprobs
     from workbench.ddtree.oracle import oracle_logits
-    from workbench.engine.devarray import to_device, zeros
     b, w, dcfg = _bundle(name)
     cfg, p = b.config, len(b.prompt)
     n_pos = dcfg.block_size - 1
@@ -199,23 +205,23 @@ def bench_verify(name: str, rows: list[dict]) -> None:
 
 def bench_spec(ar: dict, name: str, rows: list[dict]) -> None:
     """DDTree (oracle drafter) tokens/s over p and budget, against this engine's AR tokens/s."""
-    from workbench.engine.ar import engine_ar_generate
-    from workbench.engine.ddtree import engine_ddtree_generate
+    from workbench.generate import generate
     b, w, dcfg = ar["b"], ar["w"], ar["dcfg"]
     cfg, prompt = b.config, np.asarray(b.prompt, np.int64)
     n_pos = dcfg.block_size - 1
     eng = _engine(cfg, w, len(prompt), SPEC_TOKENS + n_pos + 16, max(BUDGETS_SPEC))
-    cont = engine_ar_generate(eng, prompt, SPEC_TOKENS + n_pos + 1).tokens
+    cont = generate(cfg, w, prompt, SPEC_TOKENS + n_pos + 1, backend="numba", engine=eng).tokens
     t: dict = {}
-    ar_res = engine_ar_generate(eng, prompt, SPEC_TOKENS, timing=t)
+    ar_res = generate(cfg, w, prompt, SPEC_TOKENS, backend="numba", engine=eng, timing=t)
     ar_tps = (SPEC_TOKENS - 1) / t["decode_s"]
     rows.append(dict(section="spec", model=name, impl="ar", tokens=SPEC_TOKENS - 1, tok_s=ar_tps))
     for budget in BUDGETS_SPEC:
-        engine_ddtree_generate(eng, w, prompt, 16, "oracle", budget, drafter_config=dcfg, continuation=cont)
+        spec = dict(backend="numba", mode="ddtree", drafter="oracle", budget=budget, drafter_config=dcfg,
+                    continuation=cont, engine=eng)
+        generate(cfg, w, prompt, 16, **spec)                                 # capture + warm-up
         for p in PS:
             t = {}
-            r = engine_ddtree_generate(eng, w, prompt, SPEC_TOKENS, "oracle", budget, drafter_config=dcfg,
-                                       oracle_p=p, oracle_seed=1, continuation=cont, timing=t)
+            r = generate(cfg, w, prompt, SPEC_TOKENS, oracle_p=p, oracle_seed=1, timing=t, **spec)
             ok = bool(np.array_equal(r.tokens, ar_res.tokens))
             tps = (SPEC_TOKENS - 1) / t["decode_s"]
             rows.append(dict(section="spec", model=name, impl="ddtree", budget=budget, p=p,
@@ -282,7 +288,9 @@ def run_engine_bench(out_dir) -> ResultSet:
     rows: list[dict] = []
     ar = bench_ar("tiny2", rows)
     bench_kernel_sum(ar, rows)
-    bench_ar("int4_tiny2", rows)
+    bench_ar("int4_tiny2", rows)                     # dense MLP on int4_matmul, experts portable (width 32)
+    bench_ar("int4_tiny", rows)                      # dense MLP on int4_matmul, experts on fused_moe
+    bench_ar("int4_tiny", rows, fast_kernels=False)  # the same bundle on the portable kernels
     bench_verify("tiny2", rows)
     bench_spec(ar, "tiny2", rows)
     write_csv(rows, rs.csv)

@@ -2,15 +2,15 @@
 
 Rows of the CSV (one per case x implementation), all timed with CUDA events on torch's stream:
 - matmul at K2 shapes (gate/up 7168 -> 2048, down 2048 -> 7168), M in 1..64: this workbench's
-  ``int4_matmul`` (as shipped, with programmatic dependent launch; and with PDL off), torch cuBLAS
-  bf16 ``x @ w.t()``, torch tinygemm INT4 g32 (``_weight_int4pack_mm``), each rotating over 64
-  distinct weight matrices (far more than the L2) and captured as 64 back-to-back launches in one
-  CUDA graph (time per launch = replay / 64); a torch device copy of the same byte count, captured
-  the same way, is the per-launch ceiling.
+  ``int4_matmul`` through ``kernels_numba.ops.int4_gemm``, the call the engine makes (as shipped, with
+  programmatic dependent launch; and with PDL off), torch cuBLAS bf16 ``x @ w.t()``, torch tinygemm
+  INT4 g32 (``_weight_int4pack_mm``), each rotating over 64 distinct weight matrices (far more than
+  the L2) and captured as 64 back-to-back launches in one CUDA graph (time per launch = replay / 64);
+  a torch device copy of the same byte count, captured the same way, is the per-launch ceiling.
 - fused MoE at the K2 shape (384 experts + 1 shared, top-8, INT4 g32) for T = 1..64 tokens
-  (kernels_moe.TOKENS): ``fused_moe`` (4 launches, one graph, routing rotated over 8 random sets between
-  replays; its default is the GEMV path up to moe.GEMV_TOKENS tokens, stream-K above, and the other
-  path's tilings are timed beside it),
+  (kernels_moe.TOKENS): ``fused_moe`` through ``ops.experts_fused``, the engine's call (4 launches, one
+  graph, routing rotated over 8 random sets between replays; its default is the GEMV path up to
+  moe.GEMV_TOKENS tokens, stream-K above, and the other path's tilings are timed beside it),
   against the floor = (unique experts touched + shared) x 24.77 MB at the copy bandwidth, and
   against an eager torch per-expert loop (tinygemm per projection).
 GB/s = bytes the implementation must move (weights + scales + activations + outputs) / median time;
@@ -77,12 +77,12 @@ def _copies(dst, src):
 
 def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
     """impl name -> (fn making ROT calls, bytes one call must move)."""
-    from kernels_numba import int4_matmul
+    from kernels_numba import ops
     xbf = x16.bfloat16()
 
-    def numba_int4(pdl=True):
+    def numba_int4(pdl=True):                        # the engine's W4A16 GEMM (ops.swiglu runs it)
         for i in range(ROT):
-            int4_matmul(x16, w4[i], out=o32[i], stream=torch.cuda.current_stream(), pdl=pdl)
+            ops.int4_gemm(x16, w4[i], o32[i], torch.cuda.current_stream(), pdl=pdl)
 
     def cublas():
         for i in range(ROT):

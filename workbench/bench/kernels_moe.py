@@ -62,7 +62,8 @@ def _on_current_stream(torch, launch):
 
 
 def bench_moe(torch, copy, rows, log):
-    from kernels_numba.moe import choose_moe_config, fused_moe, moe_stages, moe_workspace
+    from kernels_numba import ops
+    from kernels_numba.moe import choose_moe_config, moe_stages, moe_workspace
 
     mw = k2_random_experts(torch)
     tg = per_expert_tinygemm(torch)
@@ -79,8 +80,8 @@ def bench_moe(torch, copy, rows, log):
             for c in [*ALT_CONFIGS, gemv] if c != base]
         floor_us = None
         for impl, cfg in cfgs:
-            g = graph_of(torch, lambda cfg=cfg: fused_moe(x, ids, tw, mw, out=out, workspace=ws,  # noqa: B023
-                                                          stream=torch.cuda.current_stream(), config=cfg))
+            run = functools.partial(ops.experts_fused, x, ids, tw, mw, out, ws, config=cfg)   # the engine's
+            g = graph_of(torch, lambda run=run: run(stream=torch.cuda.current_stream()))
             samples, uniq = timed_replays(torch, g, ids, id_sets, 24)
             floor_us = np.median(uniq) * EXPERT_BYTES / (copy * 1e3)
             st = stats(samples)

@@ -37,8 +37,8 @@ def run(args) -> int:
     from workbench.bench.common import require_gpu
     from workbench.cli import UserError
     require_gpu()
-    from numba import config
-    if config.ENABLE_CUDASIM:
+    from kernels_numba.device import SIMULATED
+    if SIMULATED:
         raise UserError("benchmarks cannot run under NUMBA_ENABLE_CUDASIM=1 (the CPU simulator)")
     from workbench.bench.results import retire_others
     from workbench.fileio import write_text_atomic

@@ -5,7 +5,7 @@ is present; at --temperature > 0 it samples on the host from the copied-back log
 reference's Generator, so both backends give the same tokens for the same --seed). Modes: ``ar``
 (one token per step) and ``ddtree`` (speculative, drafter dflash or oracle). Output: the tokens on
 one line, or with --json a JSON list (ar) or an object with the tokens and per-round statistics
-(ddtree: tree size, accepted length, depth).
+(ddtree: tree size, accepted length, depth). The decoding itself is ``workbench.generate.generate``.
 """
 
 from __future__ import annotations
@@ -76,28 +76,25 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "numba":
         use_simulator_without_gpu()
 
-    import numpy as np
-
     from ..bundle import read_bundle
     from ..ddtree.config import SamplingParams
-    from ..reference.generate import check_prompt
+    from ..generate import generate
 
     b = read_bundle(args.bundle)
     tok, prompt = text_prompt(args, b.meta, prompt)
-    cfg = b.config
     weights = b.weights()
-    toks = check_prompt(cfg, prompt if prompt is not None else [int(t) for t in b.prompt])
+    toks = prompt if prompt is not None else [int(t) for t in b.prompt]
     n = args.tokens if args.tokens is not None else (len(b.golden) or 24)
     sampling = SamplingParams(temperature=float(args.temperature), seed=int(args.seed))
     dcfg = b.meta.get("drafter") if isinstance(b.meta, dict) else None
-    if args.mode == "ar":
-        tokens = _ar(args, cfg, weights, toks, n, sampling)
-        (_print if tok is None else _print_text(tok))(args, [int(t) for t in tokens], None)
-        return 0
-    res = _ddtree(args, cfg, weights, toks, n, sampling, dcfg)
-    rounds = [{"tree_size": r.tree_size, "accepted_len": r.accepted_len, "depth": r.depth}
-              for r in res.rounds]
-    (_print if tok is None else _print_text(tok))(args, [int(t) for t in np.asarray(res.tokens)], rounds)
+    res = generate(b.config, weights, toks, n, backend=args.backend, mode=args.mode, drafter=args.drafter,
+                   budget=args.budget, sampling=sampling, drafter_config=dcfg, oracle_p=args.oracle_p,
+                   oracle_seed=args.seed)
+    rounds = None
+    if args.mode == "ddtree":
+        rounds = [{"tree_size": r.tree_size, "accepted_len": r.accepted_len, "depth": r.depth}
+                  for r in res.rounds]
+    (_print if tok is None else _print_text(tok))(args, [int(t) for t in res.tokens], rounds)
     return 0
 
 
@@ -129,33 +126,6 @@ def _print_text(tok):
                 print(f"rounds {len(rounds)}, accepted lengths {[r['accepted_len'] for r in rounds]}",
                       file=sys.stderr)
     return show
-
-
-def _ar(args, cfg, weights, toks, n, sampling):
-    if args.backend == "reference":
-        if sampling.greedy:
-            from ..reference.generate import greedy_generate
-            return greedy_generate(cfg, weights, toks, n).tokens
-        from ..ddtree.ar import ar_generate
-        return ar_generate(cfg, weights, toks, n, sampling).tokens
-    from ..engine.ar import engine_ar_generate, engine_for
-    return engine_ar_generate(engine_for(cfg, weights, len(toks), n), toks, n, sampling=sampling).tokens
-
-
-def _ddtree(args, cfg, weights, toks, n, sampling, dcfg: Any):
-    common = dict(drafter_config=dcfg, oracle_p=args.oracle_p, oracle_seed=args.seed)
-    if args.backend == "reference":
-        from ..ddtree.speculative import ddtree_generate
-        return ddtree_generate(cfg, weights, toks, n, args.drafter, args.budget, sampling, **common)
-    import numpy as np
-
-    from ..ddtree.drafter import make_drafter
-    from ..engine.ar import engine_for
-    from ..engine.ddtree import engine_ddtree_generate
-    draft = make_drafter(args.drafter, cfg, weights, toks, n, np.float32, drafter_config=dcfg,
-                         oracle_p=args.oracle_p, oracle_seed=args.seed)
-    eng = engine_for(cfg, weights, len(toks), n, args.budget, taps=tuple(draft.capture))
-    return engine_ddtree_generate(eng, weights, toks, n, draft, args.budget, sampling)
 
 
 def _print(args, tokens: list[int], rounds: list[dict] | None) -> None:

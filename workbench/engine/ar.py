@@ -18,11 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from kernels_numba.device import head_rows, host_buffer
+from kernels_numba.sim import sim_speed
+
 from ..ddtree.config import GREEDY, SamplingParams
 from ..ddtree.inputs import check_run
 from ..ddtree.sampling import make_rng, sample_tokens
 from ..errors import InputError
-from .devarray import head_rows, host_buffer, sim_speed
 from .runtime import Engine
 
 

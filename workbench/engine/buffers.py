@@ -2,7 +2,7 @@
 
 Legend: T = max_rows (the widest step: prompt length or budget + 1), S = max_len cache rows,
 Ly layers, D model width, A1 fused first-projection width, Q q_lora_rank, H heads, N/R/V/C the MLA
-dims, K experts per token, I expert width, Is widest shared/dense MLP, Vo vocabulary, F tapped layers.
+dims, Vo vocabulary, F tapped layers. The FFN ops' work buffers are ``kernels_numba.ops.Scratch``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .devarray import to_device, zeros
+from kernels_numba.device import zeros
+
 from .weights import DeviceModel
 
 
@@ -26,12 +27,6 @@ class Buffers:
     qn: Any         # [T, Q] normed c_q
     q: Any          # [T, H*(N+R)] queries
     o: Any          # [T, H*V] attention output before wo
-    rids: Any       # [T, K] int32 routed expert ids
-    rwts: Any       # [T, K] float32 routed weights (scaling included)
-    hid: Any        # [T, K, I] routed SwiGLU activations
-    zeros: Any      # [T, 1] int32 expert id 0 (shared/dense stacks)
-    ones: Any       # [T, 1] float32 weight 1
-    hid_sh: Any     # [T, 1, Is] shared/dense SwiGLU activations
     logits: Any     # [T, Vo]
     amax: Any       # [T] int32 argmax per row
     ids: Any        # [T] int32 input token ids
@@ -57,9 +52,6 @@ def allocate(model: DeviceModel, max_len: int, max_rows: int, n_taps: int) -> Bu
         h=z((t, d)), x=z((t, d)), a1=z((t, model.a1_width)), qn=z((t, max(cfg.q_lora_rank or 1, 1))),
         q=z((t, cfg.num_attention_heads * cfg.qk_head_dim)),
         o=z((t, cfg.num_attention_heads * cfg.v_head_dim)),
-        rids=z((t, cfg.num_experts_per_tok), np.int32), rwts=z((t, cfg.num_experts_per_tok)),
-        hid=z((t, cfg.num_experts_per_tok, cfg.moe_intermediate_size)), zeros=z((t, 1), np.int32),
-        ones=to_device(np.ones((t, 1), f32)), hid_sh=z((t, 1, model.mlp_width)),
         logits=z((t, cfg.vocab_size)), amax=z(t, np.int32), ids=z(t, np.int32), depth=z(t, np.int32),
         vis=z((t, t), np.uint8), meta=z(8, np.int32), out=z(max_len, np.int32),
         cache=z((cfg.num_hidden_layers, max_len, cfg.kv_cache_dim)),

@@ -29,12 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from kernels_numba.sim import sim_speed
+
 from ..ddtree.config import GREEDY, SamplingParams
 from ..ddtree.drafter import make_drafter
 from ..ddtree.inputs import check_budget, check_run
 from ..ddtree.speculative import SpecResult
 from ..errors import InputError
-from .devarray import sim_speed
 from .rounds import EngineSpecState
 from .runtime import Engine
 

@@ -8,8 +8,9 @@ copy) -> fc -> hidden_norm -> per layer wk (k_norm, RoPE) / wv appended to the d
 at rows P .. start-1; the block [bonus, MASK x L] is embedded with the target table and runs the
 layers (attn_norm, wq/wk/wv, q_norm/k_norm + RoPE, non-causal attention over cache || block, wo,
 ffn_norm, SwiGLU) -> target norm -> target head of block rows 1..L into ``logits`` [L, V] (the
-bonus row gets no head), which the top-k kernel reads in place. Launched eagerly on the engine's stream.
-Dense (FP32) drafter projections only; the SwiGLU may be FP32 or W4A16 (kernels_numba.ffn).
+bonus row gets no head), which the top-k kernel reads in place. Launched eagerly on the engine's stream,
+all through ``kernels_numba.ops``. Dense (FP32) drafter projections only; the SwiGLU may be FP32 or
+W4A16 (``ops.swiglu``).
 """
 
 from __future__ import annotations
@@ -18,18 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from kernels_numba import ffn
-from kernels_numba.blockops import TPB
+from kernels_numba import ops
+from kernels_numba.device import sub, tail_rows, to_device, zeros
 from kernels_numba.draft_attention import draft_attention, gather_rows, head_norm_rope
-from kernels_numba.linear import linear
-from kernels_numba.rmsnorm import rmsnorm_kernel
-from kernels_numba.tokens import embed_kernel
 
 from ..ddtree.config import DrafterConfig
 from ..ddtree.dflash import check_drafter_weights, rope_plain
 from ..errors import InputError
-from .devarray import sub, tail_rows, to_device, zeros
-from .weights import _f32, _stack
+from .weights import _f32, swiglu
 
 PROJ = ("attn.wq", "attn.wk", "attn.wv", "attn.wo")
 
@@ -60,15 +57,15 @@ class DeviceDFlash:
         b = engine.buf
         t, s, bs = b.max_rows, b.max_len, dcfg.block_size
         dm, hd = cfg.hidden_size, dcfg.n_heads * dcfg.head_dim
-        self.fc_t = to_device(_f32(weights, "drafter.fc").T)                        # [F*D, D]
+        self.fc = ops.dense(_f32(weights, "drafter.fc"))                            # [D, F*D]
         self.hidden_norm = to_device(_f32(weights, "drafter.hidden_norm"))
         self.layers = []
         for i in range(dcfg.n_layers):
             p = f"drafter.layers.{i}."
             lay = {k: to_device(_f32(weights, p + k)) for k in ("attn_norm", "ffn_norm", "attn.q_norm",
                                                                  "attn.k_norm")}
-            lay.update({k: to_device(_f32(weights, p + k).T) for k in PROJ})        # [in, out]
-            lay["mlp"] = _stack(weights, [p + "mlp"])
+            lay.update({k: ops.dense(_f32(weights, p + k)) for k in PROJ})
+            lay["mlp"] = ops.swiglu_weights(*swiglu(weights, p + "mlp"))
             self.layers.append(lay)
         self.taps = to_device(np.array([engine.taps.index(k) for k in dcfg.target_layer_ids], np.int32))
         self.rows = zeros(t, np.int32)
@@ -92,10 +89,7 @@ class DeviceDFlash:
         self.kb = zeros((bs, hd))
         self.vb = zeros((bs, hd))
         self.o = zeros((bs, hd))
-        width = max(lay["mlp"]["width"] for lay in self.layers)
-        self.hid = zeros((bs, 1, width))
-        self.slot0 = zeros((bs, 1), np.int32)
-        self.one = to_device(np.ones((bs, 1), np.float32))
+        self.scratch = ops.Scratch(bs, [lay["mlp"] for lay in self.layers], [])
         self.ids = zeros(bs, np.int32)
         self.logits = zeros((bs - 1, cfg.vocab_size))        # [L, V] draft logits
         cos, sin = rope_plain(dcfg, np.arange(s + bs))
@@ -121,38 +115,37 @@ class DeviceDFlash:
             eng.put(self.rows, idx)
             eng.put(self.meta_c, np.array([p0, n, 0, 0, 0, 0, 0, 0], np.int32))
             gather_rows(self.cin, eng.buf.feats, self.rows, self.taps, self.meta_c, n, s)
-            linear(self.ctx, self.cin, self.fc_t, self.meta_c, n, stream=s)
-            rmsnorm_kernel[n, TPB, s](self.ctx, self.ctx, self.hidden_norm, np.float32(eps), self.meta_c)
+            ops.linear(self.ctx, self.cin, self.fc, self.meta_c, n, s)
+            ops.rmsnorm(self.ctx, self.ctx, self.hidden_norm, eps, self.meta_c, n, s)
             for i, lay in enumerate(self.layers):
-                linear(self.proj, self.ctx, lay["attn.wk"], self.meta_c, n, stream=s)
+                ops.linear(self.proj, self.ctx, lay["attn.wk"], self.meta_c, n, s)
                 head_norm_rope(self.k_views[i], self.proj, lay["attn.k_norm"], self.cos, self.sin, p0, p0,
                                self.meta_c, eps, n, h, True, s)
-                linear(self.proj, self.ctx, lay["attn.wv"], self.meta_c, n, stream=s)
+                ops.linear(self.proj, self.ctx, lay["attn.wv"], self.meta_c, n, s)
                 head_norm_rope(self.v_views[i], self.proj, lay["attn.k_norm"], self.cos, self.sin, p0, p0,
                                self.meta_c, eps, n, h, False, s)
         ids = np.full(bs, dcfg.mask_token_id, np.int32)
         ids[0] = bonus
         eng.put(self.ids, ids)
         mb = self.meta_b
-        embed_kernel[bs, TPB, s](self.x, eng.model.embed, self.ids, mb)
+        ops.embed(self.x, eng.model.embed, self.ids, mb, bs, s)
         scale = np.float32(hdim ** -0.5)
         max_keys = self.k.shape[1] + bs
         for i, lay in enumerate(self.layers):
-            rmsnorm_kernel[bs, TPB, s](self.hn, self.x, lay["attn_norm"], np.float32(eps), mb)
-            linear(self.q, self.hn, lay["attn.wq"], mb, bs, stream=s)
+            ops.rmsnorm(self.hn, self.x, lay["attn_norm"], eps, mb, bs, s)
+            ops.linear(self.q, self.hn, lay["attn.wq"], mb, bs, s)
             head_norm_rope(self.q, self.q, lay["attn.q_norm"], self.cos, self.sin, 0, start, mb, eps, bs, h,
                            True, s)
-            linear(self.kb, self.hn, lay["attn.wk"], mb, bs, stream=s)
+            ops.linear(self.kb, self.hn, lay["attn.wk"], mb, bs, s)
             head_norm_rope(self.kb, self.kb, lay["attn.k_norm"], self.cos, self.sin, 0, start, mb, eps, bs, h,
                            True, s)
-            linear(self.vb, self.hn, lay["attn.wv"], mb, bs, stream=s)
+            ops.linear(self.vb, self.hn, lay["attn.wv"], mb, bs, s)
             draft_attention(self.o, self.q, self.k_views[i], self.v_views[i], self.kb, self.vb, start, mb,
                             scale, bs, h, hdim, max_keys, s)
-            linear(self.x, self.o, lay["attn.wo"], mb, bs, accumulate=True, stream=s)
-            rmsnorm_kernel[bs, TPB, s](self.hn, self.x, lay["ffn_norm"], np.float32(eps), mb)
-            ffn.up(self.hid, self.hn, self.slot0, lay["mlp"], mb, bs, stream=s)
-            ffn.down(self.x, self.hid, self.slot0, self.one, lay["mlp"], mb, bs, stream=s)
+            ops.linear(self.x, self.o, lay["attn.wo"], mb, bs, s, accumulate=True)
+            ops.rmsnorm(self.hn, self.x, lay["ffn_norm"], eps, mb, bs, s)
+            ops.swiglu(self.x, self.hn, lay["mlp"], self.scratch, mb, bs, s)
         self.length = start
         ml = self.meta_l
-        rmsnorm_kernel[bs - 1, TPB, s](self.hn, self.x_tail, eng.model.norm, np.float32(cfg.rms_norm_eps), ml)
-        linear(self.logits, self.hn, eng.model.headt, ml, bs - 1, stream=s)
+        ops.rmsnorm(self.hn, self.x_tail, eng.model.norm, cfg.rms_norm_eps, ml, bs - 1, s)
+        ops.linear(self.logits, self.hn, eng.model.head, ml, bs - 1, s)

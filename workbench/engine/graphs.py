@@ -1,4 +1,4 @@
-"""CUDA-graph capture and replay of numba launch sequences through torch (docs/numba-cuda.md).
+"""CUDA-graph capture and replay of numba launch sequences through torch.
 
 On a GPU, a step (a Python function launching numba kernels on a given stream) runs once eagerly,
 which compiles every kernel, then once more inside ``torch.cuda.graph`` with the launches on
@@ -11,21 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from numba import config as numba_config
 from numba import cuda
 
-
-def on_gpu() -> bool:
-    """True on a real CUDA device (not the simulator)."""
-    return not numba_config.ENABLE_CUDASIM and cuda.is_available()
-
-
-def default_stream():
-    """The stream every engine launch and copy goes to: torch's current stream on a GPU, else 0."""
-    if on_gpu():
-        import torch
-        return cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-    return 0
+from kernels_numba.device import default_stream
 
 
 class StepGraph:

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels_numba.tree import build_tree_host, topk_logprobs, walk_host
+from kernels_numba import ops
+from kernels_numba.device import head_rows, host_buffer, to_device, zeros
+from kernels_numba.tree import build_tree_host, walk_host
 
 from ..ddtree.config import SamplingParams
 from ..ddtree.dflash import DFlashDrafter
@@ -24,7 +26,6 @@ from ..ddtree.drafter import Drafter
 from ..ddtree.oracle import OracleDrafter, oracle_logits
 from ..ddtree.sampling import make_rng, sample_tokens
 from ..ddtree.speculative import RoundStats, features
-from .devarray import head_rows, host_buffer, to_device, zeros
 from .dflash import DeviceDFlash, device_dflash_supported
 from .runtime import Engine
 
@@ -109,7 +110,7 @@ class EngineSpecState:
             row0 = self.start + 1
         else:
             eng.put(self.table, np.asarray(self.drafter.propose(self), np.float32))    # [L, V]
-        topk_logprobs(self.lpk, self.table, row0, self.k, self.n_pos, eng.stream)
+        ops.topk_logprobs(self.lpk, self.table, row0, self.k, self.n_pos, eng.stream)
         eng.fetch_into(self.lpk, self.lpk_h)
 
     def build_tree(self) -> int:

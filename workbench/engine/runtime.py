@@ -13,17 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from kernels_numba.blockops import TPB
-from kernels_numba.kv import kv_compact_kernel
+from kernels_numba import ops
+from kernels_numba.device import default_stream, download, download_into, on_gpu, sub, to_device, upload
 from kernels_numba.rope import rope_tables
-from kernels_numba.tokens import advance_kernel
-from kernels_numba.tree import tree_compile_kernel
 
 from ..config import ModelConfig
 from ..errors import InputError
 from .buffers import allocate
-from .devarray import download, download_into, sub, to_device, upload
-from .graphs import StepGraph, default_stream, on_gpu
+from .graphs import StepGraph
 from .model import launch_forward
 from .weights import upload_model
 
@@ -31,16 +28,19 @@ from .weights import upload_model
 class Engine:
     """Device state for one model. max_len: cache rows (prompt + generated + budget + 1 must fit);
     max_rows: widest step (prompt length and budget + 1); taps: target layers whose outputs the
-    drafter reads (captured in prefill and verify)."""
+    drafter reads (captured in prefill and verify); fast_kernels: INT4 layers on int4_matmul /
+    fused_moe where their shapes allow (False: every layer on the portable kernels)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, Any], max_len: int, max_rows: int,
-                 taps: tuple[int, ...] = (), use_graphs: bool | None = None) -> None:
+                 taps: tuple[int, ...] = (), use_graphs: bool | None = None,
+                 fast_kernels: bool = True) -> None:
         if max_len < 2 or max_rows < 1:
             raise InputError(f"engine sizes must be positive, got max_len={max_len}, max_rows={max_rows}")
         self.cfg = cfg
         self.taps = tuple(int(t) for t in taps)
-        self.model = upload_model(cfg, weights)
+        self.model = upload_model(cfg, weights, fast_kernels)
         self.buf = allocate(self.model, max_len, max_rows, len(self.taps))
+        self.scratch = ops.Scratch(max_rows, self.model.swiglus(), self.model.moes())
         self.cache_views = [sub(self.buf.cache, i) for i in range(cfg.num_hidden_layers)]
         self.feat_views = [sub(self.buf.feats, i) for i in range(self.buf.feats.shape[0])]
         cos, sin = rope_tables(cfg, max_len)
@@ -95,6 +95,7 @@ class Engine:
         self.put(self.buf.depth, depth)
         self.put(self.buf.vis, vis)
         self.set_meta(0, p)
+        self.scratch.reserve(p)
         launch_forward(self, p, s, self.taps)
 
     def decode_step(self) -> StepGraph:
@@ -105,8 +106,9 @@ class Engine:
 
             def step(s):
                 launch_forward(self, 1, s, ())
-                advance_kernel[1, 1, s](b.ids, b.amax, b.out, b.meta)
+                ops.advance(b.ids, b.amax, b.out, b.meta, s)
 
+            self.scratch.reserve(1)                          # workspaces exist before the capture
             self._prepare_dummy()
             self._decode = StepGraph(step, self.use_graphs)
         return self._decode
@@ -119,10 +121,11 @@ class Engine:
             b = self.buf
 
             def step(s):
-                kv_compact_kernel[self.cfg.num_hidden_layers, TPB, s](b.cache, b.ctl)
-                tree_compile_kernel[1, TPB, s](b.ids, b.depth, b.vis, b.meta, b.ctl)
+                ops.kv_compact(b.cache, b.ctl, self.cfg.num_hidden_layers, s)
+                ops.tree_compile(b.ids, b.depth, b.vis, b.meta, b.ctl, s)
                 launch_forward(self, budget + 1, s, self.taps)
 
+            self.scratch.reserve(budget + 1)
             self._prepare_dummy()
             self._verify[budget] = StepGraph(step, self.use_graphs)
         return self._verify[budget]

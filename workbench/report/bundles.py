@@ -14,7 +14,7 @@ from ..bundle import Bundle, read_bundle
 from ..commands.inspect import divergence
 from ..errors import InputError
 from ..reference.generate import greedy_generate
-from ..refs import REFS, build_ref, rebuild_differences
+from ..refs import REFS, build_ref, golden_bundle, rebuild_differences
 
 CONFIG_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "first_k_dense_replace",
                  "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
@@ -24,14 +24,8 @@ CONFIG_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers",
 
 
 def load(refs_dir: str | Path, names: list[str]) -> dict[str, Bundle]:
-    """read_bundle (all CRCs checked) for refs_dir/<name>.kdtr, in the given order."""
-    out = {}
-    for n in names:
-        path = Path(refs_dir) / f"{n}.kdtr"
-        if not path.is_file():
-            raise InputError(f"bundle {path} not found (python -m workbench build-refs writes it)")
-        out[n] = read_bundle(path)
-    return out
+    """``workbench.refs.golden_bundle`` (all CRCs checked) for refs_dir/<name>.kdtr, in the given order."""
+    return {n: golden_bundle(n, refs_dir) for n in names}
 
 
 def validate(name: str, b: Bundle) -> dict[str, Any]:

@@ -7,13 +7,14 @@ thread switching per thread and barrier, the polling loop competing for the inte
 into the kernels' arithmetic.
 
 ``fast_blocks()`` swaps ``PooledBlock`` in for the simulator's ``BlockManager`` while active (and
-holds device-function module swaps per launch, ``simcalls``). A block runs on one reused worker
-thread with each CUDA thread as a reusable greenlet (``greenlet`` package, when installed): a barrier
+holds device-function module swaps per launch, ``calls``). A block runs on the launching thread
+with each CUDA thread as a reusable greenlet (``greenlet`` package, when installed): a barrier
 switches to the next thread (~1 us) and the block proceeds in phases, each phase resuming every
-thread still inside the kernel, in a fixed order, until it reaches the barrier or returns. Without
-``greenlet`` (or with ``USE_GREENLETS`` off), and for kernels that can reach kernels_numba's
-warp-collective intrinsics (whose lanes must run concurrently), the CUDA threads run on pooled OS
-threads and a barrier is a condition variable: the last thread to arrive releases the rest.
+thread still inside the kernel, in a fixed order, until it reaches the barrier or returns. The
+warp-collective intrinsics of kernels_numba (mma, syncwarp, bcast0) wait the same way, for the 32
+lanes of their warp (``warp_sync``, ``threads.inline``). Without ``greenlet`` (or with
+``USE_GREENLETS`` off) the CUDA threads run on pooled OS threads, a barrier is a condition variable
+(the last thread to arrive releases the rest) and a warp collective the intrinsics' own 32-lane barrier.
 
 What a kernel observes is the simulator's in both modes: one simulated thread per CUDA thread with
 its own threadIdx / blockIdx / thread_id, blocks one after another, a barrier that releases once
@@ -22,25 +23,26 @@ and / or over the block, and an exception in any thread aborting the block and r
 launch with the thread and block named. Shared arrays, the fake ``cuda`` module and argument
 handling stay the simulator's own. The greenlet schedule is deterministic; the thread one is not
 (nor is the simulator's); a race-free kernel gives the same result under any schedule. A kernel
-that waits on anything but a barrier (a spin on another thread's write) would hang in greenlet mode.
+that waits on anything but a barrier (a spin on another thread's write) would hang in greenlet mode;
+a warp collective that not all 32 lanes reach is an error there (the intrinsics' barrier times out).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 from collections.abc import Iterator
 
 import numpy as np
 
-from . import simthreads
-from .simcalls import held_device_calls, reaches_collectives
+from . import threads
+from .calls import held_device_calls
 
 USE_GREENLETS = True                         # greenlet mode when the package is installed
 _lock = threading.Lock()
 _active = 0                                  # nesting depth of fast_blocks()
 _original = None                             # the simulator's BlockManager while patched
-_collective: dict = {}                       # kernel function -> reaches_collectives(...)
 _POINTS: dict = {}                           # block shape -> _points(...)
 
 
@@ -59,12 +61,7 @@ def _points(block_dim: tuple[int, ...]) -> list:
 
 
 def _green_for(fn) -> bool:
-    if not (USE_GREENLETS and simthreads.green_available()):
-        return False
-    res = _collective.get(fn)
-    if res is None:
-        res = _collective[fn] = reaches_collectives(fn)
-    return not res
+    return USE_GREENLETS and threads.green_available()
 
 
 class PooledBlock:
@@ -87,7 +84,7 @@ class PooledBlock:
         self.generation = 0
         self.abort = False
         self.error = None
-        self.scheduler = None                # greenlet mode: the worker's own greenlet
+        self.scheduler = None                # greenlet mode: the launching thread's greenlet
 
     def run(self, grid_point, *args) -> None:
         from numba.cuda.simulator.kernelapi import Dim3
@@ -95,46 +92,66 @@ class PooledBlock:
         self.block_idx = Dim3(*grid_point)
         self.args = args
         self.live = len(self.points)
-        self.done.acquire()
         if _green_for(self.fn):
-            w = simthreads.green_worker()
-            w._manager = self
-            w.blockIdx = self.block_idx
-            w.gate.release()
+            with threads.inline(self) as w:
+                self.run_green(w)
         else:
-            workers = simthreads.thread_workers(len(self.points))
+            self.done.acquire()
+            workers = threads.thread_workers(len(self.points))
             for w, p in zip(workers, self.points, strict=True):
                 w._manager = self
                 w.blockIdx = self.block_idx
                 w.threadIdx, w.thread_id, w.state_idx = p
             for w in workers:
                 w.gate.release()
-        self.done.acquire()                  # released when the block is over
-        self.done.release()
+            self.done.acquire()              # released when the block is over
+            self.done.release()
         self.args = ()                       # the pooled threads keep no kernel arguments alive
         if self.error is not None:
             raise self.error[0].with_traceback(self.error[1])
 
     def run_green(self, w) -> None:
-        """Greenlet mode, on the worker thread: phases until every thread has returned."""
-        self.scheduler = simthreads.greenlet.getcurrent()
+        """Greenlet mode, on the launching thread: phases until every thread has returned. A phase resumes
+        each thread still inside the kernel until it reaches a barrier or returns; a lane at a warp
+        collective waits there until all 32 lanes of its warp have come, then they go on in lane order."""
+        self.scheduler = threads.greenlet.getcurrent()
         inside = list(zip(self.points, w.slots(len(self.points)), strict=True))
         arg = self                           # phase 0 hands each greenlet this block
         while inside:
-            nxt = []
-            for p, g in inside:
-                if self.error is not None:   # abort: unwind the threads suspended at a barrier
-                    if arg is None:
-                        g.throw(simthreads.Unwind)
-                    continue
-                w.threadIdx, w.thread_id, w.state_idx = p
-                res = g.switch(arg)
-                if res is simthreads.BARRIER:
-                    nxt.append((p, g))
-                elif res is not simthreads.FINISHED:
-                    raise RuntimeError(f"a simulated thread switched back with {res!r}")
+            nxt: list = []
+            parked: dict = {}                # warp -> its lanes waiting at a collective
+            for i, (p, g) in enumerate(inside):
+                ready = collections.deque([(p, g, arg)])
+                while ready and self.error is None:
+                    q, gl, a = ready.popleft()
+                    w.threadIdx, w.thread_id, w.state_idx = q
+                    res = gl.switch(a)
+                    if res is threads.BARRIER:
+                        nxt.append((q, gl))
+                    elif res is threads.WARP:
+                        lanes = parked.setdefault(q[1] // 32, [])
+                        lanes.append((q, gl))
+                        if len(lanes) == 32:
+                            ready.extend((x, y, None) for x, y in parked.pop(q[1] // 32))
+                    elif res is not threads.FINISHED:
+                        raise RuntimeError(f"a simulated thread switched back with {res!r}")
+                if self.error is not None:   # abort: unwind every thread suspended in the kernel
+                    later = inside[i + 1:] if arg is None else []     # (phase 0: not started yet)
+                    self._unwind([*((q, gl) for q, gl, _ in ready), *nxt, *later,
+                                  *(pg for lanes in parked.values() for pg in lanes)])
+                    return
+            if parked:
+                warp = next(iter(parked))
+                self.error = (RuntimeError(f"ctaid={list(self.block_idx)} warp {warp}: a warp-collective "
+                                           f"intrinsic reached by {len(parked[warp])} of 32 lanes"), None)
+                self._unwind([*nxt, *(pg for lanes in parked.values() for pg in lanes)])
+                return
             inside = nxt
             arg = None
+
+    def _unwind(self, suspended) -> None:
+        for _, g in suspended:
+            g.throw(threads.Unwind)
 
     # ---- called from the block's threads -----------------------------------------------------
     def _release(self) -> None:
@@ -144,7 +161,7 @@ class PooledBlock:
 
     def sync(self) -> None:
         if self.scheduler is not None:       # greenlet mode: back to the phase loop
-            self.scheduler.switch(simthreads.BARRIER)
+            self.scheduler.switch(threads.BARRIER)
             return
         with self.cond:
             if self.abort:

@@ -1,5 +1,4 @@
-"""Simulator helpers of ``simexec`` about what a kernel calls: quicker device-function calls, and
-whether a kernel can reach kernels_numba's warp-collective intrinsics.
+"""Quicker device-function calls for the simulator's executor.
 
 Device functions: the simulator wraps every call in ``swapped_cuda_module`` (a lock, a context
 manager and, whenever the function's module is not swapped already, a scan of its globals). While
@@ -15,7 +14,6 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-_INTRINSICS = "kernels_numba.intrinsics"
 _lock = threading.Lock()
 _held: dict = {}                             # id(module globals) -> fake cuda module it is held for
 _held_exits: list = []                       # the entered swaps of the current launch
@@ -65,29 +63,3 @@ def held_device_calls() -> Iterator[None]:
             _active -= 1
             if _active == 0:
                 simkernel.FakeCUDAKernel.__call__ = _original_call
-
-
-def reaches_collectives(fn, _seen: set | None = None) -> bool:
-    """True if ``fn`` (a kernel's Python function) or a device function it can reach through its
-    module globals or closure refers to kernels_numba.intrinsics or anything from it (conservative:
-    the warp-collective fallbacks there wait on a 32-lane barrier, so their lanes need OS threads)."""
-    seen = set() if _seen is None else _seen
-    glob = getattr(fn, "__globals__", None)
-    if glob is None or id(fn) in seen:
-        return False
-    seen.add(id(fn))
-    if glob.get("__name__") == _INTRINSICS:
-        return True
-    cells = []
-    for c in fn.__closure__ or ():
-        try:
-            cells.append(c.cell_contents)
-        except ValueError:                   # an empty cell
-            pass
-    for v in [*glob.values(), *cells]:
-        if getattr(v, "__module__", None) == _INTRINSICS or getattr(v, "__name__", None) == _INTRINSICS:
-            return True
-        inner = getattr(v, "py_func", None) if getattr(v, "_device", False) else None
-        if inner is not None and reaches_collectives(inner, seen):   # a device function
-            return True
-    return False

@@ -1,16 +1,17 @@
 """The simulator's faster block executor gives what numba's own simulator gives, in both modes
 (greenlets when installed, pooled threads otherwise): barriers, early returns, votes, 2-D blocks,
-device functions of other modules, errors, and the simulator restored afterwards."""
+device functions of other modules, warp collectives, errors, and the simulator restored afterwards."""
 
 import numpy as np
 import pytest
-from numba import config, cuda
+from numba import cuda
 
 from kernels_numba.blockops import TPB, block_sum
-from workbench.engine import simexec, simthreads
-from workbench.engine.simcalls import reaches_collectives
+from kernels_numba.device import SIMULATED
+from kernels_numba.sim import executor as simexec
+from kernels_numba.sim import threads as simthreads
 
-pytestmark = pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="simulator executor (CUDA simulator only)")
+pytestmark = pytest.mark.skipif(not SIMULATED, reason="simulator executor (CUDA simulator only)")
 
 
 @cuda.jit
@@ -128,32 +129,49 @@ def test_error_in_one_thread_is_raised_and_the_executor_recovers(mode):
     np.testing.assert_array_equal(res, want)
 
 
-def test_collective_intrinsics_are_detected():
-    from kernels_numba import intrinsics, linear
-    from kernels_numba.mla import make_mla_attention
-
-    @cuda.jit
-    def uses_mma(out):
-        out[0] = intrinsics.mma_16816(0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0)[0]
-
-    assert reaches_collectives(uses_mma.py_func)
-    assert not reaches_collectives(linear.make_linear_kernel(1).py_func)
-    assert not reaches_collectives(make_mla_attention(2, 8, 4, 4, 4, 16).py_func)
-    assert not reaches_collectives(_blocksum.py_func)
-
-
-def test_warp_collective_kernel_runs_on_os_threads(mode):
-    """A kernel reaching the 32-lane mma exchange runs in thread mode (greenlets would deadlock)."""
+def test_warp_collectives_match_the_simulator(mode):
+    """mma (32-lane exchange), bcast0 and syncwarp in 2 warps of a 2-D block give numba's simulator's
+    result in both modes (greenlets: each lane waits at the collective until its warp is complete)."""
     from kernels_numba import intrinsics
 
     @cuda.jit
-    def mma_c_roundtrip(out):
-        lane = cuda.threadIdx.x                  # A = B = 0, so D = C: each lane gets its own c back
-        d = intrinsics.mma_16816(0, 0, 0, 0, 0, 0, np.float32(lane), np.float32(lane + 100),
-                                 np.float32(lane + 200), np.float32(lane + 300))
-        for i in range(4):
-            out[i, lane] = d[i]
+    def collectives(out, vals):
+        t = cuda.threadIdx.x + cuda.blockDim.x * cuda.threadIdx.y
+        lane = t % 32
+        b = intrinsics.f32_to_h2(vals[t], np.float32(1.0))        # B column g = lane // 4 of x's halves
+        a = intrinsics.f32_to_h2(np.float32(1.0), np.float32(1.0))
+        d = intrinsics.mma_16816(a, a, a, a, b, b, np.float32(lane), np.float32(0.0), np.float32(0.0),
+                                 np.float32(t))
+        v = intrinsics.bcast0(np.int32(t * 3))
+        intrinsics.syncwarp()
+        out[0, t] = d[0]
+        out[1, t] = d[3]
+        out[2, t] = v
 
-    assert not simexec._green_for(mma_c_roundtrip.py_func)
-    got = _run(mma_c_roundtrip, (1, 32), np.zeros((4, 32), np.float32), fast=True)[0]
-    np.testing.assert_array_equal(got, np.arange(32) + 100 * np.arange(4)[:, None])
+    vals = np.arange(64, dtype=np.float32) / 8
+    want = _run(collectives, (2, (16, 4)), np.zeros((3, 64), np.float32), vals, fast=False)[0]
+    got = _run(collectives, (2, (16, 4)), np.zeros((3, 64), np.float32), vals, fast=True)[0]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(want[2], np.repeat([0, 96], 32))       # lane 0's value per warp
+    assert np.any(want[0] != np.arange(64) % 32)                          # the products did land in D
+
+
+def test_warp_collective_not_reached_by_every_lane_is_an_error():
+    """Greenlet mode names the block and warp instead of hanging (thread mode: the barrier times out)."""
+    from kernels_numba import intrinsics
+    if not simthreads.green_available():
+        pytest.skip("greenlet not installed")
+
+    @cuda.jit
+    def half_warp(out):
+        if cuda.threadIdx.x < 16:
+            intrinsics.syncwarp()
+        out[cuda.threadIdx.x] = 1
+
+    with simexec.fast_blocks():
+        with pytest.raises(RuntimeError, match=r"ctaid=\[0, 0, 0\] warp 0: .* 16 of 32 lanes"):
+            half_warp[1, 32](np.zeros(32, np.int32))
+        res = np.zeros((1, 32), np.float32)
+        _phases[1, 32](res, np.int32(32))        # the executor still works after the abort
+    want = _run(_phases, (1, 32), np.zeros((1, 32), np.float32), np.int32(32), fast=False)[0]
+    np.testing.assert_array_equal(res, want)

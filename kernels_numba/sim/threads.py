@@ -1,14 +1,18 @@
-"""The simulated CUDA threads of ``simexec``: pooled OS threads (thread mode) and reusable greenlets
-on one OS thread (greenlet mode, when the ``greenlet`` package is installed).
+"""The simulated CUDA threads of the executor: pooled OS threads (thread mode) and reusable greenlets
+on the launching thread (greenlet mode, when the ``greenlet`` package is installed).
 
-A block object (``simexec.PooledBlock``) hands its work to these and provides ``fn``, ``args``,
-``sync``, ``vote``, ``leave``, ``fail``, ``done``, ``scheduler`` and ``run_green``.
+A block object (``executor.PooledBlock``) hands its work to these and provides ``fn``, ``args``,
+``block_idx``, ``sync``, ``vote``, ``leave``, ``fail``, ``done`` and ``scheduler``. In greenlet mode
+the current thread also answers ``warp_sync`` (the warp collectives of kernels_numba.intrinsics wait
+through it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -18,10 +22,10 @@ except ImportError:                          # optional: thread mode is the fall
     greenlet = None
 
 _lock = threading.Lock()
-_pool: list = []                             # _Worker threads, reused across blocks and launches
-_green: list = []                            # the one _GreenWorker, created on first use
+_pool: list = []                             # Worker threads, reused across blocks and launches
 FINISHED = object()                          # what a greenlet switches back with when its thread returned
-BARRIER = object()                           # ... and when it reached a barrier
+BARRIER = object()                           # ... when it reached a barrier
+WARP = object()                              # ... and when it reached a warp collective
 
 
 def green_available() -> bool:
@@ -87,28 +91,39 @@ def _slot_run(blk) -> None:
         blk = blk.scheduler.switch(FINISHED)
 
 
-class GreenWorker(SimThread):
-    """Greenlet mode: one OS thread runs a whole block, one reusable greenlet per CUDA thread."""
+_ATTRS = ("_manager", "blockIdx", "threadIdx", "thread_id", "state_idx", "slots", "syncthreads",
+          "syncthreads_count", "syncthreads_and", "syncthreads_or", "warp_sync")
+_slots: dict = {}                            # launching thread id -> its reusable greenlets
 
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self._slots: list = []
 
-    def slots(self, n: int) -> list:
-        while len(self._slots) < n:          # created on this thread: their parent is its greenlet
-            self._slots.append(greenlet.greenlet(_slot_run))
-        return self._slots[:n]
+@contextlib.contextmanager
+def inline(blk) -> Iterator[threading.Thread]:
+    """Greenlet mode: the launching thread runs the block, one reusable greenlet per CUDA thread (no OS
+    thread hand-off per block). While it runs, the launching thread's Thread object carries what the
+    simulator's kernel API and kernels_numba's intrinsics read from ``threading.current_thread()``
+    (SimThread's attributes and methods, and ``warp_sync``); they are removed afterwards."""
+    th = threading.current_thread()
+    mine = _slots.setdefault(threading.get_ident(), [])
 
-    def run(self) -> None:
-        while True:
-            self.gate.acquire()
-            blk = self._manager
-            try:
-                blk.run_green(self)
-            except BaseException as e:       # a failure of the scheduler itself
-                blk.fail(self, e, sys.exc_info()[2])
-            finally:
-                blk.done.release()
+    def slots(n: int) -> list:
+        while len(mine) < n:                 # created on this thread: their parent is its greenlet
+            mine.append(greenlet.greenlet(_slot_run))
+        return mine[:n]
+
+    attrs = {"_manager": blk, "blockIdx": blk.block_idx, "threadIdx": None, "thread_id": 0, "state_idx": (),
+             "slots": slots, "syncthreads": blk.sync,
+             "syncthreads_count": lambda v: blk.vote(th.state_idx, v, lambda s: int(np.count_nonzero(s))),
+             "syncthreads_and": lambda v: blk.vote(th.state_idx, v, lambda s: 1 if np.all(s) else 0),
+             "syncthreads_or": lambda v: blk.vote(th.state_idx, v, lambda s: 1 if np.any(s) else 0),
+             "warp_sync": lambda: blk.scheduler.switch(WARP)}    # the warp collectives wait here
+    if any(k in th.__dict__ for k in _ATTRS):
+        raise RuntimeError("a simulated block launched from inside another block")
+    th.__dict__.update(attrs)
+    try:
+        yield th
+    finally:
+        for k in _ATTRS:
+            th.__dict__.pop(k, None)
 
 
 def thread_workers(n: int) -> list[Worker]:
@@ -119,13 +134,3 @@ def thread_workers(n: int) -> list[Worker]:
             w.start()
             _pool.append(w)
         return _pool[:n]
-
-
-def green_worker() -> GreenWorker:
-    """The greenlet-mode worker (started on first need, then reused)."""
-    with _lock:
-        if not _green:
-            w = GreenWorker("cudasim-green")
-            w.start()
-            _green.append(w)
-        return _green[0]

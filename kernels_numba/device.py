@@ -1,0 +1,111 @@
+"""Where the kernels run: the one "simulated?" switch, device arrays and streams.
+
+``SIMULATED`` is True under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set before numba.cuda
+is first imported); every module that behaves differently there reads this name.
+
+Device arrays of the engine are numba ``DeviceNDArray`` objects on a GPU. Under the simulator they
+are ``memoryview``s of host numpy arrays: the simulator passes non-ndarray kernel arguments through
+unchanged, so the engine's scalar kernels index a memoryview directly instead of the simulator's
+two-level array wrapper (several times faster per element; dtypes are preserved: float32 stays 'f',
+int32 'i'). The validating host wrappers of the tensor-core kernels take numpy arrays there
+(``kernel_array``). The kernel source is the same either way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import config, cuda
+
+SIMULATED = bool(config.ENABLE_CUDASIM)
+
+
+def on_gpu() -> bool:
+    """True on a real CUDA device (not the simulator)."""
+    return not SIMULATED and cuda.is_available()
+
+
+def default_stream():
+    """The stream engine launches and copies go to: torch's current stream on a GPU, else 0."""
+    if on_gpu():
+        import torch
+        return cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+    return 0
+
+
+def to_device(a: np.ndarray):
+    a = np.ascontiguousarray(a)
+    if SIMULATED:
+        return memoryview(a.copy())
+    return cuda.to_device(a)
+
+
+def zeros(shape, dtype=np.float32):
+    return to_device(np.zeros(shape, dtype=dtype))
+
+
+def upload(dev, host: np.ndarray, stream=0) -> None:
+    """Copy a host array of the same shape and dtype into ``dev``."""
+    if SIMULATED:
+        np.asarray(dev)[...] = host
+    else:
+        dev.copy_to_device(np.ascontiguousarray(host), stream=stream)
+
+
+def download(dev, stream=0) -> np.ndarray:
+    """A host copy of ``dev`` (the caller synchronises the stream on a GPU)."""
+    if SIMULATED:
+        return np.array(np.asarray(dev))
+    return dev.copy_to_host(stream=stream)
+
+
+def host_buffer(shape, dtype) -> np.ndarray:
+    """A reusable host staging array: page-locked on a GPU (fast, truly async copies), plain numpy
+    under the simulator."""
+    if SIMULATED:
+        return np.zeros(shape, dtype=dtype)
+    return cuda.pinned_array(shape, dtype=dtype)
+
+
+def download_into(dev, host: np.ndarray, stream=0) -> np.ndarray:
+    """Copy ``dev`` into the preallocated ``host`` (the caller synchronises on a GPU)."""
+    if SIMULATED:
+        host[...] = np.asarray(dev)
+    else:
+        dev.copy_to_host(host, stream=stream)
+    return host
+
+
+def sub(dev, i: int):
+    """The i-th slice along the first axis, as a device array of the same kind (a view)."""
+    if SIMULATED:
+        return memoryview(np.asarray(dev)[i])
+    return dev[i]
+
+
+def head_rows(dev, n: int):
+    """The first ``n`` rows along the first axis, as a device array of the same kind (a view)."""
+    if SIMULATED:
+        return memoryview(np.asarray(dev)[:n])
+    return dev[:n]
+
+
+def tail_rows(dev, start: int):
+    """Rows ``start`` .. end along the first axis, as a device array of the same kind (a view)."""
+    if SIMULATED:
+        return memoryview(np.asarray(dev)[start:])
+    return dev[start:]
+
+
+def rows_view(flat, rows: int, width: int):
+    """The first ``rows * width`` elements of a 1-D device array as a C-contiguous [rows, width] view
+    of the same kind (one flat scratch buffer serves every width up to its size)."""
+    if SIMULATED:
+        return memoryview(np.asarray(flat)[:rows * width].reshape(rows, width))
+    return flat[:rows * width].reshape(rows, width)
+
+
+def kernel_array(dev, dtype=None):
+    """``dev`` as the validating kernel wrappers take it: a numpy view under the simulator, the device
+    array itself on a GPU; ``dtype`` reinterprets the bytes (uint16 bits as float16)."""
+    a = np.asarray(dev) if SIMULATED else dev
+    return a if dtype is None else a.view(dtype)

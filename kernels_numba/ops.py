@@ -1,0 +1,400 @@
+"""The one dispatch from the model's operations to kernels: the engine and the benchmarks call these.
+
+Legend: T rows of the buffers, ``rows`` the grid's rows (n = meta[1] <= rows live), D model width,
+I SwiGLU width, E routed experts, K experts per token, S shared experts, G INT4 group size.
+
+Weights are prepared once (``dense``, ``router``, ``swiglu_weights``, ``moe_weights``). INT4 matrices
+whose shape the tensor-core tile layout holds are repacked (``repack_int4`` / ``prepare_moe``) and run
+on ``int4_matmul`` / ``fused_moe``; everything else runs on the portable kernels (any shape, FP32 or
+W4A16). The choice is made at preparation and recorded in ``.path``, which the ops follow:
+
+| op | INT4, shape allows | otherwise |
+|---|---|---|
+| ``linear`` | - | linear (FP32) |
+| ``swiglu`` (dense MLP, shared expert) | f16(x), int4_matmul [gate; up], act, int4_matmul down, + h | ffn |
+| ``moe`` (router, routed, shared) | f16(x), fused_moe (the shared expert inside when INT4 too), + h | ffn |
+
+"Shape allows" is the layout's own rule (``repack_int4`` raises ``LayoutError`` otherwise): every
+matrix with K % 64 == 0 and G in (32, 64, 128), float16 scales (or scales float16 holds exactly);
+fused_moe needs it of all routed experts (and E + S <= 1024). Both paths compute the reference's
+W4A16 (``workbench.quant.int4.int4_linear``): activations rounded to float16, weights (u - 8) * scale,
+float32 sums, SwiGLU's silu(gate) * up rounded to float16 before down; they differ in summation order.
+
+The ops launch only: no host synchronisation and no allocation (``Scratch`` holds every work buffer
+and the MoE workspaces, made before any capture), so a sequence of ops can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import ffn
+from ._validate import KernelInputError, flat
+from .blockops import KS, TPB, col_blocks
+from .device import SIMULATED, head_rows, kernel_array, rows_view, to_device, zeros
+from .int4_layout import Int4Weight, LayoutError, repack_int4
+from .int4_matmul import int4_matmul
+from .kv import kv_compact_kernel
+from .launch import launch
+from .linear import linear as _linear
+from .mla import make_mla_attention, mla_prep_kernel
+from .moe import MoEWeights, fused_moe, moe_workspace, prepare_moe
+from .moe_gemv import moe_act_kernel
+from .rmsnorm import rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
+from .router import make_route
+from .rows import add_rows_kernel, to_f16_kernel
+from .tokens import advance_kernel, argmax_kernel, copy_rows_kernel, embed_kernel
+from .tree import topk_logprobs, tree_compile_kernel
+
+PORTABLE = "portable"
+INT4_MATMUL = "int4_matmul"
+FUSED_MOE = "fused_moe"
+MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
+
+
+@dataclass(frozen=True)
+class Int4Host:
+    """A host W4A16 matrix [N, K]: ``packed`` int32 [N, K/8] (compressed-tensors order), ``scale``
+    [N, K/G] float16 (or float32 / bfloat16: ``workbench.quant.int4.scales_to_float32``)."""
+    packed: Any
+    scale: Any
+
+
+def _scales32(m: Int4Host) -> np.ndarray:
+    from workbench.quant.int4 import scales_to_float32
+    return scales_to_float32(m.scale)
+
+
+def group_size(m: Int4Host) -> int:
+    """G = K / (scale columns) of an INT4 matrix."""
+    k = np.asarray(m.packed).shape[-1] * 8
+    cols = _scales32(m).shape[-1]
+    if cols == 0 or k % cols:
+        raise KernelInputError(f"INT4 matrix: K={k} is not a multiple of the {cols} scale columns")
+    return k // cols
+
+
+def _scales16(m: Int4Host) -> np.ndarray | None:
+    """The scales as float16 if float16 holds them exactly (the tile layout stores float16), else None."""
+    if isinstance(m.scale, np.ndarray) and m.scale.dtype == np.float16:
+        return m.scale
+    s32 = _scales32(m)
+    s16 = s32.astype(np.float16)
+    return s16 if np.array_equal(s16.astype(np.float32), s32) else None
+
+
+def _device(w):
+    """A repacked weight (Int4Weight / MoEWeights) where the kernels read it."""
+    return w if SIMULATED else w.to_device()
+
+
+# ---- prepared weights ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Dense:
+    """An FP32 projection ``y = x @ W.T`` (portable kernel); ``wt`` = W.T [K, N] on the device."""
+    wt: Any
+
+
+def dense(w: np.ndarray) -> Dense:
+    """W [N, K] (any float dtype, widened to float32 exactly)."""
+    return Dense(to_device(np.asarray(w, np.float32).T))
+
+
+@dataclass(frozen=True)
+class Router:
+    """The noaux_tc router: gate_t [D, E], bias [E] on the device, and its kernel (router.py)."""
+    gate_t: Any
+    bias: Any
+    kernel: Any
+    top_k: int
+
+
+def router(gate: np.ndarray, bias: np.ndarray, top_k: int, n_group: int, topk_group: int,
+           norm_topk: bool, scaling: float) -> Router:
+    """gate [E, D], bias [E] and the routing constants of ``workbench.reference.moe.moe_gate``."""
+    gate = np.asarray(gate, np.float32)
+    kernel = make_route(gate.shape[0], top_k, n_group, topk_group, norm_topk, scaling)
+    return Router(to_device(gate.T), to_device(np.asarray(bias, np.float32)), kernel, int(top_k))
+
+
+@dataclass(frozen=True)
+class SwiGLU:
+    """``w2 (silu(w1 x) * (w3 x))`` of width I over D: an INT4_MATMUL pair (w13 = [w1; w3] [2I, D] and
+    w2 [D, I], repacked) or a PORTABLE one-expert stack (ffn.py layouts)."""
+    path: str
+    width: int
+    dim: int
+    w13: Int4Weight | None = None
+    w2: Int4Weight | None = None
+    stack: dict | None = None
+
+
+def _repack(m: Int4Host) -> Int4Weight | None:
+    s16 = _scales16(m)
+    if s16 is None:
+        return None
+    try:
+        return _device(repack_int4(np.asarray(m.packed), s16))
+    except LayoutError:
+        return None
+
+
+def swiglu_weights(w1, w3, w2, fast: bool = True) -> SwiGLU:
+    """w1, w3 [I, D] and w2 [D, I], each a float ndarray or an ``Int4Host``; ``fast=False`` keeps INT4 on
+    the portable kernels (comparisons of the two paths)."""
+    width, dim = _rows(w1), _rows(w2)
+    if fast and all(isinstance(m, Int4Host) for m in (w1, w3, w2)) and group_size(w1) == group_size(w3):
+        w13 = _repack(Int4Host(np.concatenate([np.asarray(w1.packed), np.asarray(w3.packed)]),
+                               np.concatenate([_scales32(w1), _scales32(w3)])))
+        down = _repack(w2)
+        if w13 is not None and down is not None:
+            return SwiGLU(INT4_MATMUL, width, dim, w13=w13, w2=down)
+    return SwiGLU(PORTABLE, width, dim, stack=portable_stack([(w1, w3, w2)]))
+
+
+@dataclass(frozen=True)
+class MoE:
+    """Router + routed experts + shared experts: FUSED_MOE (``fused``, the shared expert inside when
+    fused.n_shared) or PORTABLE (``stack``); ``shared`` is the shared expert when it runs on its own."""
+    path: str
+    router: Router
+    width: int
+    dim: int
+    fused: MoEWeights | None = None
+    stack: dict | None = None
+    shared: SwiGLU | None = None
+
+
+def moe_weights(rt: Router, experts: list[tuple], shared: tuple | None, fast: bool = True) -> MoE:
+    """experts: (w1, w3, w2) per routed expert, all float or all ``Int4Host``; shared: (w1, w3, w2)
+    of width S*I, or None; ``fast`` as in ``swiglu_weights``."""
+    kinds = {isinstance(m, Int4Host) for e in experts for m in e}
+    if len(kinds) != 1:
+        raise KernelInputError("routed experts must be all FP or all INT4")
+    width, dim = _rows(experts[0][0]), _rows(experts[0][2])
+    fused = None
+    if fast and kinds == {True}:
+        fuse_shared = shared is not None and all(isinstance(m, Int4Host) for m in shared)
+        fused = _fused(experts, shared if fuse_shared else None)
+        if fused is None and fuse_shared:                     # the shared expert alone does not fit
+            fused = _fused(experts, None)
+    if fused is not None:
+        alone = swiglu_weights(*shared, fast=fast) if shared is not None and not fused.n_shared else None
+        return MoE(FUSED_MOE, rt, width, dim, fused=fused, shared=alone)
+    return MoE(PORTABLE, rt, width, dim, stack=portable_stack(experts),
+               shared=swiglu_weights(*shared, fast=fast) if shared is not None else None)
+
+
+def _fused(experts: list[tuple], shared: tuple | None) -> MoEWeights | None:
+    """prepare_moe of the experts (and shared), or None where fused_moe cannot take them."""
+    n = len(experts) + (_rows(shared[0]) // _rows(experts[0][0]) if shared is not None else 0)
+    if n > MAX_FUSED_EXPERTS or len({group_size(m) for e in experts for m in e}) != 1:
+        return None
+    args = []
+    for j in range(3):
+        scales = [_scales16(e[j]) for e in experts]
+        if any(s is None for s in scales):
+            return None
+        args += [np.stack([np.asarray(e[j].packed) for e in experts]), np.stack(scales)]
+    sh = None
+    if shared is not None:
+        sh = []
+        for m in shared:
+            s16 = _scales16(m)
+            if s16 is None or group_size(m) != group_size(experts[0][0]):
+                return None
+            sh += [np.asarray(m.packed), s16]
+    try:
+        return _device(prepare_moe(*args, shared=sh))
+    except (LayoutError, KernelInputError):
+        return None
+
+
+def _rows(m) -> int:
+    return int(np.asarray(m.packed if isinstance(m, Int4Host) else m).shape[0])
+
+
+def portable_stack(experts: list[tuple]) -> dict:
+    """The ffn.py expert stack of SwiGLUs (w1, w3, w2), FP32 or W4A16 (one kind and group size)."""
+    int4 = isinstance(experts[0][0], Int4Host)
+    if any(isinstance(m, Int4Host) != int4 for e in experts for m in e):
+        raise KernelInputError("a portable expert stack must be all FP32 or all INT4")
+    if not int4:
+        w1, w3, w2 = (np.stack([np.asarray(e[j], np.float32).T for e in experts]) for j in range(3))
+        return {"int4": False, "w1t": to_device(w1), "w3t": to_device(w3), "w2t": to_device(w2),
+                "width": w1.shape[2]}                                          # [E, D, I] x2, [E, I, D]
+    out: dict[str, Any] = {"int4": True}
+    groups = {group_size(m) for e in experts for m in e}
+    if len(groups) != 1:
+        raise KernelInputError(f"a portable INT4 stack takes one group size, got {sorted(groups)}")
+    for j, proj in enumerate(("1", "3", "2")):                                  # [E, K/8, N], [E, K/G, N]
+        out[f"p{proj}t"] = to_device(np.stack([np.asarray(e[j].packed).view(np.int32).T for e in experts]))
+        out[f"s{proj}t"] = to_device(np.stack([_scales32(e[j]).T for e in experts]).astype(np.float32))
+    out["group"] = np.int32(groups.pop())
+    out["width"] = int(out["p1t"].shape[2])
+    return out
+
+
+# ---- work buffers --------------------------------------------------------------------------------
+
+class Scratch:
+    """Work buffers of ``swiglu`` and ``moe`` for up to ``rows`` rows and the given prepared weights,
+    allocated once (fixed addresses, so captured graphs replay). MoE workspaces are per row count:
+    ``reserve(n)`` makes them for n rows (before a capture), ``workspace`` only looks them up."""
+
+    def __init__(self, rows: int, swiglus: list[SwiGLU], moes: list[MoE]) -> None:
+        self.rows = rows
+        k = max((m.router.top_k for m in moes), default=1)
+        sw = [*swiglus, *(m.shared for m in moes if m.shared is not None)]
+        port = [s for s in sw if s.path == PORTABLE]
+        fast = [s for s in sw if s.path == INT4_MATMUL]
+        fused = [m for m in moes if m.path == FUSED_MOE]
+        self.rids = zeros((rows, k), np.int32)                                  # [T, K] routed ids
+        self.rwts = zeros((rows, k))                                            # [T, K] routed weights
+        self.hid = zeros((rows, k, max((m.width for m in moes if m.path == PORTABLE), default=1)))
+        self.hid1 = zeros((rows, 1, max((s.width for s in port), default=1)))   # [T, 1, I] one expert
+        self.slot0 = zeros((rows, 1), np.int32)                                 # its id (0) and weight (1)
+        self.one = to_device(np.ones((rows, 1), np.float32))
+        dim = max((x.dim for x in [*fast, *fused]), default=0)
+        width = max((s.width for s in fast), default=0)
+        self.x16 = zeros(max(rows * dim, 1), np.uint16)                         # [T, D] f16 bits of x
+        self.y = zeros(max(rows * dim, 1))                                      # [T, D] a block's output
+        self.gu = zeros(max(rows * 2 * width, 1))                               # [T, 2I] gate || up
+        self.h16 = zeros(max(rows * width, 1), np.uint16)                       # [T, I] f16(silu(g) * u)
+        self._fused = {_ws_key(m.fused, k): m.fused for m in fused}
+        self._ws: dict = {}
+        self.top_k = k
+
+    def reserve(self, n: int) -> None:
+        """MoE workspaces for steps of n rows (allocates: call before capturing such a step)."""
+        if not 1 <= n <= self.rows:
+            raise KernelInputError(f"{n} rows outside the scratch's 1..{self.rows}")
+        for key, w in self._fused.items():
+            if (key, n) not in self._ws:
+                self._ws[key, n] = moe_workspace(n, self.top_k, w)
+
+    def workspace(self, w: MoEWeights, n: int):
+        ws = self._ws.get((_ws_key(w, self.top_k), n))
+        if ws is None:
+            raise KernelInputError(f"no MoE workspace for {n} rows: Scratch.reserve({n}) first")
+        return ws
+
+
+def _ws_key(w: MoEWeights, k: int) -> tuple:
+    return w.n_routed, w.n_shared, w.w13.n, w.w13.k, w.w13.group_size, k
+
+
+# ---- ops -----------------------------------------------------------------------------------------
+
+def embed(h, table, ids, meta, rows: int, stream=0) -> None:
+    """h [T, D] = table[ids] for the live rows."""
+    embed_kernel[rows, TPB, stream](h, table, ids, meta)
+
+
+def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False) -> None:
+    """out [T, N] (+)= x [T, K] @ W.T."""
+    _linear(out, x, w.wt, meta, rows, accumulate=accumulate, stream=stream)
+
+
+def mla_prep(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank: int, c_rank: int, eps: float,
+             rows: int, stream=0) -> None:
+    """q_norm of c_q into qn; kv_norm(c_kv) || rope(k_pe) into cache rows start + i (mla.py)."""
+    mla_prep_kernel[rows, TPB, stream](qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta,
+                                       np.int32(q_rank), np.int32(c_rank), np.float32(eps))
+
+
+def mla_attention(o, q, cache, wkv_b, cos, sin, depth, vis, meta, scale: float, n_heads: int, c_rank: int,
+                  r_dim: int, nope: int, v_dim: int, max_keys: int, rows: int, stream=0) -> None:
+    """Absorbed attention of the live rows over the latent cache (ancestor / causal mask ``vis``)."""
+    attn = make_mla_attention(n_heads, c_rank, r_dim, nope, v_dim, max_keys)
+    attn[(rows, n_heads), (TPB, KS), stream](o, q, cache, wkv_b, cos, sin, depth, vis, meta,
+                                             np.float32(scale))
+
+
+def int4_gemm(x16, w: Int4Weight, out, stream=0, pdl: bool = True):
+    """out [M, N] float32 = x16 [M, K] float16 @ W.T: the W4A16 GEMM ``swiglu`` runs (int4_matmul with its
+    default config, programmatic dependent launch on); ``pdl=False`` for the benchmark's comparison."""
+    return int4_matmul(x16, w, out=out, stream=stream, pdl=pdl)
+
+
+def experts_fused(x16, ids, wts, w: MoEWeights, out, workspace, stream=0, config: dict | None = None):
+    """out [T, D] float32 = the fused MoE of x16 [T, D] float16 routed by ids / wts [T, K]: what ``moe``
+    runs (fused_moe, default config); ``config`` for the benchmark's alternatives."""
+    return fused_moe(x16, ids, wts, w, out=out, workspace=workspace, stream=stream, config=config)
+
+
+def _to_f16(sc: Scratch, x, dim: int, meta, rows: int, stream):
+    """f16(x) of the live rows into the scratch; returns it as the kernels' float16 [rows, D] array."""
+    x16 = rows_view(sc.x16, rows, dim)
+    to_f16_kernel[(col_blocks(dim), rows), TPB, stream](x16, x, meta)
+    return kernel_array(x16, np.float16)
+
+
+def _add(h, y, meta, rows: int, stream) -> None:
+    add_rows_kernel[(col_blocks(y.shape[1]), rows), TPB, stream](h, y, meta)
+
+
+def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
+    """h [T, D] += w2 (silu(w1 x) * (w3 x)) for x [T, D] (dense MLP or shared expert)."""
+    if w.path == INT4_MATMUL:
+        i, d = w.width, w.dim
+        gu, h16, y = rows_view(sc.gu, rows, 2 * i), rows_view(sc.h16, rows, i), rows_view(sc.y, rows, d)
+        int4_gemm(_to_f16(sc, x, d, meta, rows, stream), w.w13, kernel_array(gu), stream)
+        launch(moe_act_kernel, (-(-i // 128), rows), 128, stream,
+               (flat(kernel_array(h16)), flat(kernel_array(gu)), i))
+        int4_gemm(kernel_array(h16, np.float16), w.w2, kernel_array(y), stream)
+        _add(h, y, meta, rows, stream)
+        return
+    ffn.up(sc.hid1, x, sc.slot0, w.stack, meta, rows, stream=stream)
+    ffn.down(h, sc.hid1, sc.slot0, sc.one, w.stack, meta, rows, stream=stream)
+
+
+def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
+    """h [T, D] += the MoE block of x [T, D]: router, routed experts, shared experts."""
+    r = w.router
+    r.kernel[rows, (TPB, KS), stream](sc.rids, sc.rwts, x, r.gate_t, r.bias, meta)
+    if w.path == FUSED_MOE:
+        y = rows_view(sc.y, rows, w.dim)
+        experts_fused(_to_f16(sc, x, w.dim, meta, rows, stream), kernel_array(head_rows(sc.rids, rows)),
+                      kernel_array(head_rows(sc.rwts, rows)), w.fused, kernel_array(y),
+                      sc.workspace(w.fused, rows), stream)
+        _add(h, y, meta, rows, stream)
+    else:
+        ffn.up(sc.hid, x, sc.rids, w.stack, meta, rows, stream=stream)
+        ffn.down(h, sc.hid, sc.rids, sc.rwts, w.stack, meta, rows, stream=stream)
+    if w.shared is not None:
+        swiglu(h, x, w.shared, sc, meta, rows, stream)
+
+
+def argmax(out, logits, meta, rows: int, stream=0) -> None:
+    """out [T] int32 = argmax per live row (ties to the lowest id)."""
+    argmax_kernel[rows, TPB, stream](out, logits, meta)
+
+
+def copy_rows(dst, src, meta, rows: int, stream=0) -> None:
+    copy_rows_kernel[rows, TPB, stream](dst, src, meta)
+
+
+def advance(ids, amax, out, meta, stream=0) -> None:
+    """AR decode bookkeeping on the device: emit amax[0], feed it back as ids[0], start += 1."""
+    advance_kernel[1, 1, stream](ids, amax, out, meta)
+
+
+def kv_compact(cache, ctl, n_layers: int, stream=0) -> None:
+    """Move the previous round's accepted rows together in every layer's latent cache (kv.py)."""
+    kv_compact_kernel[n_layers, TPB, stream](cache, ctl)
+
+
+def tree_compile(ids, depth, vis, meta, ctl, stream=0) -> None:
+    """Tree ids, depths and the ancestor mask from the control block (tree.py)."""
+    tree_compile_kernel[1, TPB, stream](ids, depth, vis, meta, ctl)
+
+
+__all__ = ["Dense", "FUSED_MOE", "INT4_MATMUL", "Int4Host", "MoE", "PORTABLE", "Router", "Scratch", "SwiGLU",
+           "advance", "argmax", "copy_rows", "dense", "embed", "experts_fused", "group_size", "int4_gemm",
+           "kv_compact", "linear", "mla_attention", "mla_prep", "moe", "moe_weights", "portable_stack",
+           "rmsnorm", "router", "swiglu", "swiglu_weights", "topk_logprobs", "tree_compile"]

@@ -1,0 +1,124 @@
+"""kernels_numba.ops: which kernels a prepared weight takes (the tile layout's shape rule), and both paths
+of ``swiglu`` and ``moe`` against the reference's W4A16 (``workbench.reference``) on fresh random inputs,
+in both tiers. Device arrays are the engine's (``kernels_numba.device``); runs use the fast simulator."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kernels_numba import KernelInputError, ops
+from kernels_numba.device import download, head_rows, to_device, zeros
+from kernels_numba.sim import sim_speed
+from workbench.config import preset
+from workbench.quant.int4 import gen_quant4
+from workbench.reference.layers import swiglu
+from workbench.reference.moe import moe
+
+from .helpers import assert_close
+
+
+def _int4(n, k, seed, group=32):
+    _, packed, scale = gen_quant4(n, k, group, seed=seed)
+    return ops.Int4Host(packed, scale)
+
+
+def _swiglu_mats(d, i, seed, int4=True, group=32):
+    if not int4:
+        rng = np.random.default_rng(seed)
+        return tuple(rng.standard_normal(s).astype(np.float32) * 0.1 for s in ((i, d), (i, d), (d, i)))
+    return _int4(i, d, seed, group), _int4(i, d, seed + 1, group), _int4(d, i, seed + 2, group)
+
+
+def _as_weights(prefix, mats):
+    w = {}
+    for name, m in zip(("w1", "w3", "w2"), mats, strict=True):
+        if isinstance(m, ops.Int4Host):
+            w[f"{prefix}.{name}.packed"], w[f"{prefix}.{name}.scale"] = m.packed, m.scale
+        else:
+            w[f"{prefix}.{name}"] = m
+    return w
+
+
+@pytest.mark.parametrize("d,i,group,int4,path", [
+    (128, 64, 32, True, ops.INT4_MATMUL), (192, 256, 64, True, ops.INT4_MATMUL),
+    (128, 32, 32, True, ops.PORTABLE),      # w2 has K = 32: no 64-column chunk
+    (96, 64, 32, True, ops.PORTABLE),       # w1 / w3 have K = 96
+    (128, 64, 32, False, ops.PORTABLE)])
+def test_swiglu_path_follows_the_tile_layout_rule(d, i, group, int4, path):
+    assert ops.swiglu_weights(*_swiglu_mats(d, i, 1, int4, group)).path == path
+
+
+def test_scales_float16_cannot_hold_stay_portable():
+    w1, w3, w2 = _swiglu_mats(128, 64, 2)
+    exact = ops.Int4Host(w2.packed, w2.scale.astype(np.float32))            # float16 values: exact
+    assert ops.swiglu_weights(w1, w3, exact).path == ops.INT4_MATMUL
+    finer = ops.Int4Host(w2.packed, w2.scale.astype(np.float32) * np.float32(1 + 2 ** -13))
+    assert ops.swiglu_weights(w1, w3, finer).path == ops.PORTABLE
+
+
+@pytest.mark.parametrize("d,i,path", [(128, 64, ops.INT4_MATMUL), (192, 32, ops.PORTABLE)])
+def test_swiglu_both_paths_match_the_reference(d, i, path):
+    rows, live = 3, 2
+    mats = _swiglu_mats(d, i, 5)
+    w = ops.swiglu_weights(*mats)
+    assert w.path == path
+    sc = ops.Scratch(rows, [w], [])
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((rows, d)).astype(np.float32)
+    h0 = rng.standard_normal((rows, d)).astype(np.float32)
+    h = to_device(h0)
+    meta = to_device(np.array([0, live, 0, 0, 0, 0, 0, 0], np.int32))
+    with sim_speed():
+        ops.swiglu(h, to_device(x), w, sc, meta, rows)
+    got = download(h)
+    want = h0[:live] + swiglu(_as_weights("m", mats), "m", x[:live])
+    assert_close(got[:live], want, rtol=2e-3, atol_rel=2e-3, what=path)
+    np.testing.assert_array_equal(got[live:], h0[live:])                  # rows >= meta[1] untouched
+
+
+def _moe_model(cfg, seed, shared_int4=True):
+    e, i, d = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    rng = np.random.default_rng(seed)
+    experts = [_swiglu_mats(d, i, int(rng.integers(1 << 20))) for _ in range(e)]
+    shared = _swiglu_mats(d, cfg.n_shared_experts * i, int(rng.integers(1 << 20)), shared_int4)
+    w = {"layers.0.ffn.gate": rng.standard_normal((e, d)).astype(np.float32) * 0.1,
+         "layers.0.ffn.gate_bias": rng.standard_normal(e).astype(np.float32) * 0.01}
+    for j, m in enumerate(experts):
+        w.update(_as_weights(f"layers.0.ffn.experts.{j}", m))
+    w.update(_as_weights("layers.0.ffn.shared", shared))
+    rt = ops.router(w["layers.0.ffn.gate"], w["layers.0.ffn.gate_bias"], cfg.num_experts_per_tok, cfg.n_group,
+                    cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor)
+    return w, ops.moe_weights(rt, experts, shared)
+
+
+@pytest.mark.parametrize("preset_name,shared_int4,paths", [
+    ("tiny", True, (ops.FUSED_MOE, None)),                  # the shared expert inside fused_moe
+    ("tiny", False, (ops.FUSED_MOE, ops.PORTABLE)),         # policy 'experts': FP32 shared expert
+    ("tiny2", True, (ops.PORTABLE, ops.PORTABLE))])         # expert width 32
+def test_moe_both_paths_match_the_reference(preset_name, shared_int4, paths):
+    cfg = replace(preset(preset_name), num_hidden_layers=1, first_k_dense_replace=0)
+    rows, live = 3, 3
+    w, m = _moe_model(cfg, 3, shared_int4)
+    assert (m.path, m.shared.path if m.shared is not None else None) == paths
+    sc = ops.Scratch(rows, [], [m])
+    sc.reserve(rows)
+    x = np.random.default_rng(4).standard_normal((rows, cfg.hidden_size)).astype(np.float32)
+    h = zeros((rows, cfg.hidden_size))
+    meta = to_device(np.array([0, live, 0, 0, 0, 0, 0, 0], np.int32))
+    with sim_speed():
+        ops.moe(h, to_device(x), m, sc, meta, rows)
+    assert_close(download(head_rows(h, live)), moe(cfg, w, 0, x[:live]), rtol=2e-3, atol_rel=2e-3,
+                 what=str(paths))
+
+
+def test_moe_workspace_must_be_reserved_before_use():
+    cfg = replace(preset("tiny"), num_hidden_layers=1, first_k_dense_replace=0)
+    _, m = _moe_model(cfg, 1)
+    sc = ops.Scratch(4, [], [m])
+    sc.reserve(2)
+    assert sc.workspace(m.fused, 2).n_tok == 2
+    with pytest.raises(KernelInputError, match="reserve"):
+        sc.workspace(m.fused, 3)
+    with pytest.raises(KernelInputError):
+        sc.reserve(5)

@@ -1,0 +1,80 @@
+"""The one generation entry point: AR or DDTree decoding on the numpy reference or on the engine.
+
+The command line (``generate``), the notebooks and the benchmarks call ``generate``; the backend x mode
+dispatch lives only here. backend "reference" is the spec (``workbench.ddtree.ar_generate`` /
+``ddtree_generate``); "numba" is the engine (``workbench.engine``) on the GPU, or in numba's CUDA
+simulator without one. The engine is built for the request (``engine.ar.engine_for``) unless one is
+passed in (a benchmark reuses its engine and its captured steps across calls).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .config import ModelConfig
+from .ddtree.config import GREEDY, SamplingParams
+from .ddtree.speculative import RoundStats
+from .errors import InputError
+
+BACKENDS = ("reference", "numba")
+MODES = ("ar", "ddtree")
+
+
+@dataclass
+class Generation:
+    tokens: np.ndarray                                      # [n] int64 generated ids
+    seconds: float                                          # wall time of the call (engine set-up included)
+    rounds: list[RoundStats] = field(default_factory=list)  # DDTree rounds; empty for AR
+
+    @property
+    def mean_accepted(self) -> float:                       # tau: tokens per round, bonus included (AR: 1)
+        return float(np.mean([r.accepted_len for r in self.rounds])) if self.rounds else 1.0
+
+
+def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: int, *,
+             backend: str = "reference", mode: str = "ar", drafter: Any = "dflash", budget: int = 16,
+             sampling: SamplingParams = GREEDY, drafter_config: Any = None, oracle_p: float = 1.0,
+             oracle_seed: int = 0, continuation: Any = None, engine: Any = None,
+             timing: dict | None = None) -> Generation:
+    """Generate ``n_tokens`` after ``prompt``: greedy at ``sampling.temperature`` 0, else sampled with the
+    run's one Generator (both backends draw the same tokens for the same seed).
+
+    mode "ddtree": ``drafter`` ("dflash", "oracle" or a Drafter), ``budget`` nodes per tree, and the
+    drafter options of ``workbench.ddtree.drafter.make_drafter``. backend "numba": ``engine`` (a
+    ``workbench.engine.runtime.Engine`` big enough for the request) or None; ``timing`` receives the
+    engine's decode-phase wall times (``engine_ar_generate`` / ``engine_ddtree_generate``).
+    """
+    if backend not in BACKENDS:
+        raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if mode not in MODES:
+        raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    t0 = time.perf_counter()
+    kw = dict(drafter_config=drafter_config, oracle_p=oracle_p, oracle_seed=oracle_seed,
+              continuation=continuation)
+    if backend == "reference":
+        if mode == "ar":
+            from .ddtree.ar import ar_generate
+            return Generation(ar_generate(cfg, weights, prompt, n_tokens, sampling).tokens,
+                              time.perf_counter() - t0)
+        from .ddtree.speculative import ddtree_generate
+        r = ddtree_generate(cfg, weights, prompt, n_tokens, drafter, budget, sampling, **kw)
+        return Generation(r.tokens, time.perf_counter() - t0, r.rounds)
+    from .ddtree.inputs import check_run
+    from .engine.ar import engine_ar_generate, engine_for
+    toks, n_tokens = check_run(cfg, prompt, n_tokens, sampling)
+    if mode == "ar":
+        eng = engine or engine_for(cfg, weights, len(toks), n_tokens)
+        r = engine_ar_generate(eng, toks, n_tokens, sampling=sampling, timing=timing)
+        return Generation(r.tokens, time.perf_counter() - t0)
+    from .ddtree.drafter import make_drafter
+    from .ddtree.inputs import check_budget
+    from .engine.ddtree import engine_ddtree_generate
+    budget = check_budget(budget)
+    draft = make_drafter(drafter, cfg, weights, toks, n_tokens, np.float32, **kw)
+    eng = engine or engine_for(cfg, weights, len(toks), n_tokens, budget, taps=tuple(draft.capture))
+    r = engine_ddtree_generate(eng, weights, toks, n_tokens, draft, budget, sampling, timing=timing)
+    return Generation(r.tokens, time.perf_counter() - t0, r.rounds)
