@@ -51,6 +51,11 @@ def reference_greedy(name: str, n: int, prompt_len: int | None = None):
     return greedy_generate(b.config, w, np.asarray(b.prompt[:prompt_len], np.int64), n)
 
 
+# tokens the policy-'experts' tests check per model: the reference's greedy margin at tiny's step 13 is
+# 0.003, within the W4A16 noise, so tiny stops before it
+EXPERTS_TOKENS = {"tiny": 12, "tiny2": 32 if GPU else 12}
+
+
 @functools.cache
 def experts_model(name: str):
     """(bundle, weights, drafter config) of an FP32 bundle quantized with policy 'experts' at G = 32: routed

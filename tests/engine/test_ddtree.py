@@ -17,6 +17,7 @@ from tests.engine.common import (
     ATOL,
     BUNDLES,
     E2E,
+    EXPERTS_TOKENS,
     GPU,
     bundle,
     engine,
@@ -84,8 +85,7 @@ def test_engine_ddtree_matches_reference_and_golden(name, drafter, budget):
 def test_engine_ddtree_policy_experts_matches_reference(name, drafter):
     """Policy 'experts' (tiny: fused_moe experts, tiny2: portable): engine DDTree == reference DDTree ==
     the reference's greedy tokens, over steps whose greedy margins exceed twice the W4A16 tolerance
-    (tests.engine.test_ar.EXPERTS_TOKENS); two rounds under the simulator."""
-    from tests.engine.test_ar import EXPERTS_TOKENS
+    (tests.engine.common.EXPERTS_TOKENS); two rounds under the simulator."""
     from workbench.reference.generate import greedy_generate
     b, w, dcfg = experts_model(name)
     n, budget = EXPERTS_TOKENS[name], 16 if GPU else 4

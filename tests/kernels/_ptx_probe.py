@@ -12,6 +12,7 @@ from kernels_numba.moe import choose_moe_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
 from kernels_numba.moe_gemv import make_moe_gemv_kernel, moe_act_kernel
+from kernels_numba.rows import add_rows_kernel, to_f16_kernel
 
 KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "ldg_nc_v4": "ld.global.nc.L1::no_allocate.v4.u32",
@@ -19,7 +20,7 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "lop3": "lop3.b32", "hfma2": "fma.rn.f16x2", "local": ".local",
         "atom_shared": "atom.shared", "bar": "bar.sync", "pdl_wait": "griddepcontrol.wait",
         "pdl_wait_for": "@!p griddepcontrol.wait", "pdl_launch": "griddepcontrol.launch_dependents",
-        "st_async": "st.async.shared::cluster", "mbar_wait": "mbarrier.try_wait"}
+        "st_async": "st.async.shared::cluster", "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32"}
 
 
 def counts(kernel, sig):
@@ -58,6 +59,9 @@ def main():
     out["moe gemv down"] = counts(make_moe_gemv_kernel(2048, *cfg["dn"], False, cfg["maxreg"]), vsig)
     out["moe act"] = counts(moe_act_kernel, (a(T.uint16), a(T.float32), T.int64))
     out["moe combine"] = counts(make_combine_kernel(7168, 8, 1), (a(T.float32), a(T.float32), T.int64))
+    rows2d = T.float32[:, ::1]                               # the engine's [T, N] buffers
+    out["rows to_f16"] = counts(to_f16_kernel, (T.uint16[:, ::1], rows2d, a(T.int32)))
+    out["rows add"] = counts(add_rows_kernel, (rows2d, rows2d, a(T.int32)))
     json.dump(out, sys.stdout)
 
 

@@ -56,3 +56,9 @@ def test_moe_kernels(ptx_counts):
     assert ptx_counts["moe gemv gate_up"]["ldg_nc_v4"] >= 1
     assert ptx_counts["moe gemv down"]["ldg_once_v4"] >= 1 and ptx_counts["moe gemv down"]["ldg_nc_v4"] == 0
     assert ptx_counts["moe act"]["pdl_wait"] == 1
+
+
+def test_row_glue_kernels(ptx_counts):
+    """ops' float16 rounding and residual add between the engine's float32 rows and the W4A16 kernels."""
+    assert ptx_counts["rows to_f16"]["cvt_f16"] >= 1 and ptx_counts["rows to_f16"]["local"] == 0
+    assert ptx_counts["rows add"]["mma"] == 0 and ptx_counts["rows add"]["local"] == 0

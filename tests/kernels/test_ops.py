@@ -50,11 +50,14 @@ def test_swiglu_path_follows_the_tile_layout_rule(d, i, group, int4, path):
 
 
 def test_scales_float16_cannot_hold_stay_portable():
+    """The tile layout stores float16 scales: float32 / bfloat16 scales go there only when exact."""
     w1, w3, w2 = _swiglu_mats(128, 64, 2)
     exact = ops.Int4Host(w2.packed, w2.scale.astype(np.float32))            # float16 values: exact
     assert ops.swiglu_weights(w1, w3, exact).path == ops.INT4_MATMUL
     finer = ops.Int4Host(w2.packed, w2.scale.astype(np.float32) * np.float32(1 + 2 ** -13))
     assert ops.swiglu_weights(w1, w3, finer).path == ops.PORTABLE
+    bf16 = ops.Int4Host(w2.packed, (w2.scale.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+    assert ops.swiglu_weights(w1, w3, bf16).path == ops.INT4_MATMUL     # bfloat16 (checkpoints): fits
 
 
 @pytest.mark.parametrize("d,i,path", [(128, 64, ops.INT4_MATMUL), (192, 32, ops.PORTABLE)])
