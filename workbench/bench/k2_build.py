@@ -29,7 +29,7 @@ from ..engine.weights import DeviceLayer
 from ..errors import InputError
 
 EXPERT_KINDS = ("int4", "fp32")
-CHUNK = 4                                   # experts per repack task (~0.7 GB of temporaries at K2 width)
+CHUNK = 4  # experts per repack task (~0.7 GB of temporaries at K2 width)
 
 
 def _fp(cfg: ModelConfig, seed: int, name: str) -> np.ndarray:
@@ -61,16 +61,24 @@ def int4_experts(cfg: ModelConfig, seed: int, layer: int, workers: int = 1, log=
     del parts
     d, i = cfg.hidden_size, cfg.moe_intermediate_size
     g = seeded.EXPERT_GROUP
-    return MoEWeights(Int4Weight(cat[0], cat[1], i, d, g, e, pair=True), Int4Weight(cat[2], cat[3], d, i, g, e),
-                      e, 0)
+    return MoEWeights(
+        Int4Weight(cat[0], cat[1], i, d, g, e, pair=True), Int4Weight(cat[2], cat[3], d, i, g, e), e, 0
+    )
 
 
 def fp32_stack(cfg: ModelConfig, seed: int, layer: int) -> dict:
     """The portable kernels' FP32 expert stack (ffn.py: w1t, w3t [E, D, I], w2t [E, I, D]) filled on the
     device one expert at a time from the dequantized seeded weights (no host copy of the whole stack)."""
     from kernels_numba.device import sub, upload, zeros
+
     e, d, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-    out = {"int4": False, "w1t": zeros((e, d, i)), "w3t": zeros((e, d, i)), "w2t": zeros((e, i, d)), "width": i}
+    out = {
+        "int4": False,
+        "w1t": zeros((e, d, i)),
+        "w3t": zeros((e, d, i)),
+        "w2t": zeros((e, i, d)),
+        "width": i,
+    }
     for x in range(e):
         for p in ("w1", "w3", "w2"):
             w = seeded.expert_float32(cfg, seed, f"layers.{layer}.ffn.experts.{x}.{p}")
@@ -78,8 +86,9 @@ def fp32_stack(cfg: ModelConfig, seed: int, layer: int) -> dict:
     return out
 
 
-def device_layer(cfg: ModelConfig, seed: int, layer: int, experts: str = "int4", workers: int = 1,
-                 log=None) -> DeviceLayer:
+def device_layer(
+    cfg: ModelConfig, seed: int, layer: int, experts: str = "int4", workers: int = 1, log=None
+) -> DeviceLayer:
     """Layer ``layer`` of the seeded model on the device, prepared as ``engine.weights`` prepares it."""
     if experts not in EXPERT_KINDS:
         raise InputError(f"experts must be one of {', '.join(EXPERT_KINDS)}, got {experts!r}")
@@ -88,18 +97,30 @@ def device_layer(cfg: ModelConfig, seed: int, layer: int, experts: str = "int4",
     if cfg.q_lora_rank is None:
         raise InputError("the layer builder wants a q_lora model (K2's)")
     p, a = f"layers.{layer}.", f"layers.{layer}.attn."
-    a1 = np.concatenate([_fp(cfg, seed, a + "wq_a"), _fp(cfg, seed, a + "wkv_a")], axis=0)    # [Q+C+R, D]
-    lay = DeviceLayer(attn_norm=to_device(_fp(cfg, seed, p + "attn_norm")),
-                      ffn_norm=to_device(_fp(cfg, seed, p + "ffn_norm")), a1=ops.dense(a1),
-                      q_norm=to_device(_fp(cfg, seed, a + "q_norm")), kv_norm=to_device(_fp(cfg, seed, a + "kv_norm")),
-                      wq_b=ops.dense(_fp(cfg, seed, a + "wq_b")), wkv_b=to_device(_fp(cfg, seed, a + "wkv_b")),
-                      wo=ops.dense(_fp(cfg, seed, a + "wo")))
+    a1 = np.concatenate([_fp(cfg, seed, a + "wq_a"), _fp(cfg, seed, a + "wkv_a")], axis=0)  # [Q+C+R, D]
+    lay = DeviceLayer(
+        attn_norm=to_device(_fp(cfg, seed, p + "attn_norm")),
+        ffn_norm=to_device(_fp(cfg, seed, p + "ffn_norm")),
+        a1=ops.dense(a1),
+        q_norm=to_device(_fp(cfg, seed, a + "q_norm")),
+        kv_norm=to_device(_fp(cfg, seed, a + "kv_norm")),
+        wq_b=ops.dense(_fp(cfg, seed, a + "wq_b")),
+        wkv_b=to_device(_fp(cfg, seed, a + "wkv_b")),
+        wo=ops.dense(_fp(cfg, seed, a + "wo")),
+    )
     f = p + "ffn"
     if not cfg.is_moe_layer(layer):
         lay.mlp = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f))
         return lay
-    rt = ops.router(_fp(cfg, seed, f + ".gate"), _fp(cfg, seed, f + ".gate_bias"), cfg.num_experts_per_tok,
-                    cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor)
+    rt = ops.router(
+        _fp(cfg, seed, f + ".gate"),
+        _fp(cfg, seed, f + ".gate_bias"),
+        cfg.num_experts_per_tok,
+        cfg.n_group,
+        cfg.topk_group,
+        cfg.norm_topk_prob,
+        cfg.routed_scaling_factor,
+    )
     shared = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f + ".shared")) if cfg.n_shared_experts else None
     d, i = cfg.hidden_size, cfg.moe_intermediate_size
     if experts == "int4":
@@ -109,8 +130,9 @@ def device_layer(cfg: ModelConfig, seed: int, layer: int, experts: str = "int4",
             raise InputError(f"layer {layer}: the experts do not fit fused_moe's layout: {e}") from None
         if cfg.n_routed_experts > ops.MAX_FUSED_EXPERTS:
             raise InputError(f"fused_moe takes at most {ops.MAX_FUSED_EXPERTS} experts")
-        lay.moe = ops.MoE(ops.FUSED_MOE, rt, i, d, fused=fused if SIMULATED else fused.to_device(),
-                          shared=shared)
+        lay.moe = ops.MoE(
+            ops.FUSED_MOE, rt, i, d, fused=fused if SIMULATED else fused.to_device(), shared=shared
+        )
     else:
         lay.moe = ops.MoE(ops.PORTABLE, rt, i, d, stack=fp32_stack(cfg, seed, layer), shared=shared)
     return lay
@@ -121,12 +143,21 @@ def layer_bytes(cfg: ModelConfig, layer: int) -> dict[str, Any]:
     in the K2-Thinking layout (bf16 dense)."""
     d, h = cfg.hidden_size, cfg.num_attention_heads
     q, c, r = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    attn = d * (q + c + r) + q * h * cfg.qk_head_dim + c * h * (cfg.qk_nope_head_dim + cfg.v_head_dim) \
+    attn = (
+        d * (q + c + r)
+        + q * h * cfg.qk_head_dim
+        + c * h * (cfg.qk_nope_head_dim + cfg.v_head_dim)
         + h * cfg.v_head_dim * d
+    )
     i = cfg.moe_intermediate_size
     expert_int4 = 3 * d * i // 2 + 3 * d * (i // seeded.EXPERT_GROUP) * 2
-    out = {"attention_params": attn, "expert_int4": expert_int4, "expert_fp32": 3 * d * i * 4,
-           "kv_row_fp32": cfg.kv_cache_dim * 4, "kv_row_bf16": cfg.kv_cache_dim * 2}
+    out = {
+        "attention_params": attn,
+        "expert_int4": expert_int4,
+        "expert_fp32": 3 * d * i * 4,
+        "kv_row_fp32": cfg.kv_cache_dim * 4,
+        "kv_row_bf16": cfg.kv_cache_dim * 2,
+    }
     if cfg.is_moe_layer(layer):
         out["router_params"] = cfg.n_routed_experts * d
         out["shared_params"] = 3 * d * i * cfg.n_shared_experts

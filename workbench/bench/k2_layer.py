@@ -28,8 +28,17 @@ import numpy as np
 
 from kernels_numba import ffn, ops
 from kernels_numba.blockops import KS, TPB
-from kernels_numba.device import (SIMULATED, download, head_rows, kernel_array, rows_view, sub, tail_rows, to_device,
-                                  upload)
+from kernels_numba.device import (
+    SIMULATED,
+    download,
+    head_rows,
+    kernel_array,
+    rows_view,
+    sub,
+    tail_rows,
+    to_device,
+    upload,
+)
 from kernels_numba.rope import rope_tables
 
 from ..config import ModelConfig, preset
@@ -41,9 +50,9 @@ from ..reference.scenarios import random_tree
 from .k2_build import device_layer, layer_bytes
 from .torch_layer_bench import _reference_layer, ancestor_inputs
 
-ROWS = (1, 2, 3, 5, 9, 17, 33, 65)          # decode, then trees of 1, 2, 4, ..., 64 nodes + root
-TOL = {"int4": 2e-3, "fp32": 2e-3}          # relative error of each row's update y - x and of cache rows
-TIE = 1e-4                                  # selection-score gap under which a routing difference is a tie
+ROWS = (1, 2, 3, 5, 9, 17, 33, 65)  # decode, then trees of 1, 2, 4, ..., 64 nodes + root
+TOL = {"int4": 2e-3, "fp32": 2e-3}  # relative error of each row's update y - x and of cache rows
+TIE = 1e-4  # selection-score gap under which a routing difference is a tie
 
 
 def union_model(e: int, k: int, n: int) -> float:
@@ -58,13 +67,14 @@ class LayerRig:
         self.cfg, self.layer, self.lay = cfg, layer, lay
         a1_width = int(np.asarray(lay.a1.wt).shape[1]) if SIMULATED else int(lay.a1.wt.shape[1])
         self.buf = allocate(SimpleNamespace(cfg=cfg, a1_width=a1_width), max_len, max_rows, 0)
-        self.scratch = ops.Scratch(max_rows, [lay.mlp] if lay.mlp is not None else [],
-                                   [lay.moe] if lay.moe is not None else [])
+        self.scratch = ops.Scratch(
+            max_rows, [lay.mlp] if lay.mlp is not None else [], [lay.moe] if lay.moe is not None else []
+        )
         self.cache = sub(self.buf.cache, layer)
         cos, sin = rope_tables(cfg, max_len)
         self.cos, self.sin = to_device(cos), to_device(sin)
         k = cfg.num_experts_per_tok
-        self.ids = to_device(np.zeros((max_rows, k), np.int32))              # [T, K] rotated routing
+        self.ids = to_device(np.zeros((max_rows, k), np.int32))  # [T, K] rotated routing
         self.wts = to_device(np.full((max_rows, k), cfg.routed_scaling_factor / k, np.float32))
         self.y = to_device(np.zeros((max_rows, cfg.hidden_size), np.float32))  # [T, D] a part's output
 
@@ -88,6 +98,7 @@ class LayerRig:
     def sync(self) -> None:
         if not SIMULATED:
             from numba import cuda
+
             cuda.synchronize()
 
     def out(self, n: int) -> np.ndarray:
@@ -106,24 +117,36 @@ class LayerRig:
         def attention(s):
             ops.rmsnorm(b.x, b.h, lay.attn_norm, eps, b.meta, n, s)
             mla(self, lay, self.cache, n, s)
+
         out = {"attention": attention}
         if lay.moe is None:
             out["dense_mlp"] = lambda s: ops.swiglu(self.y, b.x, lay.mlp, sc, b.meta, n, s)
         else:
             m = lay.moe
             r = m.router
-            out["router"] = lambda s: r.kernel[n, (TPB, KS), s](sc.rids, sc.rwts, b.x, r.gate_t, r.bias, b.meta)
+            out["router"] = lambda s: r.kernel[n, (TPB, KS), s](
+                sc.rids, sc.rwts, b.x, r.gate_t, r.bias, b.meta
+            )
             ids, wts = (sc.rids, sc.rwts) if own_routing else (self.ids, self.wts)
             if m.path == ops.FUSED_MOE:
                 x16 = kernel_array(rows_view(sc.x16, n, m.dim), np.float16)
 
                 def routed(s):
-                    ops.experts_fused(x16, kernel_array(head_rows(ids, n)), kernel_array(head_rows(wts, n)),
-                                      m.fused, kernel_array(head_rows(self.y, n)), sc.workspace(m.fused, n), s)
+                    ops.experts_fused(
+                        x16,
+                        kernel_array(head_rows(ids, n)),
+                        kernel_array(head_rows(wts, n)),
+                        m.fused,
+                        kernel_array(head_rows(self.y, n)),
+                        sc.workspace(m.fused, n),
+                        s,
+                    )
             else:
+
                 def routed(s):
                     ffn.up(sc.hid, b.x, ids, m.stack, b.meta, n, stream=s)
                     ffn.down(self.y, sc.hid, ids, wts, m.stack, b.meta, n, stream=s)
+
             out["routed_experts"] = routed
             if m.shared is not None:
                 out["shared_expert"] = lambda s: ops.swiglu(self.y, b.x, m.shared, sc, b.meta, n, s)
@@ -140,15 +163,25 @@ def _rel(got: np.ndarray, want: np.ndarray) -> np.ndarray:
 def _tie(ref, layer: int, xn: np.ndarray, r_set: set, d_set: set) -> bool:
     """Every swapped pair's reference selection scores (sigmoid + bias) lie within TIE."""
     p = f"layers.{layer}.ffn."
-    s = sigmoid(xn @ np.asarray(weight(ref, p + "gate"), np.float32).T) + np.asarray(weight(ref, p + "gate_bias"))
+    s = sigmoid(xn @ np.asarray(weight(ref, p + "gate"), np.float32).T) + np.asarray(
+        weight(ref, p + "gate_bias")
+    )
     return all(abs(float(s[a]) - float(s[b])) < TIE for a in r_set - d_set for b in d_set - r_set)
 
 
-def check(cfg: ModelConfig, seed: int, rig: LayerRig, experts: str = "int4", prefix: int = 16,
-          tree_nodes: int = 16, log=print) -> list[dict[str, Any]]:
+def check(
+    cfg: ModelConfig,
+    seed: int,
+    rig: LayerRig,
+    experts: str = "int4",
+    prefix: int = 16,
+    tree_nodes: int = 16,
+    log=print,
+) -> list[dict[str, Any]]:
     """Prefix (cache rows), decode and a (tree_nodes + 1)-row verify of the rig's layer against the
     reference; one result dict per scenario with ``passed``."""
     from ..seeded import SeededWeights
+
     layer, tol = rig.layer, TOL[experts]
     ref = SeededWeights(cfg, seed, "experts" if experts == "int4" else "fp32")
     rng = np.random.default_rng(seed + 1000 * layer)
@@ -163,12 +196,23 @@ def check(cfg: ModelConfig, seed: int, rig: LayerRig, experts: str = "int4", pre
     rig.sync()
     got = download(head_rows(rig.cache, prefix))
     err = float(_rel(got, cache.layers[layer][:prefix]).max())
-    out.append({"layer": layer, "experts": experts, "scenario": f"prefix {prefix} rows: cache rows",
-                "rows": prefix, "max_rel_err": err, "tol": tol, "passed": err <= tol})
+    out.append(
+        {
+            "layer": layer,
+            "experts": experts,
+            "scenario": f"prefix {prefix} rows: cache rows",
+            "rows": prefix,
+            "max_rel_err": err,
+            "tol": tol,
+            "passed": err <= tol,
+        }
+    )
     parents, _ = random_tree(cfg, tree_nodes, seed=seed + 7)
     vis_t, pos_t = ancestor_inputs(parents, prefix)
-    cases = [("decode", x_all[prefix:prefix + 1], np.ones((1, 1), bool), np.array([prefix])),
-             (f"verify {tree_nodes}-node tree + root", x_all[prefix + 1:], vis_t, pos_t)]
+    cases = [
+        ("decode", x_all[prefix : prefix + 1], np.ones((1, 1), bool), np.array([prefix])),
+        (f"verify {tree_nodes}-node tree + root", x_all[prefix + 1 :], vis_t, pos_t),
+    ]
     for name, x, vis, p in cases:
         n = x.shape[0]
         y_ref, xn_ref, routes = _reference_layer(cfg, ref, layer, x, p, cache, vis)
@@ -176,8 +220,11 @@ def check(cfg: ModelConfig, seed: int, rig: LayerRig, experts: str = "int4", pre
         rig.step(n)
         y = rig.out(n)
         err = _rel(y - x, y_ref - x)
-        cache_err = float(_rel(download(head_rows(tail_rows(rig.cache, prefix), n)),
-                               cache.layers[layer][prefix:prefix + n]).max())
+        cache_err = float(
+            _rel(
+                download(head_rows(tail_rows(rig.cache, prefix), n)), cache.layers[layer][prefix : prefix + n]
+            ).max()
+        )
         keep = np.ones(n, bool)
         ties = 0
         routes_ok = True
@@ -191,16 +238,37 @@ def check(cfg: ModelConfig, seed: int, rig: LayerRig, experts: str = "int4", pre
                         ties += 1
                     else:
                         routes_ok = False
-                        log(f"  layer {layer} {name}: row {i} routes to {sorted(d_set)}, reference {sorted(r_set)}")
+                        log(
+                            f"  layer {layer} {name}: row {i} routes to {sorted(d_set)}, "
+                            f"reference {sorted(r_set)}"
+                        )
         worst = float(err[keep].max()) if keep.any() else 0.0
         passed = bool(worst <= tol and cache_err <= tol and routes_ok)
-        out.append({"layer": layer, "experts": experts, "scenario": name, "rows": n, "max_rel_err": worst,
-                    "cache_rel_err": cache_err, "route_ties": ties, "routes_match": routes_ok, "tol": tol,
-                    "passed": passed})
+        out.append(
+            {
+                "layer": layer,
+                "experts": experts,
+                "scenario": name,
+                "rows": n,
+                "max_rel_err": worst,
+                "cache_rel_err": cache_err,
+                "route_ties": ties,
+                "routes_match": routes_ok,
+                "tol": tol,
+                "passed": passed,
+            }
+        )
     for r in out:
-        log(f"  check layer {r['layer']} ({r['experts']} experts) {r['scenario']}: max rel err {r['max_rel_err']:.2e}"
-            + (f", cache rows {r['cache_rel_err']:.2e}, routing ties {r['route_ties']}" if "cache_rel_err" in r
-               else "") + f" (tol {r['tol']:g}) -> {'PASS' if r['passed'] else 'FAIL'}")
+        log(
+            f"  check layer {r['layer']} ({r['experts']} experts) {r['scenario']}: "
+            f"max rel err {r['max_rel_err']:.2e}"
+            + (
+                f", cache rows {r['cache_rel_err']:.2e}, routing ties {r['route_ties']}"
+                if "cache_rel_err" in r
+                else ""
+            )
+            + f" (tol {r['tol']:g}) -> {'PASS' if r['passed'] else 'FAIL'}"
+        )
     return out
 
 
@@ -212,13 +280,16 @@ def routing_sets(cfg: ModelConfig, n: int, sets: int = 8, seed: int = 0) -> list
     return [np.stack([rng.permutation(e)[:k] for _ in range(n)]).astype(np.int32) for _ in range(sets)]
 
 
-def _floor_bytes(cfg: ModelConfig, layer: int, part: str, n: int, context: int, uniq: float,
-                 experts: str) -> tuple[float, float]:
+def _floor_bytes(
+    cfg: ModelConfig, layer: int, part: str, n: int, context: int, uniq: float, experts: str
+) -> tuple[float, float]:
     """(bytes this implementation must read, bytes of the K2-Thinking layout) for a part."""
     lb = layer_bytes(cfg, layer)
     kv = context + n
     if part == "attention":
-        return lb["attention_params"] * 4 + kv * lb["kv_row_fp32"], lb["attention_params"] * 2 + kv * lb["kv_row_bf16"]
+        return lb["attention_params"] * 4 + kv * lb["kv_row_fp32"], lb["attention_params"] * 2 + kv * lb[
+            "kv_row_bf16"
+        ]
     if part == "router":
         return lb["router_params"] * 4, lb["router_params"] * 2
     if part == "routed_experts":
@@ -227,19 +298,34 @@ def _floor_bytes(cfg: ModelConfig, layer: int, part: str, n: int, context: int, 
         return lb["shared_params"] * 4, lb["shared_params"] * 2
     if part == "dense_mlp":
         return lb["mlp_params"] * 4, lb["mlp_params"] * 2
-    parts = ["attention", "router", "routed_experts", "shared_expert"] if cfg.is_moe_layer(layer) else \
-        ["attention", "dense_mlp"]
+    parts = (
+        ["attention", "router", "routed_experts", "shared_expert"]
+        if cfg.is_moe_layer(layer)
+        else ["attention", "dense_mlp"]
+    )
     both = [_floor_bytes(cfg, layer, p, n, context, uniq, experts) for p in parts]
     return sum(b[0] for b in both), sum(b[1] for b in both)
 
 
-def time_layer(cfg: ModelConfig, rig: LayerRig, experts: str, context: int, rows_list, reps: int, copy_gbs: float,
-               emit, log=print, seed: int = 0, budget_s: float = 1e9) -> None:
+def time_layer(
+    cfg: ModelConfig,
+    rig: LayerRig,
+    experts: str,
+    context: int,
+    rows_list,
+    reps: int,
+    copy_gbs: float,
+    emit,
+    log=print,
+    seed: int = 0,
+    budget_s: float = 1e9,
+) -> None:
     """Time every part of ``rig`` per row count; ``emit(row)`` gets each CSV row as it is measured."""
     import torch
 
     from ..engine.graphs import StepGraph
     from .common import spin_timed
+
     layer = rig.layer
     rng = np.random.default_rng(seed)
     upload(head_rows(rig.cache, context), rng.standard_normal((context, cfg.kv_cache_dim)).astype(np.float32))
@@ -254,7 +340,7 @@ def time_layer(cfg: ModelConfig, rig: LayerRig, experts: str, context: int, rows
         vis, pos = ancestor_inputs(parents, context)
         x = rng.standard_normal((n, cfg.hidden_size)).astype(np.float32)
         rig.load(x, context, pos - context, vis.astype(np.uint8))
-        rig.step(n)                                   # fills x (the FFN input), x16 and the router's routing
+        rig.step(n)  # fills x (the FFN input), x16 and the router's routing
         own = rig.routes(n) if cfg.is_moe_layer(layer) else None
         sets = routing_sets(cfg, n, seed=seed)
         variants = [("random", False), ("router", True)] if own is not None else [("-", False)]
@@ -267,19 +353,23 @@ def time_layer(cfg: ModelConfig, rig: LayerRig, experts: str, context: int, rows
 
                 def before(r: int, rotate=rotate) -> None:
                     if rotate:
-                        upload(head_rows(rig.ids, n), sets[r % len(sets)])   # noqa: B023
+                        upload(head_rows(rig.ids, n), sets[r % len(sets)])  # noqa: B023
                     flush_buf.zero_()
+
                 try:
                     if rotate:
                         upload(head_rows(rig.ids, n), sets[0])
                     g = StepGraph(fn, True)
                     samples = spin_timed(lambda g=g: g.run(None), reps, before=before)
-                except Exception as ex:                                    # noqa: BLE001 - one part's failure
+                except Exception as ex:  # noqa: BLE001 - one part's failure
                     log(f"  layer {layer} {experts} {part} T={n}: FAILED {type(ex).__name__}: {ex}")
                     continue
                 if part == "routed_experts":
-                    uniq = float(statistics.median(len(np.unique(s)) for s in sets)) if rotate \
+                    uniq = (
+                        float(statistics.median(len(np.unique(s)) for s in sets))
+                        if rotate
                         else float(len(np.unique(own)))
+                    )
                 elif part == "layer" and own is not None:
                     uniq = float(len(np.unique(own)))
                 else:
@@ -287,32 +377,85 @@ def time_layer(cfg: ModelConfig, rig: LayerRig, experts: str, context: int, rows
                 us = statistics.median(samples)
                 key = part if routing != "random" or part != "routed_experts" else "routed_random"
                 meas[key] = us
-                emit(_row(cfg, layer, experts, part, routing if part in ("routed_experts", "layer") else "-", n,
-                          context, us, samples, uniq, copy_gbs, union_model(e, k, n) if own is not None else None))
+                emit(
+                    _row(
+                        cfg,
+                        layer,
+                        experts,
+                        part,
+                        routing if part in ("routed_experts", "layer") else "-",
+                        n,
+                        context,
+                        us,
+                        samples,
+                        uniq,
+                        copy_gbs,
+                        union_model(e, k, n) if own is not None else None,
+                    )
+                )
             rig.sync()
         if "layer" in meas:
-            parts = [p for p in ("attention", "router", "routed_experts", "shared_expert", "dense_mlp") if p in meas]
+            parts = [
+                p
+                for p in ("attention", "router", "routed_experts", "shared_expert", "dense_mlp")
+                if p in meas
+            ]
             if len(parts) == (4 if own is not None else 2):
                 rest = meas["layer"] - sum(meas[p] for p in parts)
-                emit({"layer": layer, "experts": experts, "impl": "numba engine", "part": "rest", "routing": "router",
-                      "rows": n, "tree_nodes": n - 1, "context": context, "us": round(rest, 2)})
+                emit(
+                    {
+                        "layer": layer,
+                        "experts": experts,
+                        "impl": "numba engine",
+                        "part": "rest",
+                        "routing": "router",
+                        "rows": n,
+                        "tree_nodes": n - 1,
+                        "context": context,
+                        "us": round(rest, 2),
+                    }
+                )
 
 
 def _row(cfg, layer, experts, part, routing, n, context, us, samples, uniq, copy_gbs, union) -> dict:
     u = uniq if not math.isnan(uniq) else 0.0
     nb, nb_k2 = _floor_bytes(cfg, layer, part, n, context, u, experts)
     floor, floor_k2 = nb / (copy_gbs * 1e3), nb_k2 / (copy_gbs * 1e3)
-    return {"layer": layer, "experts": experts, "impl": "numba engine", "part": part, "routing": routing, "rows": n,
-            "tree_nodes": n - 1, "context": context, "us": round(us, 2), "min_us": round(min(samples), 2),
-            "max_us": round(max(samples), 2), "unique_experts": None if math.isnan(uniq) else uniq,
-            "union_model": None if union is None else round(union, 1), "bytes": int(nb),
-            "floor_us": round(floor, 2), "pct_floor": round(100 * floor / us, 1), "bytes_k2": int(nb_k2),
-            "floor_k2_us": round(floor_k2, 2), "captured": True}
+    return {
+        "layer": layer,
+        "experts": experts,
+        "impl": "numba engine",
+        "part": part,
+        "routing": routing,
+        "rows": n,
+        "tree_nodes": n - 1,
+        "context": context,
+        "us": round(us, 2),
+        "min_us": round(min(samples), 2),
+        "max_us": round(max(samples), 2),
+        "unique_experts": None if math.isnan(uniq) else uniq,
+        "union_model": None if union is None else round(union, 1),
+        "bytes": int(nb),
+        "floor_us": round(floor, 2),
+        "pct_floor": round(100 * floor / us, 1),
+        "bytes_k2": int(nb_k2),
+        "floor_k2_us": round(floor_k2, 2),
+        "captured": True,
+    }
 
 
 # ---- the whole run -----------------------------------------------------------------------------------
-def run(out_dir, layers=None, context: int = 4096, reps: int = 30, fp32_layer: int | None = 1,
-        torch_baseline: bool = True, do_check: bool = True, workers: int = 16, seed: int = 0):
+def run(
+    out_dir,
+    layers=None,
+    context: int = 4096,
+    reps: int = 30,
+    fp32_layer: int | None = 1,
+    torch_baseline: bool = True,
+    do_check: bool = True,
+    workers: int = 16,
+    seed: int = 0,
+):
     """Check and time each layer of k2_slice; writes the result set ``k2_layer_<commit>`` into out_dir."""
     import torch
     from numba import cuda
@@ -321,6 +464,7 @@ def run(out_dir, layers=None, context: int = 4096, reps: int = 30, fp32_layer: i
     from ..report.tables import write_csv
     from .common import copy_bandwidth, run_metadata
     from .results import result_set
+
     cfg = preset("k2_slice")
     layers = list(range(cfg.num_hidden_layers)) if layers is None else list(layers)
     out = Path(out_dir)
@@ -340,7 +484,10 @@ def run(out_dir, layers=None, context: int = 4096, reps: int = 30, fp32_layer: i
         write_csv(rows, rs.csv)
 
     def save_meta() -> None:
-        write_json_atomic(rs.meta, {**meta, "checks": checks, "elapsed_s": round(time.perf_counter() - t0, 1)})
+        write_json_atomic(
+            rs.meta, {**meta, "checks": checks, "elapsed_s": round(time.perf_counter() - t0, 1)}
+        )
+
     meta["copy_gbs"] = round(copy_bandwidth(), 1)
     log(f"copy rate {meta['copy_gbs']} GB/s; layers {layers}; context {context}")
     save_meta()
@@ -356,19 +503,31 @@ def run(out_dir, layers=None, context: int = 4096, reps: int = 30, fp32_layer: i
             lay = device_layer(cfg, seed, layer, experts if cfg.is_moe_layer(layer) else "int4", workers)
             rig = LayerRig(cfg, layer, lay, max_rows, max_len)
             rig.sync()
-            log(f"layer {layer} ({kind}): built in {time.perf_counter() - t:.1f} s, "
-                f"paths {lay.moe.path if lay.moe is not None else lay.mlp.path}")
+            log(
+                f"layer {layer} ({kind}): built in {time.perf_counter() - t:.1f} s, "
+                f"paths {lay.moe.path if lay.moe is not None else lay.mlp.path}"
+            )
             if do_check:
                 t = time.perf_counter()
                 checks += check(cfg, seed, rig, experts, log=log)
                 log(f"layer {layer}: checked in {time.perf_counter() - t:.1f} s")
                 save_meta()
             t = time.perf_counter()
-            time_layer(cfg, rig, kind if kind != "dense" else "int4", context,
-                       ROWS if experts == "int4" else ROWS[:5], reps if experts == "int4" else 5,
-                       meta["copy_gbs"], emit, log, seed, budget_s=60.0)
+            time_layer(
+                cfg,
+                rig,
+                kind if kind != "dense" else "int4",
+                context,
+                ROWS if experts == "int4" else ROWS[:5],
+                reps if experts == "int4" else 5,
+                meta["copy_gbs"],
+                emit,
+                log,
+                seed,
+                budget_s=60.0,
+            )
             log(f"layer {layer} ({kind}): timed in {time.perf_counter() - t:.1f} s")
-        except Exception as ex:                                            # noqa: BLE001 - keep the other layers
+        except Exception as ex:  # noqa: BLE001 - keep the other layers
             log(f"layer {layer} ({kind}): FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
         del rig
         lay = None
@@ -379,10 +538,13 @@ def run(out_dir, layers=None, context: int = 4096, reps: int = 30, fp32_layer: i
         save_meta()
     try:
         plot(rows, rs.plot)
-    except Exception as ex:                                                # noqa: BLE001
+    except Exception as ex:  # noqa: BLE001
         log(f"plot FAILED {type(ex).__name__}: {ex}")
     save_meta()
-    log(f"checks: {sum(c['passed'] for c in checks)}/{len(checks)} passed; wrote {rs.csv}, {rs.meta}, {rs.plot}")
+    log(
+        f"checks: {sum(c['passed'] for c in checks)}/{len(checks)} passed; "
+        f"wrote {rs.csv}, {rs.meta}, {rs.plot}"
+    )
     return rs
 
 
@@ -392,21 +554,32 @@ def _torch_rows(cfg, seed, layer, context, reps, emit, log) -> None:
 
     from .torch_layer import TorchLayer
     from .torch_layer_bench import time_torch_layer
+
     try:
         t = time.perf_counter()
         with torch.no_grad():
             tl = TorchLayer.from_seeded(cfg, seed, layer, max_len=context + max(ROWS))
             routes = {n: routing_sets(cfg, n, seed=seed) for n in ROWS} if cfg.is_moe_layer(layer) else None
             for r in time_torch_layer(cfg, tl, ROWS, context, layer, reps, seed, routes=routes):
-                r = {"layer": r["layer"], "experts": "bf16" if cfg.is_moe_layer(layer) else "-", "impl": r["impl"],
-                     "part": r["part"], "routing": "random" if r["part"] == "routed_experts" and routes else "router",
-                     "rows": r["tokens"], "tree_nodes": r["tokens"] - 1, "context": r["context"], "us": r["us"],
-                     "min_us": r["min_us"], "max_us": r["max_us"], "unique_experts": r["unique_experts"],
-                     "captured": r["captured"]}
+                r = {
+                    "layer": r["layer"],
+                    "experts": "bf16" if cfg.is_moe_layer(layer) else "-",
+                    "impl": r["impl"],
+                    "part": r["part"],
+                    "routing": "random" if r["part"] == "routed_experts" and routes else "router",
+                    "rows": r["tokens"],
+                    "tree_nodes": r["tokens"] - 1,
+                    "context": r["context"],
+                    "us": r["us"],
+                    "min_us": r["min_us"],
+                    "max_us": r["max_us"],
+                    "unique_experts": r["unique_experts"],
+                    "captured": r["captured"],
+                }
                 emit(r)
         log(f"layer {layer}: torch baseline in {time.perf_counter() - t:.1f} s")
         del tl
-    except Exception as ex:                                                # noqa: BLE001
+    except Exception as ex:  # noqa: BLE001
         log(f"layer {layer}: torch baseline FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
     torch.cuda.empty_cache()
 
@@ -415,29 +588,54 @@ def plot(rows: list[dict], path: Path) -> None:
     """Per MoE layer: us vs tree rows of the layer and routed experts (INT4 engine, BF16 torch, FP32
     portable) and the floors; distinct experts vs the union model."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from ..fileio import save_figure_atomic
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for (impl, experts, part, routing), style in {
-            ("numba engine", "int4", "layer", "router"): "o-", ("numba engine", "int4", "routed_experts", "random"): "s-",
-            ("numba engine", "fp32", "routed_experts", "random"): "^-"}.items():
+        ("numba engine", "int4", "layer", "router"): "o-",
+        ("numba engine", "int4", "routed_experts", "random"): "s-",
+        ("numba engine", "fp32", "routed_experts", "random"): "^-",
+    }.items():
         for layer in sorted({r["layer"] for r in rows if r.get("experts") == experts}):
-            sel = [r for r in rows if (r["impl"], r["experts"], r["part"], r["routing"], r["layer"])
-                   == (impl, experts, part, routing, layer)]
+            sel = [
+                r
+                for r in rows
+                if (r["impl"], r["experts"], r["part"], r["routing"], r["layer"])
+                == (impl, experts, part, routing, layer)
+            ]
             if sel:
-                a.plot([r["rows"] for r in sel], [r["us"] for r in sel], style, label=f"L{layer} {experts} {part}")
+                a.plot(
+                    [r["rows"] for r in sel],
+                    [r["us"] for r in sel],
+                    style,
+                    label=f"L{layer} {experts} {part}",
+                )
                 if part == "routed_experts" and experts == "int4":
                     a.plot([r["rows"] for r in sel], [r["floor_us"] for r in sel], ":", color="gray")
-                    b.plot([r["rows"] for r in sel], [r["unique_experts"] for r in sel], "o", label=f"L{layer} random")
+                    b.plot(
+                        [r["rows"] for r in sel],
+                        [r["unique_experts"] for r in sel],
+                        "o",
+                        label=f"L{layer} random",
+                    )
                     b.plot([r["rows"] for r in sel], [r["union_model"] for r in sel], "-", color="gray")
     for layer in sorted({r["layer"] for r in rows if r.get("experts") == "bf16"}):
         for part, style in (("layer", "o--"), ("routed_experts", "s--")):
             sel = [r for r in rows if r["experts"] == "bf16" and r["part"] == part and r["layer"] == layer]
             if sel:
-                a.plot([r["rows"] for r in sel], [r["us"] for r in sel], style, label=f"L{layer} torch bf16 {part}")
-    a.set(xscale="log", yscale="log", xlabel="rows (tree nodes + root)", ylabel="us", title="k2_slice MoE layer")
+                a.plot(
+                    [r["rows"] for r in sel],
+                    [r["us"] for r in sel],
+                    style,
+                    label=f"L{layer} torch bf16 {part}",
+                )
+    a.set(
+        xscale="log", yscale="log", xlabel="rows (tree nodes + root)", ylabel="us", title="k2_slice MoE layer"
+    )
     b.set(xscale="log", xlabel="rows", ylabel="distinct experts", title="experts touched vs E(1-(1-k/E)^N)")
     a.legend(fontsize=6)
     b.legend(fontsize=6)
