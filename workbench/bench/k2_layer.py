@@ -77,6 +77,7 @@ class LayerRig:
         self.ids = to_device(np.zeros((max_rows, k), np.int32))  # [T, K] rotated routing
         self.wts = to_device(np.full((max_rows, k), cfg.routed_scaling_factor / k, np.float32))
         self.y = to_device(np.zeros((max_rows, cfg.hidden_size), np.float32))  # [T, D] a part's output
+        self.h0 = to_device(np.zeros((max_rows, cfg.hidden_size), np.float32))  # [T, D] the step's input rows
 
     def load(self, x: np.ndarray, start: int, depth: np.ndarray, vis: np.ndarray) -> int:
         """Rows x [n, D] at positions start + depth, new rows seeing each other by vis [n, n]."""
@@ -86,6 +87,7 @@ class LayerRig:
         v = np.zeros((t, t), np.uint8)
         v[:n, :n] = vis
         upload(head_rows(self.buf.h, n), np.ascontiguousarray(x, np.float32))
+        upload(head_rows(self.h0, n), np.ascontiguousarray(x, np.float32))
         upload(self.buf.depth, d)
         upload(self.buf.vis, v)
         upload(self.buf.meta, np.array([start, n, 0, 0, 0, 0, 0, 0], np.int32))
@@ -150,7 +152,10 @@ class LayerRig:
             out["routed_experts"] = routed
             if m.shared is not None:
                 out["shared_expert"] = lambda s: ops.swiglu(self.y, b.x, m.shared, sc, b.meta, n, s)
-        out["layer"] = lambda s: self.step(n, s)
+        def layer(s):                                 # from the same input rows on every replay
+            ops.copy_rows(b.h, self.h0, b.meta, n, s)
+            self.step(n, s)
+        out["layer"] = layer
         return out
 
 
@@ -346,6 +351,8 @@ def time_layer(
         variants = [("random", False), ("router", True)] if own is not None else [("-", False)]
         meas: dict[str, float] = {}
         for routing, own_r in variants:
+            if own_r:                                 # what the layer replays left: the router's routing
+                own = rig.routes(n)
             for part, fn in rig.parts(n, own_routing=own_r).items():
                 if routing == "router" and part != "routed_experts":
                     continue
@@ -455,6 +462,7 @@ def run(
     do_check: bool = True,
     workers: int = 16,
     seed: int = 0,
+    fp32_after_s: float = 240.0,
 ):
     """Check and time each layer of k2_slice; writes the result set ``k2_layer_<commit>`` into out_dir."""
     import torch
@@ -496,6 +504,9 @@ def run(
     for layer, experts in plan:
         if experts == "fp32" and not cfg.is_moe_layer(layer):
             continue
+        if experts == "fp32" and time.perf_counter() - t0 > fp32_after_s:
+            log(f"FP32 experts left out: {time.perf_counter() - t0:.0f} s spent (limit {fp32_after_s:.0f} s)")
+            continue
         kind = experts if cfg.is_moe_layer(layer) else "dense"
         rig = None
         try:
@@ -507,7 +518,7 @@ def run(
                 f"layer {layer} ({kind}): built in {time.perf_counter() - t:.1f} s, "
                 f"paths {lay.moe.path if lay.moe is not None else lay.mlp.path}"
             )
-            if do_check:
+            if do_check and experts == "int4":
                 t = time.perf_counter()
                 checks += check(cfg, seed, rig, experts, log=log)
                 log(f"layer {layer}: checked in {time.perf_counter() - t:.1f} s")
