@@ -6,6 +6,7 @@ import pytest
 
 from kernels_numba import ops
 from kernels_numba.device import SIMULATED, on_gpu
+from kernels_numba.sim import sim_speed
 from workbench.bench import k2_layer
 from workbench.bench.k2_build import device_layer, layer_bytes
 from workbench.config import preset
@@ -54,12 +55,13 @@ def test_parts_launch_and_floors():
     rig = _rig(SMALL, 1)
     n = 3
     rig.load(np.ones((n, SMALL.hidden_size), np.float32), 4, np.array([0, 1, 1]), np.tril(np.ones((n, n))))
-    rig.step(n)
-    for own in (False, True):
-        parts = rig.parts(n, own_routing=own)
-        assert list(parts) == ["attention", "router", "routed_experts", "shared_expert", "layer"]
-        for fn in parts.values():
-            fn(0)
+    with sim_speed():
+        rig.step(n)
+        for own in (False, True):
+            parts = rig.parts(n, own_routing=own)
+            assert list(parts) == ["attention", "router", "routed_experts", "shared_expert", "layer"]
+            for fn in parts.values():
+                fn(0)
     assert np.isfinite(rig.out(n)).all()
     lb = layer_bytes(preset("k2_slice"), 1)
     assert lb["expert_int4"] == 3 * 7168 * 2048 // 2 + 3 * 7168 * 64 * 2        # 24.77 MB
