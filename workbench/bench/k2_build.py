@@ -66,24 +66,29 @@ def int4_experts(cfg: ModelConfig, seed: int, layer: int, workers: int = 1, log=
     )
 
 
-def fp32_stack(cfg: ModelConfig, seed: int, layer: int) -> dict:
-    """The portable kernels' FP32 expert stack (ffn.py: w1t, w3t [E, D, I], w2t [E, I, D]) filled on the
-    device one expert at a time from the dequantized seeded weights (no host copy of the whole stack)."""
-    from kernels_numba.device import sub, upload, zeros
+def fp32_stack(cfg: ModelConfig, seed: int, layer: int, workers: int = 1, chunk: int = 8) -> dict:
+    """The portable kernels' FP32 expert stack (ffn.py: w1t, w3t [E, D, I], w2t [E, I, D]), dequantized
+    from the seeded INT4 words by torch where the kernels read it (the GPU; the host in the simulator),
+    ``chunk`` experts at a time: no host copy of the whole 4-byte stack."""
+    import torch
 
+    from .torch_layer import dequantize_int4_torch
+    dev = "cpu" if SIMULATED else "cuda"
     e, d, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-    out = {
-        "int4": False,
-        "w1t": zeros((e, d, i)),
-        "w3t": zeros((e, d, i)),
-        "w2t": zeros((e, i, d)),
-        "width": i,
-    }
-    for x in range(e):
+    t = {"w1t": torch.empty(e, d, i, device=dev), "w3t": torch.empty(e, d, i, device=dev),
+         "w2t": torch.empty(e, i, d, device=dev)}
+    for e0 in range(0, e, chunk):
+        ids = range(e0, min(e0 + chunk, e))
         for p in ("w1", "w3", "w2"):
-            w = seeded.expert_float32(cfg, seed, f"layers.{layer}.ffn.experts.{x}.{p}")
-            upload(sub(out[p + "t"], x), np.ascontiguousarray(w.T))
-    return out
+            packed, scale = seeded.expert_stack(cfg, seed, layer, p, experts=ids, workers=workers)
+            w = dequantize_int4_torch(torch.from_numpy(packed).to(dev), torch.from_numpy(scale).to(dev),
+                                      torch.float32)                                  # [c, N, K]
+            t[p + "t"][e0:e0 + len(ids)] = w.transpose(1, 2)
+    if SIMULATED:
+        return {"int4": False, **{k: to_device(v.numpy()) for k, v in t.items()}, "width": i}
+    from numba import cuda
+    return {"int4": False, **{k: cuda.as_cuda_array(v) for k, v in t.items()}, "width": i,
+            "tensors": t}                                      # the torch tensors own the device memory
 
 
 def device_layer(
@@ -134,7 +139,7 @@ def device_layer(
             ops.FUSED_MOE, rt, i, d, fused=fused if SIMULATED else fused.to_device(), shared=shared
         )
     else:
-        lay.moe = ops.MoE(ops.PORTABLE, rt, i, d, stack=fp32_stack(cfg, seed, layer), shared=shared)
+        lay.moe = ops.MoE(ops.PORTABLE, rt, i, d, stack=fp32_stack(cfg, seed, layer, workers), shared=shared)
     return lay
 
 

@@ -469,7 +469,8 @@ def run(
     do_check: bool = True,
     workers: int = 16,
     seed: int = 0,
-    fp32_after_s: float = 240.0,
+    fp32_after_s: float = 260.0,
+    start_before_s: float = 330.0,
 ):
     """Check and time each layer of k2_slice; writes the result set ``k2_layer_<commit>`` into out_dir."""
     import torch
@@ -507,9 +508,15 @@ def run(
     log(f"copy rate {meta['copy_gbs']} GB/s; layers {layers}; context {context}")
     save_meta()
     max_len, max_rows = context + max(ROWS), max(ROWS)
-    plan = [(i, "int4") for i in layers] + ([(fp32_layer, "fp32")] if fp32_layer in layers else [])
+    plan = []                                 # FP32 experts right after that layer's INT4 run
+    for i in layers:
+        plan.append((i, "int4"))
+        if i == fp32_layer and cfg.is_moe_layer(i):
+            plan.append((i, "fp32"))
     for layer, experts in plan:
-        if experts == "fp32" and not cfg.is_moe_layer(layer):
+        if time.perf_counter() - t0 > start_before_s:
+            log(f"layer {layer} ({experts}) left out: {time.perf_counter() - t0:.0f} s spent "
+                f"(nothing starts after {start_before_s:.0f} s)")
             continue
         if experts == "fp32" and time.perf_counter() - t0 > fp32_after_s:
             log(f"FP32 experts left out: {time.perf_counter() - t0:.0f} s spent (limit {fp32_after_s:.0f} s)")
