@@ -384,7 +384,7 @@ def time_layer(
                         if rotate
                         else float(len(np.unique(own)))
                     )
-                elif part == "layer" and own is not None:
+                elif part in ("layer", "router") and own is not None:
                     uniq = float(len(np.unique(own)))
                 else:
                     uniq = float("nan")
@@ -397,7 +397,7 @@ def time_layer(
                         layer,
                         experts,
                         part,
-                        routing if part in ("routed_experts", "layer") else "-",
+                        routing if part == "routed_experts" else ("router" if own is not None else "-"),
                         n,
                         context,
                         us,
