@@ -1,4 +1,4 @@
-"""``python -m workbench bench kernels|engine [--out DIR]``: GPU benchmarks (one-line error without a GPU).
+"""``python -m workbench bench kernels|engine|k2 [--out DIR]``: GPU benchmarks (one-line error without a GPU).
 
 Each run writes one result set ``<bench>_<commit>.csv / .json / .png / .log`` into DIR (the log is
 the run's console output) and then removes DIR's earlier sets of the same benchmark
@@ -14,8 +14,17 @@ from pathlib import Path
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("what", choices=("kernels", "engine"), help="which benchmark")
+    parser.add_argument("what", choices=("kernels", "engine", "k2"),
+                        help="which benchmark (k2: the k2_slice layers)")
     parser.add_argument("--out", default="reports/bench", help="output folder (default reports/bench)")
+    parser.add_argument("--layers", default=None, help="k2: comma-separated layers (default all)")
+    parser.add_argument("--context", type=int, default=4096, help="k2: cached rows before each step")
+    parser.add_argument("--reps", type=int, default=30, help="k2: graph replays per part")
+    parser.add_argument("--fp32-layer", type=int, default=1,
+                        help="k2: the MoE layer also run with FP32 experts (-1: none)")
+    parser.add_argument("--no-torch", action="store_true", help="k2: leave out the stock-PyTorch rows")
+    parser.add_argument("--no-check", action="store_true", help="k2: leave out the reference check")
+    parser.add_argument("--workers", type=int, default=16, help="k2: processes repacking INT4 experts")
 
 
 class _Tee(io.TextIOBase):
@@ -51,6 +60,17 @@ def run(args) -> int:
             res = run_kernels(out)
             print(summary(res["rows"], res["meta"]["copy_gbs"]))
             rs = res["set"]
+        elif args.what == "k2":
+            from workbench.bench.k2_layer import run as run_k2
+            layers = None
+            if args.layers:
+                try:
+                    layers = [int(v) for v in args.layers.split(",")]
+                except ValueError:
+                    raise UserError(f"--layers wants comma-separated ints, got {args.layers!r}") from None
+            fp32 = None if args.fp32_layer < 0 else args.fp32_layer
+            rs = run_k2(out, layers, args.context, args.reps, fp32, not args.no_torch, not args.no_check,
+                        args.workers)
         else:
             from workbench.bench.engine import run_engine_bench
             rs = run_engine_bench(out)

@@ -18,23 +18,28 @@ def launch_forward(eng, rows: int, stream, taps: tuple[int, ...] = ()) -> None:
     Reads ids/depth/vis/meta from the engine's buffers, appends latent rows at meta[0] + i,
     leaves logits [rows, Vo] and argmax [rows]; copies the outputs of layers ``taps`` into feats.
     """
-    m, b, cfg, sc, s = eng.model, eng.buf, eng.cfg, eng.scratch, stream
+    m, b, cfg, s = eng.model, eng.buf, eng.cfg, stream
     eps = cfg.rms_norm_eps
     ops.embed(b.h, m.embed, b.ids, b.meta, rows, s)
     for i, lay in enumerate(m.layers):
-        cache = eng.cache_views[i]
-        ops.rmsnorm(b.x, b.h, lay.attn_norm, eps, b.meta, rows, s)
-        mla(eng, lay, cache, rows, s)                                         # h += attention(x)
-        ops.rmsnorm(b.x, b.h, lay.ffn_norm, eps, b.meta, rows, s)
-        if lay.moe is not None:
-            ops.moe(b.h, b.x, lay.moe, sc, b.meta, rows, s)                   # h += moe(x)
-        else:
-            ops.swiglu(b.h, b.x, lay.mlp, sc, b.meta, rows, s)                # h += dense_mlp(x)
+        launch_layer(eng, lay, eng.cache_views[i], rows, s)
         if i in taps:
             ops.copy_rows(eng.feat_views[taps.index(i)], b.h, b.meta, rows, s)
     ops.rmsnorm(b.x, b.h, m.norm, eps, b.meta, rows, s)
     ops.linear(b.logits, b.x, m.head, b.meta, rows, s)
     ops.argmax(b.amax, b.logits, b.meta, rows, s)
+
+
+def launch_layer(eng, lay, cache, rows: int, s) -> None:
+    """One decoder layer on the residual rows h [rows, D] in place (``reference.model.decoder_layer``)."""
+    b, eps = eng.buf, eng.cfg.rms_norm_eps
+    ops.rmsnorm(b.x, b.h, lay.attn_norm, eps, b.meta, rows, s)
+    mla(eng, lay, cache, rows, s)                                             # h += attention(x)
+    ops.rmsnorm(b.x, b.h, lay.ffn_norm, eps, b.meta, rows, s)
+    if lay.moe is not None:
+        ops.moe(b.h, b.x, lay.moe, eng.scratch, b.meta, rows, s)              # h += moe(x)
+    else:
+        ops.swiglu(b.h, b.x, lay.mlp, eng.scratch, b.meta, rows, s)           # h += dense_mlp(x)
 
 
 def mla(eng, lay, cache, rows: int, s) -> None:

@@ -1,0 +1,78 @@
+"""The k2_slice layer benchmark's device layer against the reference layer: a small K2-like config in
+the simulator (fast path: every K a multiple of 64, 16 experts), the real k2_slice on the GPU tier."""
+
+import numpy as np
+import pytest
+
+from kernels_numba import ops
+from kernels_numba.device import SIMULATED, on_gpu
+from kernels_numba.sim import sim_speed
+from workbench.bench import k2_layer
+from workbench.bench.k2_build import device_layer, layer_bytes
+from workbench.config import preset
+
+ON_GPU = not SIMULATED and on_gpu()
+# K2's structure at small widths: q_lora, 1 dense + 1 MoE layer, top-4 of 16 experts + 1 shared, G = 32
+SMALL = preset("k2_slice").replace(
+    hidden_size=64, num_attention_heads=1, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16,
+    qk_nope_head_dim=16, v_head_dim=16, intermediate_size=128, moe_intermediate_size=64, n_routed_experts=16,
+    num_experts_per_tok=4, n_group=1, topk_group=1, vocab_size=256, num_hidden_layers=2)
+
+
+def _rig(cfg, layer, experts="int4", workers=1):
+    return k2_layer.LayerRig(cfg, layer, device_layer(cfg, 3, layer, experts, workers), 17, 24)
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_small_layer_matches_reference(layer):
+    rig = _rig(SMALL, layer)
+    res = k2_layer.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=16, log=lambda m: None)
+    assert [r["rows"] for r in res] == [4, 1, 17]
+    assert all(r["passed"] for r in res), res
+    if layer == 1:
+        assert rig.lay.moe.path == ops.FUSED_MOE and rig.lay.moe.shared.path == ops.PORTABLE
+        assert all(r["routes_match"] for r in res[1:])
+    else:
+        assert rig.lay.mlp.path == ops.PORTABLE
+
+
+def test_small_fp32_experts_match_reference():
+    rig = _rig(SMALL, 1, "fp32")
+    assert rig.lay.moe.path == ops.PORTABLE
+    res = k2_layer.check(SMALL, 3, rig, "fp32", prefix=4, tree_nodes=16, log=lambda m: None)
+    assert all(r["passed"] for r in res), res
+
+
+def test_a_wrong_weight_fails_the_check():
+    rig = _rig(SMALL, 1)
+    a = np.asarray(rig.lay.ffn_norm)
+    a *= 1.01                                                   # the device's ffn_norm off by 1%
+    res = k2_layer.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=4, log=lambda m: None)
+    assert not all(r["passed"] for r in res[1:])
+
+
+def test_parts_launch_and_floors():
+    rig = _rig(SMALL, 1)
+    n = 3
+    rig.load(np.ones((n, SMALL.hidden_size), np.float32), 4, np.array([0, 1, 1]), np.tril(np.ones((n, n))))
+    with sim_speed():
+        rig.step(n)
+        for own in (False, True):
+            parts = rig.parts(n, own_routing=own)
+            assert list(parts) == ["attention", "router", "routed_experts", "shared_expert", "layer"]
+            for fn in parts.values():
+                fn(0)
+    assert np.isfinite(rig.out(n)).all()
+    lb = layer_bytes(preset("k2_slice"), 1)
+    assert lb["expert_int4"] == 3 * 7168 * 2048 // 2 + 3 * 7168 * 64 * 2        # 24.77 MB
+    assert round(k2_layer.union_model(384, 8, 16)) == 110
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="GPU tier: needs KDTREE_GPU=1 and a CUDA GPU")
+@pytest.mark.parametrize("layer", [0, 1, 2])
+def test_k2_slice_layer_matches_reference_on_gpu(layer):
+    cfg = preset("k2_slice")
+    rig = k2_layer.LayerRig(cfg, layer, device_layer(cfg, 0, layer, "int4", workers=16), 17, 40)
+    res = k2_layer.check(cfg, 0, rig, "int4", prefix=16, tree_nodes=16)
+    assert all(r["passed"] for r in res), res

@@ -1,0 +1,171 @@
+"""One layer of the seeded model as the engine's prepared device weights (``engine.weights.DeviceLayer``).
+
+Attention, norms, router and shared expert (or dense MLP) are the seeded bf16 values widened to
+float32 (exact), prepared by the same ``kernels_numba.ops`` calls ``engine.weights.upload_model``
+makes. Routed experts are either ``int4`` (the seeded W4A16 words; ``fused_moe`` where the layout
+allows) or ``fp32`` (the same weights dequantized, exact: the portable FFN kernels). At K2 width the
+host tile repack is the slow step (about half a second per expert on one core), so INT4 experts are
+generated and repacked in chunks on ``workers`` processes; a stack of chunks in the tile layout is
+the chunks' arrays one after another (the expert index is the outermost dimension).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from kernels_numba import ops
+from kernels_numba.device import SIMULATED, to_device
+from kernels_numba.int4_layout import Int4Weight, LayoutError
+from kernels_numba.moe import MoEWeights, prepare_moe
+
+from .. import seeded
+from ..bundle.bf16 import BF16Array
+from ..config import ModelConfig
+from ..engine.weights import DeviceLayer
+from ..errors import InputError
+
+EXPERT_KINDS = ("int4", "fp32")
+CHUNK = 4  # experts per repack task (~0.7 GB of temporaries at K2 width)
+
+
+def _fp(cfg: ModelConfig, seed: int, name: str) -> np.ndarray:
+    return BF16Array(seeded.fp_bits(cfg, seed, name)).float32()
+
+
+def _swiglu_fp(cfg: ModelConfig, seed: int, prefix: str) -> tuple:
+    return tuple(_fp(cfg, seed, f"{prefix}.{p}") for p in ("w1", "w3", "w2"))
+
+
+def _repack_chunk(cfg: ModelConfig, seed: int, layer: int, e0: int, e1: int) -> tuple[np.ndarray, ...]:
+    """Experts [e0, e1) of ``layer`` in the fused_moe tile layout: (w13 wq, w13 sq, w2 wq, w2 sq)."""
+    st = [seeded.expert_stack(cfg, seed, layer, p, experts=range(e0, e1)) for p in ("w1", "w3", "w2")]
+    w = prepare_moe(st[0][0], st[0][1], st[1][0], st[1][1], st[2][0], st[2][1])
+    return w.w13.wq, w.w13.sq, w.w2.wq, w.w2.sq
+
+
+def int4_experts(cfg: ModelConfig, seed: int, layer: int, workers: int = 1, log=None) -> MoEWeights:
+    """All routed experts of ``layer`` repacked for fused_moe (host arrays), no shared expert inside."""
+    e, chunk = cfg.n_routed_experts, CHUNK
+    tasks = [(e0, min(e0 + chunk, e)) for e0 in range(0, e, chunk)]
+    if workers > 1:
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            futs = [pool.submit(_repack_chunk, cfg, seed, layer, a, b) for a, b in tasks]
+            parts = [f.result() for f in futs]
+    else:
+        parts = [_repack_chunk(cfg, seed, layer, a, b) for a, b in tasks]
+    cat = [np.concatenate([p[j] for p in parts]) for j in range(4)]
+    del parts
+    d, i = cfg.hidden_size, cfg.moe_intermediate_size
+    g = seeded.EXPERT_GROUP
+    return MoEWeights(
+        Int4Weight(cat[0], cat[1], i, d, g, e, pair=True), Int4Weight(cat[2], cat[3], d, i, g, e), e, 0
+    )
+
+
+def fp32_stack(cfg: ModelConfig, seed: int, layer: int, workers: int = 1, chunk: int = 8) -> dict:
+    """The portable kernels' FP32 expert stack (ffn.py: w1t, w3t [E, D, I], w2t [E, I, D]), dequantized
+    from the seeded INT4 words by torch where the kernels read it (the GPU; the host in the simulator),
+    ``chunk`` experts at a time: no host copy of the whole 4-byte stack."""
+    import torch
+
+    from .torch_layer import dequantize_int4_torch
+    dev = "cpu" if SIMULATED else "cuda"
+    e, d, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    t = {"w1t": torch.empty(e, d, i, device=dev), "w3t": torch.empty(e, d, i, device=dev),
+         "w2t": torch.empty(e, i, d, device=dev)}
+    for e0 in range(0, e, chunk):
+        ids = range(e0, min(e0 + chunk, e))
+        for p in ("w1", "w3", "w2"):
+            packed, scale = seeded.expert_stack(cfg, seed, layer, p, experts=ids, workers=workers)
+            w = dequantize_int4_torch(torch.from_numpy(packed).to(dev), torch.from_numpy(scale).to(dev),
+                                      torch.float32)                                  # [c, N, K]
+            t[p + "t"][e0:e0 + len(ids)] = w.transpose(1, 2)
+    if SIMULATED:
+        return {"int4": False, **{k: to_device(v.numpy()) for k, v in t.items()}, "width": i}
+    from numba import cuda
+    return {"int4": False, **{k: cuda.as_cuda_array(v) for k, v in t.items()}, "width": i,
+            "tensors": t}                                      # the torch tensors own the device memory
+
+
+def device_layer(
+    cfg: ModelConfig, seed: int, layer: int, experts: str = "int4", workers: int = 1, log=None
+) -> DeviceLayer:
+    """Layer ``layer`` of the seeded model on the device, prepared as ``engine.weights`` prepares it."""
+    if experts not in EXPERT_KINDS:
+        raise InputError(f"experts must be one of {', '.join(EXPERT_KINDS)}, got {experts!r}")
+    if not 0 <= layer < cfg.num_hidden_layers:
+        raise InputError(f"layer {layer} outside the model's {cfg.num_hidden_layers} layers")
+    if cfg.q_lora_rank is None:
+        raise InputError("the layer builder wants a q_lora model (K2's)")
+    p, a = f"layers.{layer}.", f"layers.{layer}.attn."
+    a1 = np.concatenate([_fp(cfg, seed, a + "wq_a"), _fp(cfg, seed, a + "wkv_a")], axis=0)  # [Q+C+R, D]
+    lay = DeviceLayer(
+        attn_norm=to_device(_fp(cfg, seed, p + "attn_norm")),
+        ffn_norm=to_device(_fp(cfg, seed, p + "ffn_norm")),
+        a1=ops.dense(a1),
+        q_norm=to_device(_fp(cfg, seed, a + "q_norm")),
+        kv_norm=to_device(_fp(cfg, seed, a + "kv_norm")),
+        wq_b=ops.dense(_fp(cfg, seed, a + "wq_b")),
+        wkv_b=to_device(_fp(cfg, seed, a + "wkv_b")),
+        wo=ops.dense(_fp(cfg, seed, a + "wo")),
+    )
+    f = p + "ffn"
+    if not cfg.is_moe_layer(layer):
+        lay.mlp = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f))
+        return lay
+    rt = ops.router(
+        _fp(cfg, seed, f + ".gate"),
+        _fp(cfg, seed, f + ".gate_bias"),
+        cfg.num_experts_per_tok,
+        cfg.n_group,
+        cfg.topk_group,
+        cfg.norm_topk_prob,
+        cfg.routed_scaling_factor,
+    )
+    shared = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f + ".shared")) if cfg.n_shared_experts else None
+    d, i = cfg.hidden_size, cfg.moe_intermediate_size
+    if experts == "int4":
+        try:
+            fused = int4_experts(cfg, seed, layer, workers, log)
+        except LayoutError as e:
+            raise InputError(f"layer {layer}: the experts do not fit fused_moe's layout: {e}") from None
+        if cfg.n_routed_experts > ops.MAX_FUSED_EXPERTS:
+            raise InputError(f"fused_moe takes at most {ops.MAX_FUSED_EXPERTS} experts")
+        lay.moe = ops.MoE(
+            ops.FUSED_MOE, rt, i, d, fused=fused if SIMULATED else fused.to_device(), shared=shared
+        )
+    else:
+        lay.moe = ops.MoE(ops.PORTABLE, rt, i, d, stack=fp32_stack(cfg, seed, layer, workers), shared=shared)
+    return lay
+
+
+def layer_bytes(cfg: ModelConfig, layer: int) -> dict[str, Any]:
+    """Weight bytes per part as the engine holds them (float32 dense, INT4 experts with f16 scales) and
+    in the K2-Thinking layout (bf16 dense)."""
+    d, h = cfg.hidden_size, cfg.num_attention_heads
+    q, c, r = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    attn = (
+        d * (q + c + r)
+        + q * h * cfg.qk_head_dim
+        + c * h * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+        + h * cfg.v_head_dim * d
+    )
+    i = cfg.moe_intermediate_size
+    expert_int4 = 3 * d * i // 2 + 3 * d * (i // seeded.EXPERT_GROUP) * 2
+    out = {
+        "attention_params": attn,
+        "expert_int4": expert_int4,
+        "expert_fp32": 3 * d * i * 4,
+        "kv_row_fp32": cfg.kv_cache_dim * 4,
+        "kv_row_bf16": cfg.kv_cache_dim * 2,
+    }
+    if cfg.is_moe_layer(layer):
+        out["router_params"] = cfg.n_routed_experts * d
+        out["shared_params"] = 3 * d * i * cfg.n_shared_experts
+    else:
+        out["mlp_params"] = 3 * d * cfg.intermediate_size
+    return out

@@ -1,0 +1,669 @@
+"""``bench k2``: each layer of the seeded ``k2_slice`` on the engine's kernels, checked and timed.
+
+Legend: T rows of a step (1 for decode, N + 1 for a verify of an N-node tree), D model width, K
+experts per token, E routed experts, P prefix rows before a step.
+
+A ``LayerRig`` holds one layer's prepared weights (``k2_build.device_layer``), buffers shaped like the
+engine's and ``ops.Scratch``; its step is ``engine.model.launch_layer``, the code the engine runs per
+layer. ``check`` runs a P-row prefix, a decode step and a verify of a 17-row tree (16 nodes + root)
+on the device and on the numpy reference (``reference.model``'s layer, W4A16 definition) and compares
+each row's update y - x and the latent rows the layer appended. ``time_layer`` (GPU) times, per row
+count, the attention, router, routed experts (random routing sets rotated between replays, and the
+router's own routing of the tree rows), shared expert or dense MLP and the whole layer, each in its
+own CUDA graph (``engine.graphs.StepGraph``), behind a spin kernel, with a 256 MiB write before every
+replay so weights come from HBM; "rest" is the layer minus its parts (norms, conversions, adds).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from kernels_numba import ffn, ops
+from kernels_numba.blockops import KS, TPB
+from kernels_numba.device import (
+    SIMULATED,
+    download,
+    head_rows,
+    kernel_array,
+    rows_view,
+    sub,
+    tail_rows,
+    to_device,
+    upload,
+)
+from kernels_numba.rope import rope_tables
+
+from ..config import ModelConfig, preset
+from ..engine.buffers import allocate
+from ..engine.model import launch_layer, mla
+from ..reference.layers import sigmoid, weight
+from ..reference.model import LatentCache
+from ..reference.scenarios import random_tree
+from .k2_build import device_layer, layer_bytes
+from .torch_layer_bench import _reference_layer, ancestor_inputs
+
+ROWS = (1, 2, 3, 5, 9, 17, 33, 65)  # decode, then trees of 1, 2, 4, ..., 64 nodes + root
+TOL = {"int4": 2e-3, "fp32": 2e-3}  # relative error of each row's update y - x and of cache rows
+TIE = 1e-4  # selection-score gap under which a routing difference is a tie
+
+
+def union_model(e: int, k: int, n: int) -> float:
+    """Expected distinct experts of n tokens routed uniformly: E (1 - (1 - k/E)^n)."""
+    return e * (1.0 - (1.0 - k / e) ** n)
+
+
+class LayerRig:
+    """One layer on the device with the engine's buffers; ``load`` sets a step's rows, ``step`` runs it."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, lay, max_rows: int, max_len: int) -> None:
+        self.cfg, self.layer, self.lay = cfg, layer, lay
+        a1_width = int(np.asarray(lay.a1.wt).shape[1]) if SIMULATED else int(lay.a1.wt.shape[1])
+        self.buf = allocate(SimpleNamespace(cfg=cfg, a1_width=a1_width), max_len, max_rows, 0)
+        self.scratch = ops.Scratch(
+            max_rows, [lay.mlp] if lay.mlp is not None else [], [lay.moe] if lay.moe is not None else []
+        )
+        self.cache = sub(self.buf.cache, layer)
+        cos, sin = rope_tables(cfg, max_len)
+        self.cos, self.sin = to_device(cos), to_device(sin)
+        k = cfg.num_experts_per_tok
+        self.ids = to_device(np.zeros((max_rows, k), np.int32))  # [T, K] rotated routing
+        self.wts = to_device(np.full((max_rows, k), cfg.routed_scaling_factor / k, np.float32))
+        self.y = to_device(np.zeros((max_rows, cfg.hidden_size), np.float32))  # [T, D] a part's output
+        self.h0 = to_device(np.zeros((max_rows, cfg.hidden_size), np.float32))  # [T, D] the step's input rows
+
+    def load(self, x: np.ndarray, start: int, depth: np.ndarray, vis: np.ndarray) -> int:
+        """Rows x [n, D] at positions start + depth, new rows seeing each other by vis [n, n]."""
+        n, t = x.shape[0], self.buf.max_rows
+        d = np.zeros(t, np.int32)
+        d[:n] = depth
+        v = np.zeros((t, t), np.uint8)
+        v[:n, :n] = vis
+        upload(head_rows(self.buf.h, n), np.ascontiguousarray(x, np.float32))
+        upload(head_rows(self.h0, n), np.ascontiguousarray(x, np.float32))
+        upload(self.buf.depth, d)
+        upload(self.buf.vis, v)
+        upload(self.buf.meta, np.array([start, n, 0, 0, 0, 0, 0, 0], np.int32))
+        self.scratch.reserve(n)
+        return n
+
+    def step(self, n: int, s=0) -> None:
+        launch_layer(self, self.lay, self.cache, n, s)
+
+    def sync(self) -> None:
+        if not SIMULATED:
+            from numba import cuda
+
+            cuda.synchronize()
+
+    def out(self, n: int) -> np.ndarray:
+        self.sync()
+        return download(head_rows(self.buf.h, n))
+
+    def routes(self, n: int) -> np.ndarray:
+        self.sync()
+        return download(head_rows(self.scratch.rids, n))
+
+    # ---- the parts a step is timed in (each a launch sequence on stream s) -------------------------
+    def parts(self, n: int, own_routing: bool = False) -> dict[str, Any]:
+        b, cfg, lay, sc = self.buf, self.cfg, self.lay, self.scratch
+        eps = cfg.rms_norm_eps
+
+        def attention(s):
+            ops.rmsnorm(b.x, b.h, lay.attn_norm, eps, b.meta, n, s)
+            mla(self, lay, self.cache, n, s)
+
+        out = {"attention": attention}
+        if lay.moe is None:
+            out["dense_mlp"] = lambda s: ops.swiglu(self.y, b.x, lay.mlp, sc, b.meta, n, s)
+        else:
+            m = lay.moe
+            r = m.router
+            out["router"] = lambda s: r.kernel[n, (TPB, KS), s](
+                sc.rids, sc.rwts, b.x, r.gate_t, r.bias, b.meta
+            )
+            ids, wts = (sc.rids, sc.rwts) if own_routing else (self.ids, self.wts)
+            if m.path == ops.FUSED_MOE:
+                x16 = kernel_array(rows_view(sc.x16, n, m.dim), np.float16)
+
+                def routed(s):
+                    ops.experts_fused(
+                        x16,
+                        kernel_array(head_rows(ids, n)),
+                        kernel_array(head_rows(wts, n)),
+                        m.fused,
+                        kernel_array(head_rows(self.y, n)),
+                        sc.workspace(m.fused, n),
+                        s,
+                    )
+            else:
+
+                def routed(s):
+                    ffn.up(sc.hid, b.x, ids, m.stack, b.meta, n, stream=s)
+                    ffn.down(self.y, sc.hid, ids, wts, m.stack, b.meta, n, stream=s)
+
+            out["routed_experts"] = routed
+            if m.shared is not None:
+                out["shared_expert"] = lambda s: ops.swiglu(self.y, b.x, m.shared, sc, b.meta, n, s)
+        def layer(s):                                 # from the same input rows on every replay
+            ops.copy_rows(b.h, self.h0, b.meta, n, s)
+            self.step(n, s)
+        out["layer"] = layer
+        return out
+
+
+# ---- correctness against the reference ---------------------------------------------------------------
+def _rel(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    d = np.linalg.norm(got.astype(np.float64) - want, axis=-1)
+    return d / np.maximum(np.linalg.norm(want.astype(np.float64), axis=-1), 1e-30)
+
+
+def _tie(ref, layer: int, xn: np.ndarray, r_set: set, d_set: set) -> bool:
+    """Every swapped pair's reference selection scores (sigmoid + bias) lie within TIE."""
+    p = f"layers.{layer}.ffn."
+    s = sigmoid(xn @ np.asarray(weight(ref, p + "gate"), np.float32).T) + np.asarray(
+        weight(ref, p + "gate_bias")
+    )
+    return all(abs(float(s[a]) - float(s[b])) < TIE for a in r_set - d_set for b in d_set - r_set)
+
+
+def check(*args, **kw) -> list[dict[str, Any]]:
+    """``_check`` under the simulator's faster executor (no effect on a GPU)."""
+    from kernels_numba.sim import sim_speed
+    with sim_speed():
+        return _check(*args, **kw)
+
+
+def _check(
+    cfg: ModelConfig,
+    seed: int,
+    rig: LayerRig,
+    experts: str = "int4",
+    prefix: int = 16,
+    tree_nodes: int = 16,
+    log=print,
+) -> list[dict[str, Any]]:
+    """Prefix (cache rows), decode and a (tree_nodes + 1)-row verify of the rig's layer against the
+    reference; one result dict per scenario with ``passed``."""
+    from ..seeded import SeededWeights
+
+    layer, tol = rig.layer, TOL[experts]
+    ref = SeededWeights(cfg, seed, "experts" if experts == "int4" else "fp32")
+    rng = np.random.default_rng(seed + 1000 * layer)
+    x_all = rng.standard_normal((prefix + 2 + tree_nodes, cfg.hidden_size)).astype(np.float32)
+    cache = LatentCache.empty(cfg, prefix + tree_nodes + 1)
+    out = []
+    pos = np.arange(prefix)
+    _reference_layer(cfg, ref, layer, x_all[:prefix], pos, cache, np.tril(np.ones((prefix, prefix), bool)))
+    cache.length = prefix
+    rig.load(x_all[:prefix], 0, pos, np.tril(np.ones((prefix, prefix), np.uint8)))
+    rig.step(prefix)
+    rig.sync()
+    got = download(head_rows(rig.cache, prefix))
+    err = float(_rel(got, cache.layers[layer][:prefix]).max())
+    out.append(
+        {
+            "layer": layer,
+            "experts": experts,
+            "scenario": f"prefix {prefix} rows: cache rows",
+            "rows": prefix,
+            "max_rel_err": err,
+            "tol": tol,
+            "passed": err <= tol,
+        }
+    )
+    parents, _ = random_tree(cfg, tree_nodes, seed=seed + 7)
+    vis_t, pos_t = ancestor_inputs(parents, prefix)
+    cases = [
+        ("decode", x_all[prefix : prefix + 1], np.ones((1, 1), bool), np.array([prefix])),
+        (f"verify {tree_nodes}-node tree + root", x_all[prefix + 1 :], vis_t, pos_t),
+    ]
+    for name, x, vis, p in cases:
+        n = x.shape[0]
+        y_ref, xn_ref, routes = _reference_layer(cfg, ref, layer, x, p, cache, vis)
+        rig.load(x, prefix, p - prefix, vis.astype(np.uint8))
+        rig.step(n)
+        y = rig.out(n)
+        err = _rel(y - x, y_ref - x)
+        cache_err = float(
+            _rel(
+                download(head_rows(tail_rows(rig.cache, prefix), n)), cache.layers[layer][prefix : prefix + n]
+            ).max()
+        )
+        keep = np.ones(n, bool)
+        ties = 0
+        routes_ok = True
+        if routes is not None:
+            got_r = rig.routes(n)
+            for i in range(n):
+                r_set, d_set = set(routes[i].tolist()), set(got_r[i].tolist())
+                if r_set != d_set:
+                    keep[i] = False
+                    if _tie(ref, layer, xn_ref[i], r_set, d_set):
+                        ties += 1
+                    else:
+                        routes_ok = False
+                        log(
+                            f"  layer {layer} {name}: row {i} routes to {sorted(d_set)}, "
+                            f"reference {sorted(r_set)}"
+                        )
+        worst = float(err[keep].max()) if keep.any() else 0.0
+        passed = bool(worst <= tol and cache_err <= tol and routes_ok)
+        out.append(
+            {
+                "layer": layer,
+                "experts": experts,
+                "scenario": name,
+                "rows": n,
+                "max_rel_err": worst,
+                "cache_rel_err": cache_err,
+                "route_ties": ties,
+                "routes_match": routes_ok,
+                "tol": tol,
+                "passed": passed,
+            }
+        )
+    for r in out:
+        log(
+            f"  check layer {r['layer']} ({r['experts']} experts) {r['scenario']}: "
+            f"max rel err {r['max_rel_err']:.2e}"
+            + (
+                f", cache rows {r['cache_rel_err']:.2e}, routing ties {r['route_ties']}"
+                if "cache_rel_err" in r
+                else ""
+            )
+            + f" (tol {r['tol']:g}) -> {'PASS' if r['passed'] else 'FAIL'}"
+        )
+    return out
+
+
+# ---- timing (GPU) ------------------------------------------------------------------------------------
+def routing_sets(cfg: ModelConfig, n: int, sets: int = 8, seed: int = 0) -> list[np.ndarray]:
+    """``sets`` random routings [n, K] (K distinct experts per row)."""
+    rng = np.random.default_rng(seed * 1000 + n)
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    return [np.stack([rng.permutation(e)[:k] for _ in range(n)]).astype(np.int32) for _ in range(sets)]
+
+
+def _floor_bytes(
+    cfg: ModelConfig, layer: int, part: str, n: int, context: int, uniq: float, experts: str
+) -> tuple[float, float]:
+    """(bytes this implementation must read, bytes of the K2-Thinking layout) for a part."""
+    lb = layer_bytes(cfg, layer)
+    kv = context + n
+    if part == "attention":
+        return lb["attention_params"] * 4 + kv * lb["kv_row_fp32"], lb["attention_params"] * 2 + kv * lb[
+            "kv_row_bf16"
+        ]
+    if part == "router":
+        return lb["router_params"] * 4, lb["router_params"] * 2
+    if part == "routed_experts":
+        return uniq * lb["expert_" + experts], uniq * lb["expert_int4"]
+    if part == "shared_expert":
+        return lb["shared_params"] * 4, lb["shared_params"] * 2
+    if part == "dense_mlp":
+        return lb["mlp_params"] * 4, lb["mlp_params"] * 2
+    parts = (
+        ["attention", "router", "routed_experts", "shared_expert"]
+        if cfg.is_moe_layer(layer)
+        else ["attention", "dense_mlp"]
+    )
+    both = [_floor_bytes(cfg, layer, p, n, context, uniq, experts) for p in parts]
+    return sum(b[0] for b in both), sum(b[1] for b in both)
+
+
+def time_layer(
+    cfg: ModelConfig,
+    rig: LayerRig,
+    experts: str,
+    context: int,
+    rows_list,
+    reps: int,
+    copy_gbs: float,
+    emit,
+    log=print,
+    seed: int = 0,
+    budget_s: float = 1e9,
+) -> None:
+    """Time every part of ``rig`` per row count; ``emit(row)`` gets each CSV row as it is measured."""
+    import torch
+
+    from ..engine.graphs import StepGraph
+    from .common import spin_timed
+
+    layer = rig.layer
+    rng = np.random.default_rng(seed)
+    upload(head_rows(rig.cache, context), rng.standard_normal((context, cfg.kv_cache_dim)).astype(np.float32))
+    flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    t_start = time.perf_counter()
+    for n in rows_list:
+        if time.perf_counter() - t_start > budget_s:
+            log(f"  layer {layer} {experts}: time budget {budget_s:.0f} s spent, rows >= {n} left out")
+            break
+        parents, _ = random_tree(cfg, n - 1, seed=n)
+        vis, pos = ancestor_inputs(parents, context)
+        x = rng.standard_normal((n, cfg.hidden_size)).astype(np.float32)
+        rig.load(x, context, pos - context, vis.astype(np.uint8))
+        rig.step(n)  # fills x (the FFN input), x16 and the router's routing
+        own = rig.routes(n) if cfg.is_moe_layer(layer) else None
+        sets = routing_sets(cfg, n, seed=seed)
+        variants = [("random", False), ("router", True)] if own is not None else [("-", False)]
+        meas: dict[str, float] = {}
+        for routing, own_r in variants:
+            if own_r:                                 # what the layer replays left: the router's routing
+                own = rig.routes(n)
+            for part, fn in rig.parts(n, own_routing=own_r).items():
+                if routing == "router" and part != "routed_experts":
+                    continue
+                rotate = part == "routed_experts" and routing == "random"
+
+                def before(r: int, rotate=rotate) -> None:
+                    if rotate:
+                        upload(head_rows(rig.ids, n), sets[r % len(sets)])  # noqa: B023
+                    flush_buf.zero_()
+
+                try:
+                    if rotate:
+                        upload(head_rows(rig.ids, n), sets[0])
+                    g = StepGraph(fn, True)
+                    samples = spin_timed(lambda g=g: g.run(None), reps, before=before)
+                except Exception as ex:  # noqa: BLE001 - one part's failure
+                    log(f"  layer {layer} {experts} {part} T={n}: FAILED {type(ex).__name__}: {ex}")
+                    continue
+                if part == "routed_experts":
+                    uniq = (
+                        float(statistics.median(len(np.unique(s)) for s in sets))
+                        if rotate
+                        else float(len(np.unique(own)))
+                    )
+                elif part in ("layer", "router") and own is not None:
+                    uniq = float(len(np.unique(own)))
+                else:
+                    uniq = float("nan")
+                us = statistics.median(samples)
+                key = part if routing != "random" or part != "routed_experts" else "routed_random"
+                meas[key] = us
+                emit(
+                    _row(
+                        cfg,
+                        layer,
+                        experts,
+                        part,
+                        routing if part == "routed_experts" else ("router" if own is not None else "-"),
+                        n,
+                        context,
+                        us,
+                        samples,
+                        uniq,
+                        copy_gbs,
+                        union_model(e, k, n) if own is not None else None,
+                    )
+                )
+            rig.sync()
+        if "layer" in meas:
+            parts = [
+                p
+                for p in ("attention", "router", "routed_experts", "shared_expert", "dense_mlp")
+                if p in meas
+            ]
+            if len(parts) == (4 if own is not None else 2):
+                rest = meas["layer"] - sum(meas[p] for p in parts)
+                emit(
+                    {
+                        "layer": layer,
+                        "experts": experts,
+                        "impl": "numba engine",
+                        "part": "rest",
+                        "routing": "router",
+                        "rows": n,
+                        "tree_nodes": n - 1,
+                        "context": context,
+                        "us": round(rest, 2),
+                    }
+                )
+
+
+def _row(cfg, layer, experts, part, routing, n, context, us, samples, uniq, copy_gbs, union) -> dict:
+    u = uniq if not math.isnan(uniq) else 0.0
+    nb, nb_k2 = _floor_bytes(cfg, layer, part, n, context, u, experts)
+    floor, floor_k2 = nb / (copy_gbs * 1e3), nb_k2 / (copy_gbs * 1e3)
+    return {
+        "layer": layer,
+        "experts": experts,
+        "impl": "numba engine",
+        "part": part,
+        "routing": routing,
+        "rows": n,
+        "tree_nodes": n - 1,
+        "context": context,
+        "us": round(us, 2),
+        "min_us": round(min(samples), 2),
+        "max_us": round(max(samples), 2),
+        "unique_experts": None if math.isnan(uniq) else uniq,
+        "union_model": None if union is None else round(union, 1),
+        "bytes": int(nb),
+        "floor_us": round(floor, 2),
+        "pct_floor": round(100 * floor / us, 1),
+        "bytes_k2": int(nb_k2),
+        "floor_k2_us": round(floor_k2, 2),
+        "captured": True,
+    }
+
+
+# ---- the whole run -----------------------------------------------------------------------------------
+def run(
+    out_dir,
+    layers=None,
+    context: int = 4096,
+    reps: int = 30,
+    fp32_layer: int | None = 1,
+    torch_baseline: bool = True,
+    do_check: bool = True,
+    workers: int = 16,
+    seed: int = 0,
+    fp32_after_s: float = 260.0,
+    start_before_s: float = 330.0,
+):
+    """Check and time each layer of k2_slice; writes the result set ``k2_layer_<commit>`` into out_dir."""
+    import torch
+    from numba import cuda
+
+    from ..fileio import write_json_atomic
+    from ..report.tables import write_csv
+    from .common import copy_bandwidth, run_metadata
+    from .results import result_set
+
+    cfg = preset("k2_slice")
+    layers = list(range(cfg.num_hidden_layers)) if layers is None else list(layers)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = run_metadata(bench="k2_layer", model="k2_slice", context=context, reps=reps, rows=list(ROWS))
+    rs = result_set(out, "k2_layer", meta["git_sha"])
+    rows: list[dict] = []
+    checks: list[dict] = []
+    t0 = time.perf_counter()
+
+    def log(msg) -> None:
+        print(f"[{time.perf_counter() - t0:7.1f} s] {msg}", flush=True)
+
+    def emit(row) -> None:
+        rows.append(row)
+        log("  " + ", ".join(f"{k}={v}" for k, v in row.items() if v is not None))
+        write_csv(rows, rs.csv)
+
+    def save_meta() -> None:
+        write_json_atomic(
+            rs.meta, {**meta, "checks": checks, "elapsed_s": round(time.perf_counter() - t0, 1)}
+        )
+
+    meta["copy_gbs"] = round(copy_bandwidth(), 1)
+    log(f"copy rate {meta['copy_gbs']} GB/s; layers {layers}; context {context}")
+    save_meta()
+    max_len, max_rows = context + max(ROWS), max(ROWS)
+    plan = []                                 # FP32 experts right after that layer's INT4 run
+    for i in layers:
+        plan.append((i, "int4"))
+        if i == fp32_layer and cfg.is_moe_layer(i):
+            plan.append((i, "fp32"))
+    for layer, experts in plan:
+        if time.perf_counter() - t0 > start_before_s:
+            log(f"layer {layer} ({experts}) left out: {time.perf_counter() - t0:.0f} s spent "
+                f"(nothing starts after {start_before_s:.0f} s)")
+            continue
+        if experts == "fp32" and time.perf_counter() - t0 > fp32_after_s:
+            log(f"FP32 experts left out: {time.perf_counter() - t0:.0f} s spent (limit {fp32_after_s:.0f} s)")
+            continue
+        kind = experts if cfg.is_moe_layer(layer) else "dense"
+        rig = None
+        try:
+            t = time.perf_counter()
+            lay = device_layer(cfg, seed, layer, experts if cfg.is_moe_layer(layer) else "int4", workers)
+            rig = LayerRig(cfg, layer, lay, max_rows, max_len)
+            rig.sync()
+            log(
+                f"layer {layer} ({kind}): built in {time.perf_counter() - t:.1f} s, "
+                f"paths {lay.moe.path if lay.moe is not None else lay.mlp.path}"
+            )
+            if do_check and experts == "int4":
+                t = time.perf_counter()
+                checks += check(cfg, seed, rig, experts, log=log)
+                log(f"layer {layer}: checked in {time.perf_counter() - t:.1f} s")
+                save_meta()
+            t = time.perf_counter()
+            time_layer(
+                cfg,
+                rig,
+                kind if kind != "dense" else "int4",
+                context,
+                ROWS if experts == "int4" else ROWS[:5],
+                reps if experts == "int4" else 5,
+                meta["copy_gbs"],
+                emit,
+                log,
+                seed,
+                budget_s=60.0,
+            )
+            log(f"layer {layer} ({kind}): timed in {time.perf_counter() - t:.1f} s")
+        except Exception as ex:  # noqa: BLE001 - keep the other layers
+            log(f"layer {layer} ({kind}): FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
+        del rig
+        lay = None
+        cuda.current_context().deallocations.clear()
+        torch.cuda.empty_cache()
+        if torch_baseline and experts == "int4":
+            _torch_rows(cfg, seed, layer, context, reps, emit, log)
+        save_meta()
+    try:
+        plot(rows, rs.plot)
+    except Exception as ex:  # noqa: BLE001
+        log(f"plot FAILED {type(ex).__name__}: {ex}")
+    save_meta()
+    log(
+        f"checks: {sum(c['passed'] for c in checks)}/{len(checks)} passed; "
+        f"wrote {rs.csv}, {rs.meta}, {rs.plot}"
+    )
+    return rs
+
+
+def _torch_rows(cfg, seed, layer, context, reps, emit, log) -> None:
+    """The stock-PyTorch BF16 layer's rows (time_torch_layer) on the same rows and random routing sets."""
+    import torch
+
+    from .torch_layer import TorchLayer
+    from .torch_layer_bench import time_torch_layer
+
+    try:
+        t = time.perf_counter()
+        with torch.no_grad():
+            tl = TorchLayer.from_seeded(cfg, seed, layer, max_len=context + max(ROWS))
+            routes = {n: routing_sets(cfg, n, seed=seed) for n in ROWS} if cfg.is_moe_layer(layer) else None
+            for r in time_torch_layer(cfg, tl, ROWS, context, layer, reps, seed, routes=routes):
+                r = {
+                    "layer": r["layer"],
+                    "experts": "bf16" if cfg.is_moe_layer(layer) else "-",
+                    "impl": r["impl"],
+                    "part": r["part"],
+                    "routing": "random" if r["part"] == "routed_experts" and routes else "router",
+                    "rows": r["tokens"],
+                    "tree_nodes": r["tokens"] - 1,
+                    "context": r["context"],
+                    "us": r["us"],
+                    "min_us": r["min_us"],
+                    "max_us": r["max_us"],
+                    "unique_experts": r["unique_experts"],
+                    "captured": r["captured"],
+                }
+                emit(r)
+        log(f"layer {layer}: torch baseline in {time.perf_counter() - t:.1f} s")
+        del tl
+    except Exception as ex:  # noqa: BLE001
+        log(f"layer {layer}: torch baseline FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
+    torch.cuda.empty_cache()
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Per MoE layer: us vs tree rows of the layer and routed experts (INT4 engine, BF16 torch, FP32
+    portable) and the floors; distinct experts vs the union model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..fileio import save_figure_atomic
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for (impl, experts, part, routing), style in {
+        ("numba engine", "int4", "layer", "router"): "o-",
+        ("numba engine", "int4", "routed_experts", "random"): "s-",
+        ("numba engine", "fp32", "routed_experts", "random"): "^-",
+    }.items():
+        for layer in sorted({r["layer"] for r in rows if r.get("experts") == experts}):
+            sel = [
+                r
+                for r in rows
+                if (r["impl"], r["experts"], r["part"], r["routing"], r["layer"])
+                == (impl, experts, part, routing, layer)
+            ]
+            if sel:
+                a.plot(
+                    [r["rows"] for r in sel],
+                    [r["us"] for r in sel],
+                    style,
+                    label=f"L{layer} {experts} {part}",
+                )
+                if part == "routed_experts" and experts == "int4":
+                    a.plot([r["rows"] for r in sel], [r["floor_us"] for r in sel], ":", color="gray")
+                    b.plot(
+                        [r["rows"] for r in sel],
+                        [r["unique_experts"] for r in sel],
+                        "o",
+                        label=f"L{layer} random",
+                    )
+                    b.plot([r["rows"] for r in sel], [r["union_model"] for r in sel], "-", color="gray")
+    for layer in sorted({r["layer"] for r in rows if r.get("experts") == "bf16"}):
+        for part, style in (("layer", "o--"), ("routed_experts", "s--")):
+            sel = [r for r in rows if r["experts"] == "bf16" and r["part"] == part and r["layer"] == layer]
+            if sel:
+                a.plot(
+                    [r["rows"] for r in sel],
+                    [r["us"] for r in sel],
+                    style,
+                    label=f"L{layer} torch bf16 {part}",
+                )
+    a.set(
+        xscale="log", yscale="log", xlabel="rows (tree nodes + root)", ylabel="us", title="k2_slice MoE layer"
+    )
+    b.set(xscale="log", xlabel="rows", ylabel="distinct experts", title="experts touched vs E(1-(1-k/E)^N)")
+    a.legend(fontsize=6)
+    b.legend(fontsize=6)
+    fig.tight_layout()
+    save_figure_atomic(fig, path)
+    plt.close(fig)
