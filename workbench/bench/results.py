@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 BENCHES = ("kernels", "engine", "k2_layer")
-PENDING_BENCHES = ("k2_layer",)            # no committed H200 set yet (remove once reports/bench holds one)
 SUFFIXES = (".csv", ".json", ".png", ".log")
 _TOKEN = r"[0-9A-Za-z.-]+"                  # a commit as a file-name token: no '_', no '/'
 
