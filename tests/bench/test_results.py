@@ -59,8 +59,7 @@ def test_retire_others_removes_only_earlier_sets_of_the_same_benchmark(tmp_path)
 
 @pytest.mark.parametrize("what", ["kernels", "engine"])
 def test_bench_command_writes_the_log_and_retires_the_earlier_set(tmp_path, monkeypatch, capsys, what):
-    import numba
-
+    from kernels_numba import device
     from workbench.bench import common, engine, kernels, kernels_summary
     from workbench.commands import bench
 
@@ -75,7 +74,7 @@ def test_bench_command_writes_the_log_and_retires_the_earlier_set(tmp_path, monk
         return {"rows": [], "meta": {"copy_gbs": 1.0}, "log": [], "set": rs} if what == "kernels" else rs
 
     monkeypatch.setattr(common, "require_gpu", lambda: None)
-    monkeypatch.setattr(numba.config, "ENABLE_CUDASIM", 0)
+    monkeypatch.setattr(device, "SIMULATED", False)           # the one switch, whatever was imported first
     monkeypatch.setattr(kernels, "run", fake_run)
     monkeypatch.setattr(kernels_summary, "summary", lambda rows, copy: "targets table")
     monkeypatch.setattr(engine, "run_engine_bench", fake_run)
