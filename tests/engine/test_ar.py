@@ -8,6 +8,7 @@ import pytest
 
 from tests.engine.common import (
     ATOL,
+    BUNDLES,
     E2E,
     EXPERTS_TOKENS,
     GPU,
@@ -21,7 +22,7 @@ from workbench.engine.ar import engine_ar_generate
 
 
 @E2E
-@pytest.mark.parametrize("name", ["tiny", "int4_tiny", "tiny2", "int4_tiny2"])
+@pytest.mark.parametrize("name", BUNDLES)
 def test_engine_ar_matches_golden_and_reference_logits(name):
     b, _, _ = bundle(name)
     n = len(b.golden)
