@@ -14,7 +14,21 @@ import logging
 import sys
 from typing import Any
 
-from ..fileio import write_json_atomic
+from ..fileio import write_json_atomic, write_text_atomic
+
+
+def _atomic_local_writes() -> None:
+    """papermill rewrites the output notebook at every cell start; a wall-limit kill during a plain
+    write leaves it empty, so each save goes to a temporary file and is renamed over the old one."""
+    from papermill.iorw import LocalHandler, papermill_io
+    from papermill.utils import chdir
+
+    class AtomicLocalHandler(LocalHandler):
+        def write(self, buf, path):
+            with chdir(self._cwd):
+                write_text_atomic(path, buf)
+
+    papermill_io.register("local", AtomicLocalHandler())
 
 
 def execute(spec: dict[str, Any]) -> dict[str, Any]:
@@ -24,6 +38,7 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
 
     from .params import read_notebook
 
+    _atomic_local_writes()
     nb = read_notebook(spec["notebook"])
     nb.metadata["kernelspec"] = {"name": spec["kernel"], "display_name": spec["kernel"], "language": "python"}
     try:

@@ -111,6 +111,8 @@ def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: s
                 except subprocess.TimeoutExpired:
                     if time.monotonic() - t0 > wall_timeout:
                         _kill_tree(proc)
+                        for partial in out.glob(f".{ipynb.name}.*.tmp"):  # a save the kill cut short
+                            partial.unlink(missing_ok=True)
                         result = {"status": "wall_timeout"}
                     elif progress is not None and progress.isatty():
                         _status(progress, f"{label} {name}: {_cells_started(ipynb)}  "
