@@ -19,11 +19,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name kdtree-workbench --display-name "kdtree-workbench" >/dev/null
 	touch $(STAMP)
 
-# lint, the full suite, then the full suite again under python -O (no behaviour may rest on assert)
+# lint (its S101 rule keeps assert out of the package, so no behaviour rests on it), then the suite
 test: $(STAMP) browser
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n 2 -p no:cacheprovider
-	$(PY) -O -m pytest -q -n 2 -p no:cacheprovider -m "not slow"
+	$(PY) -m pytest -q -n 2 -p no:cacheprovider --durations=15
 
 # the notebooks into reports/local/ (git-ignored)
 report: $(STAMP)

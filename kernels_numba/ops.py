@@ -8,11 +8,17 @@ whose shape the tensor-core tile layout holds are repacked (``repack_int4`` / ``
 on ``int4_matmul`` / ``fused_moe``; everything else runs on the portable kernels (any shape, FP32 or
 W4A16). The choice is made at preparation and recorded in ``.path``, which the ops follow:
 
-| op | INT4, shape allows | otherwise |
-|---|---|---|
-| ``linear`` | - | linear (FP32) |
-| ``swiglu`` (dense MLP, shared expert) | f16(x), int4_matmul [gate; up], act, int4_matmul down, + h | ffn |
-| ``moe`` (router, routed, shared) | f16(x), fused_moe (the shared expert inside when INT4 too), + h | ffn |
+| op | INT4, shape allows | FP32, large, on a GPU | otherwise |
+|---|---|---|---|
+| ``linear`` | - | SGEMM | linear |
+| ``mla_attention`` | - | batched SGEMMs, masked softmax | mla.py |
+| ``swiglu`` (dense MLP, shared) | f16(x), int4_matmul [gate; up], act, int4_matmul down, + h | SGEMMs | ffn |
+| ``moe`` (router, experts, shared) | f16(x), fused_moe (+ INT4 shared expert), + h | router SGEMM | ffn |
+
+FP32 ops take the BLAS path (``blas.py``: torch over the same buffers, cuBLAS on a GPU) where a GPU
+is present (``BLAS``) and the weight has at least ``BLAS_MIN_ELEMENTS`` elements: there one
+thread per output column of the portable kernels reads far below the copy rate, while at toy
+sizes one portable launch beats several library launches.
 
 "Shape allows" is the layout's own rule (``repack_int4`` raises ``LayoutError`` otherwise): every
 matrix with K % 64 == 0 and G in (32, 64, 128), float16 scales (or scales float16 holds exactly);
@@ -31,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from . import ffn
+from . import blas, ffn
 from ._validate import KernelInputError, flat
 from .blockops import KS, TPB, col_blocks
-from .device import SIMULATED, head_rows, kernel_array, rows_view, to_device, zeros
+from .device import SIMULATED, head_rows, kernel_array, on_gpu, rows_view, to_device, zeros
 from .int4_layout import Int4Weight, LayoutError, repack_int4
 from .int4_matmul import int4_matmul
 from .kv import kv_compact_kernel
@@ -52,6 +58,9 @@ from .tree import topk_logprobs, tree_compile_kernel
 PORTABLE = "portable"
 INT4_MATMUL = "int4_matmul"
 FUSED_MOE = "fused_moe"
+BLAS_PATH = "blas"
+BLAS = on_gpu()                              # FP32 ops may take the BLAS path (tests turn it on on CPU)
+BLAS_MIN_ELEMENTS = 1 << 20                  # ... for weights of at least this many elements (4 MB)
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
 
@@ -93,43 +102,72 @@ def _device(w):
 
 # ---- prepared weights ----------------------------------------------------------------------------
 
+def _blas(elements: int, fast: bool) -> bool:
+    return fast and BLAS and elements >= BLAS_MIN_ELEMENTS
+
+
 @dataclass(frozen=True)
 class Dense:
-    """An FP32 projection ``y = x @ W.T`` (portable kernel); ``wt`` = W.T [K, N] on the device."""
+    """An FP32 projection ``y = x @ W.T``; ``wt`` = W.T [K, N] on the device (a torch tensor on the
+    BLAS path)."""
+    path: str
     wt: Any
 
 
-def dense(w: np.ndarray) -> Dense:
+def dense(w: np.ndarray, fast: bool = True) -> Dense:
     """W [N, K] (any float dtype, widened to float32 exactly)."""
-    return Dense(to_device(np.asarray(w, np.float32).T))
+    wt = np.asarray(w, np.float32).T
+    if _blas(wt.size, fast):
+        return Dense(BLAS_PATH, blas.weight(wt))
+    return Dense(PORTABLE, to_device(wt))
+
+
+@dataclass(frozen=True)
+class MLA:
+    """The absorbed attention's weights: wkv_b [H*(N+V), C] on the device, and the path it runs on."""
+    path: str
+    wkv_b: Any
+
+
+def mla_weights(wkv_b: np.ndarray, fast: bool = True) -> MLA:
+    w = np.asarray(wkv_b, np.float32)
+    return MLA(BLAS_PATH if _blas(w.size, fast) else PORTABLE, to_device(w))
 
 
 @dataclass(frozen=True)
 class Router:
-    """The noaux_tc router: gate_t [D, E], bias [E] on the device, and its kernel (router.py)."""
+    """The noaux_tc router: gate_t [D, E] (a torch tensor on the BLAS path, where the kernel selects
+    from logits an SGEMM wrote), bias [E] on the device, and its kernel (router.py)."""
+    path: str
     gate_t: Any
     bias: Any
     kernel: Any
     top_k: int
+    n_experts: int
 
 
 def router(gate: np.ndarray, bias: np.ndarray, top_k: int, n_group: int, topk_group: int,
-           norm_topk: bool, scaling: float) -> Router:
+           norm_topk: bool, scaling: float, fast: bool = True) -> Router:
     """gate [E, D], bias [E] and the routing constants of ``workbench.reference.moe.moe_gate``."""
     gate = np.asarray(gate, np.float32)
-    kernel = make_route(gate.shape[0], top_k, n_group, topk_group, norm_topk, scaling)
-    return Router(to_device(gate.T), to_device(np.asarray(bias, np.float32)), kernel, int(top_k))
+    e = gate.shape[0]
+    on_blas = _blas(gate.size, fast)
+    kernel = make_route(e, top_k, n_group, topk_group, norm_topk, scaling, from_logits=on_blas)
+    gate_t = blas.weight(gate.T) if on_blas else to_device(gate.T)
+    return Router(BLAS_PATH if on_blas else PORTABLE, gate_t, to_device(np.asarray(bias, np.float32)),
+                  kernel, int(top_k), e)
 
 
 @dataclass(frozen=True)
 class SwiGLU:
     """``w2 (silu(w1 x) * (w3 x))`` of width I over D: an INT4_MATMUL pair (w13 = [w1; w3] [2I, D] and
-    w2 [D, I], repacked) or a PORTABLE one-expert stack (ffn.py layouts)."""
+    w2 [D, I], repacked), a BLAS pair (w13 / w2 as torch [D, 2I] / [I, D]) or a PORTABLE one-expert
+    stack (ffn.py layouts)."""
     path: str
     width: int
     dim: int
-    w13: Int4Weight | None = None
-    w2: Int4Weight | None = None
+    w13: Any = None
+    w2: Any = None
     stack: dict | None = None
 
 
@@ -153,6 +191,10 @@ def swiglu_weights(w1, w3, w2, fast: bool = True) -> SwiGLU:
         down = _repack(w2)
         if w13 is not None and down is not None:
             return SwiGLU(INT4_MATMUL, width, dim, w13=w13, w2=down)
+    if not any(isinstance(m, Int4Host) for m in (w1, w3, w2)) and _blas(3 * width * dim, fast):
+        w13 = np.concatenate([np.asarray(w1, np.float32), np.asarray(w3, np.float32)])     # [2I, D]
+        w2t = np.asarray(w2, np.float32).T                                                  # [I, D]
+        return SwiGLU(BLAS_PATH, width, dim, w13=blas.weight(w13.T), w2=blas.weight(w2t))
     return SwiGLU(PORTABLE, width, dim, stack=portable_stack([(w1, w3, w2)]))
 
 
@@ -252,6 +294,7 @@ class Scratch:
         sw = [*swiglus, *(m.shared for m in moes if m.shared is not None)]
         port = [s for s in sw if s.path == PORTABLE]
         fast = [s for s in sw if s.path == INT4_MATMUL]
+        on_blas = [s for s in sw if s.path == BLAS_PATH]
         fused = [m for m in moes if m.path == FUSED_MOE]
         self.rids = zeros((rows, k), np.int32)                                  # [T, K] routed ids
         self.rwts = zeros((rows, k))                                            # [T, K] routed weights
@@ -260,11 +303,14 @@ class Scratch:
         self.slot0 = zeros((rows, 1), np.int32)                                 # its id (0) and weight (1)
         self.one = to_device(np.ones((rows, 1), np.float32))
         dim = max((x.dim for x in [*fast, *fused]), default=0)
-        width = max((s.width for s in fast), default=0)
+        width = max((s.width for s in [*fast, *on_blas]), default=0)
         self.x16 = zeros(max(rows * dim, 1), np.uint16)                         # [T, D] f16 bits of x
         self.y = zeros(max(rows * dim, 1))                                      # [T, D] a block's output
         self.gu = zeros(max(rows * 2 * width, 1))                               # [T, 2I] gate || up
         self.h16 = zeros(max(rows * width, 1), np.uint16)                       # [T, I] f16(silu(g) * u)
+        self.act = zeros(max(rows * max((s.width for s in on_blas), default=0), 1))  # [T, I] silu(g) * u
+        self.logits = zeros(max(rows * max((m.router.n_experts for m in moes if m.router.path == BLAS_PATH),
+                                           default=0), 1))                     # [T, E] router logits
         self._fused = {_ws_key(m.fused, k): m.fused for m in fused}
         self._ws: dict = {}
         self.top_k = k
@@ -297,7 +343,10 @@ def embed(h, table, ids, meta, rows: int, stream=0) -> None:
 
 def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False) -> None:
     """out [T, N] (+)= x [T, K] @ W.T."""
-    _linear(out, x, w.wt, meta, rows, accumulate=accumulate, stream=stream)
+    if w.path == BLAS_PATH:
+        blas.linear(out, x, w.wt, rows, accumulate=accumulate, stream=stream)
+    else:
+        _linear(out, x, w.wt, meta, rows, accumulate=accumulate, stream=stream)
 
 
 def mla_prep(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank: int, c_rank: int, eps: float,
@@ -307,11 +356,15 @@ def mla_prep(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank: int,
                                        np.int32(q_rank), np.int32(c_rank), np.float32(eps))
 
 
-def mla_attention(o, q, cache, wkv_b, cos, sin, depth, vis, meta, scale: float, n_heads: int, c_rank: int,
+def mla_attention(o, q, cache, w: MLA, cos, sin, depth, vis, meta, scale: float, n_heads: int, c_rank: int,
                   r_dim: int, nope: int, v_dim: int, max_keys: int, rows: int, stream=0) -> None:
     """Absorbed attention of the live rows over the latent cache (ancestor / causal mask ``vis``)."""
+    if w.path == BLAS_PATH:
+        blas.mla_attention(o, q, cache, w.wkv_b, cos, sin, depth, vis, meta, scale, n_heads, c_rank, r_dim,
+                           nope, v_dim, rows, stream)
+        return
     attn = make_mla_attention(n_heads, c_rank, r_dim, nope, v_dim, max_keys)
-    attn[(rows, n_heads), (TPB, KS), stream](o, q, cache, wkv_b, cos, sin, depth, vis, meta,
+    attn[(rows, n_heads), (TPB, KS), stream](o, q, cache, w.wkv_b, cos, sin, depth, vis, meta,
                                              np.float32(scale))
 
 
@@ -349,6 +402,10 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
         int4_gemm(kernel_array(h16, np.float16), w.w2, kernel_array(y), stream)
         _add(h, y, meta, rows, stream)
         return
+    if w.path == BLAS_PATH:
+        blas.swiglu(h, x, w.w13, w.w2, rows_view(sc.gu, rows, 2 * w.width), rows_view(sc.act, rows, w.width),
+                    rows, stream)
+        return
     ffn.up(sc.hid1, x, sc.slot0, w.stack, meta, rows, stream=stream)
     ffn.down(h, sc.hid1, sc.slot0, sc.one, w.stack, meta, rows, stream=stream)
 
@@ -356,7 +413,12 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
 def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
     """h [T, D] += the MoE block of x [T, D]: router, routed experts, shared experts."""
     r = w.router
-    r.kernel[rows, (TPB, KS), stream](sc.rids, sc.rwts, x, r.gate_t, r.bias, meta)
+    if r.path == BLAS_PATH:                   # logits by SGEMM, then the kernel selects from them
+        logits = rows_view(sc.logits, rows, r.n_experts)
+        blas.linear(logits, x, r.gate_t, rows, stream=stream)
+        r.kernel[rows, (TPB, KS), stream](sc.rids, sc.rwts, logits, r.bias, r.bias, meta)
+    else:
+        r.kernel[rows, (TPB, KS), stream](sc.rids, sc.rwts, x, r.gate_t, r.bias, meta)
     if w.path == FUSED_MOE:
         y = rows_view(sc.y, rows, w.dim)
         experts_fused(_to_f16(sc, x, w.dim, meta, rows, stream), kernel_array(head_rows(sc.rids, rows)),
@@ -394,7 +456,8 @@ def tree_compile(ids, depth, vis, meta, ctl, stream=0) -> None:
     tree_compile_kernel[1, TPB, stream](ids, depth, vis, meta, ctl)
 
 
-__all__ = ["Dense", "FUSED_MOE", "INT4_MATMUL", "Int4Host", "MoE", "PORTABLE", "Router", "Scratch", "SwiGLU",
-           "advance", "argmax", "copy_rows", "dense", "embed", "experts_fused", "group_size", "int4_gemm",
-           "kv_compact", "linear", "mla_attention", "mla_prep", "moe", "moe_weights", "portable_stack",
-           "rmsnorm", "router", "swiglu", "swiglu_weights", "topk_logprobs", "tree_compile"]
+__all__ = ["BLAS_PATH", "Dense", "FUSED_MOE", "INT4_MATMUL", "Int4Host", "MLA", "MoE", "PORTABLE", "Router",
+           "Scratch", "SwiGLU", "advance", "argmax", "copy_rows", "dense", "embed", "experts_fused",
+           "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep", "mla_weights",
+           "moe", "moe_weights", "portable_stack", "rmsnorm", "router", "swiglu", "swiglu_weights",
+           "topk_logprobs", "tree_compile"]

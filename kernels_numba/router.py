@@ -1,8 +1,9 @@
 """The noaux_tc sigmoid router on the device, mirroring ``workbench.reference.moe.moe_gate``.
 
 Legend: T rows, n = meta[1] live rows, D model width, E routed experts, K experts per token,
-G routing groups. One (32, KS)-thread block per row: the threads compute the E gate logits, then
-thread 0 does the (tiny) group limit and top-K selection sequentially, ties to the lowest index,
+G routing groups. One (32, KS)-thread block per row: the threads compute the E gate logits (or
+read them, where an SGEMM computed them: ``from_logits``), then thread 0 does the (tiny) group
+limit and top-K selection sequentially, ties to the lowest index,
 exactly as the reference's stable argsort does.
 """
 
@@ -28,16 +29,18 @@ def sigmoid_ref(x):
 
 
 def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_topk: bool, scaling: float,
-               ks: int = KS):
+               ks: int = KS, from_logits: bool = False):
     """kernel(ids [T, K] int32, wts [T, K] f32, x [T, D], gate_t [D, E], bias [E], meta); grid (T,),
-    block (32, ks): thread (e, s) sums every ks-th feature of expert e's gate logit."""
-    key = (n_experts, top_k, n_group, topk_group, norm_topk, scaling, ks)
+    block (32, ks): thread (e, s) sums every ks-th feature of expert e's gate logit. ``from_logits``:
+    x is the logits [T, E] and gate_t is not read."""
+    key = (n_experts, top_k, n_group, topk_group, norm_topk, scaling, ks, from_logits)
     if key in _CACHE:
         return _CACHE[key]
     E, K, G, TG = n_experts, top_k, n_group, topk_group
     EG = E // G
     NORM = bool(norm_topk)
     SCALE = np.float32(scaling)
+    LOGITS = bool(from_logits)
 
     @cuda.jit
     def route_kernel(ids, wts, x, gate_t, bias, meta):
@@ -54,8 +57,12 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
         gok = cuda.shared.array(G, np.int32)
         for e in range(tid, E, TPB):
             acc = np.float32(0.0)
-            for d in range(ty, gate_t.shape[0], ks):
-                acc += x[row, d] * gate_t[d, e]
+            if LOGITS:
+                if ty == 0:
+                    acc = x[row, e]
+            else:
+                for d in range(ty, gate_t.shape[0], ks):
+                    acc += x[row, d] * gate_t[d, e]
             part[ty, e] = acc
         cuda.syncthreads()
         if ty == 0:

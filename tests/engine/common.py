@@ -45,6 +45,19 @@ def engine(name: str):
 
 
 @functools.cache
+def blas_engine(name: str):
+    """``engine(name)`` with every FP32 op on the BLAS path (torch over the buffers: cuBLAS on the GPU,
+    torch's CPU BLAS under the simulator), which by default only K2-size weights take."""
+    from kernels_numba import ops
+    saved = ops.BLAS, ops.BLAS_MIN_ELEMENTS
+    ops.BLAS, ops.BLAS_MIN_ELEMENTS = True, 0
+    try:
+        return engine.__wrapped__(name)
+    finally:
+        ops.BLAS, ops.BLAS_MIN_ELEMENTS = saved
+
+
+@functools.cache
 def reference_greedy(name: str, n: int, prompt_len: int | None = None):
     """The reference's greedy run from the bundle prompt (or its first prompt_len tokens)."""
     b, w, _ = bundle(name)
@@ -72,7 +85,6 @@ def experts_engine(name: str):
     p = len(b.prompt)
     return Engine(b.config, w, max_len=p + 32 + 16 + 3, max_rows=max(p, 17), taps=dcfg.target_layer_ids)
 
-# The simulated end-to-end engine runs (1-40 s each on 2 cores) run once per `make test`, in the
-# full pass; the `python -O` pass (which exists to show no behaviour rests on assert) skips them
-# along with the other `slow` tests. On the GPU tier they all run.
+# The simulated end-to-end engine runs (1-40 s each on 2 cores): `-m "not slow"` skips them for a
+# quick local pass; `make test` and the GPU tier run them all.
 E2E = pytest.mark.slow

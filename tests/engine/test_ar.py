@@ -12,6 +12,7 @@ from tests.engine.common import (
     E2E,
     EXPERTS_TOKENS,
     GPU,
+    blas_engine,
     bundle,
     engine,
     experts_engine,
@@ -32,6 +33,21 @@ def test_engine_ar_matches_golden_and_reference_logits(name):
     err = np.abs(res.logits - ref.logits).max(axis=1)            # [n] per step
     assert err.max() <= ATOL[name], f"logit error per step {err}"
     assert not np.array_equal(res.logits[0], np.zeros_like(res.logits[0]))
+
+
+@E2E
+@pytest.mark.parametrize("name", ["tiny", "int4_tiny"])
+def test_engine_ar_on_blas_matches_golden_and_reference_logits(name):
+    """Attention, projections, head, router logits and FP32 MLPs on the BLAS path."""
+    from kernels_numba.ops import BLAS_PATH
+    eng = blas_engine(name)
+    assert {lay.attn.path for lay in eng.model.layers} == {BLAS_PATH} and eng.model.head.path == BLAS_PATH
+    b, _, _ = bundle(name)
+    n = len(b.golden)
+    res = engine_ar_generate(eng, b.prompt, n, return_logits=True)
+    np.testing.assert_array_equal(res.tokens, np.asarray(b.golden[:n]))
+    err = np.abs(res.logits - reference_greedy(name, n).logits).max(axis=1)
+    assert err.max() <= ATOL[name], f"logit error per step {err}"
 
 
 @E2E

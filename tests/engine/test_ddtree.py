@@ -19,6 +19,7 @@ from tests.engine.common import (
     E2E,
     EXPERTS_TOKENS,
     GPU,
+    blas_engine,
     bundle,
     engine,
     experts_engine,
@@ -78,6 +79,23 @@ def test_engine_ddtree_matches_reference_and_golden(name, drafter, budget):
     if drafter == "oracle":
         assert all(r.accepted_len == r.depth + 1 for r in got.rounds), got.rounds
         assert all(r.tree_size == budget for r in got.rounds)
+
+
+@E2E
+@pytest.mark.parametrize("name,drafter,budget", [("tiny", "dflash", 16), ("int4_tiny", "oracle", 4)])
+def test_engine_ddtree_on_blas_matches_reference_and_golden(name, drafter, budget):
+    """The verify forward with its FP32 ops on the BLAS path (the attention's ancestor mask included)."""
+    b, w, dcfg = bundle(name)
+    n_max = len(b.golden) if GPU else 1 + SIM_ROUNDS[budget] * dcfg.block_size
+    cont = reference_greedy(name, n_max + dcfg.block_size - 1).tokens
+    kw = dict(drafter_config=dcfg, oracle_p=1.0, oracle_seed=0, continuation=cont)
+    n = n_max if GPU else _tokens_for_rounds(name, drafter, budget, SIM_ROUNDS[budget], kw)
+    prompt = np.asarray(b.prompt, np.int64)
+    got = engine_ddtree_generate(blas_engine(name), w, prompt, n, drafter, budget, **kw)
+    want = ddtree_generate(b.config, w, prompt, n, drafter, budget, **kw)
+    np.testing.assert_array_equal(got.tokens, np.asarray(b.golden[:n]))
+    assert [(r.tree_size, r.accepted_len) for r in got.rounds] == \
+        [(r.tree_size, r.accepted_len) for r in want.rounds]
 
 
 @E2E

@@ -110,7 +110,7 @@ def device_layer(
         q_norm=to_device(_fp(cfg, seed, a + "q_norm")),
         kv_norm=to_device(_fp(cfg, seed, a + "kv_norm")),
         wq_b=ops.dense(_fp(cfg, seed, a + "wq_b")),
-        wkv_b=to_device(_fp(cfg, seed, a + "wkv_b")),
+        attn=ops.mla_weights(_fp(cfg, seed, a + "wkv_b")),
         wo=ops.dense(_fp(cfg, seed, a + "wo")),
     )
     f = p + "ffn"

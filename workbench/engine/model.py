@@ -52,7 +52,7 @@ def mla(eng, lay, cache, rows: int, s) -> None:
     if lay.wq_b is not None:
         ops.linear(b.q, b.qn, lay.wq_b, b.meta, rows, s)
         q = b.q
-    ops.mla_attention(b.o, q, cache, lay.wkv_b, eng.cos, eng.sin, b.depth, b.vis, b.meta, cfg.softmax_scale,
+    ops.mla_attention(b.o, q, cache, lay.attn, eng.cos, eng.sin, b.depth, b.vis, b.meta, cfg.softmax_scale,
                       cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim,
                       cfg.v_head_dim, b.max_len, rows, s)
     ops.linear(b.h, b.o, lay.wo, b.meta, rows, s, accumulate=True)

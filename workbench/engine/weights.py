@@ -3,7 +3,8 @@
 Legend: D model width, H heads, N qk_nope, R rope, V v_head, C kv_lora_rank, Q q_lora_rank,
 E routed experts, I expert/MLP width, Vo vocabulary.
 
-- projections of the attention and the head are FP32 ``ops.Dense`` (BF16 tensors widen exactly);
+- projections of the attention and the head are FP32 ``ops.Dense`` (BF16 tensors widen exactly),
+  the absorbed attention ``ops.MLA``, both on cuBLAS or the portable kernels as ops decides;
   ``a1`` fuses the two projections of the layer input, [wq_a; wkv_a] [Q+C+R, D] (or [wq; wkv_a]
   without q_lora), one launch instead of two;
 - ``wkv_b`` stays [H*(N+V), C]: the attention kernel reads W_UK / W_UV rows from it in place;
@@ -57,7 +58,7 @@ class DeviceLayer:
     q_norm: Any
     kv_norm: Any
     wq_b: ops.Dense | None
-    wkv_b: Any
+    attn: ops.MLA                                # wkv_b [H*(N+V), C]
     wo: ops.Dense
     moe: ops.MoE | None = None
     mlp: ops.SwiGLU | None = None                # the dense MLP (layers < first_k_dense_replace)
@@ -104,7 +105,7 @@ def _moe(cfg: ModelConfig, weights: dict[str, Any], f: str, fast: bool) -> ops.M
     if len(groups) > 1:
         raise InputError(f"{f}.experts: the engine wants one INT4 group size per stack, got {sorted(groups)}")
     rt = ops.router(_f32(weights, f + ".gate"), _f32(weights, f + ".gate_bias"), cfg.num_experts_per_tok,
-                    cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor)
+                    cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor, fast)
     shared = swiglu(weights, f + ".shared") if cfg.n_shared_experts > 0 else None
     return ops.moe_weights(rt, experts, shared, fast)
 
@@ -126,7 +127,7 @@ def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool) -> DeviceMode
         a = p + "attn."
         if cfg.q_lora_rank is not None:
             first = _f32(weights, a + "wq_a")
-            wq_b = ops.dense(_f32(weights, a + "wq_b"))
+            wq_b = ops.dense(_f32(weights, a + "wq_b"), fast)
             q_norm = to_device(_f32(weights, a + "q_norm"))
         else:
             first = _f32(weights, a + "wq")
@@ -134,9 +135,10 @@ def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool) -> DeviceMode
             q_norm = to_device(np.zeros(1, np.float32))
         a1 = np.concatenate([first, _f32(weights, a + "wkv_a")], axis=0)              # [Q+C+R, D]
         lay = DeviceLayer(attn_norm=to_device(_f32(weights, p + "attn_norm")),
-                          ffn_norm=to_device(_f32(weights, p + "ffn_norm")), a1=ops.dense(a1), q_norm=q_norm,
-                          kv_norm=to_device(_f32(weights, a + "kv_norm")), wq_b=wq_b,
-                          wkv_b=to_device(_f32(weights, a + "wkv_b")), wo=ops.dense(_f32(weights, a + "wo")))
+                          ffn_norm=to_device(_f32(weights, p + "ffn_norm")), a1=ops.dense(a1, fast),
+                          q_norm=q_norm, kv_norm=to_device(_f32(weights, a + "kv_norm")), wq_b=wq_b,
+                          attn=ops.mla_weights(_f32(weights, a + "wkv_b"), fast),
+                          wo=ops.dense(_f32(weights, a + "wo"), fast))
         f = p + "ffn"
         if cfg.is_moe_layer(i):
             lay.moe = _moe(cfg, weights, f, fast)
@@ -144,5 +146,5 @@ def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool) -> DeviceMode
             lay.mlp = ops.swiglu_weights(*swiglu(weights, f), fast=fast)
         layers.append(lay)
     return DeviceModel(cfg=cfg, embed=to_device(_f32(weights, "embed")),
-                       norm=to_device(_f32(weights, "norm")), head=ops.dense(_f32(weights, "head")),
+                       norm=to_device(_f32(weights, "norm")), head=ops.dense(_f32(weights, "head"), fast),
                        layers=layers, a1_width=a1.shape[0])

@@ -1,0 +1,114 @@
+"""The FP32 dense ops on torch's BLAS (cuBLAS on a GPU), over the engine's own buffers.
+
+Legend: T rows of the buffers (the grid's rows; n = meta[1] <= T live), K input features, N output
+features, E routed experts, I SwiGLU width, H heads, N_/R/V/C the MLA dims, S cache rows.
+
+The portable kernels compute an FP32 projection with one thread per output column; at K2 sizes a
+matrix is tens to hundreds of MB, where cuBLAS's SGEMM streams the weights near the copy rate.
+These ops read and write the numba device arrays in place through torch views (zero-copy: CUDA
+array interface on a GPU, ``torch.from_numpy`` of the host buffers under the simulator, where the
+same code runs on torch's CPU BLAS) on the caller's stream, so a sequence of them and numba
+launches is captured in one CUDA graph. Numerics are the reference's FP32 definition (float32
+operands and sums, TF32 off: torch's default ``float32_matmul_precision`` "highest"); only the
+summation order differs, as it does between any two kernels.
+
+Every row of the grid is computed, live or not: rows are independent, and the rows past n are never
+read as live (the next step overwrites them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+
+from .device import SIMULATED
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def view(dev) -> Any:
+    """A torch tensor over a device array's memory (no copy)."""
+    torch = _torch()
+    if SIMULATED:
+        return torch.from_numpy(np.asarray(dev))
+    return torch.as_tensor(dev, device="cuda")
+
+
+def weight(a: np.ndarray) -> Any:
+    """A host float32 array as a torch tensor where the ops run (the device, or the host under the
+    simulator), contiguous."""
+    torch = _torch()
+    t = torch.from_numpy(np.ascontiguousarray(a, np.float32))
+    return t.clone() if SIMULATED else t.cuda()
+
+
+def on(stream):
+    """Run torch ops on ``stream`` (a numba stream; torch's current one when it is that already)."""
+    if SIMULATED or not stream:
+        return contextlib.nullcontext()
+    torch = _torch()
+    handle = stream.handle
+    handle = int(getattr(handle, "value", handle))
+    if handle == torch.cuda.current_stream().cuda_stream:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(handle))
+
+
+def linear(out, x, wt, rows: int, accumulate: bool = False, stream=0) -> None:
+    """out [T, N] (+)= x [T, K] @ wt [K, N] for the first ``rows`` rows."""
+    with on(stream):
+        o, xi = view(out)[:rows], view(x)[:rows]
+        if accumulate:
+            o.addmm_(xi, wt)
+        else:
+            _torch().mm(xi, wt, out=o)
+
+
+def swiglu(h, x, w13t, w2t, gu, act, rows: int, stream=0) -> None:
+    """h [T, D] += (silu(g) * u) @ w2t with [g || u] = x @ w13t (w13t [D, 2I], w2t [I, D]); gu [rows, 2I]
+    and act [rows, I] are work buffers."""
+    torch = _torch()
+    i = w2t.shape[0]
+    with on(stream):
+        g_u, a = view(gu), view(act)
+        torch.mm(view(x)[:rows], w13t, out=g_u)
+        g, u = g_u[:, :i], g_u[:, i:]
+        torch.mul(g * torch.sigmoid(g), u, out=a)                  # the reference's silu(g) * u
+        view(h)[:rows].addmm_(a, w2t)
+
+
+def mla_attention(o, q, cache, wkv_b, cos, sin, depth, vis, meta, scale: float, n_heads: int, c_rank: int,
+                  r_dim: int, nope: int, v_dim: int, rows: int, stream=0) -> None:
+    """Absorbed MLA of the grid's rows over the latent cache, as ``kernels_numba.mla``'s kernel: new row
+    i sees cached rows < start = meta[0] and new row j < n = meta[1] where vis[i, j]; rope position
+    start + depth[i]. Scores run over all S cache rows with the rest masked, so no shape depends on
+    device values (capturable); cache rows are finite (zero-initialised, written by the model)."""
+    torch = _torch()
+    h, c, r, nn, v = n_heads, c_rank, r_dim, nope, v_dim
+    with on(stream):
+        mt, kv = view(meta), view(cache)                                       # [8], [S, C+R]
+        s = kv.shape[0]
+        start, live = mt[0].long(), mt[1].long()
+        qh = view(q)[:rows, :h * (nn + r)].reshape(rows, h, nn + r)           # [T, H, N_+R]
+        pos = start + view(depth)[:rows].long()                                # [T]
+        cs, sn = view(cos).index_select(0, pos), view(sin).index_select(0, pos)  # [T, R/2]
+        x0, x1 = qh[..., nn::2], qh[..., nn + 1::2]                            # interleaved pairs
+        q_pe = torch.stack((x0 * cs[:, None] - x1 * sn[:, None], x1 * cs[:, None] + x0 * sn[:, None]),
+                           dim=-1).reshape(rows, h, r)                         # [T, H, R]
+        w = view(wkv_b).reshape(h, nn + v, c)                                  # [H, N_+V, C]
+        q_lat = torch.bmm(qh[..., :nn].transpose(0, 1), w[:, :nn])             # [H, T, C]
+        scores = (q_lat @ kv[:, :c].T + q_pe.transpose(0, 1) @ kv[:, c:].T) * scale   # [H, T, S]
+        keys = torch.arange(s, device=kv.device)
+        rel = keys - start                                                     # [S] new-row index
+        vt = view(vis)
+        seen = vt[:rows].index_select(1, rel.clamp(0, vt.shape[1] - 1)) != 0   # [T, S]
+        mask = (keys < start) | (seen & (rel >= 0) & (rel < live))
+        p = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)           # [H, T, S]
+        ctx = p @ kv[:, :c]                                                    # [H, T, C]
+        out = torch.bmm(ctx, w[:, nn:].transpose(1, 2))                        # [H, T, V]
+        view(o)[:rows].view(rows, h, v).copy_(out.transpose(0, 1))

@@ -1,0 +1,96 @@
+"""The BLAS path of the FP32 ops (kernels_numba/blas.py: torch over the engine's buffers, cuBLAS on a
+GPU, torch's CPU BLAS here) against the portable kernels on fresh random inputs, and which FP32 weights
+take it. The engine tests run whole generations on it (tests/engine, ``blas_engine``)."""
+
+import numpy as np
+import pytest
+
+from kernels_numba import ops
+from kernels_numba.device import download, to_device, zeros
+from kernels_numba.rope import rope_tables
+from workbench.config import preset
+
+
+@pytest.fixture
+def on_blas(monkeypatch):
+    monkeypatch.setattr(ops, "BLAS", True)
+    monkeypatch.setattr(ops, "BLAS_MIN_ELEMENTS", 0)
+
+
+def test_blas_takes_large_fp32_weights_only(monkeypatch):
+    rng = np.random.default_rng(0)
+    small, large = rng.standard_normal((64, 64)), rng.standard_normal((1024, 1024))
+    monkeypatch.setattr(ops, "BLAS", True)
+    assert (ops.dense(small).path, ops.dense(large).path) == (ops.PORTABLE, ops.BLAS_PATH)
+    assert ops.dense(large, fast=False).path == ops.PORTABLE
+    monkeypatch.setattr(ops, "BLAS", False)                     # no GPU: every FP32 op stays portable
+    assert ops.dense(large).path == ops.PORTABLE and ops.mla_weights(large).path == ops.PORTABLE
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_linear_blas_equals_portable(on_blas, accumulate):
+    rng = np.random.default_rng(1)
+    rows, k, n = 5, 96, 80
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = to_device(rng.standard_normal((rows, k)).astype(np.float32))
+    h0 = rng.standard_normal((rows, n)).astype(np.float32)
+    meta = to_device(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.int32))
+    got, want = to_device(h0), to_device(h0)
+    ops.linear(got, x, ops.dense(w), meta, rows, accumulate=accumulate)
+    ops.linear(want, x, ops.dense(w, fast=False), meta, rows, accumulate=accumulate)
+    np.testing.assert_allclose(download(got), download(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("q_lora", [True, False])
+def test_mla_attention_blas_equals_the_kernel(on_blas, q_lora):
+    """A tree of new rows (ancestor mask) on top of cached rows, rope positions start + depth; only the
+    live rows are compared, and row 2's mask names row 3, which is past meta[1] and must stay unseen."""
+    cfg = preset("tiny") if q_lora else preset("tiny").replace(q_lora_rank=None)
+    rng = np.random.default_rng(2)
+    h, c, r = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    nn, v = cfg.qk_nope_head_dim, cfg.v_head_dim
+    s_max, start, rows, live = 16, 5, 4, 3
+    cache = to_device(rng.standard_normal((s_max, c + r)).astype(np.float32))
+    q = to_device(rng.standard_normal((rows, h * (nn + r) + (0 if q_lora else c + r))).astype(np.float32))
+    wkv_b = rng.standard_normal((h * (nn + v), c)).astype(np.float32) * 0.1
+    depth = to_device(np.array([0, 1, 1, 2], np.int32))
+    vis = to_device(np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 1], [1, 1, 0, 1]], np.uint8))
+    meta = to_device(np.array([start, live, 0, 0, 0, 0, 0, 0], np.int32))
+    cos, sin = (to_device(t) for t in rope_tables(cfg, s_max))
+    outs = []
+    for w in (ops.mla_weights(wkv_b), ops.mla_weights(wkv_b, fast=False)):
+        o = zeros((rows, h * v))
+        ops.mla_attention(o, q, cache, w, cos, sin, depth, vis, meta, cfg.softmax_scale, h, c, r, nn, v,
+                          s_max, rows)
+        outs.append(download(o)[:live])
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5)
+
+
+def test_swiglu_and_router_blas_equal_portable(on_blas):
+    rng = np.random.default_rng(3)
+    cfg = preset("tiny")
+    rows, d, i, e = 3, cfg.hidden_size, 48, cfg.n_routed_experts
+    w1, w3 = (rng.standard_normal((i, d)).astype(np.float32) * 0.1 for _ in range(2))
+    w2 = rng.standard_normal((d, i)).astype(np.float32) * 0.1
+    gate = rng.standard_normal((e, d)).astype(np.float32) * 0.1
+    bias = rng.standard_normal(e).astype(np.float32) * 0.01
+    x = to_device(rng.standard_normal((rows, d)).astype(np.float32))
+    meta = to_device(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.int32))
+    experts = [tuple(rng.standard_normal(m.shape).astype(np.float32) * 0.1 for m in (w1, w3, w2))
+               for _ in range(e)]
+    got = []
+    for fast in (True, False):
+        sw = ops.swiglu_weights(w1, w3, w2, fast=fast)
+        rt = ops.router(gate, bias, cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group, cfg.norm_topk_prob,
+                        cfg.routed_scaling_factor, fast=fast)
+        m = ops.moe_weights(rt, experts, None, fast=fast)
+        assert (sw.path, rt.path) == ((ops.BLAS_PATH,) * 2 if fast else (ops.PORTABLE,) * 2)
+        sc = ops.Scratch(rows, [sw], [m])
+        sc.reserve(rows)
+        hs, hm = zeros((rows, d)), zeros((rows, d))
+        ops.swiglu(hs, x, sw, sc, meta, rows)
+        ops.moe(hm, x, m, sc, meta, rows)
+        got.append((download(hs), download(hm), download(sc.rids)[:rows]))
+    np.testing.assert_allclose(got[0][0], got[1][0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[0][2], got[1][2])
+    np.testing.assert_allclose(got[0][1], got[1][1], rtol=1e-5, atol=1e-6)
