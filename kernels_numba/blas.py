@@ -52,8 +52,8 @@ def on(stream):
     if SIMULATED or not stream:
         return contextlib.nullcontext()
     torch = _torch()
-    handle = stream.handle
-    handle = int(getattr(handle, "value", handle))
+    handle = stream.handle                              # ctypes c_void_p or a driver CUstream
+    handle = int(getattr(handle, "value", handle) or 0)
     if handle == torch.cuda.current_stream().cuda_stream:
         return contextlib.nullcontext()
     return torch.cuda.stream(torch.cuda.ExternalStream(handle))
