@@ -2,8 +2,9 @@
 
 Legend: T rows, n = meta[1] live rows, D model width, E routed experts, K experts per token,
 G routing groups. One (32, KS)-thread block per row: the threads compute the E gate logits (or
-read them, where an SGEMM computed them: ``from_logits``), then thread 0 does the (tiny) group
-limit and top-K selection sequentially, ties to the lowest index,
+read them, where an SGEMM computed them: ``from_logits``); thread 0 applies the (tiny) group
+limit; each of the K picks is a max over the block (per-thread scan, then a shared-memory tree:
+one thread scanning 384 experts K times took ~280 us on the H200), ties to the lowest index,
 exactly as the reference's stable argsort does.
 """
 
@@ -14,6 +15,7 @@ import math
 import numpy as np
 from numba import cuda
 
+from ._validate import KernelInputError
 from .blockops import KS, TPB
 
 _CACHE: dict = {}
@@ -41,6 +43,9 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
     NORM = bool(norm_topk)
     SCALE = np.float32(scaling)
     LOGITS = bool(from_logits)
+    NT = TPB * ks
+    if NT & (NT - 1):
+        raise KernelInputError(f"the router's top-K tree wants a power-of-two block, got {NT} threads")
 
     @cuda.jit
     def route_kernel(ids, wts, x, gate_t, bias, meta):
@@ -55,6 +60,8 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
         taken = cuda.shared.array(E, np.int32)
         gsc = cuda.shared.array(G, np.float32)
         gok = cuda.shared.array(G, np.int32)
+        cand_i = cuda.shared.array(NT, np.int32)             # per thread: best untaken expert so far
+        cand_v = cuda.shared.array(NT, np.float32)
         for e in range(tid, E, TPB):
             acc = np.float32(0.0)
             if LOGITS:
@@ -75,9 +82,8 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
                 choice[e] = s + bias[e]
                 taken[e] = 0
         cuda.syncthreads()
-        if tid != 0 or ty != 0:
-            return
-        if G > 1:                                            # group limit: keep the TG best groups
+        lt = ty * TPB + tid
+        if G > 1 and lt == 0:                                # group limit: keep the TG best groups
             for g in range(G):
                 b1 = -math.inf
                 b2 = -math.inf
@@ -99,21 +105,43 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
             for e in range(E):
                 if gok[e // EG] == 0:
                     choice[e] = -math.inf
-        total = np.float32(0.0)
-        for k in range(K):                                   # top-K, ties to the lowest index
-            best = -1
-            for e in range(E):
-                if taken[e] == 0 and (best < 0 or choice[e] > choice[best]):
-                    best = e
-            taken[best] = 1
-            ids[row, k] = best
-            wts[row, k] = score[best]
-            total += score[best]
-        for k in range(K):
-            w = wts[row, k]
-            if NORM:
-                w = w / (total + np.float32(1e-20))
-            wts[row, k] = w * SCALE
+        cuda.syncthreads()
+        for k in range(K):                                   # top-K, ties to the lowest index: each
+            bi = -1                                          # thread's best untaken expert, then a
+            bv = -math.inf                                   # tree over the block's NT threads
+            for e in range(lt, E, NT):
+                if taken[e] == 0 and (bi < 0 or choice[e] > bv):
+                    bi = e
+                    bv = choice[e]
+            cand_i[lt] = bi
+            cand_v[lt] = bv
+            cuda.syncthreads()
+            step = NT // 2
+            while step > 0:
+                if lt < step:
+                    oi = cand_i[lt + step]
+                    ov = cand_v[lt + step]
+                    mi = cand_i[lt]
+                    if oi >= 0 and (mi < 0 or ov > cand_v[lt] or (ov == cand_v[lt] and oi < mi)):
+                        cand_i[lt] = oi
+                        cand_v[lt] = ov
+                cuda.syncthreads()
+                step //= 2
+            if lt == 0:
+                best = cand_i[0]
+                taken[best] = 1
+                ids[row, k] = best
+                wts[row, k] = score[best]
+            cuda.syncthreads()
+        if lt == 0:
+            total = np.float32(0.0)
+            for k in range(K):
+                total += wts[row, k]
+            for k in range(K):
+                w = wts[row, k]
+                if NORM:
+                    w = w / (total + np.float32(1e-20))
+                wts[row, k] = w * SCALE
 
     _CACHE[key] = route_kernel
     return route_kernel
