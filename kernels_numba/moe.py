@@ -255,7 +255,8 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
         ("gate_up", lambda s: gate_up[nb, wgu * 32, s](ws.h, flat(x), w13q, w13s, *tiles, ws.cnt_gu,
                                                        ws.cnt_dn, p * w2.n16)),
         ("down", lambda s: down[nb, wdn * 32, s](ws.y, ws.h, w2q, w2s, *tiles, ws.cnt_dn, ws.cnt_dn, 0)),
-        ("combine", lambda s: combine[(-(-d // 128), t), 128, s](flat(out), ws.y, t)),
+        ("combine", lambda s: combine[(-(-d // 128), t), 128, s](flat(out), ws.y, t, flat(ids),
+                                                                  weights.n_routed)),
     ]
     return stages, out, ws
 
@@ -280,5 +281,6 @@ def _gemv_stages(x, ids, tw, weights: MoEWeights, out, ws: MoEWorkspace, cfg: di
                                      (ws.gu, flat(x), w13q, w13s, *route, i // 16))),
         ("act", lambda s: launch(moe_act_kernel, (-(-i // 128), p), 128, s, (ws.h, ws.gu, i))),
         ("down", lambda s: launch(down, (d // 16, p), ksdn * 32, s, (ws.y, h16, w2q, w2s, *route, d // 16))),
-        ("combine", lambda s: launch(combine, (-(-d // 128), t), 128, s, (flat(out), ws.y, t))),
+        ("combine", lambda s: launch(combine, (-(-d // 128), t), 128, s,
+                                     (flat(out), ws.y, t, flat(ids), weights.n_routed))),
     ]

@@ -95,17 +95,20 @@ def make_align_kernel(EX: int, NTHR: int):
 
 @functools.cache
 def make_combine_kernel(D: int, K: int, S: int):
-    """out[t, n] = sum_k y[t*K + k, n] + sum_s y[T*K + s*T + t, n] (router weights already in y)."""
+    """out[t, n] = sum_k y[t*K + k, n] + sum_s y[T*K + s*T + t, n] (router weights already in y), over
+    the slots k whose expert id lies in [0, n_routed): a dropped pair's y row is never written."""
 
     @cuda.jit
-    def moe_combine_kernel(out, y, n_tok):
+    def moe_combine_kernel(out, y, n_tok, topk_ids, n_routed):
         griddep_wait()                                        # y is down's (a no-op without PDL)
         n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         t = cuda.blockIdx.y
         if n < D:
             s = float32(0.0)
             for k in range(K):
-                s += y[(t * K + k) * D + n]
+                e = topk_ids[t * K + k]
+                if 0 <= e < n_routed:
+                    s += y[(t * K + k) * D + n]
             for j in range(S):
                 s += y[(n_tok * K + j * n_tok + t) * D + n]
             out[t * D + n] = s

@@ -70,7 +70,8 @@ def fused_moe_v2(v2, x, ids, tw, mw, out, ws, stream, cfg):
     ks, cpw = cfg["dn"]
     v2.make_moe_gemm_kernel(i, d, g, ks, cpw, False)[(w2.n16, cfg["workers"]), ks * 32, stream](
         ws.y, ws.h, w2.wq, w2.sq, ws.tile_expert, ws.tile_rows, ws.meta, tw.view(-1), t, k)
-    make_combine_kernel(d, k, mw.n_shared)[(-(-d // 128), t), 128, stream](out.view(-1), ws.y, t)
+    make_combine_kernel(d, k, mw.n_shared)[(-(-d // 128), t), 128, stream](out.view(-1), ws.y, t,
+                                                                          ids.view(-1), mw.n_routed)
 
 
 def check_small(torch, v2):

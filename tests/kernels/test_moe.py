@@ -156,8 +156,15 @@ def test_bad_expert_ids_flagged_and_bad_shapes_raise():
     _, mw = _model(cfg, 9)
     x = dev(np.zeros((2, cfg.hidden_size), np.float16))
     tw = dev(np.ones((2, 2), np.float32))
+    ws = moe_workspace(2, 2, mw, config=SMALL)
+    nan_y = np.full(np.asarray(ws.y).shape if SIMULATED else ws.y.shape, np.nan, np.float32)
+    np.copyto(ws.y, nan_y) if SIMULATED else ws.y.copy_to_device(nan_y)
+    out = poisoned((2, cfg.hidden_size))
     with pytest.raises(KernelInputError, match="outside"):
-        fused_moe(x, dev(np.array([[0, 8], [1, 2]], np.int32)), tw, mw, config=SMALL, check_routing=True)
+        fused_moe(x, dev(np.array([[0, 8], [1, 2]], np.int32)), tw, mw, out=out, workspace=ws, config=SMALL,
+                  check_routing=True)
+    # the dropped pair's y row is never written (NaN here); the combine leaves it out: x = 0 gives 0
+    np.testing.assert_array_equal(host(out), np.zeros((2, cfg.hidden_size), np.float32))
     with pytest.raises(KernelInputError, match="dtype"):
         fused_moe(x, dev(np.zeros((2, 2), np.int64)), tw, mw)
     with pytest.raises(KernelInputError, match="shape"):

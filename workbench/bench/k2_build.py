@@ -47,10 +47,13 @@ def _repack_chunk(cfg: ModelConfig, seed: int, layer: int, e0: int, e1: int) -> 
     return w.w13.wq, w.w13.sq, w.w2.wq, w.w2.sq
 
 
-def int4_experts(cfg: ModelConfig, seed: int, layer: int, workers: int = 1, log=None) -> MoEWeights:
-    """All routed experts of ``layer`` repacked for fused_moe (host arrays), no shared expert inside."""
-    e, chunk = cfg.n_routed_experts, CHUNK
-    tasks = [(e0, min(e0 + chunk, e)) for e0 in range(0, e, chunk)]
+def int4_experts(cfg: ModelConfig, seed: int, layer: int, workers: int = 1, log=None,
+                 experts: range | None = None) -> MoEWeights:
+    """The routed experts ``experts`` (default all) of ``layer`` repacked for fused_moe (host arrays,
+    local ids 0.. in order), no shared expert inside."""
+    ex = range(cfg.n_routed_experts) if experts is None else experts
+    e, chunk = len(ex), CHUNK
+    tasks = [(e0, min(e0 + chunk, ex.stop)) for e0 in range(ex.start, ex.stop, chunk)]
     if workers > 1:
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
             futs = [pool.submit(_repack_chunk, cfg, seed, layer, a, b) for a, b in tasks]
@@ -91,6 +94,15 @@ def fp32_stack(cfg: ModelConfig, seed: int, layer: int, workers: int = 1, chunk:
             "tensors": t}                                      # the torch tensors own the device memory
 
 
+def router_and_shared(cfg: ModelConfig, seed: int, layer: int) -> tuple[ops.Router, ops.SwiGLU | None]:
+    """A MoE layer's router and shared expert (bf16 widened to FP32) as the engine prepares them."""
+    f = f"layers.{layer}.ffn"
+    rt = ops.router(_fp(cfg, seed, f + ".gate"), _fp(cfg, seed, f + ".gate_bias"), cfg.num_experts_per_tok,
+                    cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor)
+    shared = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f + ".shared")) if cfg.n_shared_experts else None
+    return rt, shared
+
+
 def device_layer(
     cfg: ModelConfig, seed: int, layer: int, experts: str = "int4", workers: int = 1, log=None
 ) -> DeviceLayer:
@@ -117,16 +129,7 @@ def device_layer(
     if not cfg.is_moe_layer(layer):
         lay.mlp = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f))
         return lay
-    rt = ops.router(
-        _fp(cfg, seed, f + ".gate"),
-        _fp(cfg, seed, f + ".gate_bias"),
-        cfg.num_experts_per_tok,
-        cfg.n_group,
-        cfg.topk_group,
-        cfg.norm_topk_prob,
-        cfg.routed_scaling_factor,
-    )
-    shared = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f + ".shared")) if cfg.n_shared_experts else None
+    rt, shared = router_and_shared(cfg, seed, layer)
     d, i = cfg.hidden_size, cfg.moe_intermediate_size
     if experts == "int4":
         try:

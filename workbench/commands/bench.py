@@ -1,4 +1,7 @@
-"""``python -m workbench bench kernels|engine|k2 [--out DIR]``: GPU benchmarks (one-line error without a GPU).
+"""``workbench bench kernels|engine|k2|ep [--out DIR]``: GPU benchmarks (one-line error without a GPU).
+
+``ep`` (workbench/bench/ep_moe.py): one k2_slice MoE layer expert-parallel over 1, 2, 4, 8 GPUs;
+``ep --dry-run`` prints its split and byte counts per P without a GPU.
 
 Each run writes one result set ``<bench>_<commit>.csv / .json / .png / .log`` into DIR (the log is
 the run's console output) and then removes DIR's earlier sets of the same benchmark
@@ -14,8 +17,8 @@ from pathlib import Path
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("what", choices=("kernels", "engine", "k2"),
-                        help="which benchmark (k2: the k2_slice layers)")
+    parser.add_argument("what", choices=("kernels", "engine", "k2", "ep"),
+                        help="which benchmark (k2: the k2_slice layers; ep: one MoE layer expert-parallel)")
     parser.add_argument("--out", default="reports/bench", help="output folder (default reports/bench)")
     parser.add_argument("--layers", default=None, help="k2: comma-separated layers (default all)")
     parser.add_argument("--context", type=int, default=4096, help="k2: cached rows before each step")
@@ -25,6 +28,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-torch", action="store_true", help="k2: leave out the stock-PyTorch rows")
     parser.add_argument("--no-check", action="store_true", help="k2: leave out the reference check")
     parser.add_argument("--workers", type=int, default=16, help="k2: processes repacking INT4 experts")
+    parser.add_argument("--worlds", default="1,2,4,8", help="ep: comma-separated GPU counts (those present)")
+    parser.add_argument("--dry-run", action="store_true", help="ep: print the plan (no GPU, writes nothing)")
 
 
 class _Tee(io.TextIOBase):
@@ -42,9 +47,26 @@ class _Tee(io.TextIOBase):
         self.stream.flush()
 
 
+def _worlds(text: str) -> list[int]:
+    from workbench.cli import UserError
+    try:
+        worlds = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise UserError(f"--worlds wants comma-separated ints, got {text!r}") from None
+    if any(p not in (1, 2, 4, 8) for p in worlds):
+        raise UserError(f"--worlds takes 1, 2, 4 and 8, got {text!r}")
+    return worlds
+
+
 def run(args) -> int:
     from workbench.bench.common import require_gpu
     from workbench.cli import UserError
+    if args.what == "ep" and args.dry_run:
+        from workbench.bench.ep_moe import plan
+        from workbench.config import preset
+        for row in plan(preset("k2_slice"), _worlds(args.worlds)):
+            print(", ".join(f"{k}={v}" for k, v in row.items()))
+        return 0
     require_gpu()
     from kernels_numba.device import SIMULATED
     if SIMULATED:
@@ -60,6 +82,9 @@ def run(args) -> int:
             res = run_kernels(out)
             print(summary(res["rows"], res["meta"]["copy_gbs"]))
             rs = res["set"]
+        elif args.what == "ep":
+            from workbench.bench.ep_moe import run as run_ep
+            rs = run_ep(out, _worlds(args.worlds), reps=args.reps)
         elif args.what == "k2":
             from workbench.bench.k2_layer import run as run_k2
             layers = None
