@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On an H200 (the device tool), from the repo root with the numpy/cffi/pycparser wheels in $WHEELS:
-# the GPU tier of the BLAS path (op level and engine generations) and `bench k2` on layers $LAYERS.
-# Logs and the result set go to $OUT.
+# `bench k2` on layers $LAYERS, then the GPU tier of the BLAS path (op level and engine generations)
+# and of the router and fused MoE kernels, each under its own time cap. Everything goes to $OUT.
 set -uo pipefail
 WHEELS=${WHEELS:-.whl_min}
 LAYERS=${LAYERS:-0,1}
@@ -9,8 +9,14 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.wh
 export KDTREE_GIT_SHA=${KDTREE_GIT_SHA:?set KDTREE_GIT_SHA to the commit under test}
 mkdir -p "$OUT/bench"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-KDTREE_GPU=1 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_blas.py tests/engine \
-  -k blas 2>&1 | tail -25 > "$OUT/bench/gpu_tier_blas_${KDTREE_GIT_SHA}.log"
-tail -3 "$OUT/bench/gpu_tier_blas_${KDTREE_GIT_SHA}.log"
-timeout 330 python3 -m workbench bench k2 --layers "$LAYERS" --out "$OUT/bench" > "$OUT/k2_console.log" 2>&1
-echo "bench k2 rc=$?"; tail -4 "$OUT/k2_console.log"
+timeout "${BENCH_S:-330}" python3 -m workbench bench k2 --layers "$LAYERS" --out "$OUT/bench" > "$OUT/k2_console.log" 2>&1
+echo "bench k2 rc=$?"; tail -2 "$OUT/k2_console.log"
+tier() {  # tier NAME SECONDS PYTEST-ARGS...
+  local name=$1 secs=$2; shift 2
+  KDTREE_GPU=1 timeout "$secs" python3 -m pytest -q -p no:cacheprovider "$@" > "$OUT/tier.tmp" 2>&1
+  echo "rc=$? (cap ${secs} s): $*" | tee "$OUT/bench/gpu_tier_${name}_${KDTREE_GIT_SHA}.log"
+  grep -v -e "Warning" -e "warn(" -e "^$" -e "^tests/.*::" "$OUT/tier.tmp" | tail -20 >> "$OUT/bench/gpu_tier_${name}_${KDTREE_GIT_SHA}.log"
+  tail -1 "$OUT/tier.tmp"; rm -f "$OUT/tier.tmp"
+}
+tier blas "${BLAS_S:-40}" tests/kernels/test_blas.py tests/engine -k blas
+tier router_moe "${MOE_S:-60}" tests/kernels/test_router.py tests/kernels/test_moe.py
