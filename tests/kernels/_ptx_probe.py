@@ -58,7 +58,8 @@ def main():
     out["moe gemv gate_up"] = counts(make_moe_gemv_kernel(7168, *cfg["gu"], True, cfg["maxreg"]), vsig)
     out["moe gemv down"] = counts(make_moe_gemv_kernel(2048, *cfg["dn"], False, cfg["maxreg"]), vsig)
     out["moe act"] = counts(moe_act_kernel, (a(T.uint16), a(T.float32), T.int64))
-    out["moe combine"] = counts(make_combine_kernel(7168, 8, 1), (a(T.float32), a(T.float32), T.int64))
+    csig = (a(T.float32), a(T.float32), T.int64, a(T.int32), T.int64)       # out, y, n_tok, ids, n_routed
+    out["moe combine"] = counts(make_combine_kernel(7168, 8, 1), csig)
     rows2d = T.float32[:, ::1]                               # the engine's [T, N] buffers
     out["rows to_f16"] = counts(to_f16_kernel, (T.uint16[:, ::1], rows2d, a(T.int32)))
     out["rows add"] = counts(add_rows_kernel, (rows2d, rows2d, a(T.int32)))
