@@ -288,8 +288,9 @@ class Scratch:
     allocated once (fixed addresses, so captured graphs replay). MoE workspaces are per row count:
     ``reserve(n)`` makes them for n rows (before a capture), ``workspace`` only looks them up."""
 
-    def __init__(self, rows: int, swiglus: list[SwiGLU], moes: list[MoE]) -> None:
+    def __init__(self, rows: int, swiglus: list[SwiGLU], moes: list[MoE], routers: tuple = ()) -> None:
         self.rows = rows
+        blas_routers = [r for r in [*(m.router for m in moes), *routers] if r.path == BLAS_PATH]
         k = max((m.router.top_k for m in moes), default=1)
         sw = [*swiglus, *(m.shared for m in moes if m.shared is not None)]
         port = [s for s in sw if s.path == PORTABLE]
@@ -309,8 +310,7 @@ class Scratch:
         self.gu = zeros(max(rows * 2 * width, 1))                               # [T, 2I] gate || up
         self.h16 = zeros(max(rows * width, 1), np.uint16)                       # [T, I] f16(silu(g) * u)
         self.act = zeros(max(rows * max((s.width for s in on_blas), default=0), 1))  # [T, I] silu(g) * u
-        self.logits = zeros(max(rows * max((m.router.n_experts for m in moes if m.router.path == BLAS_PATH),
-                                           default=0), 1))                     # [T, E] router logits
+        self.logits = zeros(max(rows * max((r.n_experts for r in blas_routers), default=0), 1))  # [T, E]
         self._fused = {_ws_key(m.fused, k): m.fused for m in fused}
         self._ws: dict = {}
         self.top_k = k
@@ -410,15 +410,19 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
     ffn.down(h, sc.hid1, sc.slot0, sc.one, w.stack, meta, rows, stream=stream)
 
 
-def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
-    """h [T, D] += the MoE block of x [T, D]: router, routed experts, shared experts."""
-    r = w.router
+def route(ids, wts, x, r: Router, sc: Scratch, meta, rows: int, stream=0) -> None:
+    """ids, wts [T, K] = the router's choice for x [T, D] (``sc`` made with this router: its logits)."""
     if r.path == BLAS_PATH:                   # logits by SGEMM, then the kernel selects from them
         logits = rows_view(sc.logits, rows, r.n_experts)
         blas.linear(logits, x, r.gate_t, rows, stream=stream)
-        r.kernel[rows, (TPB, KS), stream](sc.rids, sc.rwts, logits, r.bias, r.bias, meta)
+        r.kernel[rows, (TPB, KS), stream](ids, wts, logits, r.bias, r.bias, meta)
     else:
-        r.kernel[rows, (TPB, KS), stream](sc.rids, sc.rwts, x, r.gate_t, r.bias, meta)
+        r.kernel[rows, (TPB, KS), stream](ids, wts, x, r.gate_t, r.bias, meta)
+
+
+def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
+    """h [T, D] += the MoE block of x [T, D]: router, routed experts, shared experts."""
+    route(sc.rids, sc.rwts, x, w.router, sc, meta, rows, stream)
     if w.path == FUSED_MOE:
         y = rows_view(sc.y, rows, w.dim)
         experts_fused(_to_f16(sc, x, w.dim, meta, rows, stream), kernel_array(head_rows(sc.rids, rows)),
@@ -459,5 +463,5 @@ def tree_compile(ids, depth, vis, meta, ctl, stream=0) -> None:
 __all__ = ["BLAS_PATH", "Dense", "FUSED_MOE", "INT4_MATMUL", "Int4Host", "MLA", "MoE", "PORTABLE", "Router",
            "Scratch", "SwiGLU", "advance", "argmax", "copy_rows", "dense", "embed", "experts_fused",
            "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep", "mla_weights",
-           "moe", "moe_weights", "portable_stack", "rmsnorm", "router", "swiglu", "swiglu_weights",
+           "moe", "route", "moe_weights", "portable_stack", "rmsnorm", "router", "swiglu", "swiglu_weights",
            "topk_logprobs", "tree_compile"]

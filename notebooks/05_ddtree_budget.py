@@ -23,7 +23,7 @@ from IPython.display import Markdown, display
 
 from workbench.config import preset
 from workbench.ddtree import DrafterConfig, ddtree_generate
-from workbench.report import benchdata, bundles, enginedata, plots, provenance, spec, tables
+from workbench.report import benchdata, bundles, enginedata, k2proj, plots, provenance, spec, tables
 from workbench.report.progress import progress
 
 # %% tags=["parameters"]
@@ -288,3 +288,49 @@ plots.finish(fig, "05_speedup_model", out_dir, plots.caption_text(
     f"{measured_note} "
     f"Model inputs τ and coverage: numpy reference on {bundle_name}."))
 tables.save_table(cost_rows, "05_speedup_model", out_dir, "The MODEL's inputs and outputs by drafter, budget")
+
+# %% [markdown]
+# ## Full K2 per token from the measured k2_slice layers (projection from measurements)
+# **Measured inputs, projected output.** `python -m workbench bench k2` timed the engine's whole
+# dense layer and MoE layer of the seeded `k2_slice` (real K2 dimensions, INT4 experts, the router's
+# own routing of random trees, context 4096) at 1 row and at B + 1 rows. Here one K2 step is its
+# dense layer plus 60 MoE layers at those measured times, and tokens per round τ(B) is the oracle
+# sweep above (numpy reference, `bundle_name`). Left out: embedding, final norm and lm_head, the
+# drafter's forward and tree building; and the whole model (about 595 GB in INT4) does not fit one
+# H200, so this is one GPU's measured layer speed applied to 61 layers, not a run.
+
+# %%
+k2_layers = k2proj.load_layers(engine_bench_dir)
+if k2_layers is None:
+    display(Markdown(f"**No `bench k2` result set in `{engine_bench_dir}`**: run `python -m workbench "
+                     "bench k2` on a GPU; this section stays empty until then."))
+else:
+    k2_times, k2_meta = k2_layers
+    proj_rows = []
+    for d in labels:
+        if not d.startswith("oracle"):
+            continue
+        tau_d = {r["budget"]: r["tau"] for r in acc_rows if r["drafter"] == d}
+        proj_rows += [{"drafter": d, **r} for r in k2proj.project(preset("k2"), k2_times, tau_d)]
+    proj = tables.frame(proj_rows)
+    tables.show_table(proj, "05_k2_projection", out_dir, digits=3, caption=(
+        f"PROJECTED full-K2 tokens/s on one GPU from MEASURED k2_slice layer times "
+        f"({k2_meta.get('gpu', '?')}, commit {k2_meta.get('git_sha', '?')[:7]}, context "
+        f"{k2_meta.get('context', '?')}) and the reference's oracle τ on {bundle_name}; budget 0 = AR."),
+        view=proj.pivot(index="drafter", columns="budget", values="speedup"))
+    best = [max((r for r in proj_rows if r["drafter"] == d), key=lambda r: r["speedup"])
+            for d in dict.fromkeys(r["drafter"] for r in proj_rows)]
+    display(Markdown("Best projected budget per drafter: " + "; ".join(
+        f"{r['drafter']}: **{r['speedup']:.2f}×** AR at B = {r['budget']} ({r['tok_s']:.0f} tok/s, "
+        f"AR {proj_rows[0]['tok_s']:.0f})" for r in best) + "."))
+    fig, ax = plots.plt.subplots(figsize=(6, 3.8))
+    plots.lines(ax, {d: ([r["budget"] for r in proj_rows if r["drafter"] == d and r["budget"]],
+                         [r["speedup"] for r in proj_rows if r["drafter"] == d and r["budget"]])
+                     for d in dict.fromkeys(r["drafter"] for r in proj_rows)},
+                "tree budget B (nodes)", "speed-up over AR (x, PROJECTED)",
+                "full K2 from measured layer times", logx=True)
+    ax.axhline(1.0, color="gray", lw=0.8, ls=":")
+    plots.finish(fig, "05_k2_projection", out_dir, plots.caption_text(
+        f"PROJECTION: 1 dense + 60 MoE layers at the k2_slice times measured by bench k2 on "
+        f"{k2_meta.get('gpu', '?')}; τ from the numpy reference on {bundle_name}; lm_head, drafter left out.",
+        hardware=k2_meta.get("gpu", "?"), date=k2_meta.get("time_utc")))

@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 
 from kernels_numba import ops
-from kernels_numba.blockops import KS, TPB
 from kernels_numba.device import SIMULATED, default_stream
 from kernels_numba.moe import MoEWeights, moe_workspace
 
@@ -139,7 +138,7 @@ class EPMoE:
         self.ids = torch.zeros(to, k, dtype=torch.int32, device=self.device)    # [To, K] their routing
         self.wts = torch.zeros(to, k, dtype=torch.float32, device=self.device)
         self.meta = torch.zeros(8, dtype=torch.int32, device=self.device)       # meta[1] = live rows
-        self.scratch = ops.Scratch(to, [w.shared] if w.shared is not None else [], [])
+        self.scratch = ops.Scratch(to, [w.shared] if w.shared is not None else [], [], routers=(w.router,))
         self._ws: dict[int, Any] = {}
         self.last: SimpleNamespace | None = None
 
@@ -175,9 +174,7 @@ class EPMoE:
         if to:
             xo.copy_(x[r::p])
             self.meta[1] = to
-            rt = w.router
-            rt.kernel[to, (TPB, KS), s](kview(ids), kview(wts), kview(xo), rt.gate_t, rt.bias,
-                                        kview(self.meta))
+            ops.route(kview(ids), kview(wts), kview(xo), w.router, self.scratch, kview(self.meta), to, s)
         mark("router")
 
         plan = dispatch_plan(ids, wts, sp)

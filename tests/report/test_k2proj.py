@@ -1,0 +1,23 @@
+"""The full-K2 projection from bench k2's layer times: the committed result set loads, and the arithmetic
+(1 dense + 60 MoE layers, tau over the step) on made-up times."""
+
+from pathlib import Path
+
+from workbench.config import preset
+from workbench.report import k2proj
+
+
+def test_committed_k2_layer_set_loads_decode_and_tree_rows():
+    times, meta = k2proj.load_layers(Path(__file__).resolve().parents[2] / "reports" / "bench")
+    assert {1, 2, 5, 17, 65} <= set(times["dense"]) and {1, 2, 5, 17, 65} <= set(times["moe"])
+    assert meta["bench"] == "k2_layer" and all(v > 0 for t in times.values() for v in t.values())
+
+
+def test_projection_is_tau_over_the_61_layer_step():
+    times = {"dense": {1: 100.0, 5: 200.0}, "moe": {1: 10.0, 5: 30.0}}
+    rows = k2proj.project(preset("k2"), times, {4: 3.0, 16: 9.0})          # 17 rows not measured: left out
+    assert [r["budget"] for r in rows] == [0, 4]
+    ar, b4 = rows
+    assert ar["step_ms"] == (100 + 60 * 10) / 1e3 and ar["speedup"] == 1.0
+    assert b4["step_ms"] == (200 + 60 * 30) / 1e3
+    assert abs(b4["speedup"] - 3.0 * 700 / 2000) < 1e-12 and abs(b4["tok_s"] - 3e6 / 2000) < 1e-9

@@ -1,0 +1,55 @@
+"""Full-K2 decode and DDTree speed projected from the measured k2_slice layers and a tau(B) curve.
+
+MEASURED inputs: the engine's whole-layer time (``part = layer``) of the dense layer and of a MoE
+layer with INT4 experts routed by its own router, at 1 row (decode) and B + 1 rows (verify of a
+B-node tree plus its root), from the current ``bench k2`` result set (``k2_layer_<commit>``); tau(B),
+tokens per round, from a DDTree run. PROJECTED: one K2 step = ``first_k_dense_replace`` dense layers
++ the rest MoE layers, each at the measured time of its kind; AR tokens/s = 1 / decode step, DDTree
+tokens/s = tau(B) / verify step. Left out: embedding, final norm and the lm_head (163,840 x 7,168),
+the drafter's forward, tree building and the host loop, and that the 61 layers (about 595 GB in
+INT4) do not fit one H200: it is one GPU's bandwidth applied to the whole model, not a run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..bench.results import current_set
+from ..config import ModelConfig
+from .benchdata import read_csv
+
+
+def load_layers(bench_dir: str | Path) -> tuple[dict[str, dict[int, float]], dict[str, Any]] | None:
+    """({"dense": {rows: us}, "moe": {rows: us}}, the set's metadata) of the current k2_layer set, or None."""
+    rs = current_set(bench_dir, "k2_layer")
+    if rs is None:
+        return None
+    times: dict[str, dict[int, float]] = {"dense": {}, "moe": {}}
+    for r in read_csv(rs.csv):
+        if r["impl"] != "numba engine" or r["part"] != "layer" or r["experts"] != "int4":
+            continue
+        kind = "dense" if r["routing"] == "-" else "moe" if r["routing"] == "router" else None
+        if kind is not None:
+            times[kind].setdefault(int(r["rows"]), float(r["us"]))       # the first MoE layer measured
+    return times, rs.read_meta()
+
+
+def project(cfg: ModelConfig, times: dict[str, dict[int, float]],
+            tau: dict[int, float]) -> list[dict[str, Any]]:
+    """One row per budget B whose B + 1 rows were measured (B = 0: AR decode, tau 1): the projected
+    step time of the whole model, tokens/s and the speed-up over AR."""
+    dense, moe = cfg.first_k_dense_replace, cfg.num_hidden_layers - cfg.first_k_dense_replace
+
+    def step_us(rows: int) -> float:
+        return dense * times["dense"][rows] + moe * times["moe"][rows]
+
+    ar_us = step_us(1)
+    out = [{"budget": 0, "rows": 1, "tau": 1.0, "step_ms": ar_us / 1e3, "tok_s": 1e6 / ar_us, "speedup": 1.0}]
+    for b in sorted(tau):
+        rows = b + 1
+        if rows in times["dense"] and rows in times["moe"]:
+            us = step_us(rows)
+            out.append({"budget": b, "rows": rows, "tau": tau[b], "step_ms": us / 1e3,
+                        "tok_s": tau[b] * 1e6 / us, "speedup": tau[b] * ar_us / us})
+    return out
