@@ -2,6 +2,10 @@
 # On an H200 (the device tool), from the repo root with the numpy/cffi/pycparser wheels in $WHEELS:
 # `bench k2` on layers $LAYERS, then the GPU tier of the BLAS path (op level and engine generations)
 # and of the router and fused MoE kernels, each under its own time cap. Everything goes to $OUT.
+# The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl_min numpy==2.4.6 cffi==2.0.0 pycparser
 set -uo pipefail
 WHEELS=${WHEELS:-.whl_min}
 LAYERS=${LAYERS:-0,1}
