@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On an H200 (the device tool), from the repo root with the numpy/cffi/pycparser wheels in $WHEELS:
+# On an H200, from the repo root with the numpy/cffi/pycparser wheels in $WHEELS:
 # `bench k2` on layers $LAYERS, then the GPU tier of the BLAS path (op level and engine generations)
 # and of the router and fused MoE kernels, each under its own time cap. Everything goes to $OUT.
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
