@@ -53,7 +53,8 @@ def _layer_block(cfg: ModelConfig, weights: dict[str, Any], layer: int, split: E
 def ep_engine(cfg: ModelConfig, weights: dict[str, Any], max_len: int, max_rows: int, taps: tuple = (),
               fast_kernels: bool = True, group=None) -> Engine:
     """This rank's engine of the expert-parallel stack (module docstring); call it on every rank of
-    ``group`` (an initialised torch.distributed group) with the same arguments."""
+    ``group`` (an initialised torch.distributed group) with the same arguments. ``eng.ep_blocks``:
+    {MoE layer index: its EPMoE}."""
     import torch.distributed as dist
     if not dist.is_initialized():
         raise ConfigError("the expert-parallel stack needs an initialised torch.distributed process group")
