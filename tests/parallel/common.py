@@ -106,3 +106,64 @@ def misbehave(rank: int, world: int, mode: str) -> int:
         raise ValueError("rank 1 gives up")
     dist.barrier()
     return rank
+
+
+
+# the stack: tiny's 1 dense + 2 MoE layers (D 128, expert width 64, 8 experts top-2, one shared expert),
+# routed experts INT4 (G 32), the rest FP32 (Kimi-K2's layout)
+STACK_CFG = preset("tiny").replace(num_hidden_layers=3)
+PROMPT = np.array([3, 141, 59], np.int64)
+DECODE = 3                    # tokens of the AR run: the prefill's, then 2 decode steps
+BUDGET = 4                    # the verify: a tree of up to 4 nodes + root
+
+
+def stack_weights(seed: int) -> dict:
+    from workbench.quant.policy import quantize_weights
+    from workbench.weights import random_weights
+    q, _ = quantize_weights(STACK_CFG, random_weights(STACK_CFG, seed), policy="experts", group_size=32)
+    return q
+
+
+class FlatDrafter:
+    """Draft logits ~ N(0, 0.1^2) seeded by (seed, position): no token stands out, so the best-first
+    tree has siblings (the verify's ancestor-only mask is not a causal one)."""
+    capture: tuple = ()
+    block_size = 4
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def propose(self, state) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, state.start])
+        return (0.1 * rng.standard_normal((self.block_size - 1, STACK_CFG.vocab_size))).astype(np.float32)
+
+
+def stack_steps(eng, seed: int) -> dict:
+    """On ``eng``: a greedy AR run (prefill + decode steps, logits per step), then from a fresh prefill
+    one DDTree round (``FlatDrafter``): the prefill's logits, the verify's tree, logits and argmax."""
+    from kernels_numba.device import head_rows
+    from kernels_numba.sim import sim_speed
+    from workbench.ddtree.config import GREEDY
+    from workbench.engine.ar import engine_ar_generate
+    from workbench.engine.rounds import EngineSpecState
+    ar = engine_ar_generate(eng, PROMPT, DECODE, return_logits=True)
+    state = EngineSpecState(eng, FlatDrafter(seed), BUDGET, GREEDY)
+    with sim_speed():
+        state.prefill(PROMPT)
+        prefill = eng.fetch(head_rows(eng.buf.logits, len(PROMPT)))
+        state.draft()
+        n = state.build_tree()
+        post = state.verify(n)
+        verify = eng.fetch(head_rows(eng.buf.logits, n + 1))
+    return {"tokens": ar.tokens, "logits": ar.logits, "prefill": prefill, "verify": verify,
+            "tree": state.ctl[:3, :n + 1].copy(), "post": np.array(post)}
+
+
+def stack_rank(rank: int, world: int, seed: int) -> dict:
+    """``stack_steps`` on this rank's engine of the expert-parallel stack."""
+    from workbench.parallel.ep_stack import ep_engine
+    eng = ep_engine(STACK_CFG, stack_weights(seed), max_len=len(PROMPT) + 16,
+                    max_rows=max(len(PROMPT), BUDGET + 1))
+    out = stack_steps(eng, seed)
+    out["received"] = {i: sum(b.last.got) for i, b in eng.ep_blocks.items()}
+    return out

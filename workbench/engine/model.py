@@ -3,6 +3,8 @@
 Mirrors ``workbench.reference.model.forward`` op for op: embed, per layer [attn_norm, the absorbed MLA
 (fused q_a/kv_a projection, norms + rope + cache write, wq_b, attention, wo + residual), ffn_norm, the
 MoE block (router, routed and shared experts) or the dense MLP, + residual], final norm, head, argmax.
+A layer's ``moe_block`` (set when its experts were not uploaded) runs in place of ``ops.moe``: the
+expert-parallel stack (``workbench.parallel.ep_stack``) puts its all-to-all block there.
 Every op is ``kernels_numba.ops`` (fast kernels where the weights allow, portable ones otherwise); the
 same sequence is launched eagerly (prefill) or inside a CUDA graph capture (decode, verify).
 """
@@ -38,6 +40,8 @@ def launch_layer(eng, lay, cache, rows: int, s) -> None:
     ops.rmsnorm(b.x, b.h, lay.ffn_norm, eps, b.meta, rows, s)
     if lay.moe is not None:
         ops.moe(b.h, b.x, lay.moe, eng.scratch, b.meta, rows, s)              # h += moe(x)
+    elif lay.moe_block is not None:
+        lay.moe_block(b.h, b.x, rows, s)                                      # h += moe(x), elsewhere
     else:
         ops.swiglu(b.h, b.x, lay.mlp, eng.scratch, b.meta, rows, s)           # h += dense_mlp(x)
 

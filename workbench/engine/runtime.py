@@ -29,16 +29,17 @@ class Engine:
     """Device state for one model. max_len: cache rows (prompt + generated + budget + 1 must fit);
     max_rows: widest step (prompt length and budget + 1); taps: target layers whose outputs the
     drafter reads (captured in prefill and verify); fast_kernels: INT4 layers on int4_matmul /
-    fused_moe where their shapes allow (False: every layer on the portable kernels)."""
+    fused_moe where their shapes allow (False: every layer on the portable kernels); experts=False:
+    the MoE layers' FFN is not uploaded, the caller sets each one's ``moe_block`` (model.launch_layer)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, Any], max_len: int, max_rows: int,
                  taps: tuple[int, ...] = (), use_graphs: bool | None = None,
-                 fast_kernels: bool = True) -> None:
+                 fast_kernels: bool = True, experts: bool = True) -> None:
         if max_len < 2 or max_rows < 1:
             raise InputError(f"engine sizes must be positive, got max_len={max_len}, max_rows={max_rows}")
         self.cfg = cfg
         self.taps = tuple(int(t) for t in taps)
-        self.model = upload_model(cfg, weights, fast_kernels)
+        self.model = upload_model(cfg, weights, fast_kernels, experts)
         self.buf = allocate(self.model, max_len, max_rows, len(self.taps))
         self.scratch = ops.Scratch(max_rows, self.model.swiglus(), self.model.moes())
         self.cache_views = [sub(self.buf.cache, i) for i in range(cfg.num_hidden_layers)]

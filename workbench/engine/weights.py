@@ -10,11 +10,14 @@ E routed experts, I expert/MLP width, Vo vocabulary.
 - ``wkv_b`` stays [H*(N+V), C]: the attention kernel reads W_UK / W_UV rows from it in place;
 - each SwiGLU (dense MLP, routed experts, shared experts) follows the weights dict: INT4 where it
   holds ``.packed`` / ``.scale``, FP otherwise, on the fast or portable kernels as ``kernels_numba.ops``
-  decides from the shapes (INT4 repacked here, once). ``DeviceModel.paths()`` names the choices.
+  decides from the shapes (INT4 repacked here, once). ``DeviceModel.paths()`` names the choices;
+- ``experts=False`` uploads no MoE layer's FFN: the caller sets ``moe_block`` of those layers (the
+  expert-parallel block of ``workbench.parallel.ep_stack`` holds only its rank's experts).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +65,7 @@ class DeviceLayer:
     wo: ops.Dense
     moe: ops.MoE | None = None
     mlp: ops.SwiGLU | None = None                # the dense MLP (layers < first_k_dense_replace)
+    moe_block: Callable | None = None            # fn(h, x, rows, stream): h += moe(x) in place of ``moe``
 
 
 @dataclass
@@ -79,7 +83,7 @@ class DeviceModel:
         out = []
         for lay in self.layers:
             if lay.moe is None:
-                out.append({"mlp": lay.mlp.path})
+                out.append({"mlp": lay.mlp.path} if lay.mlp is not None else {"experts": "moe_block"})
                 continue
             d = {"experts": lay.moe.path}
             if lay.moe.shared is not None:
@@ -96,31 +100,42 @@ class DeviceModel:
         return [lay.moe for lay in self.layers if lay.moe is not None]
 
 
-def _moe(cfg: ModelConfig, weights: dict[str, Any], f: str, fast: bool) -> ops.MoE:
-    experts = [swiglu(weights, f"{f}.experts.{e}") for e in range(cfg.n_routed_experts)]
+def moe_experts(weights: dict[str, Any], f: str, ids) -> list[tuple]:
+    """(w1, w3, w2) of the routed experts ``ids`` under ``f`` (one kind and one INT4 group size)."""
+    experts = [swiglu(weights, f"{f}.experts.{e}") for e in ids]
     kinds = {isinstance(m, ops.Int4Host) for e in experts for m in e}
     if len(kinds) > 1:
         raise InputError(f"mixed FP32 / INT4 experts under {f}.experts: the engine wants one kind per stack")
     groups = {ops.group_size(m) for e in experts for m in e if isinstance(m, ops.Int4Host)}
     if len(groups) > 1:
         raise InputError(f"{f}.experts: the engine wants one INT4 group size per stack, got {sorted(groups)}")
-    rt = ops.router(_f32(weights, f + ".gate"), _f32(weights, f + ".gate_bias"), cfg.num_experts_per_tok,
-                    cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor, fast)
+    return experts
+
+
+def moe_router(cfg: ModelConfig, weights: dict[str, Any], f: str, fast: bool) -> ops.Router:
+    return ops.router(_f32(weights, f + ".gate"), _f32(weights, f + ".gate_bias"), cfg.num_experts_per_tok,
+                      cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor, fast)
+
+
+def _moe(cfg: ModelConfig, weights: dict[str, Any], f: str, fast: bool) -> ops.MoE:
+    experts = moe_experts(weights, f, range(cfg.n_routed_experts))
     shared = swiglu(weights, f + ".shared") if cfg.n_shared_experts > 0 else None
-    return ops.moe_weights(rt, experts, shared, fast)
+    return ops.moe_weights(moe_router(cfg, weights, f, fast), experts, shared, fast)
 
 
-def upload_model(cfg: ModelConfig, weights: dict[str, Any], fast: bool = True) -> DeviceModel:
+def upload_model(cfg: ModelConfig, weights: dict[str, Any], fast: bool = True,
+                 experts: bool = True) -> DeviceModel:
     """All target weights on the device (drafter.* weights are uploaded per generation by
     ``engine.dflash.DeviceDFlash``); InputError for weights the engine cannot take. ``fast=False``
-    keeps every INT4 matrix on the portable kernels."""
+    keeps every INT4 matrix on the portable kernels; ``experts=False`` leaves the MoE layers' FFN
+    to the caller (``DeviceLayer.moe_block``)."""
     try:
-        return _upload(cfg, weights, fast)
+        return _upload(cfg, weights, fast, experts)
     except KernelInputError as e:
         raise InputError(str(e)) from None
 
 
-def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool) -> DeviceModel:
+def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool, experts: bool) -> DeviceModel:
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"layers.{i}."
@@ -141,7 +156,8 @@ def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool) -> DeviceMode
                           wo=ops.dense(_f32(weights, a + "wo"), fast))
         f = p + "ffn"
         if cfg.is_moe_layer(i):
-            lay.moe = _moe(cfg, weights, f, fast)
+            if experts:
+                lay.moe = _moe(cfg, weights, f, fast)
         else:
             lay.mlp = ops.swiglu_weights(*swiglu(weights, f), fast=fast)
         layers.append(lay)
