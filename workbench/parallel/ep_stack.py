@@ -17,24 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from kernels_numba import ops
-from kernels_numba.device import SIMULATED, head_rows
+from kernels_numba import blas, ops
+from kernels_numba.device import SIMULATED
 
 from ..config import ConfigError, ModelConfig
 from ..engine.runtime import Engine
 from ..engine.weights import moe_experts, moe_router, swiglu
 from .ep_moe import EPMoE, ep_weights
 from .experts import ExpertSplit
-
-
-def tview(dev, rows: int):
-    """The first ``rows`` rows of an engine buffer as a torch tensor sharing its memory."""
-    import torch
-    if SIMULATED:
-        return torch.from_numpy(np.asarray(dev)[:rows])
-    return torch.as_tensor(head_rows(dev, rows), device="cuda")
 
 
 def _layer_block(cfg: ModelConfig, weights: dict[str, Any], layer: int, split: ExpertSplit, rank: int,
@@ -70,6 +60,6 @@ def ep_engine(cfg: ModelConfig, weights: dict[str, Any], max_len: int, max_rows:
         eng.ep_blocks[i] = block
 
         def run(h, x, rows, s, block=block):
-            block(tview(h, rows), tview(x, rows))
+            block(blas.view(h)[:rows], blas.view(x)[:rows])      # torch views of the engine's rows
         lay.moe_block = run
     return eng
