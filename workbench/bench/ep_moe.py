@@ -29,6 +29,7 @@ import math
 import os
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,7 @@ def plan(cfg, worlds=WORLDS, rows=ROWS) -> list[dict]:
     """Per (P, T): the split and the bytes each exchange moves (uniform routing), no GPU needed."""
     from ..parallel.experts import ExpertSplit
     from .k2_build import layer_bytes
+    from .k2_layer import union_model
     e, k, d = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.hidden_size
     expert = layer_bytes(cfg, 1)["expert_int4"]
     out = []
@@ -58,7 +60,7 @@ def plan(cfg, worlds=WORLDS, rows=ROWS) -> list[dict]:
         row = 2 * d + 8 * kl
         dest = ranks_touched(e, sp.per_rank, k)
         for t in rows:
-            distinct = sp.per_rank * (1.0 - (1.0 - k / e) ** t)
+            distinct = union_model(e, k, t) * sp.per_rank / e             # this rank's share
             out.append({"world": p, "rows": t, "experts_per_rank": sp.per_rank, "slots": kl, "row_bytes": row,
                         "ranks_per_row": round(dest, 2), "dispatch_bytes": round(t * dest * row),
                         "combine_bytes": round(t * dest * 4 * d),
@@ -138,14 +140,10 @@ def rank_main(rank: int, world: int, seed: int, layer: int, rows: list, reps: in
                     x.copy_(xs[r % SETS])
                     hb.copy_(h0)
                     flush.zero_()
-                    torch.cuda.synchronize()
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    ops.moe(kview(hb), kview(x), m, sc, kview(meta), t, default_stream())
-                    b.record()
-                    b.synchronize()
+                    us = _event_us(partial(ops.moe, kview(hb), kview(x), m, sc, kview(meta), t,
+                                           default_stream()))
                     if r >= WARMUP:
-                        samples.append(a.elapsed_time(b) * 1e3)
+                        samples.append(us)
                 res["local"][t] = samples
         steps = []
         timer = PhaseTimer(cuda=True)
@@ -173,6 +171,18 @@ def rank_main(rank: int, world: int, seed: int, layer: int, rows: list, reps: in
     return every if rank == 0 else {"logs": logs}
 
 
+def _event_us(fn) -> float:
+    """fn's GPU time in us between CUDA events, from an idle device."""
+    import torch
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3
+
+
 def _comm_times(last, d: int, world: int, t: int) -> dict:
     """all_to_all_single of the step's own split sizes (counts, rows, partial sums) and the all-gather,
     each after a barrier, in us."""
@@ -183,13 +193,7 @@ def _comm_times(last, d: int, world: int, t: int) -> dict:
 
     def timed(fn) -> float:
         dist.barrier()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) * 1e3
+        return _event_us(fn)
 
     sent, got, rb = last.sent, last.got, last.row_bytes
     cnt = torch.zeros(world, dtype=torch.int64, device="cuda")

@@ -47,6 +47,7 @@ from ..engine.model import launch_layer, mla
 from ..reference.layers import sigmoid, weight
 from ..reference.model import LatentCache
 from ..reference.scenarios import random_tree
+from ..report.spec import analytic_coverage
 from .k2_build import device_layer, layer_bytes
 from .torch_layer_bench import _reference_layer, ancestor_inputs
 
@@ -56,8 +57,8 @@ TIE = 1e-4  # selection-score gap under which a routing difference is a tie
 
 
 def union_model(e: int, k: int, n: int) -> float:
-    """Expected distinct experts of n tokens routed uniformly: E (1 - (1 - k/E)^n)."""
-    return e * (1.0 - (1.0 - k / e) ** n)
+    """Expected distinct experts of n tokens routed uniformly (``report.spec.analytic_coverage``)."""
+    return float(analytic_coverage(e, k, n))
 
 
 class LayerRig:
