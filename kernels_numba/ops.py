@@ -290,8 +290,9 @@ class Scratch:
 
     def __init__(self, rows: int, swiglus: list[SwiGLU], moes: list[MoE], routers: tuple = ()) -> None:
         self.rows = rows
-        blas_routers = [r for r in [*(m.router for m in moes), *routers] if r.path == BLAS_PATH]
-        k = max((m.router.top_k for m in moes), default=1)
+        all_routers = [*(m.router for m in moes), *routers]
+        blas_routers = [r for r in all_routers if r.path == BLAS_PATH]
+        k = max((r.top_k for r in all_routers), default=1)
         sw = [*swiglus, *(m.shared for m in moes if m.shared is not None)]
         port = [s for s in sw if s.path == PORTABLE]
         fast = [s for s in sw if s.path == INT4_MATMUL]
@@ -413,6 +414,9 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
 def route(ids, wts, x, r: Router, sc: Scratch, meta, rows: int, stream=0) -> None:
     """ids, wts [T, K] = the router's choice for x [T, D] (``sc`` made with this router: its logits)."""
     if r.path == BLAS_PATH:                   # logits by SGEMM, then the kernel selects from them
+        if len(sc.logits) < rows * r.n_experts:
+            raise KernelInputError(f"the scratch holds no [{rows}, {r.n_experts}] router logits: "
+                                   "make it with this router (Scratch(..., routers=...))")
         logits = rows_view(sc.logits, rows, r.n_experts)
         blas.linear(logits, x, r.gate_t, rows, stream=stream)
         r.kernel[rows, (TPB, KS), stream](ids, wts, logits, r.bias, r.bias, meta)

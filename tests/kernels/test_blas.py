@@ -94,3 +94,19 @@ def test_swiglu_and_router_blas_equal_portable(on_blas):
     np.testing.assert_allclose(got[0][0], got[1][0], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(got[0][2], got[1][2])
     np.testing.assert_allclose(got[0][1], got[1][1], rtol=1e-5, atol=1e-6)
+
+
+def test_blas_router_without_its_logits_buffer_is_a_one_line_error(on_blas):
+    cfg = preset("tiny")
+    rng = np.random.default_rng(4)
+    e = cfg.n_routed_experts
+    rt = ops.router(rng.standard_normal((e, cfg.hidden_size)), np.zeros(e), cfg.num_experts_per_tok,
+                    cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor)
+    sc = ops.Scratch(2, [], [])
+    meta = to_device(np.array([0, 2, 0, 0, 0, 0, 0, 0], np.int32))
+    x = to_device(np.zeros((2, cfg.hidden_size), np.float32))
+    with pytest.raises(ops.KernelInputError, match="router logits"):
+        ops.route(sc.rids, sc.rwts, x, rt, sc, meta, 2)
+    sc = ops.Scratch(2, [], [], routers=(rt,))                                        # with it: routes
+    ops.route(sc.rids, sc.rwts, x, rt, sc, meta, 2)
+    assert download(sc.rids).shape == (2, cfg.num_experts_per_tok)
