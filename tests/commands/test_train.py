@@ -26,6 +26,8 @@ def test_target_and_drafter_losses_fall(toy_run):
     rep = json.loads((toy_run / "target" / "report.json").read_text())
     assert rep["steps"] == 40 and np.isfinite(rep["eval"]["heldout_loss"])
     assert len(rep["eval"]["expert_counts"]) == 1 and len(rep["eval"]["expert_counts"][0]) == 8
+    drafter = json.loads((toy_run / "drafter" / "report.json").read_text())
+    assert set(drafter["eval"]["chain_accepted_len_by_prompt"]) == {"window", "body"}    # both prompt kinds
 
 
 def test_rerun_resumes_the_finished_runs(toy_run, capsys):

@@ -42,6 +42,7 @@ class TargetRecipe:
 @dataclass(frozen=True)
 class DrafterRecipe:
     prompt_lens: tuple[int, ...] = (64, 128, 192, 256)   # corpus windows the target continues
+    body_fraction: float = 0.5     # of the prompts: windows ending where a function body starts
     new_tokens: int = 256          # greedy target tokens per sequence (the drafter's training text)
     n_seqs: int = 16384
     gen_batch: int = 512
@@ -49,7 +50,7 @@ class DrafterRecipe:
     batch: int = 64                # sequences per step
     anchors: int = 64              # random anchors per sequence per step (fresh every step)
     gamma: float = 7.0             # loss weight exp(-(k-1)/gamma), DFlash's value for block 16
-    max_steps: int = 4000
+    max_steps: int = 8000
     minutes: float | None = 8.0    # the stage, generation included: one 10-minute device call
     lr: float = 1.5e-3
     min_lr_ratio: float = 0.1

@@ -21,13 +21,14 @@ import torch.nn.functional as F
 
 from ..errors import InputError
 from ..fileio import write_json_atomic
+from .bodies import body_starts
 from .corpus import load_manifest, read_corpus
 from .drafter import TorchDrafter, anchor_labels, block_loss
 from .humaneval import load_problems
 from .loop import LoopConfig, adamw, run_loop
 from .model import TorchTarget, greedy, update_router_bias
 from .presets import Size
-from .tokenizer import TextTokenizer, encode_documents
+from .tokenizer import TextTokenizer, encode_documents, load_tokenizer
 
 
 def pick_device(name: str) -> torch.device:
@@ -71,6 +72,17 @@ def windows(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -
         raise InputError(f"token stream of {stream.size} tokens is too short for windows of {length}")
     starts = rng.integers(0, stream.size - length, n)
     return stream[starts[:, None] + np.arange(length)].astype(np.int64)
+
+
+def windows_ending(stream: np.ndarray, ends: np.ndarray, n: int, length: int,
+                   rng: np.random.Generator) -> np.ndarray:
+    """n windows [n, length] of a token stream that end just before one of ``ends`` (drawn with
+    replacement among those with room for the window)."""
+    ok = ends[ends >= length]
+    if ok.size == 0:
+        raise InputError(f"no function body starts {length}+ tokens into the stream (body prompts)")
+    stop = ok[rng.integers(0, ok.size, n)]
+    return stream[stop[:, None] - length + np.arange(length)].astype(np.int64)
 
 
 def fixed_windows(stream: np.ndarray, n: int, length: int) -> np.ndarray:
@@ -181,18 +193,27 @@ def load_target(out: Path, size: Size, device: torch.device) -> TorchTarget:
 # ---- drafter ----------------------------------------------------------------------------------
 @torch.no_grad()
 def continuations(model: TorchTarget, stream: np.ndarray, n: int, prompt_lens: tuple[int, ...], length: int,
-                  batch: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """n sequences of ``length`` tokens: corpus windows of a prompt length (cycling through ``prompt_lens``
-    group by group) continued greedily by the target in float32. Returns tokens [n, length] and the
-    prompt lengths [n]."""
+                  batch: int, seed: int, device: torch.device, bodies: np.ndarray | None = None,
+                  body_fraction: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """n sequences of ``length`` tokens: corpus prompts continued greedily by the target in float32.
+    Prompts come in groups of ``batch``; a ``body_fraction`` of the groups are windows ending where a
+    function body starts (``bodies``, see workbench.train.bodies), the others random windows; each kind
+    cycles through ``prompt_lens`` group by group. Returns tokens [n, length], the prompt lengths [n]
+    and whether each prompt is a body prompt [n] (bool)."""
     rng = np.random.default_rng(seed)
-    toks, plens = [], []
-    for i in range(0, n, batch):
-        p = int(prompt_lens[(i // batch) % len(prompt_lens)])
-        prompts = torch.from_numpy(windows(stream, min(batch, n - i), p, rng)).to(device)
+    toks, plens, kinds = [], [], []
+    counts = [0, 0]                                                  # groups made of each kind so far
+    for g, i in enumerate(range(0, n, batch)):
+        body = int((g + 1) * body_fraction) > int(g * body_fraction)
+        p = int(prompt_lens[counts[body] % len(prompt_lens)])
+        counts[body] += 1
+        m = min(batch, n - i)
+        w = windows_ending(stream, bodies, m, p, rng) if body else windows(stream, m, p, rng)
+        prompts = torch.from_numpy(w).to(device)
         toks.append(torch.cat([prompts, greedy(model, prompts, length - p, torch.float32)], 1).cpu())
-        plens += [p] * prompts.shape[0]
-    return torch.cat(toks), torch.tensor(plens)
+        plens += [p] * m
+        kinds += [body] * m
+    return torch.cat(toks), torch.tensor(plens), torch.tensor(kinds)
 
 
 def features(model: TorchTarget, tokens: torch.Tensor, taps: tuple[int, ...]) -> torch.Tensor:
@@ -214,13 +235,15 @@ def draw_anchors(prompt_lens: torch.Tensor, length: int, n_drafted: int, n: int,
 
 @torch.no_grad()
 def evaluate_drafter(drafter: TorchDrafter, target: TorchTarget, toks: torch.Tensor, plens: torch.Tensor,
-                     device: torch.device, stride: int = 4, chunk: int = 4) -> dict[str, Any]:
+                     device: torch.device, kinds: torch.Tensor | None = None, stride: int = 4,
+                     chunk: int = 4) -> dict[str, Any]:
     """Top-1 accuracy per drafted position and the chain's mean accepted length (bonus included), over
-    anchors every ``stride`` positions of the generated part of the evaluation sequences."""
+    anchors every ``stride`` positions of the generated part of the evaluation sequences; with
+    ``kinds`` (body prompt or not, per sequence) also the chain's length per prompt kind."""
     drafter.eval()
     dc = drafter.dcfg
     t = toks.shape[1]
-    hits, runs = [], []
+    hits, runs, seq_of = [], [], []
     for i in range(0, toks.shape[0], chunk):
         tk, pl = toks[i:i + chunk].to(device), plens[i:i + chunk]
         n = (t - dc.n_drafted - int(pl.max()) + stride - 1) // stride
@@ -230,9 +253,15 @@ def evaluate_drafter(drafter: TorchDrafter, target: TorchTarget, toks: torch.Ten
         ok = (logits.argmax(-1) == anchor_labels(tk, anchors, dc.n_drafted)).flatten(0, 1).cpu()   # [B*A, L]
         hits.append(ok.double())
         runs.append(1 + ok.int().cumprod(-1).sum(-1).double())
+        seq_of.append((i + torch.arange(tk.shape[0])).repeat_interleave(n))
     drafter.train()
-    return {"top1_by_position": torch.cat(hits).mean(0).tolist(),
-            "chain_accepted_len": float(torch.cat(runs).mean())}
+    runs_all = torch.cat(runs)
+    res = {"top1_by_position": torch.cat(hits).mean(0).tolist(), "chain_accepted_len": float(runs_all.mean())}
+    if kinds is not None:
+        body = kinds[torch.cat(seq_of)]
+        res["chain_accepted_len_by_prompt"] = {k: float(runs_all[m].mean()) for k, m in
+                                               (("window", ~body), ("body", body)) if m.any()}
+    return res
 
 
 def train_drafter(out: Path, size: Size, device: torch.device, progress: bool = True) -> dict[str, Any]:
@@ -247,16 +276,21 @@ def train_drafter(out: Path, size: Size, device: torch.device, progress: bool = 
         data = torch.load(data_path, weights_only=False)
     else:
         streams = np.load(out / "corpus_tokens.npz")
+        tok = load_tokenizer()
         t0 = time.time()
-        data = {"train": continuations(target, streams["train"], r.n_seqs, r.prompt_lens, length,
-                                       r.gen_batch, r.seed, device),
-                "eval": continuations(target, streams["heldout"], r.n_eval_seqs, r.prompt_lens, length,
-                                      max(1, r.n_eval_seqs // len(r.prompt_lens)), r.seed + 1, device)}
+        data = {}
+        for part, split, n, batch, seed in (("train", "train", r.n_seqs, r.gen_batch, r.seed),
+                                            ("eval", "heldout", r.n_eval_seqs,
+                                             max(1, r.n_eval_seqs // (2 * len(r.prompt_lens))), r.seed + 1)):
+            stream = streams[split]
+            bodies = body_starts(stream, tok) if r.body_fraction else None
+            data[part] = continuations(target, stream, n, r.prompt_lens, length, batch, seed, device, bodies,
+                                       r.body_fraction)
         data["seconds"] = time.time() - t0
         tmp = ddir / ".data.pt.tmp"
         torch.save(data, tmp)
         tmp.replace(data_path)
-    toks, plens = data["train"]
+    toks, plens, _ = data["train"]
     toks = toks.to(device)
     torch.manual_seed(r.seed)
     drafter = TorchDrafter(cfg, dcfg)
@@ -276,13 +310,13 @@ def train_drafter(out: Path, size: Size, device: torch.device, progress: bool = 
         loss.backward()
         return {"loss": float(loss.detach()), "blocks": r.batch * r.anchors}
 
-    etoks, eplens = data["eval"]
+    etoks, eplens, ekinds = data["eval"]
     loop = LoopConfig(r.max_steps, r.minutes, r.lr, r.min_lr_ratio, r.warmup, r.clip, r.log_every,
                       r.eval_every, r.ckpt_seconds)
     t0 = time.time()
     res = run_loop("drafter", ddir, {"drafter": drafter}, opt, loop, step_fn,
-                   lambda: evaluate_drafter(drafter, target, etoks, eplens, device), progress=progress,
-                   started=t_stage)
+                   lambda: evaluate_drafter(drafter, target, etoks, eplens, device, ekinds),
+                   progress=progress, started=t_stage)
     report = {"drafter": dcfg.to_dict(), "recipe": asdict(r), "steps": res["steps"],
               "final_train_loss": res["last"].get("loss"), "eval": res["eval"],
               "train_sequences": int(toks.shape[0]), "sequence_length": length,

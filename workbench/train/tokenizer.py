@@ -59,8 +59,25 @@ class TextTokenizer:
             raise InputError(f"token {bad[0]} is outside the tokenizer's vocabulary [0, {self.vocab_size})")
         return self._tok.decode([int(t) for t in ids], skip_special_tokens=False)
 
+    def token_bytes(self) -> list[bytes]:
+        """The bytes each id stands for (b"" for the specials), from the byte-level alphabet."""
+        to_byte = {c: b for b, c in _byte_alphabet().items()}
+        out = []
+        for i in range(self.vocab_size):
+            s = self._tok.id_to_token(i)
+            out.append(b"" if s in SPECIALS else bytes(to_byte[c] for c in s))
+        return out
+
     def meta(self) -> dict[str, Any]:
         return {"sha256": self.sha256, "vocab_size": self.vocab_size, "json": self.json}
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """Byte-level BPE's printable stand-in for each byte: printable Latin-1 bytes stand for
+    themselves, the other 68 take the code points from 256 on, in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    extra = (b for b in range(256) if b not in keep)
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + n) for n, b in enumerate(extra)}}
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> TextTokenizer:
