@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BENCHES = ("kernels", "engine", "k2_layer", "ep_moe")
+BENCHES = ("kernels", "engine", "k2_layer", "ep_moe", "pair")
 UNMEASURED = ("ep_moe",)                    # no committed result set yet (needs a multi-GPU machine)
 SUFFIXES = (".csv", ".json", ".png", ".log")
 _TOKEN = r"[0-9A-Za-z.-]+"                  # a commit as a file-name token: no '_', no '/'

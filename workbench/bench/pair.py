@@ -1,0 +1,151 @@
+"""``python -m workbench bench pair``: DDTree against AR on the GPU engine for the trained code pair.
+
+For each bundle (the BF16 pair and its INT4 copies) and each of the first N HumanEval prompts: greedy
+AR decode of M tokens (graph-replayed decode step) and DDTree with the pair's DFlash drafter on the
+device at every budget, on one engine per bundle. Per run: tokens/s of the decode phase (after the
+prefill, which both share), tau (tokens per round, bonus included), the round's split into draft
+(drafter + top-k + copy back), host tree build and verify, and whether the tokens equal AR's.
+Summary per (bundle, budget): tokens/s over all prompts together (total tokens / total time) and its
+ratio to AR's. Writes the result set ``pair_<commit>.csv / .json / .png`` (workbench/bench/results.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..fileio import save_figure_atomic, write_json_atomic
+from ..report.tables import write_csv
+from .common import require_gpu, run_metadata
+from .results import ResultSet, result_set
+
+BUNDLES = ("models/code.kdtr", "models/code_int4_experts.kdtr", "models/code_int4_mlp.kdtr")
+BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+WARM_TOKENS = 16
+PARTS = ("draft", "build", "verify")           # the round's phases (engine.ddtree timing)
+
+
+def _pair(path: str):
+    from ..bundle import read_bundle
+    from ..ddtree.config import DrafterConfig
+    b = read_bundle(path)
+    if not isinstance(b.meta.get("drafter"), dict):
+        raise InputError(f"{path} has no drafter config (meta.drafter)")
+    return b.config, b.weights(), DrafterConfig.from_dict(b.meta["drafter"])
+
+
+def bench_bundle(path: str, prompts: list[tuple[str, np.ndarray]], n_tokens: int, budgets: tuple[int, ...],
+                 rows: list[dict[str, Any]]) -> None:
+    """AR and DDTree at every budget for each prompt on one engine; one row per (prompt, mode, budget)."""
+    from ..engine.ar import engine_for
+    from ..generate import generate
+    cfg, w, dcfg = _pair(path)
+    name = Path(path).stem
+    eng = engine_for(cfg, w, max(len(ids) for _, ids in prompts), n_tokens, max(budgets),
+                     taps=dcfg.target_layer_ids)
+    spec = dict(backend="numba", mode="ddtree", drafter="dflash", drafter_config=dcfg, engine=eng)
+    first = prompts[0][1]
+    generate(cfg, w, first, WARM_TOKENS, backend="numba", engine=eng)             # capture + warm-up
+    for budget in budgets:
+        generate(cfg, w, first, WARM_TOKENS, budget=budget, **spec)
+    for task, ids in prompts:
+        t: dict = {}
+        ar = generate(cfg, w, ids, n_tokens, backend="numba", engine=eng, timing=t)
+        ar_tps = (n_tokens - 1) / t["decode_s"]
+        base = dict(model=name, prompt=task, prompt_tokens=len(ids), tokens=n_tokens - 1)
+        rows.append(dict(base, mode="ar", budget=0, seconds=t["decode_s"], tok_s=ar_tps, tau=1.0,
+                         rounds=n_tokens - 1, tokens_equal_ar=True))
+        for budget in budgets:
+            t = {}
+            r = generate(cfg, w, ids, n_tokens, budget=budget, **spec, timing=t)
+            n = len(r.rounds)
+            rows.append(dict(base, mode="ddtree", budget=budget, seconds=t["decode_s"],
+                             tok_s=(n_tokens - 1) / t["decode_s"], tau=r.mean_accepted, rounds=n,
+                             **{f"{k}_us_per_round": t[f"{k}_s"] / n * 1e6 for k in PARTS},
+                             tokens_equal_ar=bool(np.array_equal(r.tokens, ar.tokens))))
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (model, mode, budget): tokens/s over all prompts (total tokens / total seconds), the speed-up
+    over the same model's AR, mean tau and rounds' split, and whether every run equalled AR."""
+    out = []
+    keys = sorted({(r["model"], r["mode"], r["budget"]) for r in rows}, key=lambda k: (k[0], k[2]))
+    ar_tps = {}
+    for model, mode, budget in keys:
+        sel = [r for r in rows if (r["model"], r["mode"], r["budget"]) == (model, mode, budget)]
+        tps = sum(r["tokens"] for r in sel) / sum(r["seconds"] for r in sel)
+        if mode == "ar":
+            ar_tps[model] = tps
+        rounds = sum(r["rounds"] for r in sel)
+        cell = dict(model=model, mode=mode, budget=budget, prompts=len(sel), tok_s=tps,
+                    speedup=tps / ar_tps[model], tau=sum(r["tokens"] for r in sel) / rounds,
+                    all_equal_ar=all(r["tokens_equal_ar"] for r in sel))
+        for part in PARTS:
+            k = f"{part}_us_per_round"
+            if k in sel[0]:
+                cell[k] = sum(r[k] * r["rounds"] for r in sel) / rounds
+        out.append(cell)
+    return out
+
+
+def plot(cells: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
+    for model in sorted({c["model"] for c in cells}):
+        dd = [c for c in cells if c["model"] == model and c["mode"] == "ddtree"]
+        line = ax[0].plot([c["budget"] for c in dd], [c["tok_s"] for c in dd], "o-", label=f"{model} DDTree")
+        ar = next(c for c in cells if c["model"] == model and c["mode"] == "ar")
+        ax[0].axhline(ar["tok_s"], ls="--", color=line[0].get_color(), label=f"{model} AR")
+        ax[1].plot([c["budget"] for c in dd], [c["speedup"] for c in dd], "o-", label=model)
+    for a, ylabel in zip(ax, ("decode tokens/s (all prompts)", "DDTree / AR tokens/s"), strict=True):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("budget B")
+        a.set_ylabel(ylabel)
+        a.legend(fontsize=7)
+    ax[1].axhline(1.0, color="k", lw=0.8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    save_figure_atomic(fig, path, dpi=110)
+    plt.close(fig)
+
+
+def run(out_dir: str | Path, bundles: tuple[str, ...] = BUNDLES, n_prompts: int = 64, n_tokens: int = 128,
+        budgets: tuple[int, ...] = BUDGETS, wheels: str | None = None) -> ResultSet:
+    if n_prompts < 1 or n_tokens < 2 or not budgets or min(budgets) < 1:
+        raise InputError(f"bench pair wants prompts >= 1, tokens >= 2 and budgets >= 1, got {n_prompts}, "
+                         f"{n_tokens}, {budgets}")
+    require_gpu()
+    from ..bundle import read_bundle
+    from ..train.measure import humaneval_prompts
+    from ..train.tokenizer import tokenizer_from_meta
+    tok = tokenizer_from_meta(read_bundle(bundles[0]).meta)
+    if tok is None:
+        raise InputError(f"{bundles[0]} carries no tokenizer (meta.tokenizer)")
+    prompts = humaneval_prompts(tok, n_prompts, wheels)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = run_metadata(bench="pair", bundles=list(bundles), prompts=f"HumanEval first {len(prompts)}",
+                        new_tokens=n_tokens, budgets=list(budgets))
+    rs = result_set(out, "pair", meta["git_sha"])
+    rows: list[dict[str, Any]] = []
+    for path in bundles:
+        bench_bundle(path, prompts, n_tokens, budgets, rows)
+        for c in summarize([r for r in rows if r["model"] == Path(path).stem]):
+            print(f"[pair] {c['model']:18s} {c['mode']:6s} B={c['budget']:3d}: {c['tok_s']:8,.0f} tok/s "
+                  f"({c['speedup']:4.2f}x AR), tau {c['tau']:.2f}, equal to AR: {c['all_equal_ar']}")
+    cells = summarize(rows)
+    write_csv(rows, rs.csv)
+    meta["summary"] = cells
+    write_json_atomic(rs.meta, meta, indent=2)
+    try:
+        plot(cells, rs.plot, f"DDTree vs AR, GPU engine, {meta['prompts']} x {n_tokens} tokens, "
+             f"{meta.get('gpu', '')}, commit {meta['git_sha'][:7]}")
+    except Exception as e:                                   # noqa: BLE001 - the CSV/JSON are the results
+        print(f"plot failed: {type(e).__name__}: {e}")
+    print(f"wrote {rs.csv}, {rs.meta}, {rs.plot}")
+    return rs
