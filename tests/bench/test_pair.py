@@ -29,14 +29,16 @@ def test_loop_runs_ar_and_every_budget_and_matches_ar(monkeypatch):
 
 
 def test_summary_weights_prompts_by_time():
-    rows = [dict(model="m", mode="ar", budget=0, tokens=10, seconds=1.0, rounds=10, tokens_equal_ar=True),
-            dict(model="m", mode="ar", budget=0, tokens=10, seconds=3.0, rounds=10, tokens_equal_ar=True)]
-    rows += [dict(r, mode="ddtree", budget=2, seconds=r["seconds"] / 2, rounds=4, draft_us_per_round=1.0,
-                  build_us_per_round=2.0, verify_us_per_round=3.0, tokens_equal_ar=i == 0)
-             for i, r in enumerate(rows)]
+    ar = dict(model="m", mode="ar", budget=0, tokens=10, tau=1.0, rounds=10, tokens_equal_ar=True)
+    rows = [dict(ar, seconds=1.0), dict(ar, seconds=3.0)]
+    rows += [dict(r, mode="ddtree", budget=2, seconds=r["seconds"] / 2, rounds=k, tau=10 / k,
+                  draft_us_per_round=1.0, build_us_per_round=2.0, verify_us_per_round=3.0,
+                  tokens_equal_ar=k == 2)
+             for r, k in zip(rows, (2, 8), strict=True)]
     ar, dd = pair.summarize(rows)
     assert ar["tok_s"] == 5.0 and dd["tok_s"] == 10.0 and dd["speedup"] == 2.0
-    assert dd["tau"] == 2.5 and dd["verify_us_per_round"] == 3.0 and dd["all_equal_ar"] is False
+    assert dd["tau"] == (5.0 + 1.25) / 2 and dd["tokens_per_round"] == 2.0         # per prompt / pooled
+    assert dd["verify_us_per_round"] == 3.0 and dd["all_equal_ar"] is False
 
 
 @pytest.mark.parametrize("argv, msg", [(["--budgets", "1,x"], "comma-separated ints"),

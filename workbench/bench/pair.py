@@ -5,8 +5,10 @@ AR decode of M tokens (graph-replayed decode step) and DDTree with the pair's DF
 device at every budget, on one engine per bundle. Per run: tokens/s of the decode phase (after the
 prefill, which both share), tau (tokens per round, bonus included), the round's split into draft
 (drafter + top-k + copy back), host tree build and verify, and whether the tokens equal AR's.
-Summary per (bundle, budget): tokens/s over all prompts together (total tokens / total time) and its
-ratio to AR's. Writes the result set ``pair_<commit>.csv / .json / .png`` (workbench/bench/results.py).
+Summary per (bundle, budget): tokens/s over all prompts together (total tokens / total time), its
+ratio to AR's, tau as ``measure`` gives it (the mean of the prompts' taus) and the tokens per round
+over all rounds together (what the tokens/s follow).
+Writes the result set ``pair_<commit>.csv / .json / .png`` (workbench/bench/results.py).
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ def bench_bundle(path: str, prompts: list[tuple[str, np.ndarray]], n_tokens: int
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (model, mode, budget): tokens/s over all prompts (total tokens / total seconds), the speed-up
-    over the same model's AR, mean tau and rounds' split, and whether every run equalled AR."""
+    over the same model's AR, tau (mean over prompts), tokens per round (over all rounds), the round's
+    split, and whether every run equalled AR."""
     out = []
     keys = sorted({(r["model"], r["mode"], r["budget"]) for r in rows}, key=lambda k: (k[0], k[2]))
     ar_tps = {}
@@ -81,7 +84,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ar_tps[model] = tps
         rounds = sum(r["rounds"] for r in sel)
         cell = dict(model=model, mode=mode, budget=budget, prompts=len(sel), tok_s=tps,
-                    speedup=tps / ar_tps[model], tau=sum(r["tokens"] for r in sel) / rounds,
+                    speedup=tps / ar_tps[model], tau=float(np.mean([r["tau"] for r in sel])),
+                    tokens_per_round=sum(r["tokens"] for r in sel) / rounds,
                     all_equal_ar=all(r["tokens_equal_ar"] for r in sel))
         for part in PARTS:
             k = f"{part}_us_per_round"
