@@ -8,10 +8,14 @@ MK = most keys one attention launch may see (P + Bs).
   concatenated in the drafter's layer order (``speculative.features``), read in place from the
   engine's tap buffer [F', T', D].
 - ``head_norm_rope``: per (row, head), RMSNorm over d (weight [d], like ``dflash._heads``) then plain
-  RoPE at position pos0 + row on interleaved pairs, written to rows out_row0 + row of out (a
-  projection buffer in place, or the drafter cache); with ``norm`` False a plain copy (values).
+  RoPE at position pos0 + meta[3] + row on interleaved pairs, written to rows out_row0 + meta[2] + row
+  of out (a projection buffer in place, or the drafter cache); with ``norm`` False a plain copy (values).
 - ``draft_attention``: non-causal attention of the block's queries over [cache K/V rows 0..P) ||
-  block K/V (Bs rows), softmax(q.k * scale) per head in float32, every block row sees every key.
+  block K/V (Bs rows), P = n_ctx + meta[4], softmax(q.k * scale) per head in float32, every block row
+  sees every key.
+
+The meta parts of the offsets let one captured launch sequence (a CUDA graph) follow the drafter's
+position from round to round; the host parts are checked at launch, the meta parts by the caller.
 
 Blocks are 32 threads (blockops.TPB); each host wrapper checks shapes and dtypes before launching
 (KernelInputError).
@@ -46,7 +50,7 @@ def gather_rows_kernel(out, feats, rows, taps, meta):
 
 @cuda.jit
 def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm):
-    """y [T, H*d] -> out [S, H*d] rows out_row0 + row; grid (T, H), block (32,). In-place ok."""
+    """y [T, H*d] -> out [S, H*d] rows out_row0 + meta[2] + row; grid (T, H), block (32,). In-place ok."""
     row = cuda.blockIdx.x
     h = cuda.blockIdx.y
     if row >= meta[1]:
@@ -54,14 +58,14 @@ def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm):
     tid = cuda.threadIdx.x
     d = w.shape[0]
     off = h * d
-    dst = out_row0 + row
+    dst = out_row0 + meta[2] + row
     if norm == 0:                                            # uniform over the block
         for j in range(tid, d, TPB):
             out[dst, off + j] = y[row, off + j]
         return
     sh = cuda.shared.array(TPB, np.float32)
     r = row_rms_scale(sh, y, row, off, d, eps)               # ends with a barrier: reads done
-    pos = pos0 + row
+    pos = pos0 + meta[3] + row
     for i in range(tid, d // 2, TPB):
         x0 = w[2 * i] * (y[row, off + 2 * i] * r)
         x1 = w[2 * i + 1] * (y[row, off + 2 * i + 1] * r)
@@ -76,7 +80,7 @@ MAX_KEYS = 11_264               # p[] in static shared memory: 4 * (MAX_KEYS + d
 
 def make_draft_attention(head_dim: int, max_keys: int):
     """kernel(o [Bs, H*d], q [Bs, H*d], kc [S, H*d], vc [S, H*d], kb [Bs, H*d], vb [Bs, H*d],
-    n_ctx int32, meta, scale float32); grid (Bs, H), block (32,); keys n_ctx + meta[1] <= max_keys.
+    n_ctx int32, meta, scale float32); grid (Bs, H), block (32,); keys n_ctx + meta[4] + meta[1] <= max_keys.
     Shared memory: 4 * (max_keys + d + 32) bytes."""
     key = (head_dim, max_keys)
     if key in _ATTN:
@@ -84,12 +88,13 @@ def make_draft_attention(head_dim: int, max_keys: int):
     HD, MK = head_dim, max_keys
 
     @cuda.jit
-    def draft_attention_kernel(o, q, kc, vc, kb, vb, n_ctx, meta, scale):
+    def draft_attention_kernel(o, q, kc, vc, kb, vb, n_ctx0, meta, scale):
         row = cuda.blockIdx.x
         h = cuda.blockIdx.y
         nb = meta[1]
         if row >= nb:
             return
+        n_ctx = n_ctx0 + meta[4]
         tid = cuda.threadIdx.x
         off = h * HD
         nk = n_ctx + nb
@@ -164,7 +169,8 @@ def gather_rows(out, feats, rows, taps, meta, n: int, stream=0) -> None:
 def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: float, n: int, n_heads: int,
                    norm: bool = True, stream=0) -> None:
     """Launch ``head_norm_rope_kernel`` over (n, n_heads) blocks: y [T, H*d] float32, out [S, H*d]
-    float32 (rows out_row0 .. out_row0+n-1 written), w [d], cos / sin [>= pos0 + n, d/2] float32."""
+    float32 (rows out_row0 + meta[2] + 0 .. n-1 written, at positions pos0 + meta[3] + 0 .. n-1), w [d],
+    cos / sin [>= pos0 + n, d/2] float32; the meta parts are the caller's to keep in range."""
     ys = _want(y, "y", np.float32, 2)
     os_ = _want(out, "out", np.float32, 2)
     (d,) = _want(w, "w", np.float32, 1)
@@ -183,7 +189,8 @@ def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: flo
 
 def draft_attention(o, q, kc, vc, kb, vb, n_ctx: int, meta, scale: float, n: int, n_heads: int,
                     head_dim: int, max_keys: int, stream=0) -> None:
-    """Launch the attention for n block rows (= meta[1]) and n_heads heads over n_ctx cache rows:
+    """Launch the attention for n block rows (= meta[1]) and n_heads heads over n_ctx + meta[4] cache rows
+    (the meta part is the caller's to keep in range):
     o, q, kb, vb [>= n, H*d] float32, kc, vc [S >= n_ctx, H*d] float32, n_ctx + n <= max_keys <= MAX_KEYS
     (the drafter cache of one generation must stay under ~11k rows)."""
     hd = n_heads * head_dim

@@ -1,6 +1,8 @@
 """The device dflash drafter (engine.dflash.DeviceDFlash) against the reference ``dflash_propose``: draft
 logits of two consecutive calls (the second appends context to the device cache) from random tapped
-features written into the engine's tap buffer, so no target forward runs."""
+features written into the engine's tap buffer, so no target forward runs; eagerly and through the
+launch sequence ``prepare`` captures (on the simulator: the same sequence, run eagerly), which reads
+every position from the control block."""
 
 import numpy as np
 import pytest
@@ -12,7 +14,8 @@ from workbench.engine.dflash import DeviceDFlash
 from workbench.errors import InputError
 
 
-def test_device_dflash_matches_reference_logits():
+@pytest.mark.parametrize("prepared", [False, True])
+def test_device_dflash_matches_reference_logits(prepared):
     name = "tiny"
     b, w, dcfg = bundle(name)
     eng = engine(name)
@@ -20,6 +23,9 @@ def test_device_dflash_matches_reference_logits():
     feats = rng.standard_normal(eng.buf.feats.shape).astype(np.float32)     # [F, T, D]
     eng.put(eng.buf.feats, feats)
     dev = DeviceDFlash(eng, w, dcfg)
+    if prepared:
+        dev.prepare()
+        assert dev.cap >= 3
     cache = DraftCache.empty(dcfg, 32, np.float32)
     tap = [eng.taps.index(k) for k in dcfg.target_layer_ids]
     with sim_speed():

@@ -20,9 +20,10 @@ from workbench.reference.rope import apply_rope
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _meta(n):
+def _meta(n, row0=0, pos0=0, n_ctx=0):
+    """meta[1] live rows; the device parts of the offsets: [2] out row, [3] position, [4] context rows."""
     m = np.zeros(8, np.int32)
-    m[1] = n
+    m[1:5] = n, row0, pos0, n_ctx
     return m
 
 
@@ -62,6 +63,9 @@ def test_head_norm_rope_matches_reference(norm):
     with pytest.raises(KernelInputError):                                 # past the rope table
         head_norm_rope(out, y, w, cos[:6].astype(np.float32), sin[:6].astype(np.float32), row0, pos0,
                        _meta(n), 1e-6, n, h, norm)
+    split = np.zeros_like(out)                                            # offsets split host / device
+    head_norm_rope(split, y, w, c32, s32, 1, 2, _meta(n, row0 - 1, pos0 - 2), 1e-6, n, h, norm)
+    np.testing.assert_array_equal(split, out)
 
 
 def test_draft_attention_matches_numpy():
@@ -79,6 +83,9 @@ def test_draft_attention_matches_numpy():
     a /= a.sum(-1, keepdims=True)
     want = np.einsum("hst,thd->shd", a, v).reshape(bs, h * d)
     np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
+    split = np.zeros_like(o)                                              # context rows from the meta
+    draft_attention(split, q, kc, vc, kb, vb, 2, _meta(bs, n_ctx=n_ctx - 2), scale, bs, h, d, 16)
+    np.testing.assert_array_equal(split, o)
     with pytest.raises(KernelInputError):                                 # more keys than max_keys
         draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, 8)
     with pytest.raises(KernelInputError):                                 # H*d disagrees

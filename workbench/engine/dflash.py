@@ -8,9 +8,11 @@ copy) -> fc -> hidden_norm -> per layer wk (k_norm, RoPE) / wv appended to the d
 at rows P .. start-1; the block [bonus, MASK x L] is embedded with the target table and runs the
 layers (attn_norm, wq/wk/wv, q_norm/k_norm + RoPE, non-causal attention over cache || block, wo,
 ffn_norm, SwiGLU) -> target norm -> target head of block rows 1..L into ``logits`` [L, V] (the
-bonus row gets no head), which the top-k kernel reads in place. Launched eagerly on the engine's stream,
-all through ``kernels_numba.ops``. Dense (FP32) drafter projections only; the SwiGLU may be FP32 or
-W4A16 (``ops.swiglu``).
+bonus row gets no head), which the top-k kernel reads in place. All through ``kernels_numba.ops`` on the
+engine's stream: the launch sequence of a round is captured once in a CUDA graph (``prepare``) and
+replayed, since every position and row count it needs is in one control block uploaded per call
+(the prompt's call, with more rows than a round's, runs eagerly). Dense (FP32) drafter projections
+only; the SwiGLU may be FP32 or W4A16 (``ops.swiglu``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from kernels_numba.draft_attention import draft_attention, gather_rows, head_nor
 from ..ddtree.config import DrafterConfig
 from ..ddtree.dflash import check_drafter_weights, rope_plain
 from ..errors import InputError
+from .graphs import StepGraph
 from .weights import _f32, swiglu
 
 PROJ = ("attn.wq", "attn.wk", "attn.wv", "attn.wo")
@@ -68,13 +71,14 @@ class DeviceDFlash:
             lay["mlp"] = ops.swiglu_weights(*swiglu(weights, p + "mlp"))
             self.layers.append(lay)
         self.taps = to_device(np.array([engine.taps.index(k) for k in dcfg.target_layer_ids], np.int32))
-        self.rows = zeros(t, np.int32)
-        self.meta_c = zeros(8, np.int32)                     # meta[1] = new context rows this call
-        meta_b = np.zeros(8, np.int32)
-        meta_b[1] = bs
-        self.meta_b = to_device(meta_b)                      # meta[1] = Bs block rows
-        meta_b[1] = bs - 1
-        self.meta_l = to_device(meta_b)                      # meta[1] = L drafted rows
+        # one control block, uploaded once per call: committed rows [T] | context meta [8] | block meta [8]
+        # | drafted-rows meta [8] | block ids [Bs]. Context meta: [P, n, P, P]; block meta: [0, Bs, 0,
+        # start, start] (row and position offsets, context rows: see kernels_numba.draft_attention)
+        self.ctl_h = np.zeros(t + 24 + bs, np.int32)
+        self.ctl = zeros(self.ctl_h.shape[0], np.int32)
+        self.rows, self.meta_c, self.meta_b = self.ctl[:t], self.ctl[t:t + 8], self.ctl[t + 8:t + 16]
+        self.meta_l, self.ids = self.ctl[t + 16:t + 24], self.ctl[t + 24:]
+        self.cap = min(bs, t)                                # context rows of a captured call (a round's)
         self.cin = zeros((t, dcfg.n_features * dm))          # [T, F*D] gathered features
         self.ctx = zeros((t, dm))                            # [T, D] fc -> hidden_norm
         self.proj = zeros((t, hd))                           # [T, H*d] context wk / wv projection
@@ -90,62 +94,84 @@ class DeviceDFlash:
         self.vb = zeros((bs, hd))
         self.o = zeros((bs, hd))
         self.scratch = ops.Scratch(bs, [lay["mlp"] for lay in self.layers], [])
-        self.ids = zeros(bs, np.int32)
         self.logits = zeros((bs - 1, cfg.vocab_size))        # [L, V] draft logits
         cos, sin = rope_plain(dcfg, np.arange(s + bs))
         self.cos = to_device(cos.astype(np.float32))         # [S + Bs, d/2]
         self.sin = to_device(sin.astype(np.float32))
         self.length = 0
+        self.graph: StepGraph | None = None
+
+    def prepare(self) -> None:
+        """Capture the launch sequence of a round (at most ``cap`` new context rows) in a CUDA graph; its
+        eager warm-up runs on a harmless control (one context row at position 0) whose writes the
+        generation's first call overwrites."""
+        self._upload(0, 1, np.zeros(1, np.int32), 1)
+        self.scratch.reserve(self.dcfg.block_size)           # workspaces exist before the capture
+        self.graph = StepGraph(lambda s: self._launch(s, self.cap), self.eng.use_graphs)
 
     def propose(self, bonus: int, start: int, rows: np.ndarray, n: int) -> None:
-        """Draft logits for positions start+1 .. start+L into ``logits`` [L, V] (stream-ordered)."""
-        eng, dcfg, cfg = self.eng, self.dcfg, self.eng.cfg
-        s = eng.stream
+        """Draft logits for positions start+1 .. start+L into ``logits`` [L, V] (stream-ordered): a round's
+        call (1 <= n <= cap) replays the captured sequence, the prompt's runs eagerly."""
         if self.length + n != start:
             raise InputError(f"drafter cache holds {self.length} rows + {n} new, "
                              f"but the bonus sits at {start}")
         if start > self.k.shape[1]:
             raise InputError(f"drafter cache full: {start} rows exceed max_len {self.k.shape[1]}")
+        if n > self.rows.shape[0]:
+            raise InputError(f"{n} new context rows exceed the engine's {self.rows.shape[0]} rows")
+        self._upload(bonus, start, rows, n)
+        if self.graph is not None and 0 < n <= self.cap:
+            self.graph.run(self.eng.stream)
+        else:
+            self._launch(self.eng.stream, n)
+        self.length = start
+
+    def _upload(self, bonus: int, start: int, rows: np.ndarray, n: int) -> None:
+        c, t, bs = self.ctl_h, self.rows.shape[0], self.dcfg.block_size
+        c[...] = 0
+        c[:n] = rows[:n]
+        p0 = start - n
+        c[t:t + 4] = (p0, n, p0, p0)
+        c[t + 8:t + 13] = (0, bs, 0, start, start)
+        c[t + 17] = bs - 1
+        c[t + 24:] = self.dcfg.mask_token_id
+        c[t + 24] = bonus
+        self.eng.put(self.ctl, c)
+
+    def _launch(self, s, n: int) -> None:
+        """The drafter's launches: n context rows (0: none) appended to its cache, then the block and the
+        head. Every position and row count is read from the control block on the device."""
+        dcfg, cfg = self.dcfg, self.eng.cfg
         eps = dcfg.rms_norm_eps
         h, hdim, bs = dcfg.n_heads, dcfg.head_dim, dcfg.block_size
-        p0 = self.length
+        mc, mb = self.meta_c, self.meta_b
+
+        def rope(out, y, w, meta, rows, norm=True):              # positions and rows from the meta
+            head_norm_rope(out, y, w, self.cos, self.sin, 0, 0, meta, eps, rows, h, norm, s)
+
         if n:
-            idx = np.zeros(self.rows.shape[0], np.int32)
-            idx[:n] = rows[:n]
-            eng.put(self.rows, idx)
-            eng.put(self.meta_c, np.array([p0, n, 0, 0, 0, 0, 0, 0], np.int32))
-            gather_rows(self.cin, eng.buf.feats, self.rows, self.taps, self.meta_c, n, s)
-            ops.linear(self.ctx, self.cin, self.fc, self.meta_c, n, s)
-            ops.rmsnorm(self.ctx, self.ctx, self.hidden_norm, eps, self.meta_c, n, s)
+            gather_rows(self.cin, self.eng.buf.feats, self.rows, self.taps, mc, n, s)
+            ops.linear(self.ctx, self.cin, self.fc, mc, n, s)
+            ops.rmsnorm(self.ctx, self.ctx, self.hidden_norm, eps, mc, n, s)
             for i, lay in enumerate(self.layers):
-                ops.linear(self.proj, self.ctx, lay["attn.wk"], self.meta_c, n, s)
-                head_norm_rope(self.k_views[i], self.proj, lay["attn.k_norm"], self.cos, self.sin, p0, p0,
-                               self.meta_c, eps, n, h, True, s)
-                ops.linear(self.proj, self.ctx, lay["attn.wv"], self.meta_c, n, s)
-                head_norm_rope(self.v_views[i], self.proj, lay["attn.k_norm"], self.cos, self.sin, p0, p0,
-                               self.meta_c, eps, n, h, False, s)
-        ids = np.full(bs, dcfg.mask_token_id, np.int32)
-        ids[0] = bonus
-        eng.put(self.ids, ids)
-        mb = self.meta_b
-        ops.embed(self.x, eng.model.embed, self.ids, mb, bs, s)
+                ops.linear(self.proj, self.ctx, lay["attn.wk"], mc, n, s)
+                rope(self.k_views[i], self.proj, lay["attn.k_norm"], mc, n)
+                ops.linear(self.proj, self.ctx, lay["attn.wv"], mc, n, s)
+                rope(self.v_views[i], self.proj, lay["attn.k_norm"], mc, n, norm=False)
+        ops.embed(self.x, self.eng.model.embed, self.ids, mb, bs, s)
         scale = np.float32(hdim ** -0.5)
         max_keys = self.k.shape[1] + bs
         for i, lay in enumerate(self.layers):
             ops.rmsnorm(self.hn, self.x, lay["attn_norm"], eps, mb, bs, s)
             ops.linear(self.q, self.hn, lay["attn.wq"], mb, bs, s)
-            head_norm_rope(self.q, self.q, lay["attn.q_norm"], self.cos, self.sin, 0, start, mb, eps, bs, h,
-                           True, s)
+            rope(self.q, self.q, lay["attn.q_norm"], mb, bs)
             ops.linear(self.kb, self.hn, lay["attn.wk"], mb, bs, s)
-            head_norm_rope(self.kb, self.kb, lay["attn.k_norm"], self.cos, self.sin, 0, start, mb, eps, bs, h,
-                           True, s)
+            rope(self.kb, self.kb, lay["attn.k_norm"], mb, bs)
             ops.linear(self.vb, self.hn, lay["attn.wv"], mb, bs, s)
-            draft_attention(self.o, self.q, self.k_views[i], self.v_views[i], self.kb, self.vb, start, mb,
-                            scale, bs, h, hdim, max_keys, s)
+            draft_attention(self.o, self.q, self.k_views[i], self.v_views[i], self.kb, self.vb, 0, mb, scale,
+                            bs, h, hdim, max_keys, s)
             ops.linear(self.x, self.o, lay["attn.wo"], mb, bs, s, accumulate=True)
             ops.rmsnorm(self.hn, self.x, lay["ffn_norm"], eps, mb, bs, s)
             ops.swiglu(self.x, self.hn, lay["mlp"], self.scratch, mb, bs, s)
-        self.length = start
-        ml = self.meta_l
-        ops.rmsnorm(self.hn, self.x_tail, eng.model.norm, cfg.rms_norm_eps, ml, bs - 1, s)
-        ops.linear(self.logits, self.hn, eng.model.head, ml, bs - 1, s)
+        ops.rmsnorm(self.hn, self.x_tail, self.eng.model.norm, cfg.rms_norm_eps, self.meta_l, bs - 1, s)
+        ops.linear(self.logits, self.hn, self.eng.model.head, self.meta_l, bs - 1, s)

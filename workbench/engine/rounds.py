@@ -69,6 +69,7 @@ class EngineSpecState:
         if device_drafter and isinstance(drafter, DFlashDrafter) and \
                 device_dflash_supported(drafter.weights, drafter.dcfg):
             self.device = DeviceDFlash(engine, drafter.weights, drafter.dcfg)
+            self.device.prepare()                                             # capture before timing
             self.tap_idx = []                                                 # no tapped feature to the host
         self.feats_h = host_buffer(buf.feats.shape, np.float32) if self.tap_idx else None   # [F, T, D]
         if self.device is not None:

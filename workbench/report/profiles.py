@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import InputError
 
 NOTEBOOKS = ("01_golden_bundles", "02_ar_vs_ddtree", "03_fp32_vs_int4_divergence",
-             "04_kernel_throughput", "05_ddtree_budget")
+             "04_kernel_throughput", "05_ddtree_budget", "06_trained_pair")
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ PROFILES: dict[str, Profile] = {
         "05_ddtree_budget": {"budgets": [1, 4, 16], "oracle_ps": [0.5, 1.0], "n_tokens": 16,
                              "coverage_budget": 64, "coverage_trees": 2,
                              "engine_ref_budgets": [8], "engine_ref_ps": [0.8, 1.0]},
+        "06_trained_pair": {"live_tokens": 12, "live_budget": 4},
     }),
 }
 
