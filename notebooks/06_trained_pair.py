@@ -84,7 +84,7 @@ else:
     plots.lines(ax[1], {"drafter": (range(1, len(de["top1_by_position"]) + 1), de["top1_by_position"])},
                 "drafted position", "top-1 accuracy", "drafter accuracy by position", integer_x=True)
     plots.finish(fig, "06_training", out_dir, plots.caption_text(
-        f"Training logs of {tr['dir'].name}.", hardware=f"{t['device']} ({t['torch']})",
+        f"Training logs of {tr['dir'].name}.", hardware=f"{tr['gpu'] or t['device']} (torch {t['torch']})",
         date=f"run {tr['dir'].name}"))
 
 # %% [markdown]

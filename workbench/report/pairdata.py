@@ -2,7 +2,8 @@
 (numpy reference on HumanEval) and the ``bench pair`` result set (GPU engine).
 
 Layout: ``reports/train/code_pair_<commit>/`` holds ``target_report.json``, ``target_log.jsonl``,
-``drafter_report.json``, ``drafter_log.jsonl`` (what ``train`` wrote on the GPU);
+``drafter_report.json``, ``drafter_log.jsonl`` (what ``train`` wrote on the GPU) and ``device.txt``
+(nvidia-smi's name, driver and memory of that GPU);
 ``reports/measure/code_pair_<commit>/`` holds ``acceptance.json`` and ``drift.json`` (what
 ``measure`` writes). Each folder is one run named by the commit it ran; a reader takes the newest.
 """
@@ -34,12 +35,17 @@ def _log(path: Path) -> list[dict[str, Any]]:
 
 
 def load_training(root: str | Path) -> dict[str, Any] | None:
-    """{"dir", "target", "drafter": the reports, "target_steps", "drafter_steps": the logged steps,
-    "target_evals", "drafter_evals": the logged evaluations}, or None without a run."""
+    """{"dir", "gpu" (from device.txt, or None), "target", "drafter": the reports, "target_steps",
+    "drafter_steps": the logged steps, "target_evals", "drafter_evals": the logged evaluations}, or None
+    without a run."""
     run = newest_run(root)
     if run is None:
         return None
-    out: dict[str, Any] = {"dir": run}
+    out: dict[str, Any] = {"dir": run, "gpu": None}
+    device = run / "device.txt"                         # nvidia-smi CSV: header, then name, driver, memory
+    if device.exists():
+        lines = device.read_text().splitlines()
+        out["gpu"] = lines[1].split(",")[0].strip() if len(lines) > 1 else None
     for part in ("target", "drafter"):
         out[part] = _json(run / f"{part}_report.json")
         log = _log(run / f"{part}_log.jsonl")

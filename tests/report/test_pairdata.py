@@ -1,0 +1,52 @@
+"""report.pairdata: the committed training run reads, the newest run folder wins, measure summaries
+flatten, and the pair bench rows come back as bench.pair wrote them."""
+
+import json
+import os
+from pathlib import Path
+
+from workbench.bench.pair import summarize
+from workbench.bench.results import result_set
+from workbench.report import pairdata
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_training_run_reads():
+    tr = pairdata.load_training(ROOT / "reports" / "train")
+    assert tr is not None and tr["gpu"] == "NVIDIA H200"
+    assert tr["target"]["steps"] > 0 and tr["drafter"]["steps"] > 0
+    assert tr["target_steps"][0]["step"] == 1 and tr["drafter_evals"]
+    assert set(tr["drafter"]["eval"]["chain_accepted_len_by_prompt"]) == {"window", "body"}
+
+
+def _acceptance(model="m"):
+    cells = [{"temperature": 0.0, "tree": "ddtree", "budget": b, "tau": 1.0 + b / 10} for b in (1, 4)]
+    cells.append({"temperature": 0.0, "tree": "chain", "budget": 15, "tau": 1.2})
+    return {"labels": {}, "models": {model: {"rows": [], "summary": {
+        "cells": cells, "best": {"T=0": {"best_budget": 4, "best_tau": 1.4, "chain_tau": 1.2}}}}}}
+
+
+def test_newest_measure_run_and_its_tables(tmp_path):
+    for name, model in (("code_pair_aaa", "old"), ("code_pair_bbb", "new")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "acceptance.json").write_text(json.dumps(_acceptance(model)))
+    os.utime(tmp_path / "code_pair_aaa", (1, 1))                       # older
+    acc, drift, run = pairdata.load_measure(tmp_path)
+    assert run.name == "code_pair_bbb" and drift is None
+    assert pairdata.tau_by_budget(acc, "new") == {1: 1.1, 4: 1.4}
+    assert pairdata.best(acc) == [{"model": "new", "temperature": "T=0", "best_budget": 4, "best_tau": 1.4,
+                                   "chain_tau": 1.2}]
+    assert len(pairdata.cells(acc)) == 3
+    assert pairdata.load_measure(tmp_path / "none") is None
+
+
+def test_pair_bench_rows_round_trip(tmp_path):
+    rs = result_set(tmp_path, "pair", "abc1234")
+    rs.csv.write_text("model,mode,budget,tokens,seconds,tau,rounds,tokens_equal_ar,verify_us_per_round\n"
+                      "m,ar,0,10,1.0,1.0,10,True,\nm,ddtree,4,10,0.5,2.5,4,False,7.5\n")
+    rs.meta.write_text(json.dumps({"git_sha": "abc1234", "time_utc": "2026-01-01T00:00:00+00:00"}))
+    rows, meta, path = pairdata.load_pair_bench(tmp_path)
+    assert rows[0]["tokens_equal_ar"] is True and "verify_us_per_round" not in rows[0]
+    ar, dd = summarize(rows)
+    assert dd["speedup"] == 2.0 and dd["all_equal_ar"] is False and dd["verify_us_per_round"] == 7.5
