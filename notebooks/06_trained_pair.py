@@ -235,9 +235,11 @@ else:
 # ## 8. Full K2 with this pair's τ(B) (projection from measurements)
 # Notebook 05's projection (1 dense + 60 MoE layers at the `bench k2` layer times measured on the
 # k2_slice, context 4096, INT4 experts) with the trained pair's greedy τ(B) on HumanEval in place of
-# the oracle's. Left out as there: lm_head, the drafter, tree building, and that 61 layers do not fit
-# one GPU; and the k2_slice layers route with a random router, so the tree's expert sharing measured
-# above (section 5) is not applied.
+# the oracle's; and a second line that also scales each MoE layer's routed-experts part by the pair's
+# measured expert ratio at that budget (section 5), since the k2_slice's seeded router spreads a
+# tree's tokens like uniform routing. That ratio was measured at E = 32, top-4 and is carried over to
+# K2's E = 384, top-8 as is. Left out as in 05: lm_head, the drafter, tree building, and that 61
+# layers do not fit one GPU.
 
 # %%
 k2_layers = k2proj.load_layers(bench_dir)
@@ -245,13 +247,20 @@ if k2_layers is None or ms is None:
     display(Markdown("**Needs both the `bench k2` result set and the measure run.**"))
 else:
     k2_times, k2_meta = k2_layers
-    proj_rows = [{"model": m, **r} for m in acc["models"]
-                 for r in k2proj.project(preset("k2"), k2_times, pairdata.tau_by_budget(acc, m, 0.0))]
+    proj_rows = []
+    for m in acc["models"]:
+        tau_m = pairdata.tau_by_budget(acc, m, 0.0)
+        proj_rows += [{"model": m, "experts": "uniform (as measured)", **r}
+                      for r in k2proj.project(preset("k2"), k2_times, tau_m)]
+        proj_rows += [{"model": m, "experts": "pair's overlap ratio", **r} for r in k2proj.project(
+            preset("k2"), k2_times, tau_m, overlap=pairdata.overlap_by_budget(acc, m, 0.0))]
     tables.show_table(proj_rows, "06_k2_projection", out_dir, digits=3, caption=(
         f"PROJECTED full-K2 tokens/s from MEASURED k2_slice layers ({k2_meta.get('gpu', '?')}, commit "
         f"{k2_meta.get('git_sha', '?')[:7]}) and the MEASURED greedy τ(B) of the trained pair; "
         "budget 0 = AR."))
-    top = max((r for r in proj_rows if r["model"] == "code"), key=lambda r: r["speedup"])
-    display(Markdown(f"Best projected budget with the BF16 pair's τ: **B = {top['budget']}**, "
-                     f"**{top['speedup']:.2f}×** AR ({top['tok_s']:.1f} tok/s against "
-                     f"{proj_rows[0]['tok_s']:.1f})."))
+    for kind in dict.fromkeys(r["experts"] for r in proj_rows):
+        top = max((r for r in proj_rows if r["model"] == "code" and r["experts"] == kind),
+                  key=lambda r: r["speedup"])
+        display(Markdown(f"Best projected budget, BF16 pair's τ, experts {kind}: **B = {top['budget']}**, "
+                         f"**{top['speedup']:.2f}×** AR ({top['tok_s']:.1f} tok/s against "
+                         f"{proj_rows[0]['tok_s']:.1f})."))

@@ -10,6 +10,8 @@ from workbench.report import k2proj
 def test_committed_k2_layer_set_loads_decode_and_tree_rows():
     times, meta = k2proj.load_layers(Path(__file__).resolve().parents[2] / "reports" / "bench")
     assert {1, 2, 5, 17, 65} <= set(times["dense"]) and {1, 2, 5, 17, 65} <= set(times["moe"])
+    assert {1, 2, 5, 17, 65} <= set(times["experts"])
+    assert all(times["experts"][n] < times["moe"][n] for n in times["experts"])      # a part of the layer
     assert meta["bench"] == "k2_layer" and all(v > 0 for t in times.values() for v in t.values())
 
 
@@ -21,3 +23,12 @@ def test_projection_is_tau_over_the_61_layer_step():
     assert ar["step_ms"] == (100 + 60 * 10) / 1e3 and ar["speedup"] == 1.0
     assert b4["step_ms"] == (200 + 60 * 30) / 1e3
     assert abs(b4["speedup"] - 3.0 * 700 / 2000) < 1e-12 and abs(b4["tok_s"] - 3e6 / 2000) < 1e-9
+
+
+def test_overlap_scales_the_routed_experts_part():
+    times = {"dense": {1: 100.0, 5: 200.0}, "moe": {1: 10.0, 5: 30.0}, "experts": {1: 4.0, 5: 20.0}}
+    plain = k2proj.project(preset("k2"), times, {4: 3.0})
+    shared = k2proj.project(preset("k2"), times, {4: 3.0}, overlap={4: 0.5})
+    assert shared[0] == plain[0]                                          # decode is one token: no sharing
+    assert shared[1]["step_ms"] == (200 + 60 * (30 - 0.5 * 20)) / 1e3
+    assert k2proj.project(preset("k2"), times, {4: 3.0}, overlap={}) == plain[:1]    # no ratio: left out

@@ -80,6 +80,12 @@ def tau_by_budget(acceptance: dict[str, Any], model: str, temperature: float = 0
             if c["model"] == model and c["tree"] == "ddtree" and c["temperature"] == temperature}
 
 
+def overlap_by_budget(acceptance: dict[str, Any], model: str, temperature: float = 0.0) -> dict[int, float]:
+    """{budget: distinct experts measured / uniform-routing count at the same verify size} (DDTree)."""
+    return {c["budget"]: c["overlap_ratio"] for c in cells(acceptance)
+            if c["model"] == model and c["tree"] == "ddtree" and c["temperature"] == temperature}
+
+
 def drift_table(drift: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (INT4 model, prompt): first greedy divergence, KL mean / max, top-1 agreement."""
     return [{k: r[k] for k in ("model", "prompt", "new_tokens", "first_divergence", "kl_mean", "kl_max",
