@@ -87,9 +87,20 @@ def test_sweep_rows_and_histograms(pair):
         ("p0", "ddtree", 1), ("p0", "ddtree", 4), ("p0", "chain", 3),
         ("p1", "ddtree", 1), ("p1", "ddtree", 4), ("p1", "chain", 3)]
     for r in rows:
-        assert r["equals_ar"] and sum(r["accepted_hist"]) == r["rounds"]
+        assert r["equals_ar"] and sum(r["accepted_hist"]) == r["rounds"] and r["first_diff"] is None
         lengths = np.arange(len(r["accepted_hist"]))
         assert r["tau"] == pytest.approx(np.dot(lengths, r["accepted_hist"]) / r["rounds"])
+
+
+def test_a_difference_from_ar_names_its_step_and_margin():
+    from types import SimpleNamespace
+
+    from workbench.train.measure import _against_ar
+    ar = SimpleNamespace(tokens=np.array([3, 4, 5, 6]), margins=np.array([1.0, 0.5, 1e-6, 2.0]))
+    assert _against_ar(np.array([3, 4, 5, 6]), ar) == {"equals_ar": True, "first_diff": None,
+                                                       "ar_margin_at_diff": None}
+    assert _against_ar(np.array([3, 4, 7, 1]), ar) == {"equals_ar": False, "first_diff": 2,
+                                                       "ar_margin_at_diff": 1e-6}
 
 
 def test_analytic_union():

@@ -148,12 +148,14 @@ def acceptance_sweep(pair: Pair, prompts: list[tuple[str, np.ndarray]], n_tokens
                      progress: Any = None) -> list[dict[str, Any]]:
     """One row per (prompt, tree, budget): tau, rounds, the accepted-length histogram (index = length),
     mean verify tokens and distinct experts per MoE layer, and (greedy only; None at T > 0) whether the
-    tokens equal greedy AR. At T > 0 each run draws with seed + prompt index."""
+    tokens equal greedy AR, and where they do not, the first step that differs and AR's top-1 minus
+    top-2 logit margin there (a near-tie that float32 summation order can flip, or a real difference).
+    At T > 0 each run draws with seed + prompt index."""
     rows = []
     cases = [("ddtree", int(b)) for b in budgets] + ([("chain", pair.dcfg.n_drafted)] if chain else [])
     for i, (task, ids) in enumerate(prompts):
         sampling = SamplingParams(temperature=float(temperature), seed=int(seed) + i)
-        ar = greedy_generate(pair.cfg, pair.weights, ids, n_tokens).tokens if sampling.greedy else None
+        ar = greedy_generate(pair.cfg, pair.weights, ids, n_tokens) if sampling.greedy else None
         for tree, budget in cases:
             r = speculate(pair, ids, n_tokens, budget, tree, sampling)
             hist = np.bincount(r.accepted, minlength=pair.dcfg.block_size + 1)
@@ -162,10 +164,20 @@ def acceptance_sweep(pair: Pair, prompts: list[tuple[str, np.ndarray]], n_tokens
                          "tau": r.tau, "rounds": len(r.accepted), "accepted_hist": hist.tolist(),
                          "verify_tokens": float(np.mean(r.verify_tokens)),
                          "experts_per_layer": np.mean(r.experts, axis=0).tolist(),
-                         "equals_ar": None if ar is None else bool(np.array_equal(r.tokens, ar))})
+                         **_against_ar(r.tokens, ar)})
             if progress is not None:
                 progress.update(1)
     return rows
+
+
+def _against_ar(tokens: np.ndarray, ar: Any) -> dict[str, Any]:
+    """equals_ar (None without an AR run), first_diff and AR's margin there (None when equal)."""
+    if ar is None:
+        return {"equals_ar": None, "first_diff": None, "ar_margin_at_diff": None}
+    diff = np.flatnonzero(tokens != ar.tokens)
+    if diff.size == 0:
+        return {"equals_ar": True, "first_diff": None, "ar_margin_at_diff": None}
+    return {"equals_ar": False, "first_diff": int(diff[0]), "ar_margin_at_diff": float(ar.margins[diff[0]])}
 
 
 def analytic_union(n_experts: int, k: int, n_tokens: Any) -> np.ndarray:
