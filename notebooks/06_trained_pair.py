@@ -20,6 +20,7 @@
 # compute here.
 
 # %%
+import numpy as np
 from IPython.display import Markdown, display
 
 from workbench.bench.pair import summarize as pair_summary
@@ -118,10 +119,11 @@ else:
     acc, drift, mdir = ms
     lab = acc["labels"]
     stamp = f"commit {lab['commit'][:7]}"
-    where = f"{lab['prompts']} x {lab['new_tokens']} tokens, {lab['machine']}, {stamp}"
+    where = f"{lab['prompts']} x {lab['new_tokens']} tokens"                 # figure captions add the rest
     cells = pairdata.cells(acc)
     tables.show_table(pairdata.best(acc), "06_best", out_dir, digits=3,
-                      caption=f"Best DDTree budget per model and temperature, and the DFlash chain; {where}.")
+                      caption=f"Best DDTree budget per model and temperature, and the DFlash chain; {where}, "
+                              f"{lab['machine']}, {stamp}.")
     greedy_ok = {m: v["summary"]["all_equal_ar"] for m, v in acc["models"].items()}
     display(Markdown("Greedy DDTree and chain tokens equal greedy AR on every prompt: "
                      + ", ".join(f"{m}: **{ok}**" for m, ok in greedy_ok.items()) + "."))
@@ -191,13 +193,16 @@ if ms is not None and drift is not None:
         f"{dl['prompts']} x {dl['new_tokens']} tokens, {dl['machine']}, commit {dl['commit'][:7]}; "
         "first_divergence None = identical throughout."))
     fig, ax = plots.plt.subplots(figsize=(7, 3.4))
-    for r in drift["runs"]:
-        ax.plot(r["kl"], lw=0.6, label=f"{r['model']} {r['prompt']}")
+    window = 32
+    for m in dict.fromkeys(r["model"] for r in drift["runs"]):
+        kl = np.mean([r["kl"] for r in drift["runs"] if r["model"] == m], axis=0)       # [L] over prompts
+        ax.plot(np.convolve(kl, np.ones(window) / window, mode="valid"), lw=1, label=m)
     ax.set_yscale("log")
-    ax.set_xlabel("generated position")
+    ax.set_xlabel(f"generated position (running mean over {window})")
     ax.set_ylabel("KL(BF16 || INT4), nats")
-    ax.legend(fontsize=6)
-    plots.finish(fig, "06_drift", out_dir, plots.caption_text("Teacher-forced along the BF16 text.",
+    ax.legend(fontsize=7)
+    plots.finish(fig, "06_drift", out_dir, plots.caption_text(
+        f"Teacher-forced along the BF16 text, mean over {dl['prompts']}.",
                                                               hardware=dl["machine"],
                                                               date=f"commit {dl['commit'][:7]}"))
 
