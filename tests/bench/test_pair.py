@@ -13,19 +13,16 @@ from workbench.refs import golden_bundle
 def test_loop_runs_ar_and_every_budget_and_matches_ar(monkeypatch):
     monkeypatch.setattr(pair, "WARM_TOKENS", 3)
     b = golden_bundle("tiny")
-    prompts = [("a", np.asarray(b.prompt[:5], np.int64)), ("b", np.asarray(b.prompt[2:8], np.int64))]
+    prompts = [("a", np.asarray(b.prompt[:5], np.int64))]
     rows: list[dict] = []
     pair.bench_bundle(str(b.path), prompts, 5, (1, 4), rows)
-    assert [(r["prompt"], r["mode"], r["budget"]) for r in rows] == [
-        (p, m, k) for p in "ab" for m, k in (("ar", 0), ("ddtree", 1), ("ddtree", 4))]
+    assert [(r["prompt"], r["mode"], r["budget"]) for r in rows] == [("a", "ar", 0), ("a", "ddtree", 1),
+                                                                      ("a", "ddtree", 4)]
     assert all(r["tokens_equal_ar"] for r in rows)                       # greedy DDTree == AR
-    cells = pair.summarize(rows)
-    ar = next(c for c in cells if c["mode"] == "ar")
+    ar, _, b4 = pair.summarize(rows)
     assert ar["speedup"] == 1.0 and ar["tau"] == 1.0
-    b4 = next(c for c in cells if c["budget"] == 4)
-    expect = sum(r["tokens"] for r in rows if r["budget"] == 4) / sum(r["seconds"] for r in rows
-                                                                       if r["budget"] == 4)
-    assert b4["tok_s"] == pytest.approx(expect) and b4["prompts"] == 2 and b4["tau"] >= 1.0
+    assert b4["tok_s"] == pytest.approx(rows[2]["tokens"] / rows[2]["seconds"]) and b4["tau"] >= 1.0
+    assert 1 <= rows[2]["rounds"] <= 4
 
 
 def test_summary_weights_prompts_by_time():
