@@ -8,7 +8,9 @@ prefill, which both share), tau (tokens per round, bonus included), the round's 
 Summary per (bundle, budget): tokens/s over all prompts together (total tokens / total time), its
 ratio to AR's, tau as ``measure`` gives it (the mean of the prompts' taus) and the tokens per round
 over all rounds together (what the tokens/s follow).
-Writes the result set ``pair_<commit>.csv / .json / .png`` (workbench/bench/results.py).
+The CSV and JSON are rewritten after each bundle (``bundles_done``, ``complete``), so a run cut short
+keeps what it measured. Writes the result set ``pair_<commit>.csv / .json / .png``
+(workbench/bench/results.py).
 """
 
 from __future__ import annotations
@@ -137,15 +139,15 @@ def run(out_dir: str | Path, bundles: tuple[str, ...] = BUNDLES, n_prompts: int 
                         new_tokens=n_tokens, budgets=list(budgets))
     rs = result_set(out, "pair", meta["git_sha"])
     rows: list[dict[str, Any]] = []
-    for path in bundles:
+    for i, path in enumerate(bundles):
         bench_bundle(path, prompts, n_tokens, budgets, rows)
         for c in summarize([r for r in rows if r["model"] == Path(path).stem]):
             print(f"[pair] {c['model']:18s} {c['mode']:6s} B={c['budget']:3d}: {c['tok_s']:8,.0f} tok/s "
                   f"({c['speedup']:4.2f}x AR), tau {c['tau']:.2f}, equal to AR: {c['all_equal_ar']}")
-    cells = summarize(rows)
-    write_csv(rows, rs.csv)
-    meta["summary"] = cells
-    write_json_atomic(rs.meta, meta, indent=2)
+        cells = summarize(rows)                      # written after every bundle: a cut run keeps its data
+        write_csv(rows, rs.csv)
+        meta.update(summary=cells, bundles_done=list(bundles[:i + 1]), complete=i + 1 == len(bundles))
+        write_json_atomic(rs.meta, meta, indent=2)
     try:
         plot(cells, rs.plot, f"DDTree vs AR, GPU engine, {meta['prompts']} x {n_tokens} tokens, "
              f"{meta.get('gpu', '')}, commit {meta['git_sha'][:7]}")
