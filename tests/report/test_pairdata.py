@@ -50,3 +50,14 @@ def test_pair_bench_rows_round_trip(tmp_path):
     assert rows[0]["tokens_equal_ar"] is True and "verify_us_per_round" not in rows[0]
     ar, dd = summarize(rows)
     assert dd["speedup"] == 2.0 and dd["all_equal_ar"] is False and dd["verify_us_per_round"] == 7.5
+
+
+def test_committed_engine_run_accepts_exactly_as_the_reference():
+    """Every DDTree run of the committed `bench pair` set (GPU engine) has the tau of the committed
+    `measure` run (numpy reference) for the same bundle, prompt and budget."""
+    rows, _, _ = pairdata.load_pair_bench(ROOT / "reports" / "bench")
+    acc, _, _ = pairdata.load_measure(ROOT / "reports" / "measure")
+    ref = {(m, r["prompt"], r["budget"]): r["tau"] for m, v in acc["models"].items() for r in v["rows"]
+           if r["temperature"] == 0 and r["tree"] == "ddtree"}
+    engine = [r for r in rows if r["mode"] == "ddtree"]
+    assert engine and all(abs(r["tau"] - ref[r["model"], r["prompt"], r["budget"]]) < 1e-12 for r in engine)
