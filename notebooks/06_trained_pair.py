@@ -23,6 +23,7 @@
 import numpy as np
 from IPython.display import Markdown, display
 
+from workbench.bench.pair import draw as draw_pair
 from workbench.bench.pair import summarize as pair_summary
 from workbench.config import preset
 from workbench.generate import generate
@@ -224,14 +225,7 @@ else:
         f"Measured on {meta.get('gpu', '?')}, {meta.get('prompts', '?')} x {meta.get('new_tokens', '?')} "
         f"tokens, commit {meta.get('git_sha', '?')[:7]} ({path})."))
     fig, ax = plots.plt.subplots(figsize=(6.5, 3.8))
-    for m in dict.fromkeys(c["model"] for c in summary):
-        s = [c for c in summary if c["model"] == m and c["mode"] == "ddtree"]
-        ax.plot([c["budget"] for c in s], [c["speedup"] for c in s], "o-", label=m)
-    ax.axhline(1.0, color="gray", lw=0.8, ls=":")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("budget B")
-    ax.set_ylabel("DDTree / AR tokens/s")
-    ax.legend(fontsize=8)
+    draw_pair(ax, summary)
     plots.finish(fig, "06_engine_pair", out_dir, plots.caption_text(
         "The device drafter runs eagerly (about 40 launches per round): draft dominates the round.",
         hardware=meta.get("gpu"), date=meta.get("time_utc")))

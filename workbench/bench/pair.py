@@ -97,23 +97,30 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def draw(ax: Any, cells: list[dict[str, Any]], value: str = "speedup") -> None:
+    """One line per model of ``summarize``'s DDTree cells against the budget: ``speedup`` (with the 1x
+    line) or ``tok_s`` (with each model's AR tokens/s dashed)."""
+    for model in dict.fromkeys(c["model"] for c in cells):
+        dd = [c for c in cells if c["model"] == model and c["mode"] == "ddtree"]
+        line = ax.plot([c["budget"] for c in dd], [c[value] for c in dd], "o-", label=f"{model} DDTree")
+        if value == "tok_s":
+            ar = next(c for c in cells if c["model"] == model and c["mode"] == "ar")
+            ax.axhline(ar["tok_s"], ls="--", color=line[0].get_color(), label=f"{model} AR")
+    if value == "speedup":
+        ax.axhline(1.0, color="gray", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("budget B")
+    ax.set_ylabel("decode tokens/s (all prompts)" if value == "tok_s" else "DDTree / AR tokens/s")
+    ax.legend(fontsize=7)
+
+
 def plot(cells: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
-    for model in sorted({c["model"] for c in cells}):
-        dd = [c for c in cells if c["model"] == model and c["mode"] == "ddtree"]
-        line = ax[0].plot([c["budget"] for c in dd], [c["tok_s"] for c in dd], "o-", label=f"{model} DDTree")
-        ar = next(c for c in cells if c["model"] == model and c["mode"] == "ar")
-        ax[0].axhline(ar["tok_s"], ls="--", color=line[0].get_color(), label=f"{model} AR")
-        ax[1].plot([c["budget"] for c in dd], [c["speedup"] for c in dd], "o-", label=model)
-    for a, ylabel in zip(ax, ("decode tokens/s (all prompts)", "DDTree / AR tokens/s"), strict=True):
-        a.set_xscale("log", base=2)
-        a.set_xlabel("budget B")
-        a.set_ylabel(ylabel)
-        a.legend(fontsize=7)
-    ax[1].axhline(1.0, color="k", lw=0.8)
+    draw(ax[0], cells, "tok_s")
+    draw(ax[1], cells)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     save_figure_atomic(fig, path, dpi=110)

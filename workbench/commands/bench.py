@@ -55,23 +55,20 @@ class _Tee(io.TextIOBase):
         self.stream.flush()
 
 
-def _worlds(text: str) -> list[int]:
-    from workbench.cli import UserError
-    try:
-        worlds = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise UserError(f"--worlds wants comma-separated ints, got {text!r}") from None
-    if any(p not in (1, 2, 4, 8) for p in worlds):
-        raise UserError(f"--worlds takes 1, 2, 4 and 8, got {text!r}")
-    return worlds
-
-
 def _ints(flag: str, text: str) -> tuple[int, ...]:
     from workbench.cli import UserError
     try:
         return tuple(int(v) for v in text.split(","))
     except ValueError:
         raise UserError(f"--{flag} wants comma-separated ints, got {text!r}") from None
+
+
+def _worlds(text: str) -> list[int]:
+    from workbench.cli import UserError
+    worlds = list(_ints("worlds", text))
+    if any(p not in (1, 2, 4, 8) for p in worlds):
+        raise UserError(f"--worlds takes 1, 2, 4 and 8, got {text!r}")
+    return worlds
 
 
 def run(args) -> int:

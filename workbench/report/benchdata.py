@@ -30,6 +30,11 @@ def _num(v: str) -> Any:
     return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
 
 
+def cell(v: Any) -> Any:
+    """A CSV cell as written by a benchmark: 'True' / 'False' as bools, '' as None, the rest as read."""
+    return {"True": True, "False": False, "": None}.get(v, v) if isinstance(v, str) else v
+
+
 def read_csv(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a benchmark CSV with numeric cells converted (ints stay ints)."""
     with open(path, newline="", encoding="utf-8") as f:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..bench.results import current_set
 from ..errors import InputError
-from .benchdata import read_csv
+from .benchdata import cell, read_csv
 
 SECTIONS = ("ar", "kernel_sum", "kernel_breakdown", "verify", "spec")
 
@@ -63,10 +63,6 @@ class EngineResults:
         return list(dict.fromkeys(str(r["model"]) for r in self.section(name)))
 
 
-def _cell(v: Any) -> Any:
-    return {"True": True, "False": False, "": None}.get(v, v) if isinstance(v, str) else v
-
-
 def load_engine(bench_dir: str | Path) -> EngineResults | None:
     """The current engine result set under bench_dir, or None when it has none.
 
@@ -75,7 +71,7 @@ def load_engine(bench_dir: str | Path) -> EngineResults | None:
     if rs is None:
         return None
     path = rs.csv
-    rows = [{k: _cell(v) for k, v in r.items()} for r in read_csv(path)]
+    rows = [{k: cell(v) for k, v in r.items()} for r in read_csv(path)]
     if rows and not {"section", "model"} <= set(rows[0]):
         raise InputError(f"{path}: needs 'section' and 'model' columns, has {sorted(rows[0])}")
     bad = sorted({str(r["section"]) for r in rows} - set(SECTIONS))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.results import current_set
-from .benchdata import read_csv
+from .benchdata import cell, read_csv
 
 RUN = "code_pair_"
 
@@ -98,6 +98,5 @@ def load_pair_bench(bench_dir: str | Path) -> tuple[list[dict[str, Any]], dict[s
     rs = current_set(bench_dir, "pair")
     if rs is None:
         return None
-    rows = [{k: {"True": True, "False": False}.get(v, v) for k, v in r.items() if v != ""}
-            for r in read_csv(rs.csv)]
+    rows = [{k: cell(v) for k, v in r.items() if v != ""} for r in read_csv(rs.csv)]
     return rows, rs.read_meta(), rs.csv
