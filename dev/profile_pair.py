@@ -77,7 +77,8 @@ def main() -> None:
     from workbench.generate import generate
     cfg, w, dcfg = _pair(a.bundle)
     prompt = np.arange(2, 66, dtype=np.int32) % cfg.vocab_size
-    eng = engine_for(cfg, w, len(prompt), 64, max(budgets), taps=dcfg.target_layer_ids)
+    # room for every decode replay: each one advances the position by one
+    eng = engine_for(cfg, w, len(prompt), 64 + a.reps + 16, max(budgets), taps=dcfg.target_layer_ids)
     generate(cfg, w, prompt, 16, backend="numba", engine=eng)
     for bud in budgets:
         generate(cfg, w, prompt, 16, budget=bud, backend="numba", mode="ddtree", drafter="dflash",
@@ -95,7 +96,9 @@ def main() -> None:
     print(f"bundle {a.bundle}: D {cfg.hidden_size}, layers {cfg.num_hidden_layers}, "
           f"experts {cfg.n_routed_experts} top-{cfg.num_experts_per_tok}, vocab {cfg.vocab_size}")
     for name, (graph, eager) in steps.items():
+        eng.set_meta(len(prompt), 1)       # decode advances the position: back to the prompt's end
         us = replay_us(graph, a.reps)
+        eng.set_meta(len(prompt), 1)
         tab = kernel_table(eager)
         total = sum(t for _, _, t in tab)
         launches = sum(c for _, c, _ in tab)
