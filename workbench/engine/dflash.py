@@ -40,6 +40,18 @@ def device_dflash_supported(weights: dict[str, Any], dcfg: DrafterConfig) -> boo
     return all(n in weights for n in names)
 
 
+def device_dflash_for(engine, weights: dict[str, Any], dcfg: DrafterConfig) -> DeviceDFlash:
+    """The engine's device drafter for these weights: built and captured on first use, then kept on the
+    engine (``engine.drafters``) and emptied for each new generation."""
+    dev = engine.drafters.get(id(weights))
+    if dev is None or dev.weights is not weights or dev.dcfg != dcfg:
+        dev = DeviceDFlash(engine, weights, dcfg)
+        dev.prepare()
+        engine.drafters[id(weights)] = dev
+    dev.length = 0
+    return dev
+
+
 class DeviceDFlash:
     """Device weights, buffers and context cache of the dflash drafter for one engine and generation.
 
@@ -56,7 +68,7 @@ class DeviceDFlash:
         missing = [k for k in dcfg.target_layer_ids if k not in engine.taps]
         if missing:
             raise InputError(f"the engine does not tap layers {missing} that the drafter reads")
-        self.eng, self.dcfg = engine, dcfg
+        self.eng, self.dcfg, self.weights = engine, dcfg, weights
         b = engine.buf
         t, s, bs = b.max_rows, b.max_len, dcfg.block_size
         dm, hd = cfg.hidden_size, dcfg.n_heads * dcfg.head_dim

@@ -24,12 +24,14 @@ class StepGraph:
         self.graph = None
         if use_graph:
             import torch
-            self.fn(default_stream())                        # compile + warm up outside the capture
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self.fn(cuda.external_stream(torch.cuda.current_stream().cuda_stream))
-            torch.cuda.synchronize()
+            # numba frees collected device arrays in batches; a cuMemFree inside a capture invalidates it
+            with cuda.defer_cleanup():
+                self.fn(default_stream())                    # compile + warm up outside the capture
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    self.fn(cuda.external_stream(torch.cuda.current_stream().cuda_stream))
+                torch.cuda.synchronize()
             self.graph = g
 
     def run(self, stream) -> None:

@@ -26,7 +26,7 @@ from ..ddtree.drafter import Drafter
 from ..ddtree.oracle import OracleDrafter, oracle_logits
 from ..ddtree.sampling import make_rng, sample_tokens
 from ..ddtree.speculative import RoundStats, features
-from .dflash import DeviceDFlash, device_dflash_supported
+from .dflash import device_dflash_for, device_dflash_supported
 from .runtime import Engine
 
 
@@ -68,8 +68,7 @@ class EngineSpecState:
         self.device = None                                                    # the device dflash drafter
         if device_drafter and isinstance(drafter, DFlashDrafter) and \
                 device_dflash_supported(drafter.weights, drafter.dcfg):
-            self.device = DeviceDFlash(engine, drafter.weights, drafter.dcfg)
-            self.device.prepare()                                             # capture before timing
+            self.device = device_dflash_for(engine, drafter.weights, drafter.dcfg)   # captured before timing
             self.tap_idx = []                                                 # no tapped feature to the host
         self.feats_h = host_buffer(buf.feats.shape, np.float32) if self.tap_idx else None   # [F, T, D]
         if self.device is not None:
