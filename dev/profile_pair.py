@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--bundle", default="models/code.kdtr")
     ap.add_argument("--budgets", default="4,16,64")
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--trace", help="also write a torch-profiler trace (host and device) of one DDTree "
+                                    "generation at the first budget to this chrome-trace JSON")
     a = ap.parse_args()
     budgets = [int(x) for x in a.budgets.split(",")]
 
@@ -83,6 +85,19 @@ def main() -> None:
     for bud in budgets:
         generate(cfg, w, prompt, 16, budget=bud, backend="numba", mode="ddtree", drafter="dflash",
                  drafter_config=dcfg, engine=eng)
+    if a.trace:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        spec = dict(budget=budgets[0], backend="numba", mode="ddtree", drafter="dflash", drafter_config=dcfg,
+                    engine=eng)
+        generate(cfg, w, prompt, 64, **spec)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t: dict = {}
+            generate(cfg, w, prompt, 64, **spec, timing=t)
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(a.trace)
+        print("trace:", a.trace, {k: round(v * 1e6) for k, v in t.items()}, "us")
     s = eng.stream
     dec = eng.decode_step()
     dd = DeviceDFlash(eng, w, dcfg)
