@@ -19,6 +19,8 @@ import numpy as np
 
 def short(name: str) -> str:
     """A numba kernel's mangled name -> its qualified Python name's last part (``_ZN...7rmsnorm...``)."""
+    if "::" in name:                                          # already demangled by the profiler
+        return re.split(r"[\[(<]", name.split("::")[-1])[0]
     if not name.startswith("_ZN"):
         return name[:60]
     parts, rest = [], name[3:]
