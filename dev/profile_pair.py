@@ -65,6 +65,36 @@ def kernel_table(fn, calls: int = 5) -> list[tuple[str, int, float]]:
     return sorted(rows, key=lambda r: -r[2])
 
 
+def host_costs(eng, s, replay, reps: int) -> None:
+    """Host wall time (median us) of what a round does around its graphs: the control upload, the
+    graph launch call alone, launch + wait, and the copy back + wait."""
+    import time
+
+    import torch
+
+    def wall(fn, sync=True):
+        ts = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if sync:
+                eng.sync()
+            ts.append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+        return float(np.median(ts)) * 1e6
+
+    ctl = np.zeros(eng.buf.ctl.shape, np.int32)
+    from kernels_numba.device import host_buffer
+    ctl_h = host_buffer(eng.buf.ctl.shape, np.int32)
+    amax_h = host_buffer(eng.buf.amax.shape, np.int32)
+    print("host costs (median us): "
+          f"put ctl pageable {wall(lambda: eng.put(eng.buf.ctl, ctl)):.1f}, "
+          f"pinned {wall(lambda: eng.put(eng.buf.ctl, ctl_h)):.1f}; "
+          f"verify graph launch call {wall(replay, sync=False):.1f}, launch + wait {wall(replay):.1f}; "
+          f"fetch_into amax {wall(lambda: eng.fetch_into(eng.buf.amax, amax_h)):.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", default="models/code.kdtr")
@@ -110,6 +140,7 @@ def main() -> None:
         v = eng.verify_step(bud)
         steps[f"verify B={bud}"] = (lambda v=v: v.run(s), lambda v=v: v.fn(s))
     steps["drafter round"] = (lambda: dd.graph.run(s), lambda: dd._launch(s, dd.cap))
+    host_costs(eng, s, steps[f"verify B={budgets[0]}"][0], a.reps)
     print(f"bundle {a.bundle}: D {cfg.hidden_size}, layers {cfg.num_hidden_layers}, "
           f"experts {cfg.n_routed_experts} top-{cfg.num_experts_per_tok}, vocab {cfg.vocab_size}")
     for name, (graph, eager) in steps.items():

@@ -30,8 +30,10 @@ BIG = 2 ** 30
 
 
 SORT_MAX = 2048                 # vocabularies up to this size are sorted in shared memory
-TOPK_MAX_THREADS = 256
-TOPK_THREADS = TPB if SIMULATED else TOPK_MAX_THREADS   # block size of the top-k launch
+TOPK_MAX_THREADS = 1024
+# block size of the sorting top-k: one bitonic comparator per thread and step at V = 2048 (a 256-thread
+# block looping over 4 comparators each spent 131 us on the pair's 15 x 2048 table, latency-bound)
+TOPK_THREADS = TPB if SIMULATED else TOPK_MAX_THREADS
 
 
 @cuda.jit(device=True)
@@ -42,7 +44,8 @@ def _precedes(ka, ia, kb, ib):
 
 @cuda.jit(device=True)
 def _row_lse(shf, shd, logits, src):
-    """float64 logsumexp of logits[src, :], identical in every thread of the block (blockDim <= 256)."""
+    """float64 logsumexp of logits[src, :], identical in every thread of the block (blockDim a power
+    of two <= TOPK_MAX_THREADS): per-thread partials, then shared-memory tree reductions."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     v_count = logits.shape[1]
@@ -51,24 +54,33 @@ def _row_lse(shf, shd, logits, src):
         m = max(m, logits[src, j])
     shf[tid] = m
     cuda.syncthreads()
-    for i in range(nt):
-        m = max(m, shf[i])
-    m64 = np.float64(m)
+    h = nt // 2
+    while h > 0:
+        if tid < h:
+            shf[tid] = max(shf[tid], shf[tid + h])
+        cuda.syncthreads()
+        h //= 2
+    m64 = np.float64(shf[0])
     acc = np.float64(0.0)
     for j in range(tid, v_count, nt):
         acc += math.exp(np.float64(logits[src, j]) - m64)
     shd[tid] = acc
     cuda.syncthreads()
-    total = np.float64(0.0)
-    for i in range(nt):
-        total += shd[i]
-    return m64 + math.log(total)
+    h = nt // 2
+    while h > 0:
+        if tid < h:
+            shd[tid] += shd[tid + h]
+        cuda.syncthreads()
+        h //= 2
+    return m64 + math.log(shd[0])
 
 
 @cuda.jit
 def topk_sort_kernel(out, logits, row0, k):
     """V <= SORT_MAX: bitonic sort of the padded row's (logit, id) pairs in shared memory
-    (log2(V)^2 / 2 barrier steps, independent of K). grid (L,), block (nt,), nt <= 256."""
+    (log2(V)^2 / 2 barrier steps, independent of K; comparator p of a step joins i = p with a zero
+    bit inserted at the stride's position and j = i + stride). grid (L,), block (nt,), nt a power of
+    two <= TOPK_MAX_THREADS."""
     row = cuda.blockIdx.x
     src = row0 + row
     tid = cuda.threadIdx.x
@@ -94,20 +106,22 @@ def topk_sort_kernel(out, logits, row0, k):
     while size <= n2:                                        # bitonic network: position 0 = first in order
         stride = size // 2
         while stride > 0:
-            for i in range(tid, n2, nt):
-                j = i ^ stride
-                if j > i:
-                    if (i & size) == 0:
-                        swap = _precedes(keys[j], idx[j], keys[i], idx[i])
-                    else:
-                        swap = _precedes(keys[i], idx[i], keys[j], idx[j])
-                    if swap:
-                        tk = keys[i]
-                        keys[i] = keys[j]
-                        keys[j] = tk
-                        ti = idx[i]
-                        idx[i] = idx[j]
-                        idx[j] = ti
+            for p in range(tid, n2 // 2, nt):
+                i = ((p & ~(stride - 1)) << 1) | (p & (stride - 1))
+                j = i + stride
+                ki = keys[i]
+                kj = keys[j]
+                ii = idx[i]
+                ij = idx[j]
+                if (i & size) == 0:
+                    swap = _precedes(kj, ij, ki, ii)
+                else:
+                    swap = _precedes(ki, ii, kj, ij)
+                if swap:
+                    keys[i] = kj
+                    keys[j] = ki
+                    idx[i] = ij
+                    idx[j] = ii
             cuda.syncthreads()
             stride //= 2
         size *= 2
@@ -151,7 +165,7 @@ def topk_logprobs(out, logits, row0, k: int, n_rows: int, stream=0) -> None:
     float64; one array, so the host fetches the table with one copy), of rows row0 .. row0+L-1 of
     logits [*, V] float32; order: value descending, ties to the lower id; log-softmax in float64
     like ``workbench.ddtree.tree.top_k_log_probs``. Sorts in shared memory when V <= SORT_MAX
-    (TOPK_THREADS threads per row: 256 on the GPU, 32 under the simulator), else K selection rounds.
+    (TOPK_THREADS threads per row: 1024 on the GPU, 32 under the simulator), else K selection rounds.
     """
     if logits.shape[1] <= SORT_MAX:
         topk_sort_kernel[n_rows, TOPK_THREADS, stream](out, logits, np.int32(row0), np.int32(k))

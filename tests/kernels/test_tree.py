@@ -32,9 +32,11 @@ def _logits(kind: str, n_pos: int, vocab: int, seed: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind,vocab,k", [("random", 70, 9), ("ties", 70, 9), ("oracle", 70, 9),
-                                          ("ties", 64, 64), ("random", 1, 1), ("ties", 2100, 3)])
+                                          ("ties", 64, 64), ("random", 1, 1), ("ties", 2048, 64),
+                                          ("ties", 2100, 3)])
 def test_topk_logprob_kernel_matches_reference(kind, vocab, k):
-    """V <= 2048 takes the shared-memory bitonic sort, V = 2100 the K-round selection."""
+    """V <= 2048 takes the shared-memory bitonic sort (V = 2048: the trained pair's, the full
+    network), V = 2100 the K-round selection."""
     n_pos = 5
     logits = _logits(kind, n_pos + 2, vocab, 1)
     out = zeros((2, n_pos, k + 2), np.float64)
