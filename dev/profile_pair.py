@@ -84,15 +84,18 @@ def host_costs(eng, s, replay, reps: int) -> None:
             torch.cuda.synchronize()
         return float(np.median(ts)) * 1e6
 
+    from kernels_numba.device import Mirror, host_buffer, zeros
+    scratch = zeros(eng.buf.ctl.shape, np.int32)             # not the engine's ctl: its tree stays valid
     ctl = np.zeros(eng.buf.ctl.shape, np.int32)
-    from kernels_numba.device import host_buffer
     ctl_h = host_buffer(eng.buf.ctl.shape, np.int32)
     amax_h = host_buffer(eng.buf.amax.shape, np.int32)
+    m_ctl, m_amax = Mirror(scratch), Mirror(eng.buf.amax)
     print("host costs (median us): "
-          f"put ctl pageable {wall(lambda: eng.put(eng.buf.ctl, ctl)):.1f}, "
-          f"pinned {wall(lambda: eng.put(eng.buf.ctl, ctl_h)):.1f}; "
+          f"numba put ctl pageable {wall(lambda: eng.put(scratch, ctl)):.1f}, "
+          f"pinned {wall(lambda: eng.put(scratch, ctl_h)):.1f}, Mirror.push {wall(m_ctl.push):.1f}; "
           f"verify graph launch call {wall(replay, sync=False):.1f}, launch + wait {wall(replay):.1f}; "
-          f"fetch_into amax {wall(lambda: eng.fetch_into(eng.buf.amax, amax_h)):.1f}")
+          f"numba fetch_into amax {wall(lambda: eng.fetch_into(eng.buf.amax, amax_h)):.1f}, "
+          f"Mirror.pull + sync {wall(m_amax.pull):.1f}")
 
 
 def main() -> None:
@@ -140,6 +143,11 @@ def main() -> None:
         v = eng.verify_step(bud)
         steps[f"verify B={bud}"] = (lambda v=v: v.run(s), lambda v=v: v.fn(s))
     steps["drafter round"] = (lambda: dd.graph.run(s), lambda: dd._launch(s, dd.cap))
+    from kernels_numba import ops
+    from kernels_numba.device import zeros
+    lpk = zeros((2, dcfg.block_size - 1, budgets[0]), np.float64)
+    topk = lambda: ops.topk_logprobs(lpk, dd.logits, 0, budgets[0], dcfg.block_size - 1, s)  # noqa: E731
+    steps[f"draft top-k K={budgets[0]}"] = (topk, topk)
     host_costs(eng, s, steps[f"verify B={budgets[0]}"][0], a.reps)
     print(f"bundle {a.bundle}: D {cfg.hidden_size}, layers {cfg.num_hidden_layers}, "
           f"experts {cfg.n_routed_experts} top-{cfg.num_experts_per_tok}, vocab {cfg.vocab_size}")

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from kernels_numba import ops
-from kernels_numba.device import host_buffer, sub, tail_rows, to_device, zeros
+from kernels_numba.device import Mirror, sub, tail_rows, to_device, zeros
 from kernels_numba.draft_attention import draft_attention, gather_rows, head_norm_rope
 
 from ..ddtree.config import DrafterConfig
@@ -86,8 +86,8 @@ class DeviceDFlash:
         # one control block, uploaded once per call: committed rows [T] | context meta [8] | block meta [8]
         # | drafted-rows meta [8] | block ids [Bs]. Context meta: [P, n, P, P]; block meta: [0, Bs, 0,
         # start, start] (row and position offsets, context rows: see kernels_numba.draft_attention)
-        self.ctl_h = host_buffer(t + 24 + bs, np.int32)          # pinned: the upload stays async
-        self.ctl = zeros(self.ctl_h.shape[0], np.int32)
+        self.ctl_m = Mirror(zeros(t + 24 + bs, np.int32))
+        self.ctl = self.ctl_m.dev
         self.rows, self.meta_c, self.meta_b = self.ctl[:t], self.ctl[t:t + 8], self.ctl[t + 8:t + 16]
         self.meta_l, self.ids = self.ctl[t + 16:t + 24], self.ctl[t + 24:]
         self.cap = min(bs, t)                                # context rows of a captured call (a round's)
@@ -139,7 +139,7 @@ class DeviceDFlash:
         self.length = start
 
     def _upload(self, bonus: int, start: int, rows: np.ndarray, n: int) -> None:
-        c, t, bs = self.ctl_h, self.rows.shape[0], self.dcfg.block_size
+        c, t, bs = self.ctl_m.host, self.rows.shape[0], self.dcfg.block_size
         c[...] = 0
         c[:n] = rows[:n]
         p0 = start - n
@@ -148,7 +148,7 @@ class DeviceDFlash:
         c[t + 17] = bs - 1
         c[t + 24:] = self.dcfg.mask_token_id
         c[t + 24] = bonus
-        self.eng.put(self.ctl, c)
+        self.ctl_m.push()
 
     def _launch(self, s, n: int) -> None:
         """The drafter's launches: n context rows (0: none) appended to its cache, then the block and the

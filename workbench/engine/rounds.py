@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels_numba import ops
-from kernels_numba.device import head_rows, host_buffer, to_device, zeros
+from kernels_numba.device import Mirror, head_rows, host_buffer, to_device, zeros
 from kernels_numba.tree import build_tree_host, walk_host
 
 from ..ddtree.config import SamplingParams
@@ -60,10 +60,10 @@ class EngineSpecState:
         self.n_pos = n_pos = drafter.block_size - 1                          # L
         self.k = k = min(budget, cfg.vocab_size)                              # K
         self.tap_idx = [engine.taps.index(t) for t in drafter.capture]       # tap-buffer index per layer read
-        self.lpk = zeros((2, n_pos, k), np.float64)                           # [2, L, K] top-k log-probs, ids
-        self.lpk_h = host_buffer((2, n_pos, k), np.float64)                   # and its pinned host copy
-        self.ctl = host_buffer(buf.ctl.shape, np.int32)                       # [5, W] control block
-        self.post_h = host_buffer(buf.max_rows, np.int32)                     # [T] target's token per node
+        self.lpk = Mirror(zeros((2, n_pos, k), np.float64))                   # [2, L, K] top-k log-probs, ids
+        self.ctl_m = Mirror(buf.ctl)                                          # [5, W] control block
+        self.ctl = self.ctl_m.host
+        self.post = Mirror(buf.amax)                                          # [T] target's token per node
         self.ids_h = np.zeros((n_pos, k), np.int32)                           # [L, K] top-k token ids
         self.device = None                                                    # the device dflash drafter
         if device_drafter and isinstance(drafter, DFlashDrafter) and \
@@ -101,7 +101,7 @@ class EngineSpecState:
 
     def draft(self) -> None:
         """Draft logits for positions start+1 .. start+L -> per-position top-k on the device -> the
-        [2, L, K] table copied back into ``lpk_h``."""
+        [2, L, K] table copied back into ``lpk.host``."""
         eng = self.engine
         row0 = 0
         if self.device is not None:
@@ -110,13 +110,15 @@ class EngineSpecState:
             row0 = self.start + 1
         else:
             eng.put(self.table, np.asarray(self.drafter.propose(self), np.float32))    # [L, V]
-        ops.topk_logprobs(self.lpk, self.table, row0, self.k, self.n_pos, eng.stream)
-        eng.fetch_into(self.lpk, self.lpk_h)
+        ops.topk_logprobs(self.lpk.dev, self.table, row0, self.k, self.n_pos, eng.stream)
+        self.lpk.pull()
+        eng.sync()
 
     def build_tree(self) -> int:
         """The best-first heap over the top-k table, into ctl rows 0-2 (root token left out); returns N."""
-        np.copyto(self.ids_h, self.lpk_h[1], casting="unsafe")              # token ids (exact in float64)
-        return build_tree_host(self.lpk_h[0], self.ids_h, self.budget, self.n_pos, self.ctl)
+        lpk = self.lpk.host
+        np.copyto(self.ids_h, lpk[1], casting="unsafe")                      # token ids (exact in float64)
+        return build_tree_host(lpk[0], self.ids_h, self.budget, self.n_pos, self.ctl)
 
     def verify(self, n: int) -> np.ndarray:
         """Upload the control block, run the verify step (KV compaction of the previous round, tree
@@ -126,10 +128,12 @@ class EngineSpecState:
         ctl[0, 0] = self.bonus
         ctl[3, :prev.size] = prev
         ctl[4, :4] = (self.start, prev.size, self.prev_start, n + 1)
-        eng.put(eng.buf.ctl, ctl)
+        self.ctl_m.push()
         self.step.run(eng.stream)
         if self.sampling.greedy:
-            return eng.fetch_into(eng.buf.amax, self.post_h)[:n + 1]
+            self.post.pull()
+            eng.sync()
+            return self.post.host[:n + 1]
         return sample_tokens(eng.fetch(head_rows(eng.buf.logits, n + 1)), self.sampling, self.rng)
 
     def walk(self, n: int, post: np.ndarray) -> tuple[np.ndarray, int]:
