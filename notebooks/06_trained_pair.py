@@ -226,8 +226,13 @@ else:
         f"tokens, commit {meta.get('git_sha', '?')[:7]} ({path})."))
     fig, ax = plots.plt.subplots(figsize=(6.5, 3.8))
     draw_pair(ax, summary)
+    best = {}
+    for c in summary:
+        if c["mode"] == "ddtree" and c["speedup"] > best.get(c["model"], {"speedup": 0})["speedup"]:
+            best[c["model"]] = c
     plots.finish(fig, "06_engine_pair", out_dir, plots.caption_text(
-        "The device drafter runs eagerly (about 40 launches per round): draft dominates the round.",
+        "Best DDTree budget per bundle: " + "; ".join(
+            f"{m} {c['speedup']:.2f}x AR at B = {c['budget']}" for m, c in best.items()) + ".",
         hardware=meta.get("gpu"), date=meta.get("time_utc")))
 
 # %% [markdown]
