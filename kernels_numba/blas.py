@@ -9,8 +9,9 @@ These ops read and write the numba device arrays in place through torch views (z
 array interface on a GPU, ``torch.from_numpy`` of the host buffers under the simulator, where the
 same code runs on torch's CPU BLAS) on the caller's stream, so a sequence of them and numba
 launches is captured in one CUDA graph. Numerics are the reference's FP32 definition (float32
-operands and sums, TF32 off: torch's default ``float32_matmul_precision`` "highest"); only the
-summation order differs, as it does between any two kernels.
+operands and sums, TF32 off: torch's default ``float32_matmul_precision`` "highest"), or for bfloat16
+weights its W16A16 one (``workbench.quant.w16a16``: bf16 activations, float32 sums and outputs);
+only the summation order differs, as it does between any two kernels.
 
 Every row of the grid is computed, live or not: rows are independent, and the rows past n are never
 read as live (the next step overwrites them).
@@ -47,6 +48,38 @@ def weight(a: np.ndarray) -> Any:
     return t.clone() if SIMULATED else t.cuda()
 
 
+def weight16(bits: np.ndarray) -> Any:
+    """A host bfloat16 matrix (uint16 bits) as a torch bfloat16 tensor where the ops run, contiguous."""
+    torch = _torch()
+    t = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16)
+    return t.clone() if SIMULATED else t.cuda()
+
+
+def _mm(out, x, wt, accumulate: bool) -> None:
+    """out (+)= x @ wt: an SGEMM for a float32 ``wt``; for a bfloat16 one the W16A16 product bf16(x) @ wt
+    with float32 sums and output (cuBLAS's bf16 GEMM on a GPU; on the CPU the same exact products
+    summed in float32)."""
+    torch = _torch()
+    if wt.dtype == torch.float32:
+        if accumulate:
+            out.addmm_(x, wt)
+        else:
+            torch.mm(x, wt, out=out)
+        return
+    xb = x.to(torch.bfloat16)
+    if wt.device.type != "cuda":
+        y = torch.mm(xb.float(), wt.float())
+    elif accumulate:
+        y = torch.mm(xb, wt, out_dtype=torch.float32)
+    else:
+        torch.mm(xb, wt, out_dtype=torch.float32, out=out)
+        return
+    if accumulate:
+        out.add_(y)
+    else:
+        out.copy_(y)
+
+
 def on(stream):
     """Run torch ops on ``stream`` (a numba stream; torch's current one when it is that already)."""
     if SIMULATED or not stream:
@@ -62,11 +95,7 @@ def on(stream):
 def linear(out, x, wt, rows: int, accumulate: bool = False, stream=0) -> None:
     """out [T, N] (+)= x [T, K] @ wt [K, N] for the first ``rows`` rows."""
     with on(stream):
-        o, xi = view(out)[:rows], view(x)[:rows]
-        if accumulate:
-            o.addmm_(xi, wt)
-        else:
-            _torch().mm(xi, wt, out=o)
+        _mm(view(out)[:rows], view(x)[:rows], wt, accumulate)
 
 
 def swiglu(h, x, w13t, w2t, gu, act, rows: int, stream=0) -> None:
@@ -76,10 +105,10 @@ def swiglu(h, x, w13t, w2t, gu, act, rows: int, stream=0) -> None:
     i = w2t.shape[0]
     with on(stream):
         g_u, a = view(gu), view(act)
-        torch.mm(view(x)[:rows], w13t, out=g_u)
+        _mm(g_u, view(x)[:rows], w13t, False)
         g, u = g_u[:, :i], g_u[:, i:]
         torch.mul(g * torch.sigmoid(g), u, out=a)                  # the reference's silu(g) * u
-        view(h)[:rows].addmm_(a, w2t)
+        _mm(view(h)[:rows], a, w2t, True)
 
 
 def mla_attention(o, q, cache, wkv_b, cos, sin, depth, vis, meta, scale: float, n_heads: int, c_rank: int,

@@ -10,9 +10,9 @@ W4A16). The choice is made at preparation and recorded in ``.path``, which the o
 
 | op | INT4, shape allows | FP32, large, on a GPU | otherwise |
 |---|---|---|---|
-| ``linear`` | - | SGEMM | linear |
+| ``linear`` | - | SGEMM (``Bf16Host``: bf16 GEMM, any size) | linear |
 | ``mla_attention`` | - | batched SGEMMs, masked softmax | mla.py |
-| ``swiglu`` (dense MLP, shared) | f16(x), int4_matmul [gate; up], act, int4_matmul down, + h | SGEMMs | ffn |
+| ``swiglu`` (dense MLP, shared) | f16(x), int4_matmul [gate; up], act, int4_matmul down, + h | SGEMMs (``Bf16Host``: bf16 GEMMs) | ffn |
 | ``moe`` (router, experts, shared) | f16(x), fused_moe (+ INT4 shared expert), + h | router SGEMM | ffn |
 
 FP32 ops take the BLAS path (``blas.py``: torch over the same buffers, cuBLAS on a GPU) where a GPU
@@ -72,6 +72,20 @@ class Int4Host:
     scale: Any
 
 
+@dataclass(frozen=True)
+class Bf16Host:
+    """A host W16A16 matrix [N, K]: ``bits`` uint16 bfloat16 (``workbench.quant.w16a16``). It runs on the
+    BLAS path only, whatever its size: bf16(x) @ W.T with float32 sums and output (cuBLAS's bf16 GEMM)."""
+    bits: Any
+
+
+def _bf16_t(m: Bf16Host):
+    """W.T [K, N] as a bfloat16 torch tensor where the BLAS ops run."""
+    if not BLAS:
+        raise KernelInputError("W16A16 matrices run on the BLAS path (torch), which is off here")
+    return blas.weight16(np.asarray(m.bits).T)
+
+
 def _scales32(m: Int4Host) -> np.ndarray:
     from workbench.quant.int4 import scales_to_float32
     return scales_to_float32(m.scale)
@@ -114,8 +128,10 @@ class Dense:
     wt: Any
 
 
-def dense(w: np.ndarray, fast: bool = True) -> Dense:
-    """W [N, K] (any float dtype, widened to float32 exactly)."""
+def dense(w, fast: bool = True) -> Dense:
+    """W [N, K]: any float dtype (widened to float32 exactly), or a ``Bf16Host`` (W16A16, BLAS path)."""
+    if isinstance(w, Bf16Host):
+        return Dense(BLAS_PATH, _bf16_t(w))
     wt = np.asarray(w, np.float32).T
     if _blas(wt.size, fast):
         return Dense(BLAS_PATH, blas.weight(wt))
@@ -182,9 +198,16 @@ def _repack(m: Int4Host) -> Int4Weight | None:
 
 
 def swiglu_weights(w1, w3, w2, fast: bool = True) -> SwiGLU:
-    """w1, w3 [I, D] and w2 [D, I], each a float ndarray or an ``Int4Host``; ``fast=False`` keeps INT4 on
-    the portable kernels (comparisons of the two paths)."""
+    """w1, w3 [I, D] and w2 [D, I], each a float ndarray or an ``Int4Host``, or all three ``Bf16Host``
+    (W16A16, BLAS path); ``fast=False`` keeps INT4 on the portable kernels (comparisons of the two
+    paths)."""
     width, dim = _rows(w1), _rows(w2)
+    n16 = sum(isinstance(m, Bf16Host) for m in (w1, w3, w2))
+    if n16:
+        if n16 != 3:
+            raise KernelInputError("a SwiGLU is W16A16 in all three matrices or in none")
+        w13 = Bf16Host(np.concatenate([np.asarray(w1.bits), np.asarray(w3.bits)]))      # [2I, D]
+        return SwiGLU(BLAS_PATH, width, dim, w13=_bf16_t(w13), w2=_bf16_t(w2))
     if fast and all(isinstance(m, Int4Host) for m in (w1, w3, w2)) and group_size(w1) == group_size(w3):
         w13 = _repack(Int4Host(np.concatenate([np.asarray(w1.packed), np.asarray(w3.packed)]),
                                np.concatenate([_scales32(w1), _scales32(w3)])))
@@ -217,6 +240,8 @@ def moe_weights(rt: Router, experts: list[tuple], shared: tuple | None, fast: bo
     kinds = {isinstance(m, Int4Host) for e in experts for m in e}
     if len(kinds) != 1:
         raise KernelInputError("routed experts must be all FP or all INT4")
+    if any(isinstance(m, Bf16Host) for e in experts for m in e):
+        raise KernelInputError("W16A16 routed experts are not supported (FP32 or INT4 experts)")
     width, dim = _rows(experts[0][0]), _rows(experts[0][2])
     fused = None
     if fast and kinds == {True}:
@@ -257,6 +282,8 @@ def _fused(experts: list[tuple], shared: tuple | None) -> MoEWeights | None:
 
 
 def _rows(m) -> int:
+    if isinstance(m, Bf16Host):
+        return int(np.asarray(m.bits).shape[0])
     return int(np.asarray(m.packed if isinstance(m, Int4Host) else m).shape[0])
 
 
@@ -464,7 +491,7 @@ def tree_compile(ids, depth, vis, meta, ctl, stream=0) -> None:
     tree_compile_kernel[1, TPB, stream](ids, depth, vis, meta, ctl)
 
 
-__all__ = ["BLAS_PATH", "Dense", "FUSED_MOE", "INT4_MATMUL", "Int4Host", "MLA", "MoE", "PORTABLE", "Router",
+__all__ = ["BLAS_PATH", "Bf16Host", "Dense", "FUSED_MOE", "INT4_MATMUL", "Int4Host", "MLA", "MoE", "PORTABLE", "Router",
            "Scratch", "SwiGLU", "advance", "argmax", "copy_rows", "dense", "embed", "experts_fused",
            "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep", "mla_weights",
            "moe", "route", "moe_weights", "portable_stack", "rmsnorm", "router", "swiglu", "swiglu_weights",

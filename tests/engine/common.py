@@ -58,6 +58,32 @@ def blas_engine(name: str):
 
 
 @functools.cache
+def w16a16_model(name: str):
+    """(bundle, weights): the bundle's dense projections rounded to bf16 and marked W16A16
+    (workbench.quant.w16a16), the rest as stored."""
+    from workbench.bundle.bf16 import bf16
+    from workbench.quant.w16a16 import w16a16, w16a16_names
+    b, w, _ = bundle(name)
+    wb = dict(w)
+    wb.update({n: bf16(w[n]) for n in w16a16_names(b.config, w)})
+    return b, w16a16(b.config, wb), wb
+
+
+@functools.cache
+def w16a16_engine(name: str):
+    """An engine on ``w16a16_model(name)`` (W16A16 runs on the BLAS path; the rest where ops puts it)."""
+    from kernels_numba import ops
+    from workbench.engine.runtime import Engine
+    b, w, _ = w16a16_model(name)
+    saved = ops.BLAS
+    ops.BLAS = True
+    try:
+        return Engine(b.config, w, max_len=len(b.prompt) + len(b.golden) + 3, max_rows=len(b.prompt))
+    finally:
+        ops.BLAS = saved
+
+
+@functools.cache
 def reference_greedy(name: str, n: int, prompt_len: int | None = None):
     """The reference's greedy run from the bundle prompt (or its first prompt_len tokens)."""
     b, w, _ = bundle(name)

@@ -110,3 +110,37 @@ def test_blas_router_without_its_logits_buffer_is_a_one_line_error(on_blas):
     sc = ops.Scratch(2, [], [], routers=(rt,))                                        # with it: routes
     ops.route(sc.rids, sc.rwts, x, rt, sc, meta, 2)
     assert download(sc.rids).shape == (2, cfg.num_experts_per_tok)
+
+
+def test_w16a16_linear_and_swiglu_are_the_reference_products(on_blas):
+    """Bf16Host matrices: bf16(x) @ W.T with float32 sums (workbench.quant.w16a16), whatever the size."""
+    from workbench.bundle.bf16 import bf16
+    from workbench.quant.w16a16 import W16A16
+    from workbench.reference.layers import linear, swiglu
+    rng = np.random.default_rng(5)
+    rows, d, i = 4, 64, 40
+    w1, w3, w2 = (bf16(rng.standard_normal(s) * 0.1) for s in ((i, d), (i, d), (d, i)))
+    xh = rng.standard_normal((rows, d)).astype(np.float32)
+    h0 = rng.standard_normal((rows, d)).astype(np.float32)
+    x, meta = to_device(xh), to_device(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.int32))
+    dense = ops.dense(ops.Bf16Host(w2.bits.T.copy()))                    # [i, d] as W [N=i, K=d]
+    assert dense.path == ops.BLAS_PATH
+    out = to_device(h0[:, :i].copy())
+    ops.linear(out, x, dense, meta, rows, accumulate=True)
+    want = h0[:, :i] + linear({"p": W16A16(bf16(w2.float32().T))}, "p", xh)
+    np.testing.assert_allclose(download(out), want, rtol=1e-5, atol=1e-5)
+    sw = ops.swiglu_weights(*(ops.Bf16Host(m.bits) for m in (w1, w3, w2)))
+    sc = ops.Scratch(rows, [sw], [])
+    h = to_device(h0)
+    ops.swiglu(h, x, sw, sc, meta, rows)
+    ref = swiglu({f"m.{n}": W16A16(m) for n, m in (("w1", w1), ("w3", w3), ("w2", w2))}, "m", xh)
+    np.testing.assert_allclose(download(h), h0 + ref, rtol=1e-5, atol=1e-5)
+
+
+def test_w16a16_without_the_blas_path_is_a_one_line_error(monkeypatch):
+    from kernels_numba import KernelInputError
+    monkeypatch.setattr(ops, "BLAS", False)
+    with pytest.raises(KernelInputError, match="W16A16 matrices run on the BLAS path"):
+        ops.dense(ops.Bf16Host(np.zeros((4, 4), np.uint16)))
+    with pytest.raises(KernelInputError, match="all three matrices or in none"):
+        ops.swiglu_weights(ops.Bf16Host(np.zeros((4, 4), np.uint16)), np.zeros((4, 4)), np.zeros((4, 4)))

@@ -4,6 +4,7 @@ Legend: D model width, H heads, N qk_nope, R rope, V v_head, C kv_lora_rank, Q q
 E routed experts, I expert/MLP width, Vo vocabulary.
 
 - projections of the attention and the head are FP32 ``ops.Dense`` (BF16 tensors widen exactly),
+  or bf16 ones on the BLAS path where the weights mark them W16A16 (``workbench.quant.w16a16``),
   the absorbed attention ``ops.MLA``, both on cuBLAS or the portable kernels as ops decides;
   ``a1`` fuses the two projections of the layer input, [wq_a; wkv_a] [Q+C+R, D] (or [wq; wkv_a]
   without q_lora), one launch instead of two;
@@ -39,13 +40,32 @@ def _f32(weights: dict[str, Any], name: str) -> np.ndarray:
     return as_array(weights[name], np.float32)
 
 
+def dense_matrix(weights: dict[str, Any], name: str):
+    """Unquantized linear ``name`` as the ops take it: FP32 [N, K], or ``ops.Bf16Host`` for a W16A16 one
+    (``workbench.quant.w16a16``)."""
+    w = weights[name] if name in weights else None
+    if hasattr(w, "round_input"):
+        return ops.Bf16Host(w.w.bits)
+    return _f32(weights, name)
+
+
 def matrix(weights: dict[str, Any], name: str):
-    """Linear ``name`` as the ops take it: FP32 [N, K] or ``ops.Int4Host`` (packed, scale)."""
+    """Linear ``name`` as the ops take it: ``dense_matrix`` or ``ops.Int4Host`` (packed, scale)."""
     if name + ".packed" in weights:
         if name + ".scale" not in weights:
             raise InputError(f"missing weight tensor {name + '.scale'!r}")
         return ops.Int4Host(np.asarray(weights[name + ".packed"]), weights[name + ".scale"])
-    return _f32(weights, name)
+    return dense_matrix(weights, name)
+
+
+def stack_rows(parts: list) -> Any:
+    """[A; B; ...] of dense matrices of one kind (all FP32 or all W16A16): the fused a1 projection."""
+    n16 = sum(isinstance(m, ops.Bf16Host) for m in parts)
+    if n16 == len(parts):
+        return ops.Bf16Host(np.concatenate([np.asarray(m.bits) for m in parts], axis=0))
+    if n16:
+        raise InputError("the layer input's projections are W16A16 in all or in none")
+    return np.concatenate(parts, axis=0)
 
 
 def swiglu(weights: dict[str, Any], prefix: str) -> tuple:
@@ -135,25 +155,29 @@ def upload_model(cfg: ModelConfig, weights: dict[str, Any], fast: bool = True,
         raise InputError(str(e)) from None
 
 
+def _rows(m) -> int:
+    return int(np.asarray(m.bits if isinstance(m, ops.Bf16Host) else m).shape[0])
+
+
 def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool, experts: bool) -> DeviceModel:
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"layers.{i}."
         a = p + "attn."
         if cfg.q_lora_rank is not None:
-            first = _f32(weights, a + "wq_a")
-            wq_b = ops.dense(_f32(weights, a + "wq_b"), fast)
+            first = dense_matrix(weights, a + "wq_a")
+            wq_b = ops.dense(dense_matrix(weights, a + "wq_b"), fast)
             q_norm = to_device(_f32(weights, a + "q_norm"))
         else:
-            first = _f32(weights, a + "wq")
+            first = dense_matrix(weights, a + "wq")
             wq_b = None
             q_norm = to_device(np.zeros(1, np.float32))
-        a1 = np.concatenate([first, _f32(weights, a + "wkv_a")], axis=0)              # [Q+C+R, D]
+        a1 = stack_rows([first, dense_matrix(weights, a + "wkv_a")])                  # [Q+C+R, D]
         lay = DeviceLayer(attn_norm=to_device(_f32(weights, p + "attn_norm")),
                           ffn_norm=to_device(_f32(weights, p + "ffn_norm")), a1=ops.dense(a1, fast),
                           q_norm=q_norm, kv_norm=to_device(_f32(weights, a + "kv_norm")), wq_b=wq_b,
                           attn=ops.mla_weights(_f32(weights, a + "wkv_b"), fast),
-                          wo=ops.dense(_f32(weights, a + "wo"), fast))
+                          wo=ops.dense(dense_matrix(weights, a + "wo"), fast))
         f = p + "ffn"
         if cfg.is_moe_layer(i):
             if experts:
@@ -162,5 +186,6 @@ def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool, experts: bool
             lay.mlp = ops.swiglu_weights(*swiglu(weights, f), fast=fast)
         layers.append(lay)
     return DeviceModel(cfg=cfg, embed=to_device(_f32(weights, "embed")),
-                       norm=to_device(_f32(weights, "norm")), head=ops.dense(_f32(weights, "head"), fast),
-                       layers=layers, a1_width=a1.shape[0])
+                       norm=to_device(_f32(weights, "norm")),
+                       head=ops.dense(dense_matrix(weights, "head"), fast), layers=layers,
+                       a1_width=_rows(a1))

@@ -1,0 +1,112 @@
+"""W16A16: dense projections computed with bfloat16 weights *and* bfloat16 activations.
+
+Kimi-K2-Thinking stores attention, shared expert, dense MLP and lm_head in bf16, and a BF16 serving
+engine multiplies them with bf16 activations. Without this marker the workbench widens those weights
+to float32 and multiplies float32 activations (W16A32). Marking a projection ``W16A16`` defines it as
+
+    y = bf16(x) @ W.T      W bf16, bf16(x) = x rounded to nearest bf16 (ties to even),
+                           products exact in float32 (8-bit mantissas), float32 sums, y float32
+
+which is what cuBLAS's bf16 GEMM with float32 accumulation and float32 output computes, up to the
+order of the sums. The residual stream, norms, rope, the router (float32 in K2) and the latent cache
+stay float32. ``wkv_b`` (the absorbed attention's W_UK / W_UV, 4% of the attention's bytes at K2)
+stays W16A32: its products belong to the attention kernels, not to a projection. So does the head,
+which the seeded K2 model holds as a row-chunked table (never widened whole).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..bundle.bf16 import BF16Array, bf16
+from ..config import ModelConfig
+from ..errors import InputError
+
+_ATTN = ("wq_a", "wq_b", "wq", "wkv_a", "wo")
+_PROJ = ("w1", "w3", "w2")
+
+
+@dataclass(frozen=True)
+class W16A16:
+    """A dense [N, K] bf16 weight whose projection rounds its input to bf16 (module docstring)."""
+    w: BF16Array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.w.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.nbytes
+
+    def float32(self) -> np.ndarray:
+        """The weight widened exactly (what a float32 consumer of the same tensor reads)."""
+        return self.w.float32()
+
+    @staticmethod
+    def round_input(x: np.ndarray) -> np.ndarray:
+        """The projection's input as it multiplies: rounded to bf16 (``reference.layers.linear``)."""
+        return round_bf16(x)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.float32()
+        return out if dtype is None else out.astype(dtype)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to the nearest bf16 value (ties to even), in x's float dtype."""
+    return bf16(x).float32().astype(x.dtype, copy=False)
+
+
+def w16a16_names(cfg: ModelConfig, weights: dict[str, Any]) -> list[str]:
+    """The dense projections W16A16 covers that ``weights`` holds unquantized: attention projections
+    (not wkv_b), dense MLPs and shared experts."""
+    names = []
+    for i in range(cfg.num_hidden_layers):
+        names += [f"layers.{i}.attn.{p}" for p in _ATTN]
+        ffn = f"layers.{i}.ffn"
+        names += [f"{ffn}.shared.{p}" for p in _PROJ] if cfg.is_moe_layer(i) else [f"{ffn}.{p}" for p in _PROJ]
+    return [n for n in names if n in weights]
+
+
+class _Marked(Mapping):
+    """``weights`` with the tensors ``names`` handed out as W16A16 (marked on access, so a lazily
+    generated mapping such as ``workbench.seeded.SeededWeights`` stays lazy)."""
+
+    def __init__(self, base: Mapping[str, Any], names: list[str]) -> None:
+        self.base, self.names = base, frozenset(names)
+
+    def __getitem__(self, name: str) -> Any:
+        w = self.base[name]
+        return _mark(name, w) if name in self.names else w
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.base
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.base)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+
+def _mark(name: str, w: Any) -> W16A16:
+    if isinstance(w, W16A16):
+        return w
+    if not isinstance(w, BF16Array):
+        f = np.asarray(w, np.float32)
+        w = bf16(f)
+        if not np.array_equal(w.float32(), f):
+            raise InputError(f"{name} holds values bf16 cannot represent; W16A16 wants bf16 weights")
+    return W16A16(w)
+
+
+def w16a16(cfg: ModelConfig, weights: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``weights`` with every ``w16a16_names`` tensor marked W16A16 (a read-only view; values shared).
+    Each must hold bf16 values exactly (a BF16Array, or floats bf16 represents): InputError on access
+    otherwise."""
+    return _Marked(weights, w16a16_names(cfg, weights))
