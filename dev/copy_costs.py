@@ -40,10 +40,10 @@ def main() -> None:
         return float(np.median(ts)) * 1e6
 
     ways = {
-        "numba copy_to_device(pinned, stream=s) + s.synchronize": lambda: (dev.copy_to_device(pinned, stream=s),
-                                                                          s.synchronize()),
-        "numba copy_to_device(pageable, stream=s) + s.synchronize": lambda: (dev.copy_to_device(pageable, stream=s),
-                                                                            s.synchronize()),
+        "numba copy_to_device(pinned, stream=s) + s.synchronize": lambda: (
+            dev.copy_to_device(pinned, stream=s), s.synchronize()),
+        "numba copy_to_device(pageable, stream=s) + s.synchronize": lambda: (
+            dev.copy_to_device(pageable, stream=s), s.synchronize()),
         "numba copy_to_device(pinned) (no stream)": lambda: dev.copy_to_device(pinned),
         "numba copy_to_host(pinned, stream=s) + s.synchronize": lambda: (dev.copy_to_host(pinned, stream=s),
                                                                         s.synchronize()),

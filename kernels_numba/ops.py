@@ -10,11 +10,12 @@ W4A16). The choice is made at preparation and recorded in ``.path``, which the o
 
 | op | INT4, shape allows | FP32, large, on a GPU | otherwise |
 |---|---|---|---|
-| ``linear`` | - | SGEMM (``Bf16Host``: bf16 GEMM, any size) | linear |
+| ``linear`` | - | SGEMM | linear |
 | ``mla_attention`` | - | batched SGEMMs, masked softmax | mla.py |
-| ``swiglu`` (dense MLP, shared) | f16(x), int4_matmul [gate; up], act, int4_matmul down, + h | SGEMMs (``Bf16Host``: bf16 GEMMs) | ffn |
+| ``swiglu`` (dense MLP, shared) | f16(x), int4_matmul [gate; up], act, int4_matmul down, + h | SGEMMs | ffn |
 | ``moe`` (router, experts, shared) | f16(x), fused_moe (+ INT4 shared expert), + h | router SGEMM | ffn |
 
+``Bf16Host`` matrices (W16A16: ``linear``, ``swiglu``) run on the BLAS path as bf16 GEMMs, at any size.
 FP32 ops take the BLAS path (``blas.py``: torch over the same buffers, cuBLAS on a GPU) where a GPU
 is present (``BLAS``) and the weight has at least ``BLAS_MIN_ELEMENTS`` elements: there one
 thread per output column of the portable kernels reads far below the copy rate, while at toy
@@ -491,8 +492,8 @@ def tree_compile(ids, depth, vis, meta, ctl, stream=0) -> None:
     tree_compile_kernel[1, TPB, stream](ids, depth, vis, meta, ctl)
 
 
-__all__ = ["BLAS_PATH", "Bf16Host", "Dense", "FUSED_MOE", "INT4_MATMUL", "Int4Host", "MLA", "MoE", "PORTABLE", "Router",
-           "Scratch", "SwiGLU", "advance", "argmax", "copy_rows", "dense", "embed", "experts_fused",
+__all__ = ["BLAS_PATH", "Bf16Host", "Dense", "FUSED_MOE", "INT4_MATMUL", "Int4Host", "MLA", "MoE", "PORTABLE",
+           "Router", "Scratch", "SwiGLU", "advance", "argmax", "copy_rows", "dense", "embed", "experts_fused",
            "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep", "mla_weights",
            "moe", "route", "moe_weights", "portable_stack", "rmsnorm", "router", "swiglu", "swiglu_weights",
            "topk_logprobs", "tree_compile"]

@@ -19,8 +19,8 @@ SMALL = preset("k2_slice").replace(
     num_experts_per_tok=4, n_group=1, topk_group=1, vocab_size=256, num_hidden_layers=2)
 
 
-def _rig(cfg, layer, experts="int4", workers=1):
-    return k2_layer.LayerRig(cfg, layer, device_layer(cfg, 3, layer, experts, workers), 17, 24)
+def _rig(cfg, layer, experts="int4", workers=1, dense="fp32"):
+    return k2_layer.LayerRig(cfg, layer, device_layer(cfg, 3, layer, experts, workers, dense=dense), 17, 24)
 
 
 @pytest.mark.parametrize("layer", [0, 1])
@@ -34,6 +34,27 @@ def test_small_layer_matches_reference(layer):
         assert all(r["routes_match"] for r in res[1:])
     else:
         assert rig.lay.mlp.path == ops.PORTABLE
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_small_layer_w16a16_matches_the_reference_w16a16(layer, monkeypatch):
+    """Dense projections W16A16 (bf16 GEMMs on the BLAS path) against the reference's W16A16 layer."""
+    from workbench.bench.k2_build import dense_kind
+    monkeypatch.setattr(ops, "BLAS", True)
+    rig = _rig(SMALL, layer, dense="bf16")
+    assert dense_kind(rig.lay) == "bf16" and rig.lay.a1.path == ops.BLAS_PATH
+    res = k2_layer.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=16, log=lambda m: None)
+    assert all(r["passed"] and r["dense"] == "bf16" for r in res), res
+
+
+def test_w16a16_floors_hold_the_projections_at_two_bytes():
+    cfg = preset("k2_slice")
+    lb = layer_bytes(cfg, 1)
+    f32, k2 = k2_layer._floor_bytes(cfg, 1, "attention", 1, 4096, 0.0, "int4")
+    b16, _ = k2_layer._floor_bytes(cfg, 1, "attention", 1, 4096, 0.0, "int4", "bf16")
+    assert f32 - b16 == 2 * (lb["attention_params"] - lb["wkv_b_params"]) and b16 > k2
+    shared = k2_layer._floor_bytes(cfg, 1, "shared_expert", 1, 0, 0.0, "int4", "bf16")[0]
+    assert shared == 2 * lb["shared_params"]
 
 
 def test_small_fp32_experts_match_reference():

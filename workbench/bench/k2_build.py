@@ -25,10 +25,11 @@ from kernels_numba.moe import MoEWeights, prepare_moe
 from .. import seeded
 from ..bundle.bf16 import BF16Array
 from ..config import ModelConfig
-from ..engine.weights import DeviceLayer
+from ..engine.weights import DeviceLayer, stack_rows
 from ..errors import InputError
 
 EXPERT_KINDS = ("int4", "fp32")
+DENSE_KINDS = ("fp32", "bf16")     # dense projections widened to FP32, or W16A16 (workbench.quant.w16a16)
 CHUNK = 4  # experts per repack task (~0.7 GB of temporaries at K2 width)
 
 
@@ -36,8 +37,13 @@ def _fp(cfg: ModelConfig, seed: int, name: str) -> np.ndarray:
     return BF16Array(seeded.fp_bits(cfg, seed, name)).float32()
 
 
-def _swiglu_fp(cfg: ModelConfig, seed: int, prefix: str) -> tuple:
-    return tuple(_fp(cfg, seed, f"{prefix}.{p}") for p in ("w1", "w3", "w2"))
+def _proj(cfg: ModelConfig, seed: int, name: str, dense: str):
+    """A dense projection as the ops take it: FP32 values, or its bf16 bits as a W16A16 ``Bf16Host``."""
+    return ops.Bf16Host(seeded.fp_bits(cfg, seed, name)) if dense == "bf16" else _fp(cfg, seed, name)
+
+
+def _swiglu_fp(cfg: ModelConfig, seed: int, prefix: str, dense: str = "fp32") -> tuple:
+    return tuple(_proj(cfg, seed, f"{prefix}.{p}", dense) for p in ("w1", "w3", "w2"))
 
 
 def _repack_chunk(cfg: ModelConfig, seed: int, layer: int, e0: int, e1: int) -> tuple[np.ndarray, ...]:
@@ -94,42 +100,50 @@ def fp32_stack(cfg: ModelConfig, seed: int, layer: int, workers: int = 1, chunk:
             "tensors": t}                                      # the torch tensors own the device memory
 
 
-def router_and_shared(cfg: ModelConfig, seed: int, layer: int) -> tuple[ops.Router, ops.SwiGLU | None]:
-    """A MoE layer's router and shared expert (bf16 widened to FP32) as the engine prepares them."""
+def router_and_shared(cfg: ModelConfig, seed: int, layer: int,
+                      dense: str = "fp32") -> tuple[ops.Router, ops.SwiGLU | None]:
+    """A MoE layer's router (bf16 widened to FP32) and shared expert (FP32 or W16A16 as ``dense``) as the
+    engine prepares them."""
     f = f"layers.{layer}.ffn"
     rt = ops.router(_fp(cfg, seed, f + ".gate"), _fp(cfg, seed, f + ".gate_bias"), cfg.num_experts_per_tok,
                     cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor)
-    shared = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f + ".shared")) if cfg.n_shared_experts else None
+    shared = None
+    if cfg.n_shared_experts:
+        shared = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f + ".shared", dense))
     return rt, shared
 
 
 def device_layer(
-    cfg: ModelConfig, seed: int, layer: int, experts: str = "int4", workers: int = 1, log=None
+    cfg: ModelConfig, seed: int, layer: int, experts: str = "int4", workers: int = 1, log=None,
+    dense: str = "fp32",
 ) -> DeviceLayer:
-    """Layer ``layer`` of the seeded model on the device, prepared as ``engine.weights`` prepares it."""
+    """Layer ``layer`` of the seeded model on the device, prepared as ``engine.weights`` prepares it;
+    ``dense="bf16"``: the attention projections, dense MLP and shared expert W16A16 (BLAS path)."""
     if experts not in EXPERT_KINDS:
         raise InputError(f"experts must be one of {', '.join(EXPERT_KINDS)}, got {experts!r}")
+    if dense not in DENSE_KINDS:
+        raise InputError(f"dense must be one of {', '.join(DENSE_KINDS)}, got {dense!r}")
     if not 0 <= layer < cfg.num_hidden_layers:
         raise InputError(f"layer {layer} outside the model's {cfg.num_hidden_layers} layers")
     if cfg.q_lora_rank is None:
         raise InputError("the layer builder wants a q_lora model (K2's)")
     p, a = f"layers.{layer}.", f"layers.{layer}.attn."
-    a1 = np.concatenate([_fp(cfg, seed, a + "wq_a"), _fp(cfg, seed, a + "wkv_a")], axis=0)  # [Q+C+R, D]
+    a1 = stack_rows([_proj(cfg, seed, a + "wq_a", dense), _proj(cfg, seed, a + "wkv_a", dense)])  # [Q+C+R, D]
     lay = DeviceLayer(
         attn_norm=to_device(_fp(cfg, seed, p + "attn_norm")),
         ffn_norm=to_device(_fp(cfg, seed, p + "ffn_norm")),
         a1=ops.dense(a1),
         q_norm=to_device(_fp(cfg, seed, a + "q_norm")),
         kv_norm=to_device(_fp(cfg, seed, a + "kv_norm")),
-        wq_b=ops.dense(_fp(cfg, seed, a + "wq_b")),
+        wq_b=ops.dense(_proj(cfg, seed, a + "wq_b", dense)),
         attn=ops.mla_weights(_fp(cfg, seed, a + "wkv_b")),
-        wo=ops.dense(_fp(cfg, seed, a + "wo")),
+        wo=ops.dense(_proj(cfg, seed, a + "wo", dense)),
     )
     f = p + "ffn"
     if not cfg.is_moe_layer(layer):
-        lay.mlp = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f))
+        lay.mlp = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f, dense))
         return lay
-    rt, shared = router_and_shared(cfg, seed, layer)
+    rt, shared = router_and_shared(cfg, seed, layer, dense)
     d, i = cfg.hidden_size, cfg.moe_intermediate_size
     if experts == "int4":
         try:
@@ -147,8 +161,9 @@ def device_layer(
 
 
 def layer_bytes(cfg: ModelConfig, layer: int) -> dict[str, Any]:
-    """Weight bytes per part as the engine holds them (float32 dense, INT4 experts with f16 scales) and
-    in the K2-Thinking layout (bf16 dense)."""
+    """Parameter counts and bytes per part: attention (wkv_b among them), INT4 experts with f16 scales,
+    FP32 experts, latent cache rows, router, shared expert or dense MLP (``k2_layer._floor_bytes``
+    weighs them as each layout holds them)."""
     d, h = cfg.hidden_size, cfg.num_attention_heads
     q, c, r = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     attn = (
@@ -161,6 +176,7 @@ def layer_bytes(cfg: ModelConfig, layer: int) -> dict[str, Any]:
     expert_int4 = 3 * d * i // 2 + 3 * d * (i // seeded.EXPERT_GROUP) * 2
     out = {
         "attention_params": attn,
+        "wkv_b_params": c * h * (cfg.qk_nope_head_dim + cfg.v_head_dim),
         "expert_int4": expert_int4,
         "expert_fp32": 3 * d * i * 4,
         "kv_row_fp32": cfg.kv_cache_dim * 4,
@@ -172,3 +188,8 @@ def layer_bytes(cfg: ModelConfig, layer: int) -> dict[str, Any]:
     else:
         out["mlp_params"] = 3 * d * cfg.intermediate_size
     return out
+
+
+def dense_kind(lay: DeviceLayer) -> str:
+    """"bf16" where the layer's projections run W16A16 (bf16 weights on the BLAS path), else "fp32"."""
+    return "bf16" if str(getattr(lay.wo.wt, "dtype", "")) == "torch.bfloat16" else "fp32"

@@ -48,7 +48,7 @@ from ..reference.layers import sigmoid, weight
 from ..reference.model import LatentCache
 from ..reference.scenarios import random_tree
 from ..report.spec import analytic_coverage
-from .k2_build import device_layer, layer_bytes
+from .k2_build import dense_kind, device_layer, layer_bytes
 from .torch_layer_bench import _reference_layer, ancestor_inputs
 
 ROWS = (1, 2, 3, 5, 9, 17, 33, 65)  # decode, then trees of 1, 2, 4, ..., 64 nodes + root
@@ -66,7 +66,7 @@ class LayerRig:
 
     def __init__(self, cfg: ModelConfig, layer: int, lay, max_rows: int, max_len: int) -> None:
         self.cfg, self.layer, self.lay = cfg, layer, lay
-        a1_width = int(np.asarray(lay.a1.wt).shape[1]) if SIMULATED else int(lay.a1.wt.shape[1])
+        a1_width = int(lay.a1.wt.shape[1])                     # [K, N]: a device array, memoryview or tensor
         self.buf = allocate(SimpleNamespace(cfg=cfg, a1_width=a1_width), max_len, max_rows, 0)
         self.scratch = ops.Scratch(
             max_rows, [lay.mlp] if lay.mlp is not None else [], [lay.moe] if lay.moe is not None else []
@@ -197,6 +197,9 @@ def _check(
 
     layer, tol = rig.layer, TOL[experts]
     ref = SeededWeights(cfg, seed, "experts" if experts == "int4" else "fp32")
+    if dense_kind(rig.lay) == "bf16":                      # the reference's W16A16 definition
+        from ..quant.w16a16 import w16a16
+        ref = w16a16(cfg, ref)
     rng = np.random.default_rng(seed + 1000 * layer)
     x_all = rng.standard_normal((prefix + 2 + tree_nodes, cfg.hidden_size)).astype(np.float32)
     cache = LatentCache.empty(cfg, prefix + tree_nodes + 1)
@@ -213,6 +216,7 @@ def _check(
         {
             "layer": layer,
             "experts": experts,
+            "dense": dense_kind(rig.lay),
             "scenario": f"prefix {prefix} rows: cache rows",
             "rows": prefix,
             "max_rel_err": err,
@@ -261,6 +265,7 @@ def _check(
             {
                 "layer": layer,
                 "experts": experts,
+                "dense": dense_kind(rig.lay),
                 "scenario": name,
                 "rows": n,
                 "max_rel_err": worst,
@@ -294,29 +299,31 @@ def routing_sets(cfg: ModelConfig, n: int, sets: int = 8, seed: int = 0) -> list
 
 
 def _floor_bytes(
-    cfg: ModelConfig, layer: int, part: str, n: int, context: int, uniq: float, experts: str
+    cfg: ModelConfig, layer: int, part: str, n: int, context: int, uniq: float, experts: str,
+    dense: str = "fp32",
 ) -> tuple[float, float]:
-    """(bytes this implementation must read, bytes of the K2-Thinking layout) for a part."""
+    """(bytes this implementation must read, bytes of the K2-Thinking layout) for a part; ``dense``
+    "bf16": the attention projections (not wkv_b), shared expert and dense MLP at 2 bytes (W16A16)."""
     lb = layer_bytes(cfg, layer)
     kv = context + n
+    w = 2 if dense == "bf16" else 4
     if part == "attention":
-        return lb["attention_params"] * 4 + kv * lb["kv_row_fp32"], lb["attention_params"] * 2 + kv * lb[
-            "kv_row_bf16"
-        ]
+        held = (lb["attention_params"] - lb["wkv_b_params"]) * w + lb["wkv_b_params"] * 4
+        return held + kv * lb["kv_row_fp32"], lb["attention_params"] * 2 + kv * lb["kv_row_bf16"]
     if part == "router":
         return lb["router_params"] * 4, lb["router_params"] * 2
     if part == "routed_experts":
         return uniq * lb["expert_" + experts], uniq * lb["expert_int4"]
     if part == "shared_expert":
-        return lb["shared_params"] * 4, lb["shared_params"] * 2
+        return lb["shared_params"] * w, lb["shared_params"] * 2
     if part == "dense_mlp":
-        return lb["mlp_params"] * 4, lb["mlp_params"] * 2
+        return lb["mlp_params"] * w, lb["mlp_params"] * 2
     parts = (
         ["attention", "router", "routed_experts", "shared_expert"]
         if cfg.is_moe_layer(layer)
         else ["attention", "dense_mlp"]
     )
-    both = [_floor_bytes(cfg, layer, p, n, context, uniq, experts) for p in parts]
+    both = [_floor_bytes(cfg, layer, p, n, context, uniq, experts, dense) for p in parts]
     return sum(b[0] for b in both), sum(b[1] for b in both)
 
 
@@ -406,6 +413,7 @@ def time_layer(
                         uniq,
                         copy_gbs,
                         union_model(e, k, n) if own is not None else None,
+                        dense_kind(rig.lay),
                     )
                 )
             rig.sync()
@@ -421,6 +429,7 @@ def time_layer(
                     {
                         "layer": layer,
                         "experts": experts,
+                        "dense": dense_kind(rig.lay),
                         "impl": "numba engine",
                         "part": "rest",
                         "routing": "router",
@@ -432,13 +441,15 @@ def time_layer(
                 )
 
 
-def _row(cfg, layer, experts, part, routing, n, context, us, samples, uniq, copy_gbs, union) -> dict:
+def _row(cfg, layer, experts, part, routing, n, context, us, samples, uniq, copy_gbs, union,
+         dense: str = "fp32") -> dict:
     u = uniq if not math.isnan(uniq) else 0.0
-    nb, nb_k2 = _floor_bytes(cfg, layer, part, n, context, u, experts)
+    nb, nb_k2 = _floor_bytes(cfg, layer, part, n, context, u, experts, dense)
     floor, floor_k2 = nb / (copy_gbs * 1e3), nb_k2 / (copy_gbs * 1e3)
     return {
         "layer": layer,
         "experts": experts,
+        "dense": dense,
         "impl": "numba engine",
         "part": part,
         "routing": routing,
@@ -472,8 +483,11 @@ def run(
     seed: int = 0,
     fp32_after_s: float = 260.0,
     start_before_s: float = 330.0,
+    dense: tuple[str, ...] = ("fp32",),
 ):
-    """Check and time each layer of k2_slice; writes the result set ``k2_layer_<commit>`` into out_dir."""
+    """Check and time each layer of k2_slice; writes the result set ``k2_layer_<commit>`` into out_dir.
+    ``dense``: the ways to hold the dense projections, each layer built and timed once per way
+    ("fp32": widened, "bf16": W16A16 on the BLAS path)."""
     import torch
     from numba import cuda
 
@@ -486,7 +500,8 @@ def run(
     layers = list(range(cfg.num_hidden_layers)) if layers is None else list(layers)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = run_metadata(bench="k2_layer", model="k2_slice", context=context, reps=reps, rows=list(ROWS))
+    meta = run_metadata(bench="k2_layer", model="k2_slice", context=context, reps=reps, rows=list(ROWS),
+                        dense=list(dense))
     rs = result_set(out, "k2_layer", meta["git_sha"])
     rows: list[dict] = []
     checks: list[dict] = []
@@ -511,10 +526,10 @@ def run(
     max_len, max_rows = context + max(ROWS), max(ROWS)
     plan = []                                 # FP32 experts right after that layer's INT4 run
     for i in layers:
-        plan.append((i, "int4"))
+        plan += [(i, "int4", d) for d in dense]
         if i == fp32_layer and cfg.is_moe_layer(i):
-            plan.append((i, "fp32"))
-    for layer, experts in plan:
+            plan.append((i, "fp32", "fp32"))
+    for layer, experts, dn in plan:
         if time.perf_counter() - t0 > start_before_s:
             log(f"layer {layer} ({experts}) left out: {time.perf_counter() - t0:.0f} s spent "
                 f"(nothing starts after {start_before_s:.0f} s)")
@@ -522,11 +537,12 @@ def run(
         if experts == "fp32" and time.perf_counter() - t0 > fp32_after_s:
             log(f"FP32 experts left out: {time.perf_counter() - t0:.0f} s spent (limit {fp32_after_s:.0f} s)")
             continue
-        kind = experts if cfg.is_moe_layer(layer) else "dense"
+        kind = (experts if cfg.is_moe_layer(layer) else "dense") + f", {dn} dense projections"
         rig = None
         try:
             t = time.perf_counter()
-            lay = device_layer(cfg, seed, layer, experts if cfg.is_moe_layer(layer) else "int4", workers)
+            lay = device_layer(cfg, seed, layer, experts if cfg.is_moe_layer(layer) else "int4", workers,
+                               dense=dn)
             rig = LayerRig(cfg, layer, lay, max_rows, max_len)
             rig.sync()
             log(
@@ -542,7 +558,7 @@ def run(
             time_layer(
                 cfg,
                 rig,
-                kind if kind != "dense" else "int4",
+                experts if cfg.is_moe_layer(layer) else "int4",
                 context,
                 ROWS if experts == "int4" else ROWS[:5],
                 reps if experts == "int4" else 5,
@@ -559,7 +575,7 @@ def run(
         lay = None
         cuda.current_context().deallocations.clear()
         torch.cuda.empty_cache()
-        if torch_baseline and experts == "int4":
+        if torch_baseline and experts == "int4" and dn == dense[0]:
             _torch_rows(cfg, seed, layer, context, reps, emit, log)
         save_meta()
     try:

@@ -31,6 +31,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-torch", action="store_true", help="k2: leave out the stock-PyTorch rows")
     parser.add_argument("--no-check", action="store_true", help="k2: leave out the reference check")
     parser.add_argument("--workers", type=int, default=16, help="k2: processes repacking INT4 experts")
+    parser.add_argument("--dense", default="fp32",
+                        help="k2: how the dense projections are held, comma-separated: fp32 (widened), "
+                             "bf16 (W16A16 on the BLAS path); each layer is built and timed per choice")
     parser.add_argument("--worlds", default="1,2,4,8", help="ep: comma-separated GPU counts (those present)")
     parser.add_argument("--dry-run", action="store_true", help="ep: print the plan (no GPU, writes nothing)")
     parser.add_argument("--bundles", default=None, help="pair: comma-separated bundles")
@@ -71,6 +74,15 @@ def _worlds(text: str) -> list[int]:
     return worlds
 
 
+def _dense(text: str) -> tuple[str, ...]:
+    from workbench.bench.k2_build import DENSE_KINDS
+    from workbench.cli import UserError
+    kinds = tuple(text.split(","))
+    if any(k not in DENSE_KINDS for k in kinds):
+        raise UserError(f"--dense takes {' and '.join(DENSE_KINDS)}, comma-separated; got {text!r}")
+    return kinds
+
+
 def run(args) -> int:
     from workbench.bench.common import require_gpu
     from workbench.cli import UserError
@@ -103,7 +115,7 @@ def run(args) -> int:
             layers = list(_ints("layers", args.layers)) if args.layers else None
             fp32 = None if args.fp32_layer < 0 else args.fp32_layer
             rs = run_k2(out, layers, args.context, args.reps, fp32, not args.no_torch, not args.no_check,
-                        args.workers)
+                        args.workers, dense=_dense(args.dense))
         elif args.what == "pair":
             from workbench.bench.pair import BUNDLES
             from workbench.bench.pair import run as run_pair

@@ -69,7 +69,8 @@ def w16a16_names(cfg: ModelConfig, weights: dict[str, Any]) -> list[str]:
     for i in range(cfg.num_hidden_layers):
         names += [f"layers.{i}.attn.{p}" for p in _ATTN]
         ffn = f"layers.{i}.ffn"
-        names += [f"{ffn}.shared.{p}" for p in _PROJ] if cfg.is_moe_layer(i) else [f"{ffn}.{p}" for p in _PROJ]
+        mlp = f"{ffn}.shared" if cfg.is_moe_layer(i) else ffn
+        names += [f"{mlp}.{p}" for p in _PROJ]
     return [n for n in names if n in weights]
 
 
