@@ -33,8 +33,10 @@ def _torch():
 
 
 def view(dev) -> Any:
-    """A torch tensor over a device array's memory (no copy)."""
+    """A torch tensor over a device array's memory (no copy); a torch tensor as it is."""
     torch = _torch()
+    if isinstance(dev, torch.Tensor):
+        return dev
     if SIMULATED:
         return torch.from_numpy(np.asarray(dev))
     return torch.as_tensor(dev, device="cuda")
@@ -49,8 +51,10 @@ def weight(a: np.ndarray) -> Any:
 
 
 def weight16(bits: np.ndarray) -> Any:
-    """A host bfloat16 matrix (uint16 bits) as a torch bfloat16 tensor where the ops run, contiguous."""
+    """A host bfloat16 matrix (uint16 bits) as a torch bfloat16 tensor where the ops run, contiguous.
+    Turns off torch's reduced-precision (bf16) split-K reductions for bf16 GEMMs: W16A16 sums in float32."""
     torch = _torch()
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     t = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16)
     return t.clone() if SIMULATED else t.cuda()
 
@@ -121,7 +125,6 @@ def mla_attention(o, q, cache, wkv_b, cos, sin, depth, vis, meta, scale: float, 
     h, c, r, nn, v = n_heads, c_rank, r_dim, nope, v_dim
     with on(stream):
         mt, kv = view(meta), view(cache)                                       # [8], [S, C+R]
-        s = kv.shape[0]
         start, live = mt[0].long(), mt[1].long()
         qh = view(q)[:rows, :h * (nn + r)].reshape(rows, h, nn + r)           # [T, H, N_+R]
         pos = start + view(depth)[:rows].long()                                # [T]
@@ -130,14 +133,56 @@ def mla_attention(o, q, cache, wkv_b, cos, sin, depth, vis, meta, scale: float, 
         q_pe = torch.stack((x0 * cs[:, None] - x1 * sn[:, None], x1 * cs[:, None] + x0 * sn[:, None]),
                            dim=-1).reshape(rows, h, r)                         # [T, H, R]
         w = view(wkv_b).reshape(h, nn + v, c)                                  # [H, N_+V, C]
-        q_lat = torch.bmm(qh[..., :nn].transpose(0, 1), w[:, :nn])             # [H, T, C]
+        q_nope = qh[..., :nn].transpose(0, 1)                                  # [H, T, N_]
+        if w.dtype == torch.bfloat16:
+            _attention_bf16(o, kv, w, q_nope, q_pe.transpose(0, 1), start, live, vis, scale, rows, nn)
+            return
+        q_lat = torch.bmm(q_nope, w[:, :nn])                                   # [H, T, C]
         scores = (q_lat @ kv[:, :c].T + q_pe.transpose(0, 1) @ kv[:, c:].T) * scale   # [H, T, S]
-        keys = torch.arange(s, device=kv.device)
-        rel = keys - start                                                     # [S] new-row index
-        vt = view(vis)
-        seen = vt[:rows].index_select(1, rel.clamp(0, vt.shape[1] - 1)) != 0   # [T, S]
-        mask = (keys < start) | (seen & (rel >= 0) & (rel < live))
-        p = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)           # [H, T, S]
+        p = scores.masked_fill(~_visible(kv, start, live, vis, rows), float("-inf")).softmax(dim=-1)
         ctx = p @ kv[:, :c]                                                    # [H, T, C]
         out = torch.bmm(ctx, w[:, nn:].transpose(1, 2))                        # [H, T, V]
         view(o)[:rows].view(rows, h, v).copy_(out.transpose(0, 1))
+
+
+def _visible(kv, start, live, vis, rows: int):
+    """[T, S] bool: cached rows < start, and new rows j < live that vis[i, j] lets row i see."""
+    torch = _torch()
+    keys = torch.arange(kv.shape[0], device=kv.device)
+    rel = keys - start                                                         # [S] new-row index
+    vt = view(vis)
+    seen = vt[:rows].index_select(1, rel.clamp(0, vt.shape[1] - 1)) != 0       # [T, S]
+    return (keys < start) | (seen & (rel >= 0) & (rel < live))
+
+
+def _bmm16(a, b, f32: bool = False):
+    """a @ b (batched) of bf16 operands with float32 sums: float32 out when ``f32``, else rounded to
+    bf16 (cuBLAS's bf16 GEMM on a GPU; on a CPU the same exact products summed in float32)."""
+    torch = _torch()
+    if a.device.type != "cuda":
+        y = torch.matmul(a.float(), b.float())
+        return y if f32 else y.bfloat16()
+    if not f32:
+        return torch.matmul(a, b)
+    if a.dim() == 2:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.bmm(a, b, out_dtype=torch.float32)
+
+
+def _attention_bf16(o, kv, w, q_nope, q_pe, start, live, vis, scale: float, rows: int, nn: int) -> None:
+    """The W16A16 attention core (``workbench.reference.mla.mla_absorbed`` with a marked wkv_b): the
+    latent rows are rounded to bf16 in the cache itself (the reference stores them so), every product
+    takes bf16 operands, scores and softmax are float32. q_nope [H, T, N_], q_pe [H, T, R] float32."""
+    torch = _torch()
+    h, t = q_nope.shape[0], q_nope.shape[1]
+    c = w.shape[2]
+    kvb = kv.to(torch.bfloat16)                                                # [S, C+R]
+    kv.copy_(kvb)                                                              # the cache holds bf16 rows
+    q_lat = _bmm16(q_nope.to(torch.bfloat16), w[:, :nn])                       # [H, T, C] bf16
+    scores = (_bmm16(q_lat.reshape(h * t, c), kvb[:, :c].T, f32=True)
+              + _bmm16(q_pe.to(torch.bfloat16).reshape(h * t, -1), kvb[:, c:].T, f32=True))
+    scores = scores.reshape(h, t, -1) * scale                                  # [H, T, S] float32
+    p = scores.masked_fill(~_visible(kv, start, live, vis, rows), float("-inf")).softmax(dim=-1)
+    ctx = _bmm16(p.to(torch.bfloat16).reshape(h * t, -1), kvb[:, :c]).reshape(h, t, c)   # [H, T, C] bf16
+    out = _bmm16(ctx, w[:, nn:].transpose(1, 2))                               # [H, T, V] bf16
+    view(o)[:rows].view(rows, h, -1).copy_(out.transpose(0, 1))

@@ -146,7 +146,13 @@ class MLA:
     wkv_b: Any
 
 
-def mla_weights(wkv_b: np.ndarray, fast: bool = True) -> MLA:
+def mla_weights(wkv_b, fast: bool = True) -> MLA:
+    """wkv_b [H*(N+V), C]: float (widened to float32), or a ``Bf16Host``: the W16A16 attention core (bf16
+    latent rows and operands, float32 sums: ``workbench.reference.mla.mla_absorbed``), BLAS path only."""
+    if isinstance(wkv_b, Bf16Host):
+        if not BLAS:
+            raise KernelInputError("W16A16 matrices run on the BLAS path (torch), which is off here")
+        return MLA(BLAS_PATH, blas.weight16(np.asarray(wkv_b.bits)))
     w = np.asarray(wkv_b, np.float32)
     return MLA(BLAS_PATH if _blas(w.size, fast) else PORTABLE, to_device(w))
 

@@ -25,6 +25,8 @@ from tests.engine.common import (
     experts_engine,
     experts_model,
     reference_greedy,
+    w16a16_engine,
+    w16a16_model,
 )
 from workbench.ddtree.speculative import ddtree_generate
 from workbench.engine.ddtree import engine_ddtree_generate
@@ -193,3 +195,21 @@ def test_engine_ddtree_host_drafter_fallback_equals_reference():
     np.testing.assert_array_equal(got.tokens, want.tokens)
     assert [(r.tree_size, r.accepted_len, r.depth) for r in got.rounds] == \
         [(r.tree_size, r.accepted_len, r.depth) for r in want.rounds]
+
+
+@E2E
+def test_engine_ddtree_w16a16_matches_its_ar_and_the_reference():
+    """tiny W16A16 (bf16 projections and attention core, BLAS path): the verify of trees over the
+    bf16 latent cache gives the reference's W16A16 greedy tokens and its DDTree rounds."""
+    from workbench.reference.generate import greedy_generate
+    b, w, _ = w16a16_model("tiny")
+    dcfg = bundle("tiny")[2]
+    prompt = np.asarray(b.prompt, np.int64)
+    n = len(b.golden) - 4 if GPU else 9
+    cont = greedy_generate(b.config, w, prompt, n + dcfg.block_size - 1).tokens
+    kw = dict(drafter_config=dcfg, oracle_p=0.8, oracle_seed=1, continuation=cont)
+    got = engine_ddtree_generate(w16a16_engine("tiny"), w, prompt, n, "oracle", 4, **kw)
+    want = ddtree_generate(b.config, w, prompt, n, "oracle", 4, **kw)
+    np.testing.assert_array_equal(got.tokens, cont[:n])
+    assert [(r.tree_size, r.accepted_len) for r in got.rounds] == \
+        [(r.tree_size, r.accepted_len) for r in want.rounds]

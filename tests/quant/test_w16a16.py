@@ -25,9 +25,10 @@ def test_marks_cover_the_dense_projections_only():
     names = set(w16a16_names(cfg, w))
     assert "layers.0.ffn.w1" in names and "layers.1.ffn.shared.w2" in names
     assert "layers.1.attn.wq_a" in names and "layers.1.attn.wo" in names
-    assert not {n for n in names if n.endswith(("wkv_b", "gate", "embed", "head")) or ".experts." in n}
+    assert "layers.1.attn.wkv_b" in names
+    assert not {n for n in names if n.endswith(("gate", "embed", "head")) or ".experts." in n}
     m = w16a16(cfg, w)
-    assert isinstance(m["layers.1.attn.wo"], W16A16) and not isinstance(m["layers.1.attn.wkv_b"], W16A16)
+    assert isinstance(m["layers.1.attn.wo"], W16A16) and not isinstance(m["layers.1.ffn.gate"], W16A16)
     assert "layers.1.attn.wo" in m and len(m) == len(w)
 
 

@@ -136,7 +136,7 @@ def device_layer(
         q_norm=to_device(_fp(cfg, seed, a + "q_norm")),
         kv_norm=to_device(_fp(cfg, seed, a + "kv_norm")),
         wq_b=ops.dense(_proj(cfg, seed, a + "wq_b", dense)),
-        attn=ops.mla_weights(_fp(cfg, seed, a + "wkv_b")),
+        attn=ops.mla_weights(_proj(cfg, seed, a + "wkv_b", dense)),
         wo=ops.dense(_proj(cfg, seed, a + "wo", dense)),
     )
     f = p + "ffn"
@@ -176,7 +176,6 @@ def layer_bytes(cfg: ModelConfig, layer: int) -> dict[str, Any]:
     expert_int4 = 3 * d * i // 2 + 3 * d * (i // seeded.EXPERT_GROUP) * 2
     out = {
         "attention_params": attn,
-        "wkv_b_params": c * h * (cfg.qk_nope_head_dim + cfg.v_head_dim),
         "expert_int4": expert_int4,
         "expert_fp32": 3 * d * i * 4,
         "kv_row_fp32": cfg.kv_cache_dim * 4,

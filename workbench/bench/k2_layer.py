@@ -303,13 +303,14 @@ def _floor_bytes(
     dense: str = "fp32",
 ) -> tuple[float, float]:
     """(bytes this implementation must read, bytes of the K2-Thinking layout) for a part; ``dense``
-    "bf16": the attention projections (not wkv_b), shared expert and dense MLP at 2 bytes (W16A16)."""
+    "bf16": the attention's weights, shared expert and dense MLP at 2 bytes (W16A16; the latent rows
+    stay float32 in the engine's cache)."""
     lb = layer_bytes(cfg, layer)
     kv = context + n
     w = 2 if dense == "bf16" else 4
     if part == "attention":
-        held = (lb["attention_params"] - lb["wkv_b_params"]) * w + lb["wkv_b_params"] * 4
-        return held + kv * lb["kv_row_fp32"], lb["attention_params"] * 2 + kv * lb["kv_row_bf16"]
+        return lb["attention_params"] * w + kv * lb["kv_row_fp32"], lb["attention_params"] * 2 + kv * lb[
+            "kv_row_bf16"]
     if part == "router":
         return lb["router_params"] * 4, lb["router_params"] * 2
     if part == "routed_experts":

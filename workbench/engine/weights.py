@@ -176,7 +176,7 @@ def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool, experts: bool
         lay = DeviceLayer(attn_norm=to_device(_f32(weights, p + "attn_norm")),
                           ffn_norm=to_device(_f32(weights, p + "ffn_norm")), a1=ops.dense(a1, fast),
                           q_norm=q_norm, kv_norm=to_device(_f32(weights, a + "kv_norm")), wq_b=wq_b,
-                          attn=ops.mla_weights(_f32(weights, a + "wkv_b"), fast),
+                          attn=ops.mla_weights(dense_matrix(weights, a + "wkv_b"), fast),
                           wo=ops.dense(dense_matrix(weights, a + "wo"), fast))
         f = p + "ffn"
         if cfg.is_moe_layer(i):

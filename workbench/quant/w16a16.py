@@ -8,10 +8,11 @@ to float32 and multiplies float32 activations (W16A32). Marking a projection ``W
                            products exact in float32 (8-bit mantissas), float32 sums, y float32
 
 which is what cuBLAS's bf16 GEMM with float32 accumulation and float32 output computes, up to the
-order of the sums. The residual stream, norms, rope, the router (float32 in K2) and the latent cache
-stay float32. ``wkv_b`` (the absorbed attention's W_UK / W_UV, 4% of the attention's bytes at K2)
-stays W16A32: its products belong to the attention kernels, not to a projection. So does the head,
-which the seeded K2 model holds as a row-chunked table (never widened whole).
+order of the sums. A marked ``wkv_b`` makes the layer's whole attention core W16A16 as well: bf16
+latent cache rows, and every product of the absorbed attention on bf16 operands with float32 sums
+(``reference.mla.mla_absorbed`` names the rounding points). The residual stream, norms, rope, the
+scores and softmax, and the router (float32 in K2) stay float32; so does the head, which the seeded
+K2 model holds as a row-chunked table (never widened whole).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import numpy as np
 from ..bundle.bf16 import BF16Array, bf16
 from ..config import ModelConfig
 from ..errors import InputError
+from ..reference.layers import round_bf16
 
-_ATTN = ("wq_a", "wq_b", "wq", "wkv_a", "wo")
+_ATTN = ("wq_a", "wq_b", "wq", "wkv_a", "wkv_b", "wo")
 _PROJ = ("w1", "w3", "w2")
 
 
@@ -57,14 +59,9 @@ class W16A16:
         return out if dtype is None else out.astype(dtype)
 
 
-def round_bf16(x: np.ndarray) -> np.ndarray:
-    """x rounded to the nearest bf16 value (ties to even), in x's float dtype."""
-    return bf16(x).float32().astype(x.dtype, copy=False)
-
-
 def w16a16_names(cfg: ModelConfig, weights: dict[str, Any]) -> list[str]:
-    """The dense projections W16A16 covers that ``weights`` holds unquantized: attention projections
-    (not wkv_b), dense MLPs and shared experts."""
+    """The dense projections W16A16 covers that ``weights`` holds unquantized: the attention's (wkv_b
+    included), dense MLPs and shared experts."""
     names = []
     for i in range(cfg.num_hidden_layers):
         names += [f"layers.{i}.attn.{p}" for p in _ATTN]

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import InputError
-from .layers import dense_weight, linear, rmsnorm, weight
+from .layers import dense_weight, linear, rmsnorm, round_bf16, weight
 from .rope import apply_rope, rope_cos_sin
 
 
@@ -40,17 +40,24 @@ def _queries(cfg: ModelConfig, weights: dict[str, Any], p: str, x: np.ndarray,
 
 
 def _write_latents(cfg: ModelConfig, weights: dict[str, Any], p: str, layer: int, x: np.ndarray,
-                   cos: np.ndarray, sin: np.ndarray, cache: Any) -> np.ndarray:
-    """Append this call's latent rows to the cache; return all T rows [T, C+R] in x's dtype."""
+                   cos: np.ndarray, sin: np.ndarray, cache: Any, a16: bool = False) -> np.ndarray:
+    """Append this call's latent rows to the cache (rounded to bf16 when ``a16``: W16A16 attention);
+    return all T rows [T, C+R] in x's dtype."""
     s, c = x.shape[0], cfg.kv_lora_rank
     start = cache.length
     buf = cache.layers[layer]                                                   # [max_len, C+R]
     if start + s > buf.shape[0]:
         raise InputError(f"latent cache full: {start} + {s} rows exceed max_len {buf.shape[0]}")
     a = linear(weights, p + "wkv_a", x)                                         # [S, C+R]
-    buf[start:start + s, :c] = rmsnorm(a[:, :c], weight(weights, p + "kv_norm"), cfg.mla_norm_eps)  # c_kv
-    buf[start:start + s, c:] = apply_rope(a[:, c:], cos, sin)                   # k_pe, one for all heads
+    lat = np.concatenate([rmsnorm(a[:, :c], weight(weights, p + "kv_norm"), cfg.mla_norm_eps),  # c_kv
+                          apply_rope(a[:, c:], cos, sin)], axis=1)              # || k_pe, one for all heads
+    buf[start:start + s] = round_bf16(lat) if a16 else lat
     return buf[:start + s].astype(x.dtype, copy=False)                          # [T, C+R]
+
+
+def _a16(weights: dict[str, Any], p: str) -> bool:
+    """True when the layer's wkv_b is marked W16A16 (its attention computes in bf16 operands)."""
+    return hasattr(weights.get(p + "wkv_b") if p + "wkv_b" in weights else None, "round_input")
 
 
 def attention_mask(n_cached: int, s: int, visibility: np.ndarray | None) -> np.ndarray:
@@ -81,6 +88,8 @@ def mla_naive(cfg: ModelConfig, weights: dict[str, Any], layer: int, x: np.ndarr
     x: [S, M] (compute dtype); positions: [S] ints; returns [S, M] in x's dtype.
     """
     p = f"layers.{layer}.attn."
+    if _a16(weights, p):
+        raise InputError("W16A16 attention (a marked wkv_b) is defined on the absorbed form only")
     n, v_dim, c = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
     cos, sin = rope_cos_sin(cfg, positions)                                     # [S, R/2]
     q_nope, q_pe = _queries(cfg, weights, p, x, cos, sin)                       # [S, H, N], [H, S, R]
@@ -104,21 +113,29 @@ def mla_absorbed(cfg: ModelConfig, weights: dict[str, Any], layer: int, x: np.nd
 
     Same inputs and outputs as ``mla_naive``. One shared "KV head" of width C+R (d_qk = C + R,
     d_v = C); wkv_b viewed as [H, N+V, C] gives W_UK = [:, :N] and W_UV = [:, N:].
+
+    With wkv_b marked W16A16 (``workbench.quant.w16a16``) every product takes bf16 operands with
+    float32 sums, as a BF16 engine with a bf16 latent cache computes it: the cache rows, q_nope,
+    q_lat, q_pe, the probabilities, ctx and o are rounded to bf16 (``r`` below); scores, softmax
+    and the sums stay float32.
     """
     p = f"layers.{layer}.attn."
     h, n, c = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
+    a16 = _a16(weights, p)
+    r = round_bf16 if a16 else (lambda a: a)                                    # W16A16's rounding points
     cos, sin = rope_cos_sin(cfg, positions)                                     # [S, R/2]
     q_nope, q_pe = _queries(cfg, weights, p, x, cos, sin)                       # [S, H, N], [H, S, R]
+    q_nope, q_pe = r(q_nope), r(q_pe)
     mask = attention_mask(cache.length, x.shape[0], visibility)                 # [S, T]
-    lat = _write_latents(cfg, weights, p, layer, x, cos, sin, cache)            # [T, C+R]
+    lat = _write_latents(cfg, weights, p, layer, x, cos, sin, cache, a16)       # [T, C+R]
     wkv_b = dense_weight(weights, p + "wkv_b", x.dtype)                         # [H*(N+V), C]
     wkv_b = wkv_b.reshape(h, n + cfg.v_head_dim, c)                             # [H, N+V, C]
     w_uk, w_uv = wkv_b[:, :n], wkv_b[:, n:]                                     # [H, N, C], [H, V, C]
-    q_lat = np.einsum("shn,hnc->shc", q_nope, w_uk, optimize=True)              # [S, H, C]
+    q_lat = r(np.einsum("shn,hnc->shc", q_nope, w_uk, optimize=True))           # [S, H, C]
     scores = (np.einsum("shc,tc->hst", q_lat, lat[:, :c], optimize=True)        # [H, S, T] latent part
               + np.einsum("hsr,tr->hst", q_pe, lat[:, c:], optimize=True))      # + rope part
     scores *= x.dtype.type(cfg.softmax_scale)
-    probs = _softmax(scores, mask)                                              # [H, S, T]
-    ctx = np.einsum("hst,tc->shc", probs, lat[:, :c], optimize=True)            # [S, H, C]
-    o = np.einsum("shc,hvc->shv", ctx, w_uv, optimize=True)                     # [S, H, V]
+    probs = r(_softmax(scores, mask))                                           # [H, S, T]
+    ctx = r(np.einsum("hst,tc->shc", probs, lat[:, :c], optimize=True))         # [S, H, C]
+    o = r(np.einsum("shc,hvc->shv", ctx, w_uv, optimize=True))                  # [S, H, V]
     return linear(weights, p + "wo", o.reshape(x.shape[0], -1))                 # [S, M]
