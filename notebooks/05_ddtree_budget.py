@@ -316,7 +316,8 @@ else:
     tables.show_table(proj, "05_k2_projection", out_dir, digits=3, caption=(
         f"PROJECTED full-K2 tokens/s on one GPU from MEASURED k2_slice layer times "
         f"({k2_meta.get('gpu', '?')}, commit {k2_meta.get('git_sha', '?')[:7]}, context "
-        f"{k2_meta.get('context', '?')}) and the reference's oracle τ on {bundle_name}; budget 0 = AR."),
+        f"{k2_meta.get('context', '?')}, {k2_meta['dense_used']} dense projections) and the reference's "
+        f"oracle τ on {bundle_name}; budget 0 = AR."),
         view=proj.pivot(index="drafter", columns="budget", values="speedup"))
     best = [max((r for r in proj_rows if r["drafter"] == d), key=lambda r: r["speedup"])
             for d in dict.fromkeys(r["drafter"] for r in proj_rows)]

@@ -32,3 +32,18 @@ def test_overlap_scales_the_routed_experts_part():
     assert shared[0] == plain[0]                                          # decode is one token: no sharing
     assert shared[1]["step_ms"] == (200 + 60 * (30 - 0.5 * 20)) / 1e3
     assert k2proj.project(preset("k2"), times, {4: 3.0}, overlap={}) == plain[:1]    # no ratio: left out
+
+
+def test_load_layers_reads_one_way_of_holding_the_dense_projections(tmp_path):
+    from workbench.bench.results import result_set
+    from workbench.fileio import write_json_atomic
+    from workbench.report.tables import write_csv
+    rs = result_set(tmp_path, "k2_layer", "abc1234")
+    base = dict(impl="numba engine", experts="int4", part="layer", routing="router", rows=1)
+    write_csv([dict(base, dense="fp32", us=700.0), dict(base, dense="bf16", us=600.0),
+               dict(base, routing="-", dense="bf16", us=900.0)], rs.csv)
+    write_json_atomic(rs.meta, {"bench": "k2_layer", "time_utc": "x"})
+    times, meta = k2proj.load_layers(tmp_path)
+    assert meta["dense_used"] == "bf16" and times["moe"] == {1: 600.0} and times["dense"] == {1: 900.0}
+    times, meta = k2proj.load_layers(tmp_path, dense="fp32")
+    assert meta["dense_used"] == "fp32" and times["moe"] == {1: 700.0} and times["dense"] == {}

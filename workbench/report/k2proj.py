@@ -26,15 +26,22 @@ from ..config import ModelConfig
 from .benchdata import read_csv
 
 
-def load_layers(bench_dir: str | Path) -> tuple[dict[str, dict[int, float]], dict[str, Any]] | None:
+def load_layers(bench_dir: str | Path,
+                dense: str | None = None) -> tuple[dict[str, dict[int, float]], dict[str, Any]] | None:
     """({"dense": {rows: us}, "moe": {rows: us}, "experts": {rows: us}}, the set's metadata) of the current
-    k2_layer set, or None; "experts" is the MoE layer's routed-experts part under its router's routing."""
+    k2_layer set, or None; "experts" is the MoE layer's routed-experts part under its router's routing.
+    ``dense``: which way of holding the dense projections to read ("fp32" or "bf16", bench k2's
+    ``--dense``; rows of sets from before that option are "fp32"); default "bf16" where the set has
+    it (K2-Thinking's layout), else "fp32". The metadata's ``dense_used`` says which."""
     rs = current_set(bench_dir, "k2_layer")
     if rs is None:
         return None
+    rows = read_csv(rs.csv)
+    kinds = {r.get("dense") or "fp32" for r in rows}
+    use = dense or ("bf16" if "bf16" in kinds else "fp32")
     times: dict[str, dict[int, float]] = {"dense": {}, "moe": {}, "experts": {}}
-    for r in read_csv(rs.csv):
-        if r["impl"] != "numba engine" or r["experts"] != "int4":
+    for r in rows:
+        if r["impl"] != "numba engine" or r["experts"] != "int4" or (r.get("dense") or "fp32") != use:
             continue
         kind = None
         if r["part"] == "layer":
@@ -43,7 +50,7 @@ def load_layers(bench_dir: str | Path) -> tuple[dict[str, dict[int, float]], dic
             kind = "experts"
         if kind is not None:
             times[kind].setdefault(int(r["rows"]), float(r["us"]))       # the first MoE layer measured
-    return times, rs.read_meta()
+    return times, {**rs.read_meta(), "dense_used": use}
 
 
 def project(cfg: ModelConfig, times: dict[str, dict[int, float]], tau: dict[int, float],
