@@ -260,7 +260,8 @@ else:
             preset("k2"), k2_times, tau_m, overlap=pairdata.overlap_by_budget(acc, m, 0.0))]
     tables.show_table(proj_rows, "06_k2_projection", out_dir, digits=3, caption=(
         f"PROJECTED full-K2 tokens/s from MEASURED k2_slice layers ({k2_meta.get('gpu', '?')}, commit "
-        f"{k2_meta.get('git_sha', '?')[:7]}, {k2_meta['dense_used']} dense projections) and the MEASURED greedy τ(B) of the trained pair; "
+        f"{k2_meta.get('git_sha', '?')[:7]}, {k2_meta['dense_used']} dense projections) and the MEASURED "
+        f"greedy τ(B) of the trained pair; "
         "budget 0 = AR."))
     for kind in dict.fromkeys(r["experts"] for r in proj_rows):
         top = max((r for r in proj_rows if r["model"] == "code" and r["experts"] == kind),
