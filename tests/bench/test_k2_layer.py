@@ -98,3 +98,14 @@ def test_k2_slice_layer_matches_reference_on_gpu(layer):
     rig = k2_layer.LayerRig(cfg, layer, device_layer(cfg, 0, layer, "int4", workers=16), 17, 40)
     res = k2_layer.check(cfg, 0, rig, "int4", prefix=16, tree_nodes=16)
     assert all(r["passed"] for r in res), res
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="GPU tier: needs KDTREE_GPU=1 and a CUDA GPU")
+@pytest.mark.parametrize("layer", [0, 1])
+def test_k2_slice_layer_w16a16_matches_reference_on_gpu(layer):
+    """The real k2_slice with W16A16 dense projections and attention (cuBLAS bf16 GEMMs)."""
+    cfg = preset("k2_slice")
+    rig = k2_layer.LayerRig(cfg, layer, device_layer(cfg, 0, layer, "int4", workers=16, dense="bf16"), 17, 40)
+    res = k2_layer.check(cfg, 0, rig, "int4", prefix=16, tree_nodes=16)
+    assert all(r["passed"] and r["dense"] == "bf16" for r in res), res
