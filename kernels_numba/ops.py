@@ -15,7 +15,8 @@ W4A16). The choice is made at preparation and recorded in ``.path``, which the o
 | ``swiglu`` (dense MLP, shared) | f16(x), int4_matmul [gate; up], act, int4_matmul down, + h | SGEMMs | ffn |
 | ``moe`` (router, experts, shared) | f16(x), fused_moe (+ INT4 shared expert), + h | router SGEMM | ffn |
 
-``Bf16Host`` matrices (W16A16: ``linear``, ``swiglu``) run on the BLAS path as bf16 GEMMs, at any size.
+``Bf16Host`` matrices (W16A16: ``linear``, ``swiglu``, ``mla_attention``) run on the BLAS path as bf16
+GEMMs, at any size.
 FP32 ops take the BLAS path (``blas.py``: torch over the same buffers, cuBLAS on a GPU) where a GPU
 is present (``BLAS``) and the weight has at least ``BLAS_MIN_ELEMENTS`` elements: there one
 thread per output column of the portable kernels reads far below the copy rate, while at toy
@@ -80,11 +81,12 @@ class Bf16Host:
     bits: Any
 
 
-def _bf16_t(m: Bf16Host):
-    """W.T [K, N] as a bfloat16 torch tensor where the BLAS ops run."""
+def _bf16(m: Bf16Host, transpose: bool = True):
+    """W.T [K, N] (or W itself) as a bfloat16 torch tensor where the BLAS ops run."""
     if not BLAS:
         raise KernelInputError("W16A16 matrices run on the BLAS path (torch), which is off here")
-    return blas.weight16(np.asarray(m.bits).T)
+    bits = np.asarray(m.bits)
+    return blas.weight16(bits.T if transpose else bits)
 
 
 def _scales32(m: Int4Host) -> np.ndarray:
@@ -132,7 +134,7 @@ class Dense:
 def dense(w, fast: bool = True) -> Dense:
     """W [N, K]: any float dtype (widened to float32 exactly), or a ``Bf16Host`` (W16A16, BLAS path)."""
     if isinstance(w, Bf16Host):
-        return Dense(BLAS_PATH, _bf16_t(w))
+        return Dense(BLAS_PATH, _bf16(w))
     wt = np.asarray(w, np.float32).T
     if _blas(wt.size, fast):
         return Dense(BLAS_PATH, blas.weight(wt))
@@ -150,9 +152,7 @@ def mla_weights(wkv_b, fast: bool = True) -> MLA:
     """wkv_b [H*(N+V), C]: float (widened to float32), or a ``Bf16Host``: the W16A16 attention core (bf16
     latent rows and operands, float32 sums: ``workbench.reference.mla.mla_absorbed``), BLAS path only."""
     if isinstance(wkv_b, Bf16Host):
-        if not BLAS:
-            raise KernelInputError("W16A16 matrices run on the BLAS path (torch), which is off here")
-        return MLA(BLAS_PATH, blas.weight16(np.asarray(wkv_b.bits)))
+        return MLA(BLAS_PATH, _bf16(wkv_b, transpose=False))
     w = np.asarray(wkv_b, np.float32)
     return MLA(BLAS_PATH if _blas(w.size, fast) else PORTABLE, to_device(w))
 
@@ -214,7 +214,7 @@ def swiglu_weights(w1, w3, w2, fast: bool = True) -> SwiGLU:
         if n16 != 3:
             raise KernelInputError("a SwiGLU is W16A16 in all three matrices or in none")
         w13 = Bf16Host(np.concatenate([np.asarray(w1.bits), np.asarray(w3.bits)]))      # [2I, D]
-        return SwiGLU(BLAS_PATH, width, dim, w13=_bf16_t(w13), w2=_bf16_t(w2))
+        return SwiGLU(BLAS_PATH, width, dim, w13=_bf16(w13), w2=_bf16(w2))
     if fast and all(isinstance(m, Int4Host) for m in (w1, w3, w2)) and group_size(w1) == group_size(w3):
         w13 = _repack(Int4Host(np.concatenate([np.asarray(w1.packed), np.asarray(w3.packed)]),
                                np.concatenate([_scales32(w1), _scales32(w3)])))

@@ -57,7 +57,7 @@ def _write_latents(cfg: ModelConfig, weights: dict[str, Any], p: str, layer: int
 
 def _a16(weights: dict[str, Any], p: str) -> bool:
     """True when the layer's wkv_b is marked W16A16 (its attention computes in bf16 operands)."""
-    return hasattr(weights.get(p + "wkv_b") if p + "wkv_b" in weights else None, "round_input")
+    return p + "wkv_b" in weights and hasattr(weights[p + "wkv_b"], "round_input")
 
 
 def attention_mask(n_cached: int, s: int, visibility: np.ndarray | None) -> np.ndarray:
