@@ -198,18 +198,27 @@ def test_engine_ddtree_host_drafter_fallback_equals_reference():
 
 
 @E2E
-def test_engine_ddtree_w16a16_matches_its_ar_and_the_reference():
-    """tiny W16A16 (bf16 projections and attention core, BLAS path): the verify of trees over the
-    bf16 latent cache gives the reference's W16A16 greedy tokens and its DDTree rounds."""
-    from workbench.reference.generate import greedy_generate
+def test_engine_ddtree_w16a16_matches_the_reference():
+    """tiny W16A16 (bf16 projections and attention core, BLAS path): trees verified over the bf16 latent
+    cache give the reference's W16A16 greedy tokens and DDTree rounds, over the steps whose reference
+    top-2 margin is wide enough that bf16 rounding flips between the two cannot change a token
+    (tests/engine/test_ar.py::test_engine_ar_w16a16_matches_reference)."""
+    from tests.engine.test_ar import W16A16_ATOL
+    from workbench.reference.generate import greedy_generate, top2_margin
     b, w, _ = w16a16_model("tiny")
     dcfg = bundle("tiny")[2]
     prompt = np.asarray(b.prompt, np.int64)
-    n = len(b.golden) - 4 if GPU else 9
-    cont = greedy_generate(b.config, w, prompt, n + dcfg.block_size - 1).tokens
-    kw = dict(drafter_config=dcfg, oracle_p=0.8, oracle_seed=1, continuation=cont)
+    n_max = len(b.golden) - 4 if GPU else 9
+    ref = greedy_generate(b.config, w, prompt, n_max + dcfg.block_size - 1)
+    close = np.flatnonzero(np.array([top2_margin(lg) for lg in ref.logits]) <= 2 * W16A16_ATOL)
+    n = min(n_max, int(close[0])) if close.size else n_max
+    if n < 3:
+        pytest.skip(f"the reference's margins leave {n} sure tokens")
+    kw = dict(drafter_config=dcfg, oracle_p=0.8, oracle_seed=1, continuation=ref.tokens)
     got = engine_ddtree_generate(w16a16_engine("tiny"), w, prompt, n, "oracle", 4, **kw)
     want = ddtree_generate(b.config, w, prompt, n, "oracle", 4, **kw)
-    np.testing.assert_array_equal(got.tokens, cont[:n])
-    assert [(r.tree_size, r.accepted_len) for r in got.rounds] == \
-        [(r.tree_size, r.accepted_len) for r in want.rounds]
+    np.testing.assert_array_equal(got.tokens, ref.tokens[:n])
+    # the last round may accept nodes past n, where the margins were not checked
+    assert [(r.tree_size, r.accepted_len) for r in got.rounds[:-1]] == \
+        [(r.tree_size, r.accepted_len) for r in want.rounds[:-1]]
+    assert len(got.rounds) == len(want.rounds) >= 2

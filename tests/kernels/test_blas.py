@@ -134,7 +134,9 @@ def test_w16a16_linear_and_swiglu_are_the_reference_products(on_blas):
     h = to_device(h0)
     ops.swiglu(h, x, sw, sc, meta, rows)
     ref = swiglu({f"m.{n}": W16A16(m) for n, m in (("w1", w1), ("w3", w3), ("w2", w2))}, "m", xh)
-    np.testing.assert_allclose(download(h), h0 + ref, rtol=1e-5, atol=1e-5)
+    # silu(g) * u is summed in two orders before its bf16 rounding: an element may round the other way
+    # (about 2e-4 here), so this composition is checked to 1e-3; the projection above is exact
+    np.testing.assert_allclose(download(h), h0 + ref, rtol=0, atol=1e-3)
 
 
 def test_w16a16_without_the_blas_path_is_a_one_line_error(monkeypatch):
