@@ -25,7 +25,7 @@ from kernels_numba.moe import MoEWeights, prepare_moe
 from .. import seeded
 from ..bundle.bf16 import BF16Array
 from ..config import ModelConfig
-from ..engine.weights import DeviceLayer, stack_rows
+from ..engine.weights import DeviceLayer, DeviceModel, stack_rows
 from ..errors import InputError
 
 EXPERT_KINDS = ("int4", "fp32")
@@ -158,6 +158,16 @@ def device_layer(
     else:
         lay.moe = ops.MoE(ops.PORTABLE, rt, i, d, stack=fp32_stack(cfg, seed, layer, workers), shared=shared)
     return lay
+
+
+def device_model(cfg: ModelConfig, seed: int, workers: int = 1, dense: str = "fp32", log=None) -> DeviceModel:
+    """The whole seeded model on the device (every layer by ``device_layer`` with INT4 experts, embed,
+    final norm and head FP32), for ``engine.runtime.Engine(model=...)``."""
+    layers = [device_layer(cfg, seed, i, "int4", workers, log, dense=dense)
+              for i in range(cfg.num_hidden_layers)]
+    return DeviceModel(cfg=cfg, embed=to_device(_fp(cfg, seed, "embed")),
+                       norm=to_device(_fp(cfg, seed, "norm")), head=ops.dense(_fp(cfg, seed, "head")),
+                       layers=layers, a1_width=int(layers[0].a1.wt.shape[1]))
 
 
 def layer_bytes(cfg: ModelConfig, layer: int) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from ..errors import InputError
 from .buffers import allocate
 from .graphs import StepGraph
 from .model import launch_forward
-from .weights import upload_model
+from .weights import DeviceModel, upload_model
 
 
 class Engine:
@@ -30,16 +30,18 @@ class Engine:
     max_rows: widest step (prompt length and budget + 1); taps: target layers whose outputs the
     drafter reads (captured in prefill and verify); fast_kernels: INT4 layers on int4_matmul /
     fused_moe where their shapes allow (False: every layer on the portable kernels); experts=False:
-    the MoE layers' FFN is not uploaded, the caller sets each one's ``moe_block`` (model.launch_layer)."""
+    the MoE layers' FFN is not uploaded, the caller sets each one's ``moe_block`` (model.launch_layer);
+    model: a DeviceModel prepared elsewhere (``bench.k2_build.device_model``: the K2-size one, repacked
+    on several processes), used instead of uploading ``weights`` (then None)."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, Any], max_len: int, max_rows: int,
+    def __init__(self, cfg: ModelConfig, weights: dict[str, Any] | None, max_len: int, max_rows: int,
                  taps: tuple[int, ...] = (), use_graphs: bool | None = None,
-                 fast_kernels: bool = True, experts: bool = True) -> None:
+                 fast_kernels: bool = True, experts: bool = True, model: DeviceModel | None = None) -> None:
         if max_len < 2 or max_rows < 1:
             raise InputError(f"engine sizes must be positive, got max_len={max_len}, max_rows={max_rows}")
         self.cfg = cfg
         self.taps = tuple(int(t) for t in taps)
-        self.model = upload_model(cfg, weights, fast_kernels, experts)
+        self.model = model if model is not None else upload_model(cfg, weights, fast_kernels, experts)
         self.buf = allocate(self.model, max_len, max_rows, len(self.taps))
         self.scratch = ops.Scratch(max_rows, self.model.swiglus(), self.model.moes())
         self.cache_views = [sub(self.buf.cache, i) for i in range(cfg.num_hidden_layers)]
