@@ -155,10 +155,6 @@ def upload_model(cfg: ModelConfig, weights: dict[str, Any], fast: bool = True,
         raise InputError(str(e)) from None
 
 
-def _rows(m) -> int:
-    return int(np.asarray(m.bits if isinstance(m, ops.Bf16Host) else m).shape[0])
-
-
 def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool, experts: bool) -> DeviceModel:
     layers = []
     for i in range(cfg.num_hidden_layers):
@@ -188,4 +184,4 @@ def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool, experts: bool
     return DeviceModel(cfg=cfg, embed=to_device(_f32(weights, "embed")),
                        norm=to_device(_f32(weights, "norm")),
                        head=ops.dense(dense_matrix(weights, "head"), fast), layers=layers,
-                       a1_width=_rows(a1))
+                       a1_width=int(layers[0].a1.wt.shape[1]))                  # a1 W.T [D, A1]
