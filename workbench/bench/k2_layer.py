@@ -638,26 +638,28 @@ def plot(rows: list[dict], path: Path) -> None:
     from ..fileio import save_figure_atomic
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    denses = sorted({r.get("dense") or "fp32" for r in rows if r["impl"] == "numba engine"})
     for (impl, experts, part, routing), style in {
         ("numba engine", "int4", "layer", "router"): "o-",
         ("numba engine", "int4", "routed_experts", "random"): "s-",
         ("numba engine", "fp32", "routed_experts", "random"): "^-",
     }.items():
-        for layer in sorted({r["layer"] for r in rows if r.get("experts") == experts}):
+        for layer, dense in sorted({(r["layer"], r.get("dense") or "fp32") for r in rows
+                                    if r.get("experts") == experts}):
             sel = [
                 r
                 for r in rows
-                if (r["impl"], r["experts"], r["part"], r["routing"], r["layer"])
-                == (impl, experts, part, routing, layer)
+                if (r["impl"], r["experts"], r["part"], r["routing"], r["layer"], r.get("dense") or "fp32")
+                == (impl, experts, part, routing, layer, dense)
             ]
             if sel:
                 a.plot(
                     [r["rows"] for r in sel],
                     [r["us"] for r in sel],
-                    style,
-                    label=f"L{layer} {experts} {part}",
+                    style if dense == denses[0] else style.replace("-", "-."),
+                    label=f"L{layer} {experts} {part}" + (f", {dense} dense" if len(denses) > 1 else ""),
                 )
-                if part == "routed_experts" and experts == "int4":
+                if part == "routed_experts" and experts == "int4" and dense == denses[0]:
                     a.plot([r["rows"] for r in sel], [r["floor_us"] for r in sel], ":", color="gray")
                     b.plot(
                         [r["rows"] for r in sel],
