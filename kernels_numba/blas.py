@@ -170,14 +170,16 @@ def _bmm16(a, b, f32: bool = False):
 
 
 def _attention_bf16(o, kv, w, q_nope, q_pe, start, live, vis, scale: float, rows: int, nn: int) -> None:
-    """The W16A16 attention core (``workbench.reference.mla.mla_absorbed`` with a marked wkv_b): the
-    latent rows are rounded to bf16 in the cache itself (the reference stores them so), every product
+    """The W16A16 attention core (``workbench.reference.mla.mla_absorbed`` with a marked wkv_b): this
+    call's latent rows are rounded to bf16 in the cache itself (the reference stores them so; earlier
+    rows were rounded by the call that wrote them, and the KV compaction only moves rows), every product
     takes bf16 operands, scores and softmax are float32. q_nope [H, T, N_], q_pe [H, T, R] float32."""
     torch = _torch()
     h, t = q_nope.shape[0], q_nope.shape[1]
     c = w.shape[2]
     kvb = kv.to(torch.bfloat16)                                                # [S, C+R]
-    kv.copy_(kvb)                                                              # the cache holds bf16 rows
+    new = (start + torch.arange(rows, device=kv.device)).clamp(max=kv.shape[0] - 1)   # this call's rows
+    kv.index_copy_(0, new, kvb.index_select(0, new).float())                   # the cache holds bf16 rows
     q_lat = _bmm16(q_nope.to(torch.bfloat16), w[:, :nn])                       # [H, T, C] bf16
     scores = (_bmm16(q_lat.reshape(h * t, c), kvb[:, :c].T, f32=True)
               + _bmm16(q_pe.to(torch.bfloat16).reshape(h * t, -1), kvb[:, c:].T, f32=True))

@@ -23,6 +23,7 @@
 import numpy as np
 from IPython.display import Markdown, display
 
+from workbench.bench.pair import best as pair_best
 from workbench.bench.pair import draw as draw_pair
 from workbench.bench.pair import summarize as pair_summary
 from workbench.config import preset
@@ -226,13 +227,9 @@ else:
         f"tokens, commit {meta.get('git_sha', '?')[:7]} ({path})."))
     fig, ax = plots.plt.subplots(figsize=(6.5, 3.8))
     draw_pair(ax, summary)
-    best = {}
-    for c in summary:
-        if c["mode"] == "ddtree" and c["speedup"] > best.get(c["model"], {"speedup": 0})["speedup"]:
-            best[c["model"]] = c
     plots.finish(fig, "06_engine_pair", out_dir, plots.caption_text(
         "Best DDTree budget per bundle: " + "; ".join(
-            f"{m} {c['speedup']:.2f}x AR at B = {c['budget']}" for m, c in best.items()) + ".",
+            f"{m} {c['speedup']:.2f}x AR at B = {c['budget']}" for m, c in pair_best(summary).items()) + ".",
         hardware=meta.get("gpu"), date=meta.get("time_utc")))
 
 # %% [markdown]

@@ -8,6 +8,7 @@ every golden token). Both run every bundle, drafter and budget.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -44,17 +45,34 @@ def engine(name: str):
                   taps=dcfg.target_layer_ids)
 
 
+@contextlib.contextmanager
+def blas_on(min_elements: int | None = None):
+    """The BLAS path on while engines are built (also on the CPU); ``min_elements`` overrides its size
+    rule."""
+    from kernels_numba import ops
+    saved = ops.BLAS, ops.BLAS_MIN_ELEMENTS
+    ops.BLAS = True
+    if min_elements is not None:
+        ops.BLAS_MIN_ELEMENTS = min_elements
+    try:
+        yield
+    finally:
+        ops.BLAS, ops.BLAS_MIN_ELEMENTS = saved
+
+
 @functools.cache
 def blas_engine(name: str):
     """``engine(name)`` with every FP32 op on the BLAS path (torch over the buffers: cuBLAS on the GPU,
     torch's CPU BLAS under the simulator), which by default only K2-size weights take."""
-    from kernels_numba import ops
-    saved = ops.BLAS, ops.BLAS_MIN_ELEMENTS
-    ops.BLAS, ops.BLAS_MIN_ELEMENTS = True, 0
-    try:
+    with blas_on(min_elements=0):
         return engine.__wrapped__(name)
-    finally:
-        ops.BLAS, ops.BLAS_MIN_ELEMENTS = saved
+
+
+def sure_steps(margins, atol: float, n: int) -> int:
+    """The steps before the first one whose reference top-2 margin is at most 2 x atol (n if none): an
+    implementation within atol of the reference owes the same tokens there."""
+    close = np.flatnonzero(np.asarray(margins)[:n] <= 2 * atol)
+    return int(close[0]) if close.size else n
 
 
 @functools.cache
@@ -72,15 +90,10 @@ def w16a16_model(name: str):
 @functools.cache
 def w16a16_engine(name: str):
     """An engine on ``w16a16_model(name)`` (W16A16 runs on the BLAS path; the rest where ops puts it)."""
-    from kernels_numba import ops
     from workbench.engine.runtime import Engine
     b, w, _ = w16a16_model(name)
-    saved = ops.BLAS
-    ops.BLAS = True
-    try:
+    with blas_on():
         return Engine(b.config, w, max_len=len(b.prompt) + len(b.golden) + 3, max_rows=len(b.prompt))
-    finally:
-        ops.BLAS = saved
 
 
 @functools.cache

@@ -18,6 +18,7 @@ from tests.engine.common import (
     experts_engine,
     experts_model,
     reference_greedy,
+    sure_steps,
     w16a16_engine,
     w16a16_model,
 )
@@ -112,9 +113,7 @@ def test_engine_ar_w16a16_matches_reference():
     n = len(b.golden) if GPU else SIM_TOKENS // 2
     res = engine_ar_generate(w16a16_engine("tiny"), b.prompt, n, return_logits=True)
     ref = greedy_generate(b.config, w, np.asarray(b.prompt, np.int64), n)
-    margins = np.array([top2_margin(lg) for lg in ref.logits])
-    close = np.flatnonzero(margins <= 2 * W16A16_ATOL)
-    sure = int(close[0]) if close.size else n           # tokens before it are owed; its logits compare
+    sure = sure_steps([top2_margin(lg) for lg in ref.logits], W16A16_ATOL, n)   # and its logits compare
     np.testing.assert_array_equal(res.tokens[:sure], ref.tokens[:sure])
     err = np.abs(res.logits[:sure + 1] - ref.logits[:sure + 1]).max(axis=1)
     assert err.max() <= W16A16_ATOL, f"logit error per step {err}"

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tests.bench.test_k2_layer import ON_GPU, SMALL
+from tests.engine.common import sure_steps
 from workbench.bench.k2_build import device_model
 from workbench.engine.runtime import Engine
 from workbench.engine.scenarios import engine_decode, engine_tree_verify
@@ -33,8 +34,7 @@ def _check(cfg, seed, n_decode, nodes, workers=1):
                  max_rows=max(len(prompt), nodes + 1), model=device_model(cfg, seed, workers))
     tokens, logits = engine_decode(eng, prompt, n_decode)
     ref = decode_reference(cfg, w, prompt, n_decode)
-    close = np.flatnonzero(ref.margins <= 2 * ATOL)
-    sure = int(close[0]) if close.size else n_decode + 1
+    sure = sure_steps(ref.margins, ATOL, n_decode + 1)
     np.testing.assert_array_equal(tokens[:sure], ref.tokens[:sure])
     assert np.abs(logits[:sure + 1] - ref.logits[:sure + 1]).max() <= ATOL
     parents, node_tokens = random_tree(cfg, nodes, seed)

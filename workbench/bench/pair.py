@@ -97,6 +97,15 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def best(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per model, ``summarize``'s DDTree cell with the highest speed-up over AR."""
+    out: dict[str, dict[str, Any]] = {}
+    for c in cells:
+        if c["mode"] == "ddtree" and c["speedup"] > out.get(c["model"], {"speedup": -1.0})["speedup"]:
+            out[c["model"]] = c
+    return out
+
+
 def draw(ax: Any, cells: list[dict[str, Any]], value: str = "speedup") -> None:
     """One line per model of ``summarize``'s DDTree cells against the budget: ``speedup`` (with the 1x
     line) or ``tok_s`` (with each model's AR tokens/s dashed)."""

@@ -42,9 +42,10 @@ def device_dflash_supported(weights: dict[str, Any], dcfg: DrafterConfig) -> boo
 
 def device_dflash_for(engine, weights: dict[str, Any], dcfg: DrafterConfig) -> DeviceDFlash:
     """The engine's device drafter for these weights: built and captured on first use, then kept on the
-    engine (``engine.drafters``) and emptied for each new generation."""
+    engine (``engine.drafters``, keyed by the weights' id: the drafter holds them, so the id stays
+    theirs) and emptied for each new generation."""
     dev = engine.drafters.get(id(weights))
-    if dev is None or dev.weights is not weights or dev.dcfg != dcfg:
+    if dev is None or dev.dcfg != dcfg:
         dev = DeviceDFlash(engine, weights, dcfg)
         dev.prepare()
         engine.drafters[id(weights)] = dev

@@ -74,16 +74,19 @@ def best(acceptance: dict[str, Any]) -> list[dict[str, Any]]:
             for t, b in v["summary"]["best"].items()]
 
 
+def _by_budget(acceptance: dict[str, Any], model: str, key: str, temperature: float) -> dict[int, float]:
+    return {c["budget"]: c[key] for c in cells(acceptance)
+            if c["model"] == model and c["tree"] == "ddtree" and c["temperature"] == temperature}
+
+
 def tau_by_budget(acceptance: dict[str, Any], model: str, temperature: float = 0.0) -> dict[int, float]:
     """{budget: tau} of the DDTree cells of one model at one temperature."""
-    return {c["budget"]: c["tau"] for c in cells(acceptance)
-            if c["model"] == model and c["tree"] == "ddtree" and c["temperature"] == temperature}
+    return _by_budget(acceptance, model, "tau", temperature)
 
 
 def overlap_by_budget(acceptance: dict[str, Any], model: str, temperature: float = 0.0) -> dict[int, float]:
     """{budget: distinct experts measured / uniform-routing count at the same verify size} (DDTree)."""
-    return {c["budget"]: c["overlap_ratio"] for c in cells(acceptance)
-            if c["model"] == model and c["tree"] == "ddtree" and c["temperature"] == temperature}
+    return _by_budget(acceptance, model, "overlap_ratio", temperature)
 
 
 def drift_table(drift: dict[str, Any]) -> list[dict[str, Any]]:
