@@ -51,3 +51,12 @@ def test_bad_arguments_are_one_line_errors(monkeypatch, tmp_path, argv, msg):
     bench.add_arguments(p)
     with pytest.raises((UserError, InputError), match=msg):
         bench.run(p.parse_args(["pair", "--out", str(tmp_path), *argv]))
+
+
+def test_best_takes_each_models_fastest_ddtree_budget():
+    cells = [dict(model="m", mode="ar", budget=0, speedup=1.0),
+             dict(model="m", mode="ddtree", budget=4, speedup=0.9),
+             dict(model="m", mode="ddtree", budget=16, speedup=1.2),
+             dict(model="q", mode="ddtree", budget=2, speedup=0.5)]
+    got = pair.best(cells)
+    assert {m: c["budget"] for m, c in got.items()} == {"m": 16, "q": 2}
