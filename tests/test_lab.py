@@ -80,6 +80,15 @@ def _get(url: str, token: str, data: dict | None = None) -> dict:
         return json.loads(r.read() or b"{}")
 
 
+def _cmdline(p) -> list[str]:
+    """A child's command line, or none for one that exited meanwhile (a short-lived helper of the server,
+    gone or a zombie by the time it is read)."""
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return []
+
+
 def test_make_lab_serves_notebooks_with_the_project_kernel_at_the_repo_root(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -112,7 +121,7 @@ def test_make_lab_serves_notebooks_with_the_project_kernel_at_the_repo_root(tmp_
                        {"path": NB, "type": "notebook", "name": "01", "kernel": {"name": "kdtree-workbench"}})
         kid = session["kernel"]["id"]
         kernels += [p for p in psutil.Process(server.pid).children(recursive=True)
-                    if any(kid in a for a in p.cmdline())]
+                    if any(kid in a for a in _cmdline(p))]
         assert len(kernels) == 1 and Path(kernels[0].cwd()) == ROOT
     finally:
         os.killpg(server.pid, signal.SIGTERM)
