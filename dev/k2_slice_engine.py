@@ -7,16 +7,18 @@ Builds the engine's model the way ``bench k2`` builds each layer (``bench.k2_bui
 INT4 experts repacked on ``--workers`` processes; dense projections FP32 or W16A16), then runs the
 engine's scenarios (``engine.scenarios``): a prefill + ``--decode`` greedy steps with every step's
 logits, and one verify of a random ``--tree``-node tree + root with every node's logits and the
-latent rows it appended. The reference side is computed here (``reference.scenarios``, a few minutes
-of numpy) unless ``--ref`` names the npz ``dev/k2_slice_reference.py --out`` saved for the same seed,
-prompt, tree and layout. Prints and writes per step / node: the largest logit difference, the
-reference's top-2 margin, whether the greedy tokens agree; and the latent rows' relative error.
+latent rows it appended. The reference side is ``dev/k2_slice_reference.py`` (a few minutes of
+numpy), run in a child process on the CPU while the engine is built and run, unless ``--ref`` names
+the npz it saved for the same seed, prompt, tree and layout. Prints and writes per step / node: the
+largest logit difference, the reference's top-2 margin, whether the greedy tokens agree; and the
+latent rows' relative error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,13 +44,7 @@ def main() -> None:
     from workbench.config import preset
     from workbench.engine.runtime import Engine
     from workbench.engine.scenarios import engine_decode, engine_tree_verify
-    from workbench.reference.scenarios import (
-        decode_reference,
-        random_prompt,
-        random_tree,
-        tree_verify_reference,
-    )
-    from workbench.seeded import SeededWeights
+    from workbench.reference.scenarios import random_prompt, random_tree
 
     cfg = preset("k2_slice")
     t0 = time.perf_counter()
@@ -58,6 +54,15 @@ def main() -> None:
 
     prompt = random_prompt(cfg, a.prompt, a.seed)
     parents, node_tokens = random_tree(cfg, a.tree, a.seed)
+    child, ref_log = None, Path(a.out).with_suffix(".ref.log")
+    if not a.ref:
+        a.ref = str(Path(a.out).with_suffix(".ref.npz"))
+        with open(ref_log, "w") as f:
+            child = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("k2_slice_reference.py")),
+                 "--seed", str(a.seed), "--prompt", str(a.prompt), "--decode", str(a.decode),
+                 "--tree", str(a.tree), "--dense", a.dense, "--out", a.ref],
+                stdout=f, stderr=subprocess.STDOUT)
     model = device_model(cfg, a.seed, a.workers, dense=a.dense)
     eng = Engine(cfg, None, max_len=a.prompt + max(a.decode, a.tree) + 4, max_rows=max(a.prompt, a.tree + 1),
                  model=model)
@@ -65,23 +70,15 @@ def main() -> None:
     tokens, logits = engine_decode(eng, prompt, a.decode)
     got = engine_tree_verify(eng, prompt, parents, node_tokens)
     log("engine decode and verify done")
-    if a.ref:
-        z = np.load(a.ref)
-        if not np.array_equal(z["prompt"], prompt) or not np.array_equal(z["tree_parents"], parents):
-            raise SystemExit(f"{a.ref} holds another prompt or tree than --seed/--prompt/--tree make")
-        ref_tokens, ref_logits, ref_margins = z["dec_tokens"], z["dec_logits"], z["dec_margins"]
-        v_logits, v_latents, v_margins = z["tree_logits"], z["tree_latents"], z["tree_margins"]
-    else:
-        w = SeededWeights(cfg, a.seed, "experts")
-        if a.dense == "bf16":
-            from workbench.quant.w16a16 import w16a16
-            w = w16a16(cfg, w)
-        dec = decode_reference(cfg, w, prompt, a.decode)
-        ref_tokens, ref_logits, ref_margins = dec.tokens, dec.logits, dec.margins
-        log("reference decode done")
-        ver = tree_verify_reference(cfg, w, prompt, parents, node_tokens)
-        v_logits, v_latents, v_margins = ver.logits, ver.latents, ver.margins
-        log("reference verify done")
+    if child is not None:
+        if child.wait() != 0:
+            raise SystemExit(f"the reference failed (rc {child.returncode}): see {ref_log}")
+        log("reference done")
+    z = np.load(a.ref)
+    if not np.array_equal(z["prompt"], prompt) or not np.array_equal(z["tree_parents"], parents):
+        raise SystemExit(f"{a.ref} holds another prompt or tree than --seed/--prompt/--tree make")
+    ref_tokens, ref_logits, ref_margins = z["dec_tokens"], z["dec_logits"], z["dec_margins"]
+    v_logits, v_latents, v_margins = z["tree_logits"], z["tree_latents"], z["tree_margins"]
     d_err = np.abs(logits - ref_logits).max(axis=1)
     v_err = np.abs(got.logits - v_logits).max(axis=1)
     lat = (np.linalg.norm(got.latents - v_latents, axis=-1)

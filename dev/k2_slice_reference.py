@@ -1,7 +1,7 @@
 """Time the numpy reference on the seeded k2_slice model (no weights file) and check its magnitudes.
 
     .venv/bin/python dev/k2_slice_reference.py [--layout experts] [--seed 0] [--prompt 8] [--decode 8]
-        [--tree 16] [--out results.npz]
+        [--tree 16] [--dense fp32|bf16] [--out results.npz]
 
 Runs, each timed: the activation statistics of the prompt (hidden RMS after every layer, logit
 spread, distinct experts per MoE layer), a prefill of the prompt + ``--decode`` greedy steps, and one
@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench.config import preset  # noqa: E402
 from workbench.fileio import write_bytes_atomic  # noqa: E402
+from workbench.quant.w16a16 import w16a16  # noqa: E402
 from workbench.reference.scenarios import (  # noqa: E402
     activation_stats,
     decode_reference,
@@ -46,12 +47,16 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=8)
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--tree", type=int, default=16)
+    ap.add_argument("--dense", choices=("fp32", "bf16"), default="fp32",
+                    help="bf16: the W16A16 reference (dense projections and attention core in bf16)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     cfg = preset(args.model)
     w = SeededWeights(cfg, args.seed, args.layout)
+    if args.dense == "bf16":
+        w = w16a16(cfg, w)
     prompt = random_prompt(cfg, args.prompt, args.seed)
-    print(f"{args.model} layout {args.layout} seed {args.seed}: prompt {prompt.tolist()}")
+    print(f"{args.model} layout {args.layout} dense {args.dense} seed {args.seed}: prompt {prompt.tolist()}")
 
     t = time.perf_counter()
     st = activation_stats(cfg, w, prompt)
