@@ -36,7 +36,10 @@ def main() -> None:
     ap.add_argument("--tree", type=int, default=16)
     ap.add_argument("--dense", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--workers", type=int, default=16)
-    ap.add_argument("--ref", help="npz of dev/k2_slice_reference.py --out (same seed, prompt, tree, layout)")
+    ap.add_argument("--ref", help="npz of dev/k2_slice_reference.py --out (same seed, prompt, tree, layout); "
+                    "'none': no comparison (with --save)")
+    ap.add_argument("--save", help="write the engine's outputs to SAVE.decode.npz and SAVE.verify.npz")
+    ap.add_argument("--engine", help="compare the outputs --save wrote (no GPU; skips the engine run)")
     ap.add_argument("--out", default="k2_slice_engine.json")
     a = ap.parse_args()
 
@@ -63,13 +66,25 @@ def main() -> None:
                  "--seed", str(a.seed), "--prompt", str(a.prompt), "--decode", str(a.decode),
                  "--tree", str(a.tree), "--dense", a.dense, "--out", a.ref],
                 stdout=f, stderr=subprocess.STDOUT)
-    model = device_model(cfg, a.seed, a.workers, dense=a.dense)
-    eng = Engine(cfg, None, max_len=a.prompt + max(a.decode, a.tree) + 4, max_rows=max(a.prompt, a.tree + 1),
-                 model=model)
-    log(f"engine built (dense {a.dense})")
-    tokens, logits = engine_decode(eng, prompt, a.decode)
-    got = engine_tree_verify(eng, prompt, parents, node_tokens)
-    log("engine decode and verify done")
+    if a.engine:
+        dec, ver = np.load(f"{a.engine}.decode.npz"), np.load(f"{a.engine}.verify.npz")
+        tokens, logits = dec["tokens"], dec["logits"]
+        got_logits, got_latents = ver["logits"], ver["latents"]
+    else:
+        model = device_model(cfg, a.seed, a.workers, dense=a.dense)
+        eng = Engine(cfg, None, max_len=a.prompt + max(a.decode, a.tree) + 4,
+                     max_rows=max(a.prompt, a.tree + 1), model=model)
+        log(f"engine built (dense {a.dense})")
+        tokens, logits = engine_decode(eng, prompt, a.decode)
+        got = engine_tree_verify(eng, prompt, parents, node_tokens)
+        got_logits, got_latents = got.logits, got.latents
+        log("engine decode and verify done")
+    if a.save:                                      # two files: each comes back from a device under 16 MiB
+        np.savez(f"{a.save}.decode.npz", tokens=tokens, logits=logits)
+        np.savez(f"{a.save}.verify.npz", logits=got_logits, latents=got_latents)
+        log(f"wrote {a.save}.decode.npz / .verify.npz")
+    if a.ref == "none":
+        return
     if child is not None:
         if child.wait() != 0:
             raise SystemExit(f"the reference failed (rc {child.returncode}): see {ref_log}")
@@ -80,8 +95,8 @@ def main() -> None:
     ref_tokens, ref_logits, ref_margins = z["dec_tokens"], z["dec_logits"], z["dec_margins"]
     v_logits, v_latents, v_margins = z["tree_logits"], z["tree_latents"], z["tree_margins"]
     d_err = np.abs(logits - ref_logits).max(axis=1)
-    v_err = np.abs(got.logits - v_logits).max(axis=1)
-    lat = (np.linalg.norm(got.latents - v_latents, axis=-1)
+    v_err = np.abs(got_logits - v_logits).max(axis=1)
+    lat = (np.linalg.norm(got_latents - v_latents, axis=-1)
            / np.maximum(np.linalg.norm(v_latents, axis=-1), 1e-30))
     res = {
         "seed": a.seed, "prompt": prompt.tolist(), "dense": a.dense, "tree_nodes": a.tree,
@@ -89,7 +104,7 @@ def main() -> None:
                     "engine_token": int(tokens[i]), "ref_token": int(ref_tokens[i])}
                    for i in range(len(d_err))],
         "verify": [{"node": i, "max_abs_logit_err": float(v_err[i]), "ref_margin": float(v_margins[i]),
-                    "argmax_equal": bool(got.logits[i].argmax() == v_logits[i].argmax())}
+                    "argmax_equal": bool(got_logits[i].argmax() == v_logits[i].argmax())}
                    for i in range(len(v_err))],
         "latent_rel_err_max": float(lat.max()),
         "ref_logit_abs_max": float(np.abs(ref_logits).max()),

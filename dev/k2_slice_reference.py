@@ -52,9 +52,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     cfg = preset(args.model)
-    w = SeededWeights(cfg, args.seed, args.layout)
-    if args.dense == "bf16":
-        w = w16a16(cfg, w)
+    seeded = SeededWeights(cfg, args.seed, args.layout)
+    w = w16a16(cfg, seeded) if args.dense == "bf16" else seeded
     prompt = random_prompt(cfg, args.prompt, args.seed)
     print(f"{args.model} layout {args.layout} dense {args.dense} seed {args.seed}: prompt {prompt.tolist()}")
 
@@ -78,7 +77,7 @@ def main() -> int:
 
     parents, tokens = random_tree(cfg, args.tree, args.seed)
     moe_layers = range(cfg.first_k_dense_replace, cfg.num_hidden_layers)
-    n_before = {k: len(w.generated_experts(k)) for k in moe_layers}
+    n_before = {k: len(seeded.generated_experts(k)) for k in moe_layers}
     t = time.perf_counter()
     ver = tree_verify_reference(cfg, w, prompt, parents, tokens)
     print(f"tree verify ({args.tree} nodes + root, after a {args.prompt}-token prefill): "
@@ -86,9 +85,9 @@ def main() -> int:
     print(f"  parents {parents.tolist()}")
     for k, r in sorted(ver.routes.items()):
         print(f"  layer {k}: the tree touched {np.unique(r).size} distinct experts "
-              f"({len(w.generated_experts(k))} generated so far, {n_before[k]} before)")
+              f"({len(seeded.generated_experts(k))} generated so far, {n_before[k]} before)")
     print(f"  node margins {' '.join(f'{m:.3f}' for m in ver.margins)}")
-    print(f"routed experts generated: {sum(len(w.generated_experts(k)) for k in n_before)} of "
+    print(f"routed experts generated: {sum(len(seeded.generated_experts(k)) for k in n_before)} of "
           f"{cfg.n_moe_layers * cfg.n_routed_experts}; peak RSS {_rss_gib():.2f} GiB")
     if args.out:
         buf = io.BytesIO()
