@@ -32,14 +32,27 @@ def col_blocks(n: int) -> int:
     return 1 if SIMULATED else (n + TPB - 1) // TPB
 
 
+ROW_KS = 8                                  # most K-slices a one-block-per-row kernel takes (its shared size)
+
+
+def row_slices(k: int) -> int:
+    """K-slices for a one-block-per-row kernel over ``k`` features (block (32, ks)): about 16 elements
+    per thread, at most KS. A row of 7168 on one warp is a chain of 224 dependent loads (latency-bound);
+    a row of 192 keeps one warp, whose reduction is the cheapest."""
+    return max(1, min(KS, ROW_KS, k // (TPB * 16)))
+
+
 @cuda.jit(device=True)
 def block_sum(sh, v):
-    """Sum of ``v`` over the block's 32 threads; ``sh`` is a float32 shared array [32]."""
-    t = cuda.threadIdx.x
+    """Sum of ``v`` over every thread of a (32,) or (32, ks) block; ``sh`` is a float32 shared
+    array with a slot per thread. Slots are summed in thread order, so the result is the same in
+    every thread."""
+    nt = TPB * cuda.blockDim.y
+    t = cuda.threadIdx.y * TPB + cuda.threadIdx.x
     sh[t] = v
     cuda.syncthreads()
     total = 0.0
-    for i in range(TPB):
+    for i in range(nt):
         total += sh[i]
     cuda.syncthreads()                      # sh may be reused right after
     return total
@@ -60,18 +73,20 @@ def block_max(sh, v):
 
 @cuda.jit(device=True)
 def block_argmax(shv, shi, v, i):
-    """(value, index) of the block-wide maximum of ``v``; ties go to the lowest index ``i``.
+    """(value, index) of the block-wide maximum of ``v`` over a (32,) or (32, ks) block; ties go to the
+    lowest index ``i``.
 
-    ``shv`` float32 [32], ``shi`` int32 [32] shared arrays; a thread without a candidate passes
-    v = -inf, i = a huge index.
+    ``shv`` float32, ``shi`` int32 shared arrays with a slot per thread; a thread without a candidate
+    passes v = -inf, i = a huge index.
     """
-    t = cuda.threadIdx.x
+    nt = TPB * cuda.blockDim.y
+    t = cuda.threadIdx.y * TPB + cuda.threadIdx.x
     shv[t] = v
     shi[t] = i
     cuda.syncthreads()
     bv = shv[0]
     bi = shi[0]
-    for k in range(1, TPB):
+    for k in range(1, nt):
         cv = shv[k]
         ci = shi[k]
         if cv > bv or (cv == bv and ci < bi):

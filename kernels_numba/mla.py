@@ -22,7 +22,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from .blockops import KS, TPB
+from .blockops import KS, ROW_KS, TPB
 from .rmsnorm import row_rms_scale
 from .rope import rope_pair
 
@@ -31,26 +31,26 @@ from .rope import rope_pair
 def mla_prep_kernel(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank, c_rank, eps):
     """a1 [T, Q+C+R] (or [T, H*(N+R)+C+R] when q_rank == 0) -> qn [T, Q], cache rows start+i.
 
-    grid (T,), block (32,). q_rank 0 skips the query norm (q comes straight from a1).
+    grid (T,), block (32, ks). q_rank 0 skips the query norm (q comes straight from a1).
     """
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
-    sh = cuda.shared.array(TPB, np.float32)
-    tid = cuda.threadIdx.x
+    sh = cuda.shared.array(TPB * ROW_KS, np.float32)
+    lt, nt = cuda.threadIdx.y * TPB + cuda.threadIdx.x, TPB * cuda.blockDim.y
     start = meta[0]
     off = a1.shape[1] - cache.shape[1]                       # column where c_kv starts in a1
     if q_rank > 0:
         r = row_rms_scale(sh, a1, row, 0, q_rank, eps)
-        for j in range(tid, q_rank, TPB):
+        for j in range(lt, q_rank, nt):
             qn[row, j] = q_norm[j] * (a1[row, j] * r)
     r2 = row_rms_scale(sh, a1, row, off, c_rank, eps)
     dst = start + row
-    for j in range(tid, c_rank, TPB):
+    for j in range(lt, c_rank, nt):
         cache[dst, j] = kv_norm[j] * (a1[row, off + j] * r2)
     pos = start + depth[row]
     half = (cache.shape[1] - c_rank) // 2
-    for i in range(tid, half, TPB):
+    for i in range(lt, half, nt):
         y0, y1 = rope_pair(a1[row, off + c_rank + 2 * i], a1[row, off + c_rank + 2 * i + 1], cos, sin, pos, i)
         cache[dst, c_rank + 2 * i] = y0
         cache[dst, c_rank + 2 * i + 1] = y1

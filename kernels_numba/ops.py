@@ -41,7 +41,7 @@ import numpy as np
 
 from . import blas, ffn
 from ._validate import KernelInputError, flat
-from .blockops import KS, TPB, col_blocks
+from .blockops import KS, TPB, col_blocks, row_slices
 from .device import SIMULATED, head_rows, kernel_array, on_gpu, rows_view, to_device, zeros
 from .int4_layout import Int4Weight, LayoutError, repack_int4
 from .int4_matmul import int4_matmul
@@ -373,7 +373,7 @@ def _ws_key(w: MoEWeights, k: int) -> tuple:
 
 def embed(h, table, ids, meta, rows: int, stream=0) -> None:
     """h [T, D] = table[ids] for the live rows."""
-    embed_kernel[rows, TPB, stream](h, table, ids, meta)
+    embed_kernel[rows, (TPB, row_slices(h.shape[1])), stream](h, table, ids, meta)
 
 
 def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False) -> None:
@@ -387,8 +387,9 @@ def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False
 def mla_prep(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank: int, c_rank: int, eps: float,
              rows: int, stream=0) -> None:
     """q_norm of c_q into qn; kv_norm(c_kv) || rope(k_pe) into cache rows start + i (mla.py)."""
-    mla_prep_kernel[rows, TPB, stream](qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta,
-                                       np.int32(q_rank), np.int32(c_rank), np.float32(eps))
+    ks = row_slices(max(q_rank, c_rank))
+    mla_prep_kernel[rows, (TPB, ks), stream](qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta,
+                                             np.int32(q_rank), np.int32(c_rank), np.float32(eps))
 
 
 def mla_attention(o, q, cache, w: MLA, cos, sin, depth, vis, meta, scale: float, n_heads: int, c_rank: int,
@@ -476,11 +477,11 @@ def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
 
 def argmax(out, logits, meta, rows: int, stream=0) -> None:
     """out [T] int32 = argmax per live row (ties to the lowest id)."""
-    argmax_kernel[rows, TPB, stream](out, logits, meta)
+    argmax_kernel[rows, (TPB, row_slices(logits.shape[1])), stream](out, logits, meta)
 
 
 def copy_rows(dst, src, meta, rows: int, stream=0) -> None:
-    copy_rows_kernel[rows, TPB, stream](dst, src, meta)
+    copy_rows_kernel[rows, (TPB, row_slices(src.shape[1])), stream](dst, src, meta)
 
 
 def advance(ids, amax, out, meta, stream=0) -> None:

@@ -12,39 +12,40 @@ import math
 import numpy as np
 from numba import cuda
 
-from .blockops import TPB, block_argmax
+from .blockops import ROW_KS, TPB, block_argmax
 
 BIG = 2 ** 30
 
 
 @cuda.jit
 def embed_kernel(h, table, ids, meta):
-    """h [T, D] = table [V, D][ids[t]] for t < meta[1]; grid (T,), block (32,)."""
+    """h [T, D] = table [V, D][ids[t]] for t < meta[1]; grid (T,), block (32, ks)."""
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
     tok = ids[row]
-    for j in range(cuda.threadIdx.x, h.shape[1], TPB):
+    for j in range(cuda.threadIdx.y * TPB + cuda.threadIdx.x, h.shape[1], TPB * cuda.blockDim.y):
         h[row, j] = table[tok, j]
 
 
 @cuda.jit
 def argmax_kernel(out, logits, meta):
-    """out [T] int32 = argmax(logits [T, V]) per row (ties to the lowest id); grid (T,), block (32,)."""
+    """out [T] int32 = argmax(logits [T, V]) per row (ties to the lowest id); grid (T,), block (32, ks)."""
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
-    shv = cuda.shared.array(TPB, np.float32)
-    shi = cuda.shared.array(TPB, np.int32)
+    shv = cuda.shared.array(TPB * ROW_KS, np.float32)
+    shi = cuda.shared.array(TPB * ROW_KS, np.int32)
     bv = -math.inf
     bi = BIG
-    for j in range(cuda.threadIdx.x, logits.shape[1], TPB):   # ascending j: strict > keeps the lowest
+    lt = cuda.threadIdx.y * TPB + cuda.threadIdx.x
+    for j in range(lt, logits.shape[1], TPB * cuda.blockDim.y):   # ascending j: strict > keeps the lowest
         v = logits[row, j]
         if v > bv:
             bv = v
             bi = j
     bv, bi = block_argmax(shv, shi, bv, bi)
-    if cuda.threadIdx.x == 0:
+    if lt == 0:
         out[row] = bi
 
 
@@ -63,9 +64,9 @@ def advance_kernel(ids, amax, outbuf, meta):
 
 @cuda.jit
 def copy_rows_kernel(dst, src, meta):
-    """dst [T, D] = src [T, D] for rows < meta[1] (tapped hidden states); grid (T,), block (32,)."""
+    """dst [T, D] = src [T, D] for rows < meta[1] (tapped hidden states); grid (T,), block (32, ks)."""
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
-    for j in range(cuda.threadIdx.x, src.shape[1], TPB):
+    for j in range(cuda.threadIdx.y * TPB + cuda.threadIdx.x, src.shape[1], TPB * cuda.blockDim.y):
         dst[row, j] = src[row, j]

@@ -125,3 +125,15 @@ def test_moe_workspace_must_be_reserved_before_use():
         sc.workspace(m.fused, 3)
     with pytest.raises(KernelInputError):
         sc.reserve(5)
+
+
+@pytest.mark.parametrize("ks", [1, 4])
+def test_copy_rows_copies_live_rows_only(ks):
+    from kernels_numba.blockops import TPB
+    from kernels_numba.tokens import copy_rows_kernel
+    src = np.random.default_rng(5).standard_normal((3, 300)).astype(np.float32)
+    dst = to_device(np.zeros((3, 300), np.float32))
+    meta = to_device(np.array([0, 2, 0, 0, 0, 0, 0, 0], np.int32))
+    copy_rows_kernel[3, (TPB, ks), 0](dst, to_device(src), meta)
+    got = download(dst)
+    assert (got[:2] == src[:2]).all() and (got[2] == 0).all()

@@ -10,12 +10,15 @@ from kernels_numba.rmsnorm import rmsnorm
 from workbench.reference.layers import rmsnorm as ref_rmsnorm
 
 
-def test_rmsnorm_matches_reference_and_skips_dead_rows():
+@pytest.mark.parametrize("ks", [None, 3, 8])
+def test_rmsnorm_matches_reference_and_skips_dead_rows(ks):
+    """ks: the K-sliced block (32, ks) a long row gets on the GPU (blockops.row_slices)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 45)).astype(np.float32) * 3
     w = rng.standard_normal(45).astype(np.float32)
     out = to_device(np.full((4, 45), 7.0, np.float32))
-    rmsnorm(out, to_device(x), to_device(w), 1e-6, to_device(np.array([0, 3, 0, 0, 0, 0, 0, 0], np.int32)), 4)
+    rmsnorm(out, to_device(x), to_device(w), 1e-6, to_device(np.array([0, 3, 0, 0, 0, 0, 0, 0], np.int32)), 4,
+            ks=ks)
     got = download(out)
     np.testing.assert_allclose(got[:3], ref_rmsnorm(x[:3], w, 1e-6), rtol=1e-5, atol=1e-5)
     assert (got[3] == 7.0).all()
@@ -34,3 +37,9 @@ def test_linear_overwrites_or_accumulates(ks):
     out = to_device(base)
     linear(out, to_device(x), to_device(np.ascontiguousarray(w.T)), meta, 3, accumulate=True, ks=ks)
     np.testing.assert_allclose(download(out), base + x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_row_slices_widen_long_rows_only():
+    from kernels_numba.blockops import KS, ROW_KS, row_slices
+    assert row_slices(192) == 1                               # a toy row keeps one warp
+    assert row_slices(7168) == min(KS, ROW_KS)                # 8 slices on the GPU, 1 under the simulator

@@ -47,3 +47,29 @@ def test_load_layers_reads_one_way_of_holding_the_dense_projections(tmp_path):
     assert meta["dense_used"] == "bf16" and times["moe"] == {1: 600.0} and times["dense"] == {1: 900.0}
     times, meta = k2proj.load_layers(tmp_path, dense="fp32")
     assert meta["dense_used"] == "fp32" and times["moe"] == {1: 700.0} and times["dense"] == {}
+
+
+def test_busiest_gpu_holds_its_share_of_the_union_or_more():
+    from workbench.report.spec import analytic_coverage
+    one = k2proj.busiest_gpu_experts(384, 8, 17, 1)
+    assert abs(one - float(analytic_coverage(384, 8, 17))) < 1.0       # one GPU: the whole union
+    eight = k2proj.busiest_gpu_experts(384, 8, 17, 8)
+    assert one / 8 < eight < one / 4                     # the busiest of 8 holds more than its 1/8
+    assert k2proj.busiest_gpu_experts(384, 8, 1, 8) >= 1.0
+
+
+def test_experts_us_interpolates_the_measured_curve_and_extends_it():
+    times = {"random": {1: 72.0, 2: 130.0, 5: 290.0}, "random_unique": {1: 8.0, 2: 16.0, 5: 39.0}}
+    assert k2proj.experts_us(times, 16.0) == 130.0
+    assert abs(k2proj.experts_us(times, 12.0) - 101.0) < 1e-9
+    assert abs(k2proj.experts_us(times, 2.0) - (72.0 - 6 * 58.0 / 8)) < 1e-9   # along the first two points
+
+
+def test_expert_parallel_projection_swaps_only_the_routed_experts_part():
+    times = {"dense": {1: 100.0, 5: 200.0}, "moe": {1: 50.0, 5: 400.0}, "experts": {1: 20.0, 5: 300.0},
+             "random": {1: 20.0, 5: 300.0}, "random_unique": {1: 8.0, 5: 38.4}}
+    rows = k2proj.project_ep(preset("k2"), times, {4: 3.0})
+    u1 = k2proj.busiest_gpu_experts(384, 8, 1, 8)
+    assert abs(rows[0]["step_ms"] * 1e3 - (100 + 60 * (30 + k2proj.experts_us(times, u1)))) < 1e-6
+    one_gpu = k2proj.project(preset("k2"), times, {4: 3.0})
+    assert rows[1]["budget"] == 4 and rows[1]["step_ms"] < one_gpu[1]["step_ms"]

@@ -21,6 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..bench.results import current_set
 from ..config import ModelConfig
 from .benchdata import read_csv
@@ -28,8 +30,10 @@ from .benchdata import read_csv
 
 def load_layers(bench_dir: str | Path,
                 dense: str | None = None) -> tuple[dict[str, dict[int, float]], dict[str, Any]] | None:
-    """({"dense": {rows: us}, "moe": {rows: us}, "experts": {rows: us}}, the set's metadata) of the current
-    k2_layer set, or None; "experts" is the MoE layer's routed-experts part under its router's routing.
+    """({"dense": {rows: us}, "moe": {rows: us}, "experts": {rows: us}, "random": {rows: us},
+    "random_unique": {rows: distinct experts}}, the set's metadata) of the current k2_layer set, or None;
+    "experts" is the MoE layer's routed-experts part under its router's routing, "random" the same part
+    under random routing sets, with the median distinct experts they touched.
     ``dense``: which way of holding the dense projections to read ("fp32" or "bf16", bench k2's
     ``--dense``; rows of sets from before that option are "fp32"); default "bf16" where the set has
     it (K2-Thinking's layout), else "fp32". The metadata's ``dense_used`` says which."""
@@ -39,17 +43,20 @@ def load_layers(bench_dir: str | Path,
     rows = read_csv(rs.csv)
     kinds = {r.get("dense") or "fp32" for r in rows}
     use = dense or ("bf16" if "bf16" in kinds else "fp32")
-    times: dict[str, dict[int, float]] = {"dense": {}, "moe": {}, "experts": {}}
+    kinds_out = ("dense", "moe", "experts", "random", "random_unique")
+    times: dict[str, dict[int, float]] = {k: {} for k in kinds_out}
     for r in rows:
         if r["impl"] != "numba engine" or r["experts"] != "int4" or (r.get("dense") or "fp32") != use:
             continue
         kind = None
         if r["part"] == "layer":
             kind = "dense" if r["routing"] == "-" else "moe" if r["routing"] == "router" else None
-        elif r["part"] == "routed_experts" and r["routing"] == "router":
-            kind = "experts"
+        elif r["part"] == "routed_experts":
+            kind = {"router": "experts", "random": "random"}.get(r["routing"])
         if kind is not None:
             times[kind].setdefault(int(r["rows"]), float(r["us"]))       # the first MoE layer measured
+            if kind == "random":
+                times["random_unique"].setdefault(int(r["rows"]), float(r["unique_experts"]))
     return times, {**rs.read_meta(), "dense_used": use}
 
 
@@ -78,3 +85,44 @@ def project(cfg: ModelConfig, times: dict[str, dict[int, float]], tau: dict[int,
             out.append({"budget": b, "rows": rows, "tau": tau[b], "step_ms": us / 1e3,
                         "tok_s": tau[b] * 1e6 / us, "speedup": tau[b] * ar_us / us})
     return out
+
+
+def busiest_gpu_experts(n_experts: int, k: int, rows: int, world: int, trials: int = 400,
+                        seed: int = 0) -> float:
+    """Mean over random routings of the most distinct experts one of ``world`` GPUs holds among those
+    ``rows`` tokens touch (each token k of E uniformly; GPU g holds experts [g E/w, (g+1) E/w))."""
+    rng = np.random.default_rng(seed)
+    total, chunk = 0.0, 50
+    for start in range(0, trials, chunk):
+        m = min(chunk, trials - start)
+        picks = np.argpartition(rng.random((m, rows, n_experts)), k, axis=-1)[..., :k]   # [m, rows, k]
+        touched = np.zeros((m, n_experts), bool)
+        np.put_along_axis(touched, picks.reshape(m, -1), True, axis=-1)                 # [m, E]
+        total += touched.reshape(m, world, n_experts // world).sum(axis=-1).max(axis=-1).sum()
+    return total / trials
+
+
+def experts_us(times: dict[str, dict[int, float]], u: float) -> float:
+    """Routed-experts time for ``u`` distinct experts on one GPU: the measured random-routing points
+    (distinct experts, us) interpolated linearly, and extended along the first / last two points."""
+    pts = sorted((times["random_unique"][n], times["random"][n]) for n in times["random"])
+    us, ts = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+    if u < us[0] or u > us[-1]:
+        i = 0 if u < us[0] else len(us) - 2
+        return float(ts[i] + (u - us[i]) * (ts[i + 1] - ts[i]) / (us[i + 1] - us[i]))
+    return float(np.interp(u, us, ts))
+
+
+def project_ep(cfg: ModelConfig, times: dict[str, dict[int, float]], tau: dict[int, float],
+               world: int = 8) -> list[dict[str, Any]]:
+    """``project`` for one GPU of ``world``-way expert parallelism: each GPU holds E / world experts of
+    every layer and runs the rest of the layer itself (batch 1: every GPU computes the same attention).
+    A MoE layer at n rows costs its measured time less its routed-experts part, plus ``experts_us`` of
+    the busiest GPU's distinct experts (``busiest_gpu_experts``, uniform routing). Left out besides
+    ``project``'s: the all-to-all that sends each token's rows to its experts' GPUs and back (two per
+    MoE layer), and any imbalance from a real router."""
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    rows_all = sorted(n for n in times["moe"] if n in times["experts"] and n in times["dense"])
+    moe_ep = {n: times["moe"][n] - times["experts"][n]
+              + experts_us(times, busiest_gpu_experts(e, k, n, world)) for n in rows_all}
+    return project(cfg, {"dense": times["dense"], "moe": moe_ep}, tau)

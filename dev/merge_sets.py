@@ -1,0 +1,64 @@
+"""Merge partial runs of ``bench k2`` into one result set, every row keeping the commit that measured it.
+
+    .venv/bin/python dev/merge_sets.py --out reports/bench DIR/k2_layer_<a>.csv DIR/k2_layer_<b>.csv ...
+
+A device session's time may not fit every layer and dense mode in one run (``bench k2 --layers 1
+--dense bf16`` re-measures one layer); the projection reads one set. Rows are keyed by (layer,
+experts, dense, impl, part, routing, rows): a later source replaces an earlier one's row, so list the
+sources oldest first. Rows from before ``--dense`` existed count as dense ``fp32``. Writes
+``k2_layer_<last source's commit>`` (CSV with a ``run`` column, metadata of the last source plus
+``runs``: each source's commit, time and row count, and every source's checks, the plot), and
+concatenates the sources' logs under one header each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from workbench.bench.k2_layer import plot  # noqa: E402
+from workbench.bench.results import result_set  # noqa: E402
+from workbench.fileio import write_json_atomic, write_text_atomic  # noqa: E402
+from workbench.report.benchdata import read_csv  # noqa: E402
+from workbench.report.tables import write_csv  # noqa: E402
+
+KEY = ("layer", "experts", "dense", "impl", "part", "routing", "rows")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("sources", nargs="+", type=Path, help="k2_layer_<commit>.csv files, oldest first")
+    a = ap.parse_args()
+    merged: dict[tuple, dict] = {}
+    runs, checks, logs = [], [], []
+    for src in a.sources:
+        meta = json.loads(src.with_suffix(".json").read_text())
+        rows = read_csv(src)
+        for r in rows:
+            if r["impl"] == "numba engine" and not r.get("dense"):
+                r["dense"] = "fp32"
+            r["run"] = meta["git_sha"]
+            merged[tuple(str(r.get(k, "")) for k in KEY)] = r
+        runs.append({"git_sha": meta["git_sha"], "time_utc": meta["time_utc"], "rows": len(rows)})
+        checks += [{**c, "run": meta["git_sha"]} for c in meta.get("checks", [])]
+        log = src.with_suffix(".log")
+        text = log.read_text() if log.exists() else "(no log)\n"
+        logs.append(f"==== run {meta['git_sha']} ({meta['time_utc']}): {src.name} ====\n{text}")
+    rs = result_set(a.out, "k2_layer", runs[-1]["git_sha"])
+    rows = list(merged.values())
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    write_csv([{c: r.get(c, "") for c in cols} for r in rows], rs.csv)
+    write_json_atomic(rs.meta, {**meta, "checks": checks, "runs": runs})
+    write_text_atomic(rs.log, "".join(logs))
+    plot(rows, rs.plot)
+    print(f"wrote {rs.csv} ({len(rows)} rows from {len(runs)} runs), {rs.meta}, {rs.log}, {rs.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
