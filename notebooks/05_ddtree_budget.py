@@ -335,3 +335,37 @@ else:
         f"PROJECTION: 1 dense + 60 MoE layers at the k2_slice times measured by bench k2 on "
         f"{k2_meta.get('gpu', '?')}; τ from the numpy reference on {bundle_name}; lm_head, drafter left out.",
         hardware=k2_meta.get("gpu", "?"), date=k2_meta.get("time_utc")))
+
+# %% [markdown]
+# ## The same per GPU of an 8-way expert-parallel node (projection from measurements)
+# The whole model (about 595 GB in INT4) fits 8 H200s when each holds 48 of every layer's 384 experts
+# (about 74 GB). At batch 1 each GPU still runs the dense layer, the attention, router and shared
+# expert of every layer for the token (the **measured** layer time less its routed-experts part);
+# only the routed experts split. A tree's rows touch the union of their experts, and the layer waits
+# for the GPU holding the most of them: its expected count under uniform routing
+# (`k2proj.busiest_gpu_experts`, 400 random routings) is costed on the **measured** routed-experts
+# time against distinct experts (random routing sets, one GPU). Left out besides the one-GPU
+# projection's: the two all-to-alls per MoE layer that carry a token's rows to its experts' GPUs and
+# back (not measured on one GPU; `bench ep` times them on a multi-GPU machine), and any imbalance a
+# real router adds.
+
+# %%
+if k2_layers is not None:
+    ep_rows = []
+    for d in labels:
+        if not d.startswith("oracle"):
+            continue
+        tau_d = {r["budget"]: r["tau"] for r in acc_rows if r["drafter"] == d}
+        ep_rows += [{"drafter": d, **r} for r in k2proj.project_ep(preset("k2"), k2_times, tau_d, world=8)]
+    ep = tables.frame(ep_rows)
+    tables.show_table(ep, "05_k2_projection_ep8", out_dir, digits=3, caption=(
+        f"PROJECTED full-K2 tokens/s per 8-GPU expert-parallel node from MEASURED k2_slice layer times "
+        f"({k2_meta.get('gpu', '?')}, commit {k2_meta.get('git_sha', '?')[:7]}, {k2_meta['dense_used']} "
+        f"dense projections) and the reference's oracle τ on {bundle_name}; all-to-all left out; "
+        "budget 0 = AR."),
+        view=ep.pivot(index="drafter", columns="budget", values="speedup"))
+    best = [max((r for r in ep_rows if r["drafter"] == d), key=lambda r: r["speedup"])
+            for d in dict.fromkeys(r["drafter"] for r in ep_rows)]
+    display(Markdown("Best projected budget per drafter, 8-way expert parallel: " + "; ".join(
+        f"{r['drafter']}: **{r['speedup']:.2f}×** AR at B = {r['budget']} ({r['tok_s']:.0f} tok/s, "
+        f"AR {ep_rows[0]['tok_s']:.0f})" for r in best) + "."))
