@@ -319,11 +319,7 @@ else:
         f"{k2_meta.get('context', '?')}, {k2_meta['dense_used']} dense projections) and the reference's "
         f"oracle τ on {bundle_name}; budget 0 = AR."),
         view=proj.pivot(index="drafter", columns="budget", values="speedup"))
-    best = [max((r for r in proj_rows if r["drafter"] == d), key=lambda r: r["speedup"])
-            for d in dict.fromkeys(r["drafter"] for r in proj_rows)]
-    display(Markdown("Best projected budget per drafter: " + "; ".join(
-        f"{r['drafter']}: **{r['speedup']:.2f}×** AR at B = {r['budget']} ({r['tok_s']:.0f} tok/s, "
-        f"AR {proj_rows[0]['tok_s']:.0f})" for r in best) + "."))
+    display(Markdown(f"Best projected budget per drafter: {k2proj.best_budgets(proj_rows)}."))
     fig, ax = plots.plt.subplots(figsize=(6, 3.8))
     plots.lines(ax, {d: ([r["budget"] for r in proj_rows if r["drafter"] == d and r["budget"]],
                          [r["speedup"] for r in proj_rows if r["drafter"] == d and r["budget"]])
@@ -364,8 +360,5 @@ if k2_layers is not None:
         f"dense projections) and the reference's oracle τ on {bundle_name}; all-to-all left out; "
         "budget 0 = AR."),
         view=ep.pivot(index="drafter", columns="budget", values="speedup"))
-    best = [max((r for r in ep_rows if r["drafter"] == d), key=lambda r: r["speedup"])
-            for d in dict.fromkeys(r["drafter"] for r in ep_rows)]
-    display(Markdown("Best projected budget per drafter, 8-way expert parallel: " + "; ".join(
-        f"{r['drafter']}: **{r['speedup']:.2f}×** AR at B = {r['budget']} ({r['tok_s']:.0f} tok/s, "
-        f"AR {ep_rows[0]['tok_s']:.0f})" for r in best) + "."))
+    display(Markdown("Best projected budget per drafter, 8-way expert parallel: "
+                     f"{k2proj.best_budgets(ep_rows)}."))

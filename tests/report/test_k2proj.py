@@ -73,3 +73,10 @@ def test_expert_parallel_projection_swaps_only_the_routed_experts_part():
     assert abs(rows[0]["step_ms"] * 1e3 - (100 + 60 * (30 + k2proj.experts_us(times, u1)))) < 1e-6
     one_gpu = k2proj.project(preset("k2"), times, {4: 3.0})
     assert rows[1]["budget"] == 4 and rows[1]["step_ms"] < one_gpu[1]["step_ms"]
+
+
+def test_best_budgets_names_each_groups_best():
+    rows = [{"drafter": d, "budget": b, "speedup": s, "tok_s": 10.0 * s} for d, b, s in
+            [("a", 0, 1.0), ("a", 4, 1.5), ("a", 8, 1.2), ("b", 0, 1.0), ("b", 4, 0.9)]]
+    assert k2proj.best_budgets(rows) == ("a: **1.50×** AR at B = 4 (15 tok/s, AR 10); "
+                                         "b: **1.00×** AR at B = 0 (10 tok/s, AR 10)")

@@ -126,3 +126,13 @@ def project_ep(cfg: ModelConfig, times: dict[str, dict[int, float]], tau: dict[i
     moe_ep = {n: times["moe"][n] - times["experts"][n]
               + experts_us(times, busiest_gpu_experts(e, k, n, world)) for n in rows_all}
     return project(cfg, {"dense": times["dense"], "moe": moe_ep}, tau)
+
+
+def best_budgets(rows: list[dict[str, Any]], key: str = "drafter") -> str:
+    """Markdown of each ``key`` group's best projected budget (``project`` rows with a ``key`` column):
+    its speed-up over AR, tokens/s and the AR tokens/s."""
+    groups = dict.fromkeys(r[key] for r in rows)
+    best = [max((r for r in rows if r[key] == g), key=lambda r: r["speedup"]) for g in groups]
+    ar = {r[key]: r["tok_s"] for r in rows if r["budget"] == 0}
+    return "; ".join(f"{r[key]}: **{r['speedup']:.2f}×** AR at B = {r['budget']} ({r['tok_s']:.0f} tok/s, "
+                     f"AR {ar[r[key]]:.0f})" for r in best)
