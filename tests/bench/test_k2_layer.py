@@ -7,7 +7,7 @@ import pytest
 from kernels_numba import ops
 from kernels_numba.device import SIMULATED, on_gpu
 from kernels_numba.sim import sim_speed
-from workbench.bench import k2_layer
+from workbench.bench import k2_check, k2_layer
 from workbench.bench.k2_build import device_layer, layer_bytes
 from workbench.config import preset
 
@@ -26,7 +26,7 @@ def _rig(cfg, layer, experts="int4", workers=1, dense="fp32"):
 @pytest.mark.parametrize("layer", [0, 1])
 def test_small_layer_matches_reference(layer):
     rig = _rig(SMALL, layer)
-    res = k2_layer.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=16, log=lambda m: None)
+    res = k2_check.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=16, log=lambda m: None)
     assert [r["rows"] for r in res] == [4, 1, 17]
     assert all(r["passed"] for r in res), res
     if layer == 1:
@@ -43,7 +43,7 @@ def test_small_layer_w16a16_matches_the_reference_w16a16(layer, monkeypatch):
     monkeypatch.setattr(ops, "BLAS", True)
     rig = _rig(SMALL, layer, dense="bf16")
     assert dense_kind(rig.lay) == "bf16" and rig.lay.a1.path == ops.BLAS_PATH
-    res = k2_layer.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=16, log=lambda m: None)
+    res = k2_check.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=16, log=lambda m: None)
     assert all(r["passed"] and r["dense"] == "bf16" for r in res), res
 
 
@@ -61,7 +61,7 @@ def test_w16a16_floors_hold_the_weights_at_two_bytes():
 def test_small_fp32_experts_match_reference():
     rig = _rig(SMALL, 1, "fp32")
     assert rig.lay.moe.path == ops.PORTABLE
-    res = k2_layer.check(SMALL, 3, rig, "fp32", prefix=4, tree_nodes=16, log=lambda m: None)
+    res = k2_check.check(SMALL, 3, rig, "fp32", prefix=4, tree_nodes=16, log=lambda m: None)
     assert all(r["passed"] for r in res), res
 
 
@@ -69,7 +69,7 @@ def test_a_wrong_weight_fails_the_check():
     rig = _rig(SMALL, 1)
     a = np.asarray(rig.lay.ffn_norm)
     a *= 1.01                                                   # the device's ffn_norm off by 1%
-    res = k2_layer.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=4, log=lambda m: None)
+    res = k2_check.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=4, log=lambda m: None)
     assert not all(r["passed"] for r in res[1:])
 
 
@@ -96,7 +96,7 @@ def test_parts_launch_and_floors():
 def test_k2_slice_layer_matches_reference_on_gpu(layer):
     cfg = preset("k2_slice")
     rig = k2_layer.LayerRig(cfg, layer, device_layer(cfg, 0, layer, "int4", workers=16), 17, 40)
-    res = k2_layer.check(cfg, 0, rig, "int4", prefix=16, tree_nodes=16)
+    res = k2_check.check(cfg, 0, rig, "int4", prefix=16, tree_nodes=16)
     assert all(r["passed"] for r in res), res
 
 
@@ -107,5 +107,5 @@ def test_k2_slice_layer_w16a16_matches_reference_on_gpu(layer):
     """The real k2_slice with W16A16 dense projections and attention (cuBLAS bf16 GEMMs)."""
     cfg = preset("k2_slice")
     rig = k2_layer.LayerRig(cfg, layer, device_layer(cfg, 0, layer, "int4", workers=16, dense="bf16"), 17, 40)
-    res = k2_layer.check(cfg, 0, rig, "int4", prefix=16, tree_nodes=16)
+    res = k2_check.check(cfg, 0, rig, "int4", prefix=16, tree_nodes=16)
     assert all(r["passed"] and r["dense"] == "bf16" for r in res), res

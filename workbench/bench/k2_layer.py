@@ -5,9 +5,10 @@ experts per token, E routed experts, P prefix rows before a step.
 
 A ``LayerRig`` holds one layer's prepared weights (``k2_build.device_layer``), buffers shaped like the
 engine's and ``ops.Scratch``; its step is ``engine.model.launch_layer``, the code the engine runs per
-layer. ``check`` runs a P-row prefix, a decode step and a verify of a 17-row tree (16 nodes + root)
+layer. ``k2_check`` runs a P-row prefix, a decode step and a verify of a 17-row tree (16 nodes + root)
 on the device and on the numpy reference (``reference.model``'s layer, W4A16 definition) and compares
-each row's update y - x and the latent rows the layer appended. ``time_layer`` (GPU) times, per row
+each row's update y - x and the latent rows the layer appended; ``run`` computes the reference sides
+in other processes while the device builds and times. ``time_layer`` (GPU) times, per row
 count, the attention, router, routed experts (random routing sets rotated between replays, and the
 router's own routing of the tree rows), shared expert or dense MLP and the whole layer, each in its
 own CUDA graph (``engine.graphs.StepGraph``), behind a spin kernel, with a 256 MiB write before every
@@ -17,9 +18,11 @@ replay so weights come from HBM; "rest" is the layer minus its parts (norms, con
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
 import statistics
 import time
 import traceback
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,7 +38,6 @@ from kernels_numba.device import (
     kernel_array,
     rows_view,
     sub,
-    tail_rows,
     to_device,
     upload,
 )
@@ -44,16 +46,13 @@ from kernels_numba.rope import rope_tables
 from ..config import ModelConfig, preset
 from ..engine.buffers import allocate
 from ..engine.model import launch_layer, mla
-from ..reference.layers import sigmoid, weight
-from ..reference.model import LatentCache
 from ..reference.scenarios import random_tree
 from ..report.spec import analytic_coverage
 from .k2_build import dense_kind, device_layer, layer_bytes
-from .torch_layer_bench import _reference_layer, ancestor_inputs
+from .k2_check import compare, engine_side, reference_side
+from .torch_layer_bench import ancestor_inputs
 
 ROWS = (1, 2, 3, 5, 9, 17, 33, 65)  # decode, then trees of 1, 2, 4, ..., 64 nodes + root
-TOL = {"int4": 2e-3, "fp32": 2e-3}  # relative error of each row's update y - x and of cache rows
-TIE = 1e-4  # selection-score gap under which a routing difference is a tie
 
 
 def union_model(e: int, k: int, n: int) -> float:
@@ -158,136 +157,6 @@ class LayerRig:
             self.step(n, s)
         out["layer"] = layer
         return out
-
-
-# ---- correctness against the reference ---------------------------------------------------------------
-def _rel(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    d = np.linalg.norm(got.astype(np.float64) - want, axis=-1)
-    return d / np.maximum(np.linalg.norm(want.astype(np.float64), axis=-1), 1e-30)
-
-
-def _tie(ref, layer: int, xn: np.ndarray, r_set: set, d_set: set) -> bool:
-    """Every swapped pair's reference selection scores (sigmoid + bias) lie within TIE."""
-    p = f"layers.{layer}.ffn."
-    s = sigmoid(xn @ np.asarray(weight(ref, p + "gate"), np.float32).T) + np.asarray(
-        weight(ref, p + "gate_bias")
-    )
-    return all(abs(float(s[a]) - float(s[b])) < TIE for a in r_set - d_set for b in d_set - r_set)
-
-
-def check(*args, **kw) -> list[dict[str, Any]]:
-    """``_check`` under the simulator's faster executor (no effect on a GPU)."""
-    from kernels_numba.sim import sim_speed
-    with sim_speed():
-        return _check(*args, **kw)
-
-
-def _check(
-    cfg: ModelConfig,
-    seed: int,
-    rig: LayerRig,
-    experts: str = "int4",
-    prefix: int = 16,
-    tree_nodes: int = 16,
-    log=print,
-) -> list[dict[str, Any]]:
-    """Prefix (cache rows), decode and a (tree_nodes + 1)-row verify of the rig's layer against the
-    reference; one result dict per scenario with ``passed``."""
-    from ..seeded import SeededWeights
-
-    layer, tol = rig.layer, TOL[experts]
-    ref = SeededWeights(cfg, seed, "experts" if experts == "int4" else "fp32")
-    if dense_kind(rig.lay) == "bf16":                      # the reference's W16A16 definition
-        from ..quant.w16a16 import w16a16
-        ref = w16a16(cfg, ref)
-    rng = np.random.default_rng(seed + 1000 * layer)
-    x_all = rng.standard_normal((prefix + 2 + tree_nodes, cfg.hidden_size)).astype(np.float32)
-    cache = LatentCache.empty(cfg, prefix + tree_nodes + 1)
-    out = []
-    pos = np.arange(prefix)
-    _reference_layer(cfg, ref, layer, x_all[:prefix], pos, cache, np.tril(np.ones((prefix, prefix), bool)))
-    cache.length = prefix
-    rig.load(x_all[:prefix], 0, pos, np.tril(np.ones((prefix, prefix), np.uint8)))
-    rig.step(prefix)
-    rig.sync()
-    got = download(head_rows(rig.cache, prefix))
-    err = float(_rel(got, cache.layers[layer][:prefix]).max())
-    out.append(
-        {
-            "layer": layer,
-            "experts": experts,
-            "dense": dense_kind(rig.lay),
-            "scenario": f"prefix {prefix} rows: cache rows",
-            "rows": prefix,
-            "max_rel_err": err,
-            "tol": tol,
-            "passed": err <= tol,
-        }
-    )
-    parents, _ = random_tree(cfg, tree_nodes, seed=seed + 7)
-    vis_t, pos_t = ancestor_inputs(parents, prefix)
-    cases = [
-        ("decode", x_all[prefix : prefix + 1], np.ones((1, 1), bool), np.array([prefix])),
-        (f"verify {tree_nodes}-node tree + root", x_all[prefix + 1 :], vis_t, pos_t),
-    ]
-    for name, x, vis, p in cases:
-        n = x.shape[0]
-        y_ref, xn_ref, routes = _reference_layer(cfg, ref, layer, x, p, cache, vis)
-        rig.load(x, prefix, p - prefix, vis.astype(np.uint8))
-        rig.step(n)
-        y = rig.out(n)
-        err = _rel(y - x, y_ref - x)
-        cache_err = float(
-            _rel(
-                download(head_rows(tail_rows(rig.cache, prefix), n)), cache.layers[layer][prefix : prefix + n]
-            ).max()
-        )
-        keep = np.ones(n, bool)
-        ties = 0
-        routes_ok = True
-        if routes is not None:
-            got_r = rig.routes(n)
-            for i in range(n):
-                r_set, d_set = set(routes[i].tolist()), set(got_r[i].tolist())
-                if r_set != d_set:
-                    keep[i] = False
-                    if _tie(ref, layer, xn_ref[i], r_set, d_set):
-                        ties += 1
-                    else:
-                        routes_ok = False
-                        log(
-                            f"  layer {layer} {name}: row {i} routes to {sorted(d_set)}, "
-                            f"reference {sorted(r_set)}"
-                        )
-        worst = float(err[keep].max()) if keep.any() else 0.0
-        passed = bool(worst <= tol and cache_err <= tol and routes_ok)
-        out.append(
-            {
-                "layer": layer,
-                "experts": experts,
-                "dense": dense_kind(rig.lay),
-                "scenario": name,
-                "rows": n,
-                "max_rel_err": worst,
-                "cache_rel_err": cache_err,
-                "route_ties": ties,
-                "routes_match": routes_ok,
-                "tol": tol,
-                "passed": passed,
-            }
-        )
-    for r in out:
-        log(
-            f"  check layer {r['layer']} ({r['experts']} experts) {r['scenario']}: "
-            f"max rel err {r['max_rel_err']:.2e}"
-            + (
-                f", cache rows {r['cache_rel_err']:.2e}, routing ties {r['route_ties']}"
-                if "cache_rel_err" in r
-                else ""
-            )
-            + f" (tol {r['tol']:g}) -> {'PASS' if r['passed'] else 'FAIL'}"
-        )
-    return out
 
 
 # ---- timing (GPU) ------------------------------------------------------------------------------------
@@ -530,6 +399,22 @@ def run(
         plan += [(i, "int4", d) for d in dense]
         if i == fp32_layer and cfg.is_moe_layer(i):
             plan.append((i, "fp32", "fp32"))
+    # the reference side of every check runs on the host's cores while the device builds and times
+    pool = ProcessPoolExecutor(min(4, len(plan)), mp_context=mp.get_context("spawn")) if do_check else None
+    refs = {(i, d): pool.submit(reference_side, cfg, seed, i, "int4", d) for i, e, d in plan
+            if e == "int4"} if pool is not None else {}
+    engine_out: dict = {}
+
+    def compare_ready(wait: bool) -> None:
+        for key in [k for k in engine_out if wait or refs[k].done()]:
+            try:
+                eng = engine_out.pop(key)
+                checks.extend(compare(cfg, seed, key[0], "int4", key[1], eng, refs[key].result(), log=log))
+            except Exception as ex:  # noqa: BLE001 - a failed reference is a failed check, not a lost run
+                log(f"check layer {key[0]} ({key[1]} dense) FAILED {type(ex).__name__}: {ex}")
+                checks.append({"layer": key[0], "experts": "int4", "dense": key[1], "scenario": "reference",
+                               "error": f"{type(ex).__name__}: {ex}", "passed": False})
+            save_meta()
     for layer, experts, dn in plan:
         if time.perf_counter() - t0 > start_before_s:
             log(f"layer {layer} ({experts}) left out: {time.perf_counter() - t0:.0f} s spent "
@@ -551,10 +436,7 @@ def run(
                 f"paths {lay.moe.path if lay.moe is not None else lay.mlp.path}"
             )
             if do_check and experts == "int4":
-                t = time.perf_counter()
-                checks += check(cfg, seed, rig, experts, log=log)
-                log(f"layer {layer}: checked in {time.perf_counter() - t:.1f} s")
-                save_meta()
+                engine_out[(layer, dn)] = engine_side(cfg, seed, rig)
             t = time.perf_counter()
             time_layer(
                 cfg,
@@ -578,7 +460,12 @@ def run(
         torch.cuda.empty_cache()
         if torch_baseline and experts == "int4" and dn == dense[0]:
             _torch_rows(cfg, seed, layer, context, reps, emit, log)
+        compare_ready(wait=False)
         save_meta()
+    if pool is not None:
+        log("waiting for the reference side of the checks")
+        compare_ready(wait=True)
+        pool.shutdown(cancel_futures=True)
     try:
         plot(rows, rs.plot)
     except Exception as ex:  # noqa: BLE001
