@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On an H200, from the repo root with the numpy/cffi/pycparser wheels in $WHEELS: the issue-17 GPU
 # runs as named steps, each under its own time cap, everything under $OUT. STEPS picks them (default:
-# all, about 20 minutes; a device call is capped at 10, so split them over calls):
+# all but the k2_* fallbacks, about 16 minutes; a device call is capped at 10, so split them over calls):
+#   k2           bench k2 --layers 0,1 --dense fp32,bf16 (checks overlapped with the timing)  ~350 s (predicted)
+# the same in pieces, if that run does not fit (merge them with dev/merge_sets.py):
 #   k2_dense     bench k2 --layers 0 --dense fp32,bf16 (with checks)                        ~90 s
 #   k2_moe_bf16  bench k2 --layers 1 --dense bf16 (with checks; the W16A16 reference is slow)  ~400 s
 #   k2_moe_fp32  bench k2 --layers 1 --dense fp32 --no-check (with the FP32-experts line)     ~200 s
@@ -9,14 +11,13 @@
 #   precision    dev/bf16_gemm_precision.py (cuBLAS bf16 GEMMs against exact products)       ~30 s
 #   engine       bench engine (tiny2's decode step: the row kernels' change)                 ~120 s
 #   tier_blas    GPU tier of the BLAS path and W16A16 tests                                  ~150 s
-# Merge the k2 runs into one result set afterwards: dev/merge_sets.py --out reports/bench <csvs, oldest first>.
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl_min numpy==2.4.6 cffi==2.0.0 pycparser
 set -uo pipefail
 WHEELS=${WHEELS:-.whl_min}
-STEPS=${STEPS:-k2_dense k2_moe_bf16 k2_moe_fp32 e2e_fp32 precision engine tier_blas}
+STEPS=${STEPS:-k2 e2e_fp32 precision engine tier_blas}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl && export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1                         # a capped run's log keeps everything it printed
 export KDTREE_GIT_SHA=${KDTREE_GIT_SHA:?set KDTREE_GIT_SHA to the commit under test}
@@ -29,6 +30,7 @@ run() {  # run NAME SECONDS COMMAND...: the command's output to $OUT/NAME.log, i
 }
 for step in $STEPS; do
   case $step in
+    k2) run k2 560 python3 -m workbench bench k2 --layers 0,1 --dense fp32,bf16 --out "$OUT/k2" ;;
     k2_dense) run k2_dense 150 python3 -m workbench bench k2 --layers 0 --dense fp32,bf16 --out "$OUT/k2_dense" ;;
     k2_moe_bf16) run k2_moe_bf16 480 python3 -m workbench bench k2 --layers 1 --dense bf16 --fp32-layer -1 \
                    --out "$OUT/k2_moe_bf16" ;;
