@@ -188,3 +188,42 @@ def _attention_bf16(o, kv, w, q_nope, q_pe, start, live, vis, scale: float, rows
     ctx = _bmm16(p.to(torch.bfloat16).reshape(h * t, -1), kvb[:, :c]).reshape(h, t, c)   # [H, T, C] bf16
     out = _bmm16(ctx, w[:, nn:].transpose(1, 2))                               # [H, T, V] bf16
     view(o)[:rows].view(rows, h, -1).copy_(out.transpose(0, 1))
+
+
+def experts_grouped(h, x, ids, wts, w13, w2, rows: int, stream=0) -> None:
+    """h [T, D] += sum_k wts[t, k] E_ids[t, k](x[t]) over the first ``rows`` rows, bf16 experts w13
+    [E, 2I, D], w2 [E, D, I]: per expert g || u = bf16(bf16(x) @ W13.T), a = bf16(silu(g) * u),
+    y = bf16(a @ W2.T) (W16A16 with bf16 outputs), weighted and summed in float32. The (token, expert)
+    pairs are sorted by expert and run as one grouped GEMM per projection (``torch._grouped_mm``, group
+    ends from a searchsorted on the device: no host sync, capturable); on a CPU one GEMM per expert
+    present, exact products summed in float32."""
+    torch = _torch()
+    with on(stream):
+        e_all, k = w13.shape[0], view(ids).shape[1]
+        i = w2.shape[2]
+        experts = view(ids)[:rows].reshape(-1).long()                         # [T K]
+        order = torch.argsort(experts, stable=True)
+        tok = torch.div(order, k, rounding_mode="floor")                      # pair -> token
+        xs = view(x)[:rows].to(torch.bfloat16).index_select(0, tok)           # [T K, D] sorted by expert
+        ends = torch.searchsorted(experts.index_select(0, order),
+                                  torch.arange(e_all, device=xs.device), right=True)   # [E] group ends
+        gu = _grouped(xs, w13.transpose(1, 2), ends).float()                  # [T K, 2I]
+        g, u = gu[:, :i], gu[:, i:]
+        y = _grouped((g * torch.sigmoid(g) * u).to(torch.bfloat16), w2.transpose(1, 2), ends).float()
+        y *= view(wts)[:rows].reshape(-1).index_select(0, order)[:, None]   # [T K, D] weighted
+        view(h)[:rows].index_add_(0, tok, y)
+
+
+def _grouped(a, b, ends):
+    """a [M, K] bf16 rows grouped by ``ends`` [E] (group e = rows ends[e-1] .. ends[e]) times b [E, K, N]:
+    [M, N] bf16 (float32 sums, one rounding)."""
+    torch = _torch()
+    if a.device.type == "cuda":
+        return torch._grouped_mm(a, b, offs=ends.to(torch.int32))
+    out = torch.empty(a.shape[0], b.shape[2], dtype=torch.bfloat16)
+    lo = 0
+    for e, hi in enumerate(ends.tolist()):
+        if hi > lo:
+            out[lo:hi] = torch.matmul(a[lo:hi].float(), b[e].float()).bfloat16()
+        lo = hi
+    return out

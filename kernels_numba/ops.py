@@ -16,7 +16,8 @@ W4A16). The choice is made at preparation and recorded in ``.path``, which the o
 | ``moe`` (router, experts, shared) | f16(x), fused_moe (+ INT4 shared expert), + h | router SGEMM | ffn |
 
 ``Bf16Host`` matrices (W16A16: ``linear``, ``swiglu``, ``mla_attention``) run on the BLAS path as bf16
-GEMMs, at any size.
+GEMMs, at any size; bf16 routed experts (``Bf16Host`` with ``out16``) as grouped GEMMs over the
+(token, expert) pairs sorted by expert (``GROUPED_MM``: ``blas.experts_grouped``).
 FP32 ops take the BLAS path (``blas.py``: torch over the same buffers, cuBLAS on a GPU) where a GPU
 is present (``BLAS``) and the weight has at least ``BLAS_MIN_ELEMENTS`` elements: there one
 thread per output column of the portable kernels reads far below the copy rate, while at toy
@@ -61,6 +62,7 @@ PORTABLE = "portable"
 INT4_MATMUL = "int4_matmul"
 FUSED_MOE = "fused_moe"
 BLAS_PATH = "blas"
+GROUPED_MM = "grouped_mm"
 BLAS = on_gpu()                              # FP32 ops may take the BLAS path (tests turn it on on CPU)
 BLAS_MIN_ELEMENTS = 1 << 20                  # ... for weights of at least this many elements (4 MB)
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
@@ -77,8 +79,18 @@ class Int4Host:
 @dataclass(frozen=True)
 class Bf16Host:
     """A host W16A16 matrix [N, K]: ``bits`` uint16 bfloat16 (``workbench.quant.w16a16``). It runs on the
-    BLAS path only, whatever its size: bf16(x) @ W.T with float32 sums and output (cuBLAS's bf16 GEMM)."""
+    BLAS path only, whatever its size: bf16(x) @ W.T with float32 sums and output (cuBLAS's bf16 GEMM);
+    ``out16``: the output rounded to bf16 (a routed expert's linear on grouped GEMMs)."""
     bits: Any
+    out16: bool = False
+
+
+@dataclass(frozen=True)
+class Bf16Experts:
+    """bf16 routed experts as torch tensors where the BLAS ops run: w13 [E, 2I, D] (gate rows, then up),
+    w2 [E, D, I]."""
+    w13: Any
+    w2: Any
 
 
 def _bf16(m: Bf16Host, transpose: bool = True):
@@ -231,7 +243,8 @@ def swiglu_weights(w1, w3, w2, fast: bool = True) -> SwiGLU:
 @dataclass(frozen=True)
 class MoE:
     """Router + routed experts + shared experts: FUSED_MOE (``fused``, the shared expert inside when
-    fused.n_shared) or PORTABLE (``stack``); ``shared`` is the shared expert when it runs on its own."""
+    fused.n_shared), GROUPED_MM (``grouped``, bf16 experts) or PORTABLE (``stack``); ``shared`` is the
+    shared expert when it runs on its own."""
     path: str
     router: Router
     width: int
@@ -239,17 +252,29 @@ class MoE:
     fused: MoEWeights | None = None
     stack: dict | None = None
     shared: SwiGLU | None = None
+    grouped: Bf16Experts | None = None
 
 
 def moe_weights(rt: Router, experts: list[tuple], shared: tuple | None, fast: bool = True) -> MoE:
-    """experts: (w1, w3, w2) per routed expert, all float or all ``Int4Host``; shared: (w1, w3, w2)
-    of width S*I, or None; ``fast`` as in ``swiglu_weights``."""
+    """experts: (w1, w3, w2) per routed expert, all float, all ``Int4Host`` or all ``Bf16Host`` with
+    ``out16`` (grouped GEMMs, BLAS path); shared: (w1, w3, w2) of width S*I, or None; ``fast`` as in
+    ``swiglu_weights``."""
     kinds = {isinstance(m, Int4Host) for e in experts for m in e}
     if len(kinds) != 1:
         raise KernelInputError("routed experts must be all FP or all INT4")
-    if any(isinstance(m, Bf16Host) for e in experts for m in e):
-        raise KernelInputError("W16A16 routed experts are not supported (FP32 or INT4 experts)")
     width, dim = _rows(experts[0][0]), _rows(experts[0][2])
+    n16 = sum(isinstance(m, Bf16Host) for e in experts for m in e)
+    if n16:
+        if n16 != 3 * len(experts) or not all(m.out16 for e in experts for m in e):
+            raise KernelInputError("bf16 routed experts are all Bf16Host with out16 (grouped GEMMs write "
+                                   "bf16: workbench.quant.w16a16.w16a16(..., experts=True)), or none is")
+        if not BLAS:
+            raise KernelInputError("bf16 routed experts run on the BLAS path (torch), which is off here")
+        w13 = np.stack([np.concatenate([np.asarray(e[0].bits), np.asarray(e[1].bits)]) for e in experts])
+        w2 = np.stack([np.asarray(e[2].bits) for e in experts])                          # [E, D, I]
+        grouped = Bf16Experts(blas.weight16(w13), blas.weight16(w2))                      # w13 [E, 2I, D]
+        return MoE(GROUPED_MM, rt, width, dim, grouped=grouped,
+                   shared=swiglu_weights(*shared, fast=fast) if shared is not None else None)
     fused = None
     if fast and kinds == {True}:
         fuse_shared = shared is not None and all(isinstance(m, Int4Host) for m in shared)
@@ -468,6 +493,8 @@ def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
                       kernel_array(head_rows(sc.rwts, rows)), w.fused, kernel_array(y),
                       sc.workspace(w.fused, rows), stream)
         _add(h, y, meta, rows, stream)
+    elif w.path == GROUPED_MM:
+        blas.experts_grouped(h, x, sc.rids, sc.rwts, w.grouped.w13, w.grouped.w2, rows, stream)
     else:
         ffn.up(sc.hid, x, sc.rids, w.stack, meta, rows, stream=stream)
         ffn.down(h, sc.hid, sc.rids, sc.rwts, w.stack, meta, rows, stream=stream)
@@ -499,8 +526,9 @@ def tree_compile(ids, depth, vis, meta, ctl, stream=0) -> None:
     tree_compile_kernel[1, TPB, stream](ids, depth, vis, meta, ctl)
 
 
-__all__ = ["BLAS_PATH", "Bf16Host", "Dense", "FUSED_MOE", "INT4_MATMUL", "Int4Host", "MLA", "MoE", "PORTABLE",
-           "Router", "Scratch", "SwiGLU", "advance", "argmax", "copy_rows", "dense", "embed", "experts_fused",
-           "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep", "mla_weights",
-           "moe", "route", "moe_weights", "portable_stack", "rmsnorm", "router", "swiglu", "swiglu_weights",
-           "topk_logprobs", "tree_compile"]
+__all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Dense", "FUSED_MOE", "GROUPED_MM", "INT4_MATMUL",
+           "Int4Host", "MLA", "MoE", "PORTABLE", "Router", "Scratch", "SwiGLU", "advance", "argmax",
+           "copy_rows", "dense", "embed", "experts_fused", "group_size", "int4_gemm", "kv_compact",
+           "linear", "mla_attention", "mla_prep", "mla_weights", "moe", "route", "moe_weights",
+           "portable_stack", "rmsnorm", "router", "swiglu", "swiglu_weights", "topk_logprobs",
+           "tree_compile"]

@@ -146,3 +146,50 @@ def test_w16a16_without_the_blas_path_is_a_one_line_error(monkeypatch):
         ops.dense(ops.Bf16Host(np.zeros((4, 4), np.uint16)))
     with pytest.raises(KernelInputError, match="all three matrices or in none"):
         ops.swiglu_weights(ops.Bf16Host(np.zeros((4, 4), np.uint16)), np.zeros((4, 4)), np.zeros((4, 4)))
+
+
+def test_bf16_experts_on_grouped_gemms_are_the_reference_moe(on_blas):
+    """Bf16Host experts with out16 (w16a16(..., experts=True)): one grouped GEMM per projection over the
+    (token, expert) pairs, against the reference MoE on the same marked weights."""
+    from dataclasses import replace
+
+    from workbench.bundle.bf16 import bf16
+    from workbench.quant.w16a16 import W16A16
+    from workbench.reference.moe import moe
+    cfg = replace(preset("tiny"), num_hidden_layers=1, first_k_dense_replace=0)
+    e, i, d, k = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size, cfg.num_experts_per_tok
+    rng = np.random.default_rng(9)
+    mats = [[bf16(rng.standard_normal(s) * 0.1) for s in ((i, d), (i, d), (d, i))] for _ in range(e)]
+    shared = [bf16(rng.standard_normal(s) * 0.1) for s in ((i, d), (i, d), (d, i))]
+    w = {"layers.0.ffn.gate": rng.standard_normal((e, d)).astype(np.float32) * 0.1,
+         "layers.0.ffn.gate_bias": rng.standard_normal(e).astype(np.float32) * 0.01}
+    names = ("w1", "w3", "w2")
+    for j, ms in enumerate(mats):
+        w.update({f"layers.0.ffn.experts.{j}.{n}": W16A16(m, True) for n, m in zip(names, ms, strict=True)})
+    w.update({f"layers.0.ffn.shared.{n}": W16A16(m) for n, m in zip(names, shared, strict=True)})
+    rt = ops.router(w["layers.0.ffn.gate"], w["layers.0.ffn.gate_bias"], k, cfg.n_group, cfg.topk_group,
+                    cfg.norm_topk_prob, cfg.routed_scaling_factor)
+    m = ops.moe_weights(rt, [[ops.Bf16Host(x.bits, True) for x in ms] for ms in mats],
+                        [ops.Bf16Host(x.bits) for x in shared])
+    assert m.path == ops.GROUPED_MM and m.shared.path == ops.BLAS_PATH
+    rows = 5
+    sc = ops.Scratch(rows, [m.shared], [m])
+    sc.reserve(rows)
+    x = rng.standard_normal((rows, d)).astype(np.float32)
+    h0 = rng.standard_normal((rows, d)).astype(np.float32)
+    h = to_device(h0)
+    ops.moe(h, to_device(x), m, sc, to_device(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.int32)), rows)
+    # bf16 roundings of g, u, silu(g) * u and y after float32 sums in two orders: an element may round
+    # the other way on some CPU (one bf16 step, 0.4-0.8% of it), so all agree to 1%, and nearly all to
+    # float32 noise (which a missing or extra rounding would not)
+    got, want = download(h), h0 + moe(cfg, w, 0, x)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
+    assert np.mean(np.abs(got - want) <= 1e-5 * (1 + np.abs(want))) > 0.99
+
+
+def test_bf16_experts_want_the_bf16_output_mark(on_blas):
+    from kernels_numba import KernelInputError
+    rt = ops.router(np.zeros((2, 4), np.float32), np.zeros(2, np.float32), 1, 1, 1, True, 1.0)
+    plain = [[ops.Bf16Host(np.zeros((4, 4), np.uint16)) for _ in range(3)] for _ in range(2)]
+    with pytest.raises(KernelInputError, match="out16"):
+        ops.moe_weights(rt, plain, None)

@@ -42,10 +42,10 @@ def _f32(weights: dict[str, Any], name: str) -> np.ndarray:
 
 def dense_matrix(weights: dict[str, Any], name: str):
     """Unquantized linear ``name`` as the ops take it: FP32 [N, K], or ``ops.Bf16Host`` for a W16A16 one
-    (``workbench.quant.w16a16``)."""
+    (``workbench.quant.w16a16``; with its bf16-output flag, set on routed experts)."""
     w = weights[name] if name in weights else None
     if hasattr(w, "round_input"):
-        return ops.Bf16Host(w.w.bits)
+        return ops.Bf16Host(w.w.bits, w.out16)
     return _f32(weights, name)
 
 

@@ -13,6 +13,10 @@ latent cache rows, and every product of the absorbed attention on bf16 operands 
 (``reference.mla.mla_absorbed`` names the rounding points). The residual stream, norms, rope, the
 scores and softmax, and the router (float32 in K2) stay float32; so does the head, which the seeded
 K2 model holds as a row-chunked table (never widened whole).
+
+Routed experts held in bf16 (``w16a16(..., experts=True)``: the BF16-experts side of an INT4-vs-BF16
+comparison) are W16A16 with bf16 outputs as well, ``y = bf16(bf16(x) @ W.T)``: what a grouped GEMM
+over the experts (``torch._grouped_mm``, which writes bf16) computes.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ _PROJ = ("w1", "w3", "w2")
 
 @dataclass(frozen=True)
 class W16A16:
-    """A dense [N, K] bf16 weight whose projection rounds its input to bf16 (module docstring)."""
+    """A dense [N, K] bf16 weight whose projection rounds its input to bf16 (module docstring); with
+    ``out16`` its output too (a routed expert: grouped GEMMs write bf16)."""
     w: BF16Array
+    out16: bool = False
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -54,6 +60,10 @@ class W16A16:
         """The projection's input as it multiplies: rounded to bf16 (``reference.layers.linear``)."""
         return round_bf16(x)
 
+    def round_output(self, y: np.ndarray) -> np.ndarray:
+        """The projection's output: rounded to bf16 with ``out16``, else the float32 sums as they are."""
+        return round_bf16(y) if self.out16 else y
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self.float32()
         return out if dtype is None else out.astype(dtype)
@@ -71,16 +81,23 @@ def w16a16_names(cfg: ModelConfig, weights: dict[str, Any]) -> list[str]:
     return [n for n in names if n in weights]
 
 
+def expert_names(cfg: ModelConfig, weights: dict[str, Any]) -> list[str]:
+    """The routed experts' linears ``weights`` holds unquantized (W16A16 experts: bf16 outputs)."""
+    return [n for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)
+            for e in range(cfg.n_routed_experts) for p in _PROJ
+            if (n := f"layers.{i}.ffn.experts.{e}.{p}") in weights]
+
+
 class _Marked(Mapping):
     """``weights`` with the tensors ``names`` handed out as W16A16 (marked on access, so a lazily
     generated mapping such as ``workbench.seeded.SeededWeights`` stays lazy)."""
 
-    def __init__(self, base: Mapping[str, Any], names: list[str]) -> None:
-        self.base, self.names = base, frozenset(names)
+    def __init__(self, base: Mapping[str, Any], names: list[str], out16: list[str] = ()) -> None:
+        self.base, self.names, self.out16 = base, frozenset(names) | frozenset(out16), frozenset(out16)
 
     def __getitem__(self, name: str) -> Any:
         w = self.base[name]
-        return _mark(name, w) if name in self.names else w
+        return _mark(name, w, name in self.out16) if name in self.names else w
 
     def __contains__(self, name: object) -> bool:
         return name in self.base
@@ -92,7 +109,7 @@ class _Marked(Mapping):
         return len(self.base)
 
 
-def _mark(name: str, w: Any) -> W16A16:
+def _mark(name: str, w: Any, out16: bool = False) -> W16A16:
     if isinstance(w, W16A16):
         return w
     if not isinstance(w, BF16Array):
@@ -100,11 +117,13 @@ def _mark(name: str, w: Any) -> W16A16:
         w = bf16(f)
         if not np.array_equal(w.float32(), f):
             raise InputError(f"{name} holds values bf16 cannot represent; W16A16 wants bf16 weights")
-    return W16A16(w)
+    return W16A16(w, out16)
 
 
-def w16a16(cfg: ModelConfig, weights: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``weights`` with every ``w16a16_names`` tensor marked W16A16 (a read-only view; values shared).
-    Each must hold bf16 values exactly (a BF16Array, or floats bf16 represents): InputError on access
-    otherwise."""
-    return _Marked(weights, w16a16_names(cfg, weights))
+def w16a16(cfg: ModelConfig, weights: Mapping[str, Any], dense: bool = True,
+           experts: bool = False) -> Mapping[str, Any]:
+    """``weights`` with the ``w16a16_names`` tensors (``dense``) and the routed experts' linears
+    (``experts``, with bf16 outputs) marked W16A16 (a read-only view; values shared). Each must hold
+    bf16 values exactly (a BF16Array, or floats bf16 represents): InputError on access otherwise."""
+    return _Marked(weights, w16a16_names(cfg, weights) if dense else [],
+                   expert_names(cfg, weights) if experts else [])

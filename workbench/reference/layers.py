@@ -61,7 +61,8 @@ def linear(weights: dict[str, Any], name: str, x: np.ndarray) -> np.ndarray:
 
     - ``name`` present: a dense [N, K] matrix, computed as ``x @ W.T`` in x's dtype (by the object's
       own ``matmul_t(x)`` when it has one: ``workbench.seeded.RowTable``; with x first rounded by the
-      weight's ``round_input`` when it has one: ``workbench.quant.w16a16.W16A16``, bf16 activations).
+      weight's ``round_input`` when it has one: ``workbench.quant.w16a16.W16A16``, bf16 activations,
+      and the product by its ``round_output``).
     - ``name.packed`` present: an INT4 W4A16 linear (int32 [N, K/8] + scale [N, K/G]), computed by
       ``workbench.quant.int4.int4_linear`` (fp16-rounded activations, (q-8)*scale weights, fp32 sums).
     - neither: InputError naming the missing tensor.
@@ -70,8 +71,8 @@ def linear(weights: dict[str, Any], name: str, x: np.ndarray) -> np.ndarray:
         w = weights[name]
         if hasattr(w, "matmul_t"):  # a row-chunked table (seeded lm_head): never widened whole
             return w.matmul_t(x)                                                # [..., N]
-        if hasattr(w, "round_input"):
-            x = w.round_input(x)                                                # W16A16: bf16(x)
+        if hasattr(w, "round_input"):                                           # W16A16: bf16(x)
+            return w.round_output(w.round_input(x) @ as_array(w, x.dtype).T)    # [..., N]
         return x @ as_array(w, x.dtype).T                                       # [..., N]
     if name + ".packed" in weights:
         from ..quant.int4 import int4_linear  # lazy: the quant package is optional here
