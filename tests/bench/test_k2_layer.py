@@ -109,3 +109,15 @@ def test_k2_slice_layer_w16a16_matches_reference_on_gpu(layer):
     rig = k2_layer.LayerRig(cfg, layer, device_layer(cfg, 0, layer, "int4", workers=16, dense="bf16"), 17, 40)
     res = k2_check.check(cfg, 0, rig, "int4", prefix=16, tree_nodes=16)
     assert all(r["passed"] and r["dense"] == "bf16" for r in res), res
+
+
+@pytest.mark.parametrize("dense", ["fp32", "bf16"])
+def test_small_layer_bf16_experts_match_the_reference(dense, monkeypatch):
+    """BF16 experts on grouped GEMMs (the bf16 layout's values, W16A16 with bf16 outputs) against the
+    reference layer with those experts marked."""
+    monkeypatch.setattr(ops, "BLAS", True)
+    rig = _rig(SMALL, 1, "bf16", dense=dense)
+    assert rig.lay.moe.path == ops.GROUPED_MM
+    res = k2_check.check(SMALL, 3, rig, "bf16", prefix=4, tree_nodes=16, log=lambda m: None)
+    assert [r["rows"] for r in res] == [4, 1, 17]
+    assert all(r["passed"] and r["experts"] == "bf16" for r in res), res

@@ -28,7 +28,7 @@ from ..config import ModelConfig
 from ..engine.weights import DeviceLayer, DeviceModel, stack_rows
 from ..errors import InputError
 
-EXPERT_KINDS = ("int4", "fp32")
+EXPERT_KINDS = ("int4", "fp32", "bf16")   # routed experts: fused_moe, portable FFN, grouped GEMMs
 DENSE_KINDS = ("fp32", "bf16")     # dense projections widened to FP32, or W16A16 (workbench.quant.w16a16)
 CHUNK = 4  # experts per repack task (~0.7 GB of temporaries at K2 width)
 
@@ -155,6 +155,12 @@ def device_layer(
         lay.moe = ops.MoE(
             ops.FUSED_MOE, rt, i, d, fused=fused if SIMULATED else fused.to_device(), shared=shared
         )
+    elif experts == "bf16":
+        if not ops.BLAS:
+            raise InputError("bf16 experts run on the BLAS path (torch): a GPU, or ops.BLAS on")
+        from .torch_layer import seeded_bf16_experts
+        w13, w2 = seeded_bf16_experts(cfg, seed, layer, "cpu" if SIMULATED else "cuda", workers=workers)
+        lay.moe = ops.MoE(ops.GROUPED_MM, rt, i, d, grouped=ops.Bf16Experts(w13, w2), shared=shared)
     else:
         lay.moe = ops.MoE(ops.PORTABLE, rt, i, d, stack=fp32_stack(cfg, seed, layer, workers), shared=shared)
     return lay
@@ -172,7 +178,7 @@ def device_model(cfg: ModelConfig, seed: int, workers: int = 1, dense: str = "fp
 
 def layer_bytes(cfg: ModelConfig, layer: int) -> dict[str, Any]:
     """Parameter counts and bytes per part: attention (wkv_b among them), INT4 experts with f16 scales,
-    FP32 experts, latent cache rows, router, shared expert or dense MLP (``k2_layer._floor_bytes``
+    FP32 and BF16 experts, latent cache rows, router, shared expert or dense MLP (``k2_layer._floor_bytes``
     weighs them as each layout holds them)."""
     d, h = cfg.hidden_size, cfg.num_attention_heads
     q, c, r = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim
@@ -188,6 +194,7 @@ def layer_bytes(cfg: ModelConfig, layer: int) -> dict[str, Any]:
         "attention_params": attn,
         "expert_int4": expert_int4,
         "expert_fp32": 3 * d * i * 4,
+        "expert_bf16": 3 * d * i * 2,
         "kv_row_fp32": cfg.kv_cache_dim * 4,
         "kv_row_bf16": cfg.kv_cache_dim * 2,
     }

@@ -26,7 +26,7 @@ from ..reference.scenarios import random_tree
 from .k2_build import dense_kind
 from .torch_layer_bench import _reference_layer, ancestor_inputs
 
-TOL = {"int4": 2e-3, "fp32": 2e-3}  # relative error of each row's update y - x and of cache rows
+TOL = {"int4": 2e-3, "fp32": 2e-3, "bf16": 2e-3}  # relative error of each row's update y - x and cache rows
 TIE = 1e-4  # selection-score gap under which a routing difference is a tie
 
 
@@ -44,15 +44,16 @@ def _inputs(cfg: ModelConfig, seed: int, layer: int, prefix: int, tree_nodes: in
 
 def reference_side(cfg: ModelConfig, seed: int, layer: int, experts: str, dense: str, prefix: int = 16,
                    tree_nodes: int = 16) -> dict[str, Any]:
-    """The reference layer on the check's inputs (seeded weights, W4A16; W16A16 for ``dense`` "bf16"):
+    """The reference layer on the check's inputs (seeded weights, W4A16; W16A16 for ``dense`` "bf16";
+    ``experts`` "bf16": the bf16 layout's experts, W16A16 with bf16 outputs):
     the prefix's latent rows, and per step the output y, latent rows, routes [T, K] and selection
     scores [T, E] (MoE layer)."""
     from ..seeded import SeededWeights
 
-    ref = SeededWeights(cfg, seed, "experts" if experts == "int4" else "fp32")
-    if dense == "bf16":
+    ref = SeededWeights(cfg, seed, {"int4": "experts", "bf16": "bf16"}.get(experts, "fp32"))
+    if dense == "bf16" or experts == "bf16":
         from ..quant.w16a16 import w16a16
-        ref = w16a16(cfg, ref)
+        ref = w16a16(cfg, ref, dense=dense == "bf16", experts=experts == "bf16")
     x_pre, cases = _inputs(cfg, seed, layer, prefix, tree_nodes)
     cache = LatentCache.empty(cfg, prefix + tree_nodes + 1)
     causal = np.tril(np.ones((prefix, prefix), bool))

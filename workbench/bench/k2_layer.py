@@ -53,6 +53,7 @@ from .k2_check import compare, engine_side, reference_side
 from .torch_layer_bench import ancestor_inputs
 
 ROWS = (1, 2, 3, 5, 9, 17, 33, 65)  # decode, then trees of 1, 2, 4, ..., 64 nodes + root
+CHECKED = ("int4", "bf16")          # the expert kinds checked and timed at every row count
 
 
 def union_model(e: int, k: int, n: int) -> float:
@@ -347,6 +348,7 @@ def run(
     context: int = 4096,
     reps: int = 30,
     fp32_layer: int | None = 1,
+    bf16_layer: int | None = 1,
     torch_baseline: bool = True,
     do_check: bool = True,
     workers: int = 16,
@@ -357,7 +359,9 @@ def run(
 ):
     """Check and time each layer of k2_slice; writes the result set ``k2_layer_<commit>`` into out_dir.
     ``dense``: the ways to hold the dense projections, each layer built and timed once per way
-    ("fp32": widened, "bf16": W16A16 on the BLAS path)."""
+    ("fp32": widened, "bf16": W16A16 on the BLAS path); ``bf16_layer``: the MoE layer also run with
+    BF16 experts (grouped GEMMs) and W16A16 dense projections where ``dense`` has them; ``fp32_layer``
+    the one also run with FP32 experts (portable FFN, the seed engine's placeholder)."""
     import torch
     from numba import cuda
 
@@ -397,22 +401,25 @@ def run(
     plan = []                                 # FP32 experts right after that layer's INT4 run
     for i in layers:
         plan += [(i, "int4", d) for d in dense]
+        if i == bf16_layer and cfg.is_moe_layer(i):          # BF16 experts beside INT4, the rest as K2's
+            plan.append((i, "bf16", "bf16" if "bf16" in dense else dense[0]))
         if i == fp32_layer and cfg.is_moe_layer(i):
             plan.append((i, "fp32", "fp32"))
     # the reference side of every check runs on the host's cores while the device builds and times
-    pool = ProcessPoolExecutor(min(4, len(plan)), mp_context=mp.get_context("spawn")) if do_check else None
-    refs = {(i, d): pool.submit(reference_side, cfg, seed, i, "int4", d) for i, e, d in plan
-            if e == "int4"} if pool is not None else {}
+    checked = [(i, e, d) for i, e, d in plan if e in CHECKED]
+    pool = ProcessPoolExecutor(min(4, len(checked)), mp_context=mp.get_context("spawn")) if do_check else None
+    refs = {key: pool.submit(reference_side, cfg, seed, *key) for key in checked} if pool is not None else {}
     engine_out: dict = {}
 
     def compare_ready(wait: bool) -> None:
         for key in [k for k in engine_out if wait or refs[k].done()]:
+            i, e, d = key
             try:
                 eng = engine_out.pop(key)
-                checks.extend(compare(cfg, seed, key[0], "int4", key[1], eng, refs[key].result(), log=log))
+                checks.extend(compare(cfg, seed, i, e, d, eng, refs[key].result(), log=log))
             except Exception as ex:  # noqa: BLE001 - a failed reference is a failed check, not a lost run
-                log(f"check layer {key[0]} ({key[1]} dense) FAILED {type(ex).__name__}: {ex}")
-                checks.append({"layer": key[0], "experts": "int4", "dense": key[1], "scenario": "reference",
+                log(f"check layer {i} ({e} experts, {d} dense) FAILED {type(ex).__name__}: {ex}")
+                checks.append({"layer": i, "experts": e, "dense": d, "scenario": "reference",
                                "error": f"{type(ex).__name__}: {ex}", "passed": False})
             save_meta()
     for layer, experts, dn in plan:
@@ -435,21 +442,22 @@ def run(
                 f"layer {layer} ({kind}): built in {time.perf_counter() - t:.1f} s, "
                 f"paths {lay.moe.path if lay.moe is not None else lay.mlp.path}"
             )
-            if do_check and experts == "int4":
-                engine_out[(layer, dn)] = engine_side(cfg, seed, rig)
+            if pool is not None and (layer, experts, dn) in refs:
+                engine_out[(layer, experts, dn)] = engine_side(cfg, seed, rig)
+            full = experts in CHECKED                  # FP32 experts: at most 9 rows, 5 replays
             t = time.perf_counter()
             time_layer(
                 cfg,
                 rig,
                 experts if cfg.is_moe_layer(layer) else "int4",
                 context,
-                ROWS if experts == "int4" else ROWS[:5],
-                reps if experts == "int4" else 5,
+                ROWS if full else ROWS[:5],
+                reps if full else 5,
                 meta["copy_gbs"],
                 emit,
                 log,
                 seed,
-                budget_s=300.0 if experts == "int4" else 60.0,   # fused_moe compiles per row bucket (~50 s)
+                budget_s=300.0 if full else 60.0,   # fused_moe compiles per row bucket (~50 s)
             )
             log(f"layer {layer} ({kind}): timed in {time.perf_counter() - t:.1f} s")
         except Exception as ex:  # noqa: BLE001 - keep the other layers
@@ -515,8 +523,8 @@ def _torch_rows(cfg, seed, layer, context, reps, emit, log) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Per MoE layer: us vs tree rows of the layer and routed experts (INT4 engine, BF16 torch, FP32
-    portable) and the floors; distinct experts vs the union model."""
+    """Per MoE layer: us vs tree rows of the layer and routed experts (INT4 and BF16 engine, BF16 torch,
+    FP32 portable) and the floors; distinct experts vs the union model."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -530,6 +538,8 @@ def plot(rows: list[dict], path: Path) -> None:
         ("numba engine", "int4", "layer", "router"): "o-",
         ("numba engine", "int4", "routed_experts", "random"): "s-",
         ("numba engine", "fp32", "routed_experts", "random"): "^-",
+        ("numba engine", "bf16", "layer", "router"): "D-",
+        ("numba engine", "bf16", "routed_experts", "random"): "v-",
     }.items():
         for layer, dense in sorted({(r["layer"], r.get("dense") or "fp32") for r in rows
                                     if r.get("experts") == experts}):
@@ -557,7 +567,8 @@ def plot(rows: list[dict], path: Path) -> None:
                     b.plot([r["rows"] for r in sel], [r["union_model"] for r in sel], "-", color="gray")
     for layer in sorted({r["layer"] for r in rows if r.get("experts") == "bf16"}):
         for part, style in (("layer", "o--"), ("routed_experts", "s--")):
-            sel = [r for r in rows if r["experts"] == "bf16" and r["part"] == part and r["layer"] == layer]
+            sel = [r for r in rows if r["experts"] == "bf16" and r["impl"].startswith("torch")
+                   and r["part"] == part and r["layer"] == layer]
             if sel:
                 a.plot(
                     [r["rows"] for r in sel],

@@ -92,6 +92,39 @@ def dequantize_int4_torch(packed, scale, dtype):
     return w.reshape(*packed.shape[:-2], n, k).to(dtype)
 
 
+def seeded_bf16_experts(cfg: ModelConfig, seed: int, layer: int, device: Any = "cuda", dtype: Any = None,
+                        chunk: int = 32, workers: int | None = None) -> tuple[Any, Any]:
+    """The seeded layer's routed experts in the ``bf16`` layout's values, built on ``device``: w13
+    [E, 2I, D] (gate rows, then up) and w2 [E, D, I] in ``dtype`` (default bf16). The INT4 words and
+    scales of ``chunk`` experts at a time are generated on ``workers`` host threads while the device
+    dequantizes the previous chunk: no float32 expert copy on the host."""
+    torch = _torch()
+    from .. import seeded
+    dtype = torch.bfloat16 if dtype is None else dtype
+    workers = workers or min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 4)
+    e, mi, d = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    w13 = torch.empty(e, 2 * mi, d, device=device, dtype=dtype)
+    w2 = torch.empty(e, d, mi, device=device, dtype=dtype)
+
+    def host(e0: int):
+        ids = range(e0, min(e0 + chunk, e))
+        return e0, [seeded.expert_stack(cfg, seed, layer, proj, experts=ids, workers=workers)
+                    for proj in ("w1", "w3", "w2")]
+    with ThreadPoolExecutor(1) as pool:
+        nxt = pool.submit(host, 0)
+        for _ in range(0, e, chunk):
+            e0, stacks = nxt.result()
+            if e0 + chunk < e:
+                nxt = pool.submit(host, e0 + chunk)
+            (p1, s1), (p3, s3), (p2, s2) = [
+                (torch.from_numpy(p).to(device), torch.from_numpy(s).to(device)) for p, s in stacks]
+            e1 = e0 + p1.shape[0]
+            w13[e0:e1, :mi] = dequantize_int4_torch(p1, s1, torch.bfloat16)  # the bf16 layout's
+            w13[e0:e1, mi:] = dequantize_int4_torch(p3, s3, torch.bfloat16)  # values, in any dtype
+            w2[e0:e1] = dequantize_int4_torch(p2, s2, torch.bfloat16)
+    return w13, w2
+
+
 class TorchLayer:
     """Layer ``layer`` of ``cfg`` as torch tensors on one device (``from_weights`` / ``from_seeded``).
 
@@ -168,27 +201,7 @@ class TorchLayer:
             return bf16(name).float()
 
         def experts():
-            e, mi, d = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
-            w13 = torch.empty(e, 2 * mi, d, device=device, dtype=dtype)
-            w2 = torch.empty(e, d, mi, device=device, dtype=dtype)
-
-            def host(e0: int):
-                ids = range(e0, min(e0 + chunk, e))
-                return e0, [seeded.expert_stack(cfg, seed, layer, proj, experts=ids, workers=workers)
-                            for proj in ("w1", "w3", "w2")]
-            with ThreadPoolExecutor(1) as pool:
-                nxt = pool.submit(host, 0)
-                for _ in range(0, e, chunk):
-                    e0, stacks = nxt.result()
-                    if e0 + chunk < e:
-                        nxt = pool.submit(host, e0 + chunk)
-                    (p1, s1), (p3, s3), (p2, s2) = [
-                        (torch.from_numpy(p).to(device), torch.from_numpy(s).to(device)) for p, s in stacks]
-                    e1 = e0 + p1.shape[0]
-                    w13[e0:e1, :mi] = dequantize_int4_torch(p1, s1, torch.bfloat16)  # the bf16 layout's
-                    w13[e0:e1, mi:] = dequantize_int4_torch(p3, s3, torch.bfloat16)  # values, in any dtype
-                    w2[e0:e1] = dequantize_int4_torch(p2, s2, torch.bfloat16)
-            return w13, w2
+            return seeded_bf16_experts(cfg, seed, layer, device, dtype, chunk, workers)
         moe = experts if cfg.is_moe_layer(layer) else None
         return cls(cfg, layer, _assemble(cfg, layer, get, get_1d, moe), max_len, moe_impl)
 

@@ -28,6 +28,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--reps", type=int, default=30, help="k2: graph replays per part")
     parser.add_argument("--fp32-layer", type=int, default=1,
                         help="k2: the MoE layer also run with FP32 experts (-1: none)")
+    parser.add_argument("--bf16-layer", type=int, default=1,
+                        help="k2: the MoE layer also run with BF16 experts on grouped GEMMs (-1: none)")
     parser.add_argument("--no-torch", action="store_true", help="k2: leave out the stock-PyTorch rows")
     parser.add_argument("--no-check", action="store_true", help="k2: leave out the reference check")
     parser.add_argument("--workers", type=int, default=16, help="k2: processes repacking INT4 experts")
@@ -115,7 +117,8 @@ def run(args) -> int:
             layers = list(_ints("layers", args.layers)) if args.layers else None
             fp32 = None if args.fp32_layer < 0 else args.fp32_layer
             rs = run_k2(out, layers, args.context, args.reps, fp32, not args.no_torch, not args.no_check,
-                        args.workers, dense=_dense(args.dense))
+                        args.workers, dense=_dense(args.dense),
+                        bf16_layer=None if args.bf16_layer < 0 else args.bf16_layer)
         elif args.what == "pair":
             from workbench.bench.pair import BUNDLES
             from workbench.bench.pair import run as run_pair
