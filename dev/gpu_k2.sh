@@ -8,6 +8,8 @@
 #   k2_moe_bf16  bench k2 --layers 1 --dense bf16 (with checks; the W16A16 reference is slow)  ~400 s
 #   k2_moe_fp32  bench k2 --layers 1 --dense fp32 --no-check (with the FP32-experts line)     ~200 s
 #   e2e_fp32     dev/k2_slice_engine.py --dense fp32 (the reference in a child process)     ~260 s
+#   e2e_bf16x    the same with BF16 experts, outputs saved for a comparison on the CPU:
+#                dev/k2_slice_engine.py --experts bf16 --engine <saved> --ref <dev/k2_slice_reference.py --experts bf16 --out>
 #   precision    dev/bf16_gemm_precision.py (cuBLAS bf16 GEMMs against exact products)       ~30 s
 #   engine       bench engine (tiny2's decode step: the row kernels' change)                 ~120 s
 #   tier_blas    GPU tier of the BLAS path and W16A16 tests                                  ~150 s
@@ -38,6 +40,8 @@ for step in $STEPS; do
                    --out "$OUT/k2_moe_fp32" ;;
     e2e_fp32) run e2e_fp32 300 python3 dev/k2_slice_engine.py --dense fp32 \
                 --out "$OUT/bench/k2_slice_engine_fp32_${KDTREE_GIT_SHA}.json"; rm -f "$OUT"/bench/*.ref.npz ;;
+    e2e_bf16x) run e2e_bf16x 300 python3 dev/k2_slice_engine.py --experts bf16 --ref none \
+                 --save "$OUT/bench/k2_slice_engine_bf16x_${KDTREE_GIT_SHA}" --out "$OUT/e2e_bf16x.json" ;;
     precision) run precision 120 python3 dev/bf16_gemm_precision.py \
                  --out "$OUT/bench/bf16_gemm_precision_${KDTREE_GIT_SHA}.json" ;;
     engine) run engine 240 python3 -m workbench bench engine --out "$OUT/engine" ;;

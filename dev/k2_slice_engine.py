@@ -1,6 +1,7 @@
 """The whole seeded k2_slice on the engine against the numpy reference (GPU only).
 
     python dev/k2_slice_engine.py [--seed 0] [--prompt 8] [--decode 8] [--tree 16] [--dense fp32|bf16]
+        [--experts int4|bf16]
         [--workers 16] [--ref results.npz] [--out k2_slice_engine.json]
 
 Builds the engine's model the way ``bench k2`` builds each layer (``bench.k2_build.device_model``:
@@ -35,6 +36,8 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--tree", type=int, default=16)
     ap.add_argument("--dense", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--experts", choices=("int4", "bf16"), default="int4",
+                    help="bf16: the bf16 layout's experts on grouped GEMMs (the BLAS path)")
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--ref", help="npz of dev/k2_slice_reference.py --out (same seed, prompt, tree, layout); "
                     "'none': no comparison (with --save)")
@@ -64,17 +67,18 @@ def main() -> None:
             child = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("k2_slice_reference.py")),
                  "--seed", str(a.seed), "--prompt", str(a.prompt), "--decode", str(a.decode),
-                 "--tree", str(a.tree), "--dense", a.dense, "--out", a.ref],
+                 "--tree", str(a.tree), "--dense", a.dense, "--out", a.ref,
+                 "--experts", "bf16" if a.experts == "bf16" else "layout"],
                 stdout=f, stderr=subprocess.STDOUT)
     if a.engine:
         dec, ver = np.load(f"{a.engine}.decode.npz"), np.load(f"{a.engine}.verify.npz")
         tokens, logits = dec["tokens"], dec["logits"]
         got_logits, got_latents = ver["logits"], ver["latents"]
     else:
-        model = device_model(cfg, a.seed, a.workers, dense=a.dense)
+        model = device_model(cfg, a.seed, a.workers, dense=a.dense, experts=a.experts)
         eng = Engine(cfg, None, max_len=a.prompt + max(a.decode, a.tree) + 4,
                      max_rows=max(a.prompt, a.tree + 1), model=model)
-        log(f"engine built (dense {a.dense})")
+        log(f"engine built (dense {a.dense}, experts {a.experts})")
         tokens, logits = engine_decode(eng, prompt, a.decode)
         got = engine_tree_verify(eng, prompt, parents, node_tokens)
         got_logits, got_latents = got.logits, got.latents
@@ -99,7 +103,8 @@ def main() -> None:
     lat = (np.linalg.norm(got_latents - v_latents, axis=-1)
            / np.maximum(np.linalg.norm(v_latents, axis=-1), 1e-30))
     res = {
-        "seed": a.seed, "prompt": prompt.tolist(), "dense": a.dense, "tree_nodes": a.tree,
+        "seed": a.seed, "prompt": prompt.tolist(), "dense": a.dense, "experts": a.experts,
+        "tree_nodes": a.tree,
         "decode": [{"step": i, "max_abs_logit_err": float(d_err[i]), "ref_margin": float(ref_margins[i]),
                     "engine_token": int(tokens[i]), "ref_token": int(ref_tokens[i])}
                    for i in range(len(d_err))],

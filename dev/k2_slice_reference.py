@@ -1,7 +1,7 @@
 """Time the numpy reference on the seeded k2_slice model (no weights file) and check its magnitudes.
 
     .venv/bin/python dev/k2_slice_reference.py [--layout experts] [--seed 0] [--prompt 8] [--decode 8]
-        [--tree 16] [--dense fp32|bf16] [--out results.npz]
+        [--tree 16] [--dense fp32|bf16] [--experts layout|bf16] [--out results.npz]
 
 Runs, each timed: the activation statistics of the prompt (hidden RMS after every layer, logit
 spread, distinct experts per MoE layer), a prefill of the prompt + ``--decode`` greedy steps, and one
@@ -49,13 +49,19 @@ def main() -> int:
     ap.add_argument("--tree", type=int, default=16)
     ap.add_argument("--dense", choices=("fp32", "bf16"), default="fp32",
                     help="bf16: the W16A16 reference (dense projections and attention core in bf16)")
+    ap.add_argument("--experts", choices=("layout", "bf16"), default="layout",
+                    help="bf16: the bf16 layout's experts as W16A16 with bf16 outputs (the engine's BF16 "
+                         "experts on grouped GEMMs); layout: as --layout stores them")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     cfg = preset(args.model)
-    seeded = SeededWeights(cfg, args.seed, args.layout)
-    w = w16a16(cfg, seeded) if args.dense == "bf16" else seeded
+    seeded = SeededWeights(cfg, args.seed, "bf16" if args.experts == "bf16" else args.layout)
+    w = seeded
+    if args.dense == "bf16" or args.experts == "bf16":
+        w = w16a16(cfg, seeded, dense=args.dense == "bf16", experts=args.experts == "bf16")
     prompt = random_prompt(cfg, args.prompt, args.seed)
-    print(f"{args.model} layout {args.layout} dense {args.dense} seed {args.seed}: prompt {prompt.tolist()}")
+    print(f"{args.model} layout {args.layout} dense {args.dense} experts {args.experts} seed {args.seed}: "
+          f"prompt {prompt.tolist()}")
 
     t = time.perf_counter()
     st = activation_stats(cfg, w, prompt)

@@ -166,10 +166,11 @@ def device_layer(
     return lay
 
 
-def device_model(cfg: ModelConfig, seed: int, workers: int = 1, dense: str = "fp32", log=None) -> DeviceModel:
-    """The whole seeded model on the device (every layer by ``device_layer`` with INT4 experts, embed,
+def device_model(cfg: ModelConfig, seed: int, workers: int = 1, dense: str = "fp32", log=None,
+                 experts: str = "int4") -> DeviceModel:
+    """The whole seeded model on the device (every layer by ``device_layer`` with ``experts``, embed,
     final norm and head FP32), for ``engine.runtime.Engine(model=...)``."""
-    layers = [device_layer(cfg, seed, i, "int4", workers, log, dense=dense)
+    layers = [device_layer(cfg, seed, i, experts, workers, log, dense=dense)
               for i in range(cfg.num_hidden_layers)]
     return DeviceModel(cfg=cfg, embed=to_device(_fp(cfg, seed, "embed")),
                        norm=to_device(_fp(cfg, seed, "norm")), head=ops.dense(_fp(cfg, seed, "head")),
