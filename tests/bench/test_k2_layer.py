@@ -73,8 +73,10 @@ def test_a_wrong_weight_fails_the_check():
     assert not all(r["passed"] for r in res[1:])
 
 
-def test_parts_launch_and_floors():
-    rig = _rig(SMALL, 1)
+@pytest.mark.parametrize("experts", ["int4", "bf16"])
+def test_parts_launch_and_floors(experts, monkeypatch):
+    monkeypatch.setattr(ops, "BLAS", True)                     # the bf16 experts' grouped GEMMs
+    rig = _rig(SMALL, 1, experts)
     n = 3
     rig.load(np.ones((n, SMALL.hidden_size), np.float32), 4, np.array([0, 1, 1]), np.tril(np.ones((n, n))))
     with sim_speed():
@@ -87,6 +89,7 @@ def test_parts_launch_and_floors():
     assert np.isfinite(rig.out(n)).all()
     lb = layer_bytes(preset("k2_slice"), 1)
     assert lb["expert_int4"] == 3 * 7168 * 2048 // 2 + 3 * 7168 * 64 * 2        # 24.77 MB
+    assert lb["expert_bf16"] == 3 * 7168 * 2048 * 2                             # 88.1 MB
     assert round(k2_layer.union_model(384, 8, 16)) == 110
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels_numba import ffn, ops
+from kernels_numba import blas, ffn, ops
 from kernels_numba.blockops import KS, TPB
 from kernels_numba.device import (
     SIMULATED,
@@ -144,6 +144,10 @@ class LayerRig:
                         sc.workspace(m.fused, n),
                         s,
                     )
+            elif m.path == ops.GROUPED_MM:
+
+                def routed(s):
+                    blas.experts_grouped(self.y, b.x, ids, wts, m.grouped.w13, m.grouped.w2, n, s)
             else:
 
                 def routed(s):
