@@ -10,7 +10,6 @@
 #   e2e_fp32     dev/k2_slice_engine.py --dense fp32 (the reference in a child process)     ~260 s
 #   e2e_bf16x    the same with BF16 experts, outputs saved for a comparison on the CPU:
 #                dev/k2_slice_engine.py --experts bf16 --engine <saved> --ref <dev/k2_slice_reference.py --experts bf16 --out>
-#   precision    dev/bf16_gemm_precision.py (cuBLAS bf16 GEMMs against exact products)       ~30 s
 #   engine       bench engine (tiny2's decode step: the row kernels' change)                 ~120 s
 #   tier_blas    GPU tier of the BLAS path and W16A16 tests                                  ~150 s
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
@@ -19,7 +18,7 @@
 #     -d .whl_min numpy==2.4.6 cffi==2.0.0 pycparser
 set -uo pipefail
 WHEELS=${WHEELS:-.whl_min}
-STEPS=${STEPS:-k2 e2e_fp32 precision engine tier_blas}
+STEPS=${STEPS:-k2 e2e_fp32 e2e_bf16x engine tier_blas}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl && export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1                         # a capped run's log keeps everything it printed
 export KDTREE_GIT_SHA=${KDTREE_GIT_SHA:?set KDTREE_GIT_SHA to the commit under test}
@@ -42,8 +41,6 @@ for step in $STEPS; do
                 --out "$OUT/bench/k2_slice_engine_fp32_${KDTREE_GIT_SHA}.json"; rm -f "$OUT"/bench/*.ref.npz ;;
     e2e_bf16x) run e2e_bf16x 300 python3 dev/k2_slice_engine.py --experts bf16 --ref none \
                  --save "$OUT/bench/k2_slice_engine_bf16x_${KDTREE_GIT_SHA}" --out "$OUT/e2e_bf16x.json" ;;
-    precision) run precision 120 python3 dev/bf16_gemm_precision.py \
-                 --out "$OUT/bench/bf16_gemm_precision_${KDTREE_GIT_SHA}.json" ;;
     engine) run engine 240 python3 -m workbench bench engine --out "$OUT/engine" ;;
     tier_blas) run tier_blas 240 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                  tests/kernels/test_blas.py tests/engine tests/bench/test_k2_layer.py -k "blas or w16a16 and not k2_slice" ;;

@@ -26,8 +26,17 @@ from ..reference.scenarios import random_tree
 from .k2_build import dense_kind
 from .torch_layer_bench import _reference_layer, ancestor_inputs
 
-TOL = {"int4": 2e-3, "fp32": 2e-3, "bf16": 2e-3}  # relative error of each row's update y - x and cache rows
+TOL = {"int4": 2e-3, "fp32": 2e-3}  # relative error of each row's update y - x and of cache rows
+# W16A16 (bf16 dense projections or experts): each bf16 rounding point turns the float32 sum-order noise
+# before it into flips of about one bf16 step, so a chain of them ends near bf16's 2^-8. Measured on
+# K2's dense layer with the reference's own exact products (a CPU): 3.9e-3; on the H200: 4.5e-3.
+TOL_W16A16 = 1e-2
 TIE = 1e-4  # selection-score gap under which a routing difference is a tie
+
+
+def tolerance(experts: str, dense: str) -> float:
+    """The check's relative tolerance for a layer held this way."""
+    return TOL_W16A16 if dense == "bf16" or experts == "bf16" else TOL[experts]
 
 
 def _inputs(cfg: ModelConfig, seed: int, layer: int, prefix: int, tree_nodes: int):
@@ -96,10 +105,10 @@ def _rel(got: np.ndarray, want: np.ndarray) -> np.ndarray:
 
 def compare(cfg: ModelConfig, seed: int, layer: int, experts: str, dense: str, eng: dict[str, Any],
             ref: dict[str, Any], prefix: int = 16, tree_nodes: int = 16, log=print) -> list[dict[str, Any]]:
-    """One result dict per scenario with ``passed``: relative errors within TOL[experts]; routed expert
+    """One result dict per scenario with ``passed``: relative errors within ``tolerance``; routed expert
     sets equal except ties (each swapped pair's reference selection scores within TIE; such rows are
     left out of the error)."""
-    tol = TOL[experts]
+    tol = tolerance(experts, dense)
     base = {"layer": layer, "experts": experts, "dense": dense, "tol": tol}
     err = float(_rel(eng["prefix_rows"], ref["prefix_rows"]).max())
     out = [{**base, "scenario": f"prefix {prefix} rows: cache rows", "rows": prefix, "max_rel_err": err,

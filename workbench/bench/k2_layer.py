@@ -411,7 +411,8 @@ def run(
             plan.append((i, "fp32", "fp32"))
     # the reference side of every check runs on the host's cores while the device builds and times
     checked = [(i, e, d) for i, e, d in plan if e in CHECKED]
-    pool = ProcessPoolExecutor(min(4, len(checked)), mp_context=mp.get_context("spawn")) if do_check else None
+    pool = ProcessPoolExecutor(min(4, len(checked)), mp_context=mp.get_context("spawn")) \
+        if do_check and checked else None
     refs = {key: pool.submit(reference_side, cfg, seed, *key) for key in checked} if pool is not None else {}
     engine_out: dict = {}
 
