@@ -45,6 +45,8 @@ def main() -> None:
     ap.add_argument("--engine", help="compare the outputs --save wrote (no GPU; skips the engine run)")
     ap.add_argument("--out", default="k2_slice_engine.json")
     a = ap.parse_args()
+    if a.ref == "none" and not a.save:
+        ap.error("--ref none compares nothing: give --save to keep the engine's outputs")
 
     from workbench.bench.k2_build import device_model
     from workbench.config import preset

@@ -71,13 +71,10 @@ def _mm(out, x, wt, accumulate: bool) -> None:
             torch.mm(x, wt, out=out)
         return
     xb = x.to(torch.bfloat16)
-    if wt.device.type != "cuda":
-        y = torch.mm(xb.float(), wt.float())
-    elif accumulate:
-        y = torch.mm(xb, wt, out_dtype=torch.float32)
-    else:
+    if wt.device.type == "cuda" and not accumulate:
         torch.mm(xb, wt, out_dtype=torch.float32, out=out)
         return
+    y = _bmm16(xb, wt, f32=True)
     if accumulate:
         out.add_(y)
     else:
@@ -199,9 +196,9 @@ def experts_grouped(h, x, ids, wts, w13, w2, rows: int, stream=0) -> None:
     present, exact products summed in float32."""
     torch = _torch()
     with on(stream):
-        e_all, k = w13.shape[0], view(ids).shape[1]
-        i = w2.shape[2]
-        experts = view(ids)[:rows].reshape(-1).long()                         # [T K]
+        idx = view(ids)
+        e_all, k, i = w13.shape[0], idx.shape[1], w2.shape[2]
+        experts = idx[:rows].reshape(-1).long()                               # [T K]
         order = torch.argsort(experts, stable=True)
         tok = torch.div(order, k, rounding_mode="floor")                      # pair -> token
         xs = view(x)[:rows].to(torch.bfloat16).index_select(0, tok)           # [T K, D] sorted by expert
@@ -224,6 +221,6 @@ def _grouped(a, b, ends):
     lo = 0
     for e, hi in enumerate(ends.tolist()):
         if hi > lo:
-            out[lo:hi] = torch.matmul(a[lo:hi].float(), b[e].float()).bfloat16()
+            out[lo:hi] = _bmm16(a[lo:hi], b[e])
         lo = hi
     return out

@@ -32,7 +32,9 @@ def col_blocks(n: int) -> int:
     return 1 if SIMULATED else (n + TPB - 1) // TPB
 
 
-ROW_KS = 8                                  # most K-slices a one-block-per-row kernel takes (its shared size)
+ROW_KS = 8                                  # most K-slices a one-block-per-row kernel takes
+ROW_THREADS = TPB * ROW_KS                  # its reductions' shared slots (a constant: numba sizes shared
+                                            # arrays from a global, not from an expression)
 
 
 def row_slices(k: int) -> int:
@@ -43,12 +45,18 @@ def row_slices(k: int) -> int:
 
 
 @cuda.jit(device=True)
+def block_lane():
+    """(this thread's index in its (32,) or (32, ks) block, the block's thread count): the stride of a
+    one-block-per-row loop and the slot of a block reduction."""
+    return cuda.threadIdx.y * TPB + cuda.threadIdx.x, TPB * cuda.blockDim.y
+
+
+@cuda.jit(device=True)
 def block_sum(sh, v):
     """Sum of ``v`` over every thread of a (32,) or (32, ks) block; ``sh`` is a float32 shared
     array with a slot per thread. Slots are summed in thread order, so the result is the same in
     every thread."""
-    nt = TPB * cuda.blockDim.y
-    t = cuda.threadIdx.y * TPB + cuda.threadIdx.x
+    t, nt = block_lane()
     sh[t] = v
     cuda.syncthreads()
     total = 0.0
@@ -79,8 +87,7 @@ def block_argmax(shv, shi, v, i):
     ``shv`` float32, ``shi`` int32 shared arrays with a slot per thread; a thread without a candidate
     passes v = -inf, i = a huge index.
     """
-    nt = TPB * cuda.blockDim.y
-    t = cuda.threadIdx.y * TPB + cuda.threadIdx.x
+    t, nt = block_lane()
     shv[t] = v
     shi[t] = i
     cuda.syncthreads()

@@ -22,7 +22,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from .blockops import KS, ROW_KS, TPB
+from .blockops import KS, ROW_THREADS, TPB, block_lane
 from .rmsnorm import row_rms_scale
 from .rope import rope_pair
 
@@ -36,8 +36,8 @@ def mla_prep_kernel(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_ran
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
-    sh = cuda.shared.array(TPB * ROW_KS, np.float32)
-    lt, nt = cuda.threadIdx.y * TPB + cuda.threadIdx.x, TPB * cuda.blockDim.y
+    sh = cuda.shared.array(ROW_THREADS, np.float32)
+    lt, nt = block_lane()
     start = meta[0]
     off = a1.shape[1] - cache.shape[1]                       # column where c_kv starts in a1
     if q_rank > 0:

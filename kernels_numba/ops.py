@@ -268,11 +268,9 @@ def moe_weights(rt: Router, experts: list[tuple], shared: tuple | None, fast: bo
         if n16 != 3 * len(experts) or not all(m.out16 for e in experts for m in e):
             raise KernelInputError("bf16 routed experts are all Bf16Host with out16 (grouped GEMMs write "
                                    "bf16: workbench.quant.w16a16.w16a16(..., experts=True)), or none is")
-        if not BLAS:
-            raise KernelInputError("bf16 routed experts run on the BLAS path (torch), which is off here")
         w13 = np.stack([np.concatenate([np.asarray(e[0].bits), np.asarray(e[1].bits)]) for e in experts])
         w2 = np.stack([np.asarray(e[2].bits) for e in experts])                          # [E, D, I]
-        grouped = Bf16Experts(blas.weight16(w13), blas.weight16(w2))                      # w13 [E, 2I, D]
+        grouped = Bf16Experts(_bf16(Bf16Host(w13), transpose=False), _bf16(Bf16Host(w2), transpose=False))
         return MoE(GROUPED_MM, rt, width, dim, grouped=grouped,
                    shared=swiglu_weights(*shared, fast=fast) if shared is not None else None)
     fused = None

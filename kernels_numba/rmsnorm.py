@@ -12,14 +12,15 @@ import math
 import numpy as np
 from numba import cuda
 
-from .blockops import ROW_KS, TPB, block_sum, row_slices
+from .blockops import ROW_THREADS, TPB, block_lane, block_sum, row_slices
 
 
 @cuda.jit(device=True)
 def row_rms_scale(sh, x, row, off, k, eps):
     """1 / sqrt(mean(x[row, off:off+k]^2) + eps) in float32, same value in every thread of the block."""
     acc = np.float32(0.0)
-    for j in range(cuda.threadIdx.y * TPB + cuda.threadIdx.x, k, TPB * cuda.blockDim.y):
+    lt, nt = block_lane()
+    for j in range(lt, k, nt):
         v = x[row, off + j]
         acc += v * v
     ms = block_sum(sh, acc) / np.float32(k)
@@ -32,10 +33,10 @@ def rmsnorm_kernel(out, x, w, eps, meta):
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
-    sh = cuda.shared.array(TPB * ROW_KS, np.float32)
+    sh = cuda.shared.array(ROW_THREADS, np.float32)
     k = x.shape[1]
     r = row_rms_scale(sh, x, row, 0, k, eps)
-    lt, nt = cuda.threadIdx.y * TPB + cuda.threadIdx.x, TPB * cuda.blockDim.y
+    lt, nt = block_lane()
     for j in range(lt, k, nt):
         out[row, j] = w[j] * (x[row, j] * r)
 

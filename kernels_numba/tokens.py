@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from .blockops import ROW_KS, TPB, block_argmax
+from .blockops import ROW_THREADS, block_argmax, block_lane
 
 BIG = 2 ** 30
 
@@ -24,7 +24,8 @@ def embed_kernel(h, table, ids, meta):
     if row >= meta[1]:
         return
     tok = ids[row]
-    for j in range(cuda.threadIdx.y * TPB + cuda.threadIdx.x, h.shape[1], TPB * cuda.blockDim.y):
+    lt, nt = block_lane()
+    for j in range(lt, h.shape[1], nt):
         h[row, j] = table[tok, j]
 
 
@@ -34,12 +35,12 @@ def argmax_kernel(out, logits, meta):
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
-    shv = cuda.shared.array(TPB * ROW_KS, np.float32)
-    shi = cuda.shared.array(TPB * ROW_KS, np.int32)
+    shv = cuda.shared.array(ROW_THREADS, np.float32)
+    shi = cuda.shared.array(ROW_THREADS, np.int32)
     bv = -math.inf
     bi = BIG
-    lt = cuda.threadIdx.y * TPB + cuda.threadIdx.x
-    for j in range(lt, logits.shape[1], TPB * cuda.blockDim.y):   # ascending j: strict > keeps the lowest
+    lt, nt = block_lane()
+    for j in range(lt, logits.shape[1], nt):                  # ascending j: strict > keeps the lowest
         v = logits[row, j]
         if v > bv:
             bv = v
@@ -68,5 +69,6 @@ def copy_rows_kernel(dst, src, meta):
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
-    for j in range(cuda.threadIdx.y * TPB + cuda.threadIdx.x, src.shape[1], TPB * cuda.blockDim.y):
+    lt, nt = block_lane()
+    for j in range(lt, src.shape[1], nt):
         dst[row, j] = src[row, j]

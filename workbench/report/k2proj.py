@@ -18,6 +18,7 @@ pair's E and k over to K2's: a projection.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,7 @@ def project(cfg: ModelConfig, times: dict[str, dict[int, float]], tau: dict[int,
     return out
 
 
+@functools.cache                      # the same counts for every drafter's projection
 def busiest_gpu_experts(n_experts: int, k: int, rows: int, world: int, trials: int = 400,
                         seed: int = 0) -> float:
     """Mean over random routings of the most distinct experts one of ``world`` GPUs holds among those
