@@ -116,9 +116,10 @@ def run(args) -> int:
             from workbench.bench.k2_layer import run as run_k2
             layers = list(_ints("layers", args.layers)) if args.layers else None
             fp32 = None if args.fp32_layer < 0 else args.fp32_layer
-            rs = run_k2(out, layers, args.context, args.reps, fp32, not args.no_torch, not args.no_check,
-                        args.workers, dense=_dense(args.dense),
-                        bf16_layer=None if args.bf16_layer < 0 else args.bf16_layer)
+            rs = run_k2(out, layers, context=args.context, reps=args.reps, fp32_layer=fp32,
+                        bf16_layer=None if args.bf16_layer < 0 else args.bf16_layer,
+                        torch_baseline=not args.no_torch, do_check=not args.no_check,
+                        workers=args.workers, dense=_dense(args.dense))
         elif args.what == "pair":
             from workbench.bench.pair import BUNDLES
             from workbench.bench.pair import run as run_pair

@@ -1,0 +1,39 @@
+"""``python -m workbench bench k2``: its flags reach the benchmark as the keywords they name."""
+
+import inspect
+from types import SimpleNamespace
+
+
+from workbench.cli import main
+
+
+def test_k2_flags_reach_the_benchmark(monkeypatch, tmp_path):
+    import kernels_numba.device
+    import workbench.bench.common
+    import workbench.bench.k2_layer
+    import workbench.bench.results
+    seen = {}
+
+    def fake_run(out_dir, layers=None, **kw):
+        inspect.signature(workbench.bench.k2_layer.run).bind(out_dir, layers, **kw)  # the real signature
+        seen.update(kw, layers=layers)
+        return SimpleNamespace(log=tmp_path / "k2.log")
+
+    monkeypatch.setattr(workbench.bench.common, "require_gpu", lambda: None)
+    monkeypatch.setattr(kernels_numba.device, "SIMULATED", False)
+    monkeypatch.setattr(workbench.bench.k2_layer, "run", fake_run)
+    monkeypatch.setattr(workbench.bench.results, "retire_others", lambda rs: [])
+    argv = ["bench", "k2", "--out", str(tmp_path), "--layers", "0,1", "--dense", "fp32,bf16",
+            "--fp32-layer", "-1", "--bf16-layer", "2", "--no-torch", "--reps", "7", "--workers", "3"]
+    assert main(argv) == 0
+    assert seen == dict(layers=[0, 1], context=4096, reps=7, fp32_layer=None, bf16_layer=2,
+                        torch_baseline=False, do_check=True, workers=3, dense=("fp32", "bf16"))
+
+
+def test_k2_rejects_an_unknown_dense_kind(monkeypatch, tmp_path, capsys):
+    import kernels_numba.device
+    import workbench.bench.common
+    monkeypatch.setattr(workbench.bench.common, "require_gpu", lambda: None)
+    monkeypatch.setattr(kernels_numba.device, "SIMULATED", False)
+    assert main(["bench", "k2", "--out", str(tmp_path), "--dense", "fp8"]) != 0
+    assert "--dense takes" in capsys.readouterr().err
