@@ -3,7 +3,6 @@
 import inspect
 from types import SimpleNamespace
 
-
 from workbench.cli import main
 
 
