@@ -1,0 +1,82 @@
+"""Where a k2_slice attention step's time goes, kernel by kernel (GPU only).
+
+    python dev/profile_k2_attention.py [--rows 1,17] [--context 4096] [--dense bf16] [--reps 20]
+
+Builds the dense layer 0 as ``bench k2`` does (``k2_build.device_layer``), loads a step of ``--rows``
+rows over a ``--context``-row latent cache, and runs the engine's attention part (the norm, the
+projections, mla_prep, the attention core, wo) ``--reps`` times eagerly under torch's profiler,
+then the stock-torch BF16 MLA on the same shapes; prints each one's kernels by total device time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,17")
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--dense", choices=("fp32", "bf16"), default="bf16")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--top", type=int, default=18)
+    a = ap.parse_args()
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from kernels_numba.device import head_rows, upload
+    from workbench.bench.k2_build import device_layer
+    from workbench.bench.k2_layer import LayerRig
+    from workbench.bench.torch_layer import TorchLayer
+    from workbench.bench.torch_layer_bench import ancestor_inputs
+    from workbench.config import preset
+    from workbench.reference.scenarios import random_tree
+
+    cfg = preset("k2_slice")
+    rows = [int(v) for v in a.rows.split(",")]
+    max_len = a.context + max(rows)
+    rig = LayerRig(cfg, 0, device_layer(cfg, 0, 0, "int4", 1, dense=a.dense), max(rows), max_len)
+    rng = np.random.default_rng(0)
+    upload(head_rows(rig.cache, a.context),
+           rng.standard_normal((a.context, cfg.kv_cache_dim)).astype(np.float32))
+    tl = TorchLayer.from_seeded(cfg, 0, 0, max_len=max_len)
+    tl.cache[:a.context].normal_()
+
+    def table(fn, title: str) -> None:
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(a.reps):
+                fn()
+            torch.cuda.synchronize()
+        print(f"\n== {title}: per step, device time by kernel ({a.reps} steps)")
+        ev = [e for e in prof.key_averages() if e.device_time_total > 0]
+        ev.sort(key=lambda e: -e.device_time_total)
+        total = sum(e.device_time_total for e in ev) / a.reps
+        print(f"   total {total:8.1f} us per step in {sum(e.count for e in ev) // a.reps} kernels")
+        for e in ev[:a.top]:
+            print(f"   {e.device_time_total / a.reps:8.1f} us  x{e.count // a.reps:<3d} {e.key[:110]}")
+
+    for n in rows:
+        parents, _ = random_tree(cfg, n - 1, seed=n)
+        vis, pos = ancestor_inputs(parents, a.context)
+        rig.load(rng.standard_normal((n, cfg.hidden_size)).astype(np.float32), a.context, pos - a.context,
+                 vis.astype(np.uint8))
+        attention = rig.parts(n)["attention"]
+        table(lambda attention=attention: attention(0), f"engine attention, {a.dense} dense, {n} rows")
+        with torch.no_grad():
+            x = tl.normed(torch.randn(n, cfg.hidden_size, device="cuda").to(tl.dtype))
+            mask, positions = torch.from_numpy(vis).cuda(), torch.from_numpy(pos).cuda()
+            table(lambda x=x, m=mask, p=positions: tl.attention(x, m, p, a.context),
+                  f"torch bf16 MLA, {n} rows")
+
+
+if __name__ == "__main__":
+    main()
