@@ -1,7 +1,8 @@
 """The FP32 dense ops on torch's BLAS (cuBLAS on a GPU), over the engine's own buffers.
 
 Legend: T rows of the buffers (the grid's rows; n = meta[1] <= T live), K input features, N output
-features, E routed experts, I SwiGLU width, H heads, N_/R/V/C the MLA dims, S cache rows.
+features, E routed experts, I SwiGLU width, H heads, N_/R/V/C the MLA dims, S cache rows (S8: S
+rounded up to a multiple of 8).
 
 The portable kernels compute an FP32 projection with one thread per output column; at K2 sizes a
 matrix is tens to hundreds of MB, where cuBLAS's SGEMM streams the weights near the copy rate.
@@ -143,7 +144,8 @@ def mla_attention(o, q, cache, wkv_b, cos, sin, depth, vis, meta, scale: float, 
 
 
 def _visible(kv, start, live, vis, rows: int):
-    """[T, S] bool: cached rows < start, and new rows j < live that vis[i, j] lets row i see."""
+    """[T, S] bool over kv's S rows: cached rows < start, and new rows j < live that vis[i, j] lets row
+    i see (rows past start + live, padding included, are never seen)."""
     torch = _torch()
     keys = torch.arange(kv.shape[0], device=kv.device)
     rel = keys - start                                                         # [S] new-row index
@@ -173,15 +175,17 @@ def _attention_bf16(o, kv, w, q_nope, q_pe, start, live, vis, scale: float, rows
     takes bf16 operands, scores and softmax are float32. q_nope [H, T, N_], q_pe [H, T, R] float32."""
     torch = _torch()
     h, t = q_nope.shape[0], q_nope.shape[1]
-    c = w.shape[2]
-    kvb = kv.to(torch.bfloat16)                                                # [S, C+R]
-    new = (start + torch.arange(rows, device=kv.device)).clamp(max=kv.shape[0] - 1)   # this call's rows
+    c, s = w.shape[2], kv.shape[0]
+    kvb = torch.empty(-(-s // 8) * 8, kv.shape[1], dtype=torch.bfloat16, device=kv.device)  # [S8, C+R]
+    kvb[s:].zero_()                       # never visible; S8 % 8 == 0 keeps cuBLAS on its aligned kernels
+    kvb[:s].copy_(kv)
+    new = (start + torch.arange(rows, device=kv.device)).clamp(max=s - 1)     # this call's rows
     kv.index_copy_(0, new, kvb.index_select(0, new).float())                   # the cache holds bf16 rows
     q_lat = _bmm16(q_nope.to(torch.bfloat16), w[:, :nn])                       # [H, T, C] bf16
     scores = (_bmm16(q_lat.reshape(h * t, c), kvb[:, :c].T, f32=True)
               + _bmm16(q_pe.to(torch.bfloat16).reshape(h * t, -1), kvb[:, c:].T, f32=True))
-    scores = scores.reshape(h, t, -1) * scale                                  # [H, T, S] float32
-    p = scores.masked_fill(~_visible(kv, start, live, vis, rows), float("-inf")).softmax(dim=-1)
+    scores = scores.reshape(h, t, -1) * scale                                  # [H, T, S8] float32
+    p = scores.masked_fill(~_visible(kvb, start, live, vis, rows), float("-inf")).softmax(dim=-1)
     ctx = _bmm16(p.to(torch.bfloat16).reshape(h * t, -1), kvb[:, :c]).reshape(h, t, c)   # [H, T, C] bf16
     out = _bmm16(ctx, w[:, nn:].transpose(1, 2))                               # [H, T, V] bf16
     view(o)[:rows].view(rows, h, -1).copy_(out.transpose(0, 1))

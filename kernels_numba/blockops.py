@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import cuda
 
 from .device import SIMULATED
@@ -38,10 +39,11 @@ ROW_THREADS = TPB * ROW_KS                  # its reductions' shared slots (a co
 
 
 def row_slices(k: int) -> int:
-    """K-slices for a one-block-per-row kernel over ``k`` features (block (32, ks)): about 16 elements
-    per thread, at most KS. A row of 7168 on one warp is a chain of 224 dependent loads (latency-bound);
-    a row of 192 keeps one warp, whose reduction is the cheapest."""
-    return max(1, min(KS, ROW_KS, k // (TPB * 16)))
+    """K-slices for a one-block-per-row kernel over ``k`` features (block (32, ks)): at least 4 elements
+    per thread, at most KS slices. One row per block is latency-bound: a row of 7168 on one warp is 224
+    loads per thread, each a round trip to memory; a row of 192 keeps one warp, whose reduction is the
+    cheapest."""
+    return max(1, min(KS, ROW_KS, k // (TPB * 4)))
 
 
 @cuda.jit(device=True)
@@ -54,14 +56,26 @@ def block_lane():
 @cuda.jit(device=True)
 def block_sum(sh, v):
     """Sum of ``v`` over every thread of a (32,) or (32, ks) block; ``sh`` is a float32 shared
-    array with a slot per thread. Slots are summed in thread order, so the result is the same in
-    every thread."""
+    array with a slot per thread. The order is fixed (slots in thread order within a warp, then the
+    warps in order), so the result is the same in every thread. A serial pass over 256 slots costs
+    256 dependent shared loads; per warp, then across warps, it is 32 + ks."""
     t, nt = block_lane()
     sh[t] = v
     cuda.syncthreads()
     total = 0.0
-    for i in range(nt):
-        total += sh[i]
+    if nt == TPB:
+        for i in range(TPB):                # a constant trip count: unrolled, the loads overlap
+            total += sh[i]
+    else:                                   # ks warps: each warp's slots in order, then the ks partials
+        if cuda.threadIdx.x == 0:
+            base = cuda.threadIdx.y * TPB
+            part = 0.0
+            for i in range(TPB):
+                part += sh[base + i]
+            sh[base] = part                 # only this thread reads its warp's slots
+        cuda.syncthreads()
+        for y in range(cuda.blockDim.y):
+            total += sh[y * TPB]
     cuda.syncthreads()                      # sh may be reused right after
     return total
 
@@ -101,3 +115,66 @@ def block_argmax(shv, shi, v, i):
             bi = ci
     cuda.syncthreads()
     return bv, bi
+
+
+@cuda.jit(device=True)
+def row_sumsq(x, row, off, k):
+    """This thread's sum of x[row, off + j]^2 over its strided j < k (j = lane, lane + nt, ...), in
+    that order. Four loads are issued before their sums: a one-block-per-row loop is latency-bound,
+    and a load per iteration waits out a memory round trip each time."""
+    lt, nt = block_lane()
+    acc = np.float32(0.0)
+    j = lt
+    while j + 3 * nt < k:
+        v0 = x[row, off + j]
+        v1 = x[row, off + j + nt]
+        v2 = x[row, off + j + 2 * nt]
+        v3 = x[row, off + j + 3 * nt]
+        acc += v0 * v0
+        acc += v1 * v1
+        acc += v2 * v2
+        acc += v3 * v3
+        j += 4 * nt
+    while j < k:
+        v = x[row, off + j]
+        acc += v * v
+        j += nt
+    return acc
+
+
+@cuda.jit(device=True)
+def scale_row(out, orow, x, row, off, w, r, k):
+    """out[orow, j] = w[j] * (x[row, off + j] * r) for this thread's strided j < k, four loads ahead
+    (``out`` may be ``x``: every element is read before it is written)."""
+    lt, nt = block_lane()
+    j = lt
+    while j + 3 * nt < k:
+        c = off + j
+        a0, a1, a2, a3 = x[row, c], x[row, c + nt], x[row, c + 2 * nt], x[row, c + 3 * nt]
+        b0, b1, b2, b3 = w[j], w[j + nt], w[j + 2 * nt], w[j + 3 * nt]
+        out[orow, j] = b0 * (a0 * r)
+        out[orow, j + nt] = b1 * (a1 * r)
+        out[orow, j + 2 * nt] = b2 * (a2 * r)
+        out[orow, j + 3 * nt] = b3 * (a3 * r)
+        j += 4 * nt
+    while j < k:
+        out[orow, j] = w[j] * (x[row, off + j] * r)
+        j += nt
+
+
+@cuda.jit(device=True)
+def copy_row(dst, drow, src, srow):
+    """dst[drow, :] = src[srow, :] over this thread's strided columns, four loads ahead."""
+    lt, nt = block_lane()
+    k = src.shape[1]
+    j = lt
+    while j + 3 * nt < k:
+        a0, a1, a2, a3 = src[srow, j], src[srow, j + nt], src[srow, j + 2 * nt], src[srow, j + 3 * nt]
+        dst[drow, j] = a0
+        dst[drow, j + nt] = a1
+        dst[drow, j + 2 * nt] = a2
+        dst[drow, j + 3 * nt] = a3
+        j += 4 * nt
+    while j < k:
+        dst[drow, j] = src[srow, j]
+        j += nt

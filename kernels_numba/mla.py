@@ -22,7 +22,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from .blockops import KS, ROW_THREADS, TPB, block_lane
+from .blockops import KS, ROW_THREADS, TPB, block_lane, scale_row
 from .rmsnorm import row_rms_scale
 from .rope import rope_pair
 
@@ -42,12 +42,10 @@ def mla_prep_kernel(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_ran
     off = a1.shape[1] - cache.shape[1]                       # column where c_kv starts in a1
     if q_rank > 0:
         r = row_rms_scale(sh, a1, row, 0, q_rank, eps)
-        for j in range(lt, q_rank, nt):
-            qn[row, j] = q_norm[j] * (a1[row, j] * r)
+        scale_row(qn, row, a1, row, 0, q_norm, r, q_rank)
     r2 = row_rms_scale(sh, a1, row, off, c_rank, eps)
     dst = start + row
-    for j in range(lt, c_rank, nt):
-        cache[dst, j] = kv_norm[j] * (a1[row, off + j] * r2)
+    scale_row(cache, dst, a1, row, off, kv_norm, r2, c_rank)
     pos = start + depth[row]
     half = (cache.shape[1] - c_rank) // 2
     for i in range(lt, half, nt):

@@ -12,18 +12,13 @@ import math
 import numpy as np
 from numba import cuda
 
-from .blockops import ROW_THREADS, TPB, block_lane, block_sum, row_slices
+from .blockops import ROW_THREADS, TPB, block_sum, row_slices, row_sumsq, scale_row
 
 
 @cuda.jit(device=True)
 def row_rms_scale(sh, x, row, off, k, eps):
     """1 / sqrt(mean(x[row, off:off+k]^2) + eps) in float32, same value in every thread of the block."""
-    acc = np.float32(0.0)
-    lt, nt = block_lane()
-    for j in range(lt, k, nt):
-        v = x[row, off + j]
-        acc += v * v
-    ms = block_sum(sh, acc) / np.float32(k)
+    ms = block_sum(sh, row_sumsq(x, row, off, k)) / np.float32(k)
     return np.float32(1.0) / math.sqrt(ms + eps)
 
 
@@ -36,9 +31,7 @@ def rmsnorm_kernel(out, x, w, eps, meta):
     sh = cuda.shared.array(ROW_THREADS, np.float32)
     k = x.shape[1]
     r = row_rms_scale(sh, x, row, 0, k, eps)
-    lt, nt = block_lane()
-    for j in range(lt, k, nt):
-        out[row, j] = w[j] * (x[row, j] * r)
+    scale_row(out, row, x, row, 0, w, r, k)
 
 
 def rmsnorm(out, x, w, eps: float, meta, rows: int, stream=0, ks: int | None = None) -> None:

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from .blockops import ROW_THREADS, block_argmax, block_lane
+from .blockops import ROW_THREADS, block_argmax, block_lane, copy_row
 
 BIG = 2 ** 30
 
@@ -23,10 +23,7 @@ def embed_kernel(h, table, ids, meta):
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
-    tok = ids[row]
-    lt, nt = block_lane()
-    for j in range(lt, h.shape[1], nt):
-        h[row, j] = table[tok, j]
+    copy_row(h, row, table, ids[row])
 
 
 @cuda.jit
@@ -69,6 +66,4 @@ def copy_rows_kernel(dst, src, meta):
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
-    lt, nt = block_lane()
-    for j in range(lt, src.shape[1], nt):
-        dst[row, j] = src[row, j]
+    copy_row(dst, row, src, row)

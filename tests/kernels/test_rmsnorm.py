@@ -10,18 +10,28 @@ from kernels_numba.rmsnorm import rmsnorm
 from workbench.reference.layers import rmsnorm as ref_rmsnorm
 
 
-@pytest.mark.parametrize("ks", [None, 3, 8])
-def test_rmsnorm_matches_reference_and_skips_dead_rows(ks):
-    """ks: the K-sliced block (32, ks) a long row gets on the GPU (blockops.row_slices)."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((4, 45)).astype(np.float32) * 3
-    w = rng.standard_normal(45).astype(np.float32)
-    out = to_device(np.full((4, 45), 7.0, np.float32))
+@pytest.mark.parametrize("ks,k", [(None, 45), (3, 45), (8, 45), (1, 301), (8, 1100)])
+def test_rmsnorm_matches_reference_and_skips_dead_rows(ks, k):
+    """ks: the K-sliced block (32, ks) a long row gets on the GPU (blockops.row_slices); k = 301 and
+    1100 take the four-loads-ahead loops' main part and their tail."""
+    rng = np.random.default_rng(k)
+    x = rng.standard_normal((4, k)).astype(np.float32) * 3
+    w = rng.standard_normal(k).astype(np.float32)
+    out = to_device(np.full((4, k), 7.0, np.float32))
     rmsnorm(out, to_device(x), to_device(w), 1e-6, to_device(np.array([0, 3, 0, 0, 0, 0, 0, 0], np.int32)), 4,
             ks=ks)
     got = download(out)
     np.testing.assert_allclose(got[:3], ref_rmsnorm(x[:3], w, 1e-6), rtol=1e-5, atol=1e-5)
     assert (got[3] == 7.0).all()
+
+
+def test_rmsnorm_in_place_on_a_long_row():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 1100)).astype(np.float32)
+    w = rng.standard_normal(1100).astype(np.float32)
+    buf = to_device(x)
+    rmsnorm(buf, buf, to_device(w), 1e-6, to_device(np.array([0, 2, 0, 0, 0, 0, 0, 0], np.int32)), 2, ks=8)
+    np.testing.assert_allclose(download(buf), ref_rmsnorm(x, w, 1e-6), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("ks", [1, 4])

@@ -144,7 +144,8 @@ class TorchLayer:
         self.is_moe = cfg.is_moe_layer(layer)
         ref = params["wo"]
         self.device, self.dtype = ref.device, ref.dtype
-        self.cache = torch.zeros(max_len, cfg.kv_cache_dim, device=self.device, dtype=self.dtype)
+        self.max_len = max_len                            # the cache has it rounded up to a multiple of 8
+        self.cache = torch.zeros(-(-max_len // 8) * 8, cfg.kv_cache_dim, device=self.device, dtype=self.dtype)
         self.length = 0
         self.inv_freq = torch.tensor(yarn_inv_freq(cfg), dtype=torch.float64, device=self.device)  # [R/2]
         self.rope_m = rope_attention_factor(cfg)
@@ -228,12 +229,14 @@ class TorchLayer:
         rows = self.cache[start:start + n]
         rows[:, :c] = _rmsnorm(kv[:, :c], p["kv_norm"], cfg.mla_norm_eps)       # c_kv
         rows[:, c:] = _rope(kv[:, c:], cos, sin)                                # k_pe, shared by all heads
-        lat = self.cache[:start + n]                                            # [T, C+R]
+        keys = -(-(start + n) // 8) * 8                   # a multiple of 8 keeps cuBLAS on aligned kernels
+        lat = self.cache[:keys]                                                 # [T8, C+R]
         q_lat = torch.bmm(q[..., :dn].transpose(0, 1), p["w_uk"])               # [H, N, C]
         q_pe = _rope(q[..., dn:], cos[:, None], sin[:, None]).transpose(0, 1)   # [H, N, R]
         qf = torch.cat((q_lat, q_pe), -1).view(h * n, cfg.kv_cache_dim)         # [H N, C+R]
-        scores = (qf @ lat.T).view(h, n, -1).float() * cfg.softmax_scale       # [H, N, T] float32
-        scores[..., start:].masked_fill_(~mask, float("-inf"))                  # new rows: ancestors only
+        scores = (qf @ lat.T).view(h, n, -1).float() * cfg.softmax_scale       # [H, N, T8] float32
+        scores[..., start:start + n].masked_fill_(~mask, float("-inf"))         # new rows: ancestors only
+        scores[..., start + n:] = float("-inf")                                 # the padding keys
         probs = scores.softmax(-1).to(self.dtype)
         ctx = (probs.view(h * n, -1) @ lat[:, :c]).view(h, n, c)                # [H, N, C]
         o = torch.bmm(ctx, p["w_uv_t"])                                         # [H, N, V]
@@ -348,8 +351,8 @@ class TorchLayer:
                 or tuple(positions.shape) != (n,) or positions.device != self.device:
             raise InputError(f"positions must be an int64 [{n}] tensor on {self.device}, "
                              f"got {_desc(positions)}")
-        if start + n > self.cache.shape[0]:
-            raise InputError(f"latent cache full: {start} + {n} rows exceed max_len {self.cache.shape[0]}")
+        if start + n > self.max_len:
+            raise InputError(f"latent cache full: {start} + {n} rows exceed max_len {self.max_len}")
 
 
 def _tensor(a: np.ndarray):

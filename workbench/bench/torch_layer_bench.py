@@ -111,7 +111,7 @@ def time_torch_layer(cfg: ModelConfig, weights: Any, tokens_list: Any = TOKENS, 
     if layer is None:
         layer = weights.layer if isinstance(weights, TorchLayer) else cfg.first_k_dense_replace
     tl = build_layer(cfg, weights, layer, context + max(tokens))
-    if tl.cache.shape[0] < context + max(tokens) or tl.device.type != "cuda":
+    if tl.max_len < context + max(tokens) or tl.device.type != "cuda":
         raise InputError(f"the layer needs a CUDA cache of >= {context + max(tokens)} rows")
     gen = torch.Generator(device="cuda").manual_seed(seed)
     tl.cache[:context].normal_(generator=gen)                            # stands in for a prompt's latents
@@ -253,7 +253,7 @@ def check_layer(cfg: ModelConfig, seed: int, tl: TorchLayer, prefix: int = 16,
     ref = SeededWeights(cfg, seed, "bf16")
     tol = TOL.get(str(tl.dtype).removeprefix("torch."), 3e-2)
     n_tree = len(parents)
-    if tl.cache.shape[0] < prefix + max(n_tree, 1):
+    if tl.max_len < prefix + max(n_tree, 1):
         raise InputError(f"the layer's cache needs >= {prefix + n_tree} rows for this check")
     gen = torch.Generator().manual_seed(seed + 1000 * layer)
     rows = torch.randn(prefix + 1 + n_tree, cfg.hidden_size, generator=gen).to(tl.dtype)
