@@ -30,6 +30,7 @@ run() {  # run NAME SECONDS COMMAND...: the command's output to $OUT/NAME.log, i
   local name=$1 secs=$2; shift 2
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? (cap $secs s)"; grep -v -e "Warning" -e "warn(" "$OUT/$name.log" | tail -3
+  pkill -f "multiprocessing.spawn" || true   # a capped run's reference workers outlive it: not into the next step
 }
 for step in $STEPS; do
   case $step in
