@@ -14,6 +14,7 @@
 #                dev/k2_slice_engine.py --experts bf16 --engine <saved> --ref <dev/k2_slice_reference.py --experts bf16 --out>
 #   engine       bench engine (tiny2's decode step: the row kernels' change)                 ~120 s
 #   tier_blas    GPU tier of the BLAS path and W16A16 tests                                  ~150 s
+#   profile      dev/profile_k2_attention.py: the attention step's kernels by device time   ~40 s
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -49,6 +50,7 @@ for step in $STEPS; do
     engine) run engine 240 python3 -m workbench bench engine --out "$OUT/engine" ;;
     tier_blas) run tier_blas 240 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                  tests/kernels/test_blas.py tests/engine tests/bench/test_k2_layer.py -k "blas or w16a16 and not k2_slice" ;;
+    profile) run profile 120 python3 dev/profile_k2_attention.py --rows 1,17 ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done
