@@ -21,10 +21,12 @@ read as live (the next step overwrites them).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ._validate import KernelInputError
 from .device import SIMULATED
 
 
@@ -113,45 +115,76 @@ def swiglu(h, x, w13t, w2t, gu, act, rows: int, stream=0) -> None:
         _mm(view(h)[:rows], a, w2t, True)
 
 
-def mla_attention(o, q, cache, wkv_b, cos, sin, depth, vis, meta, scale: float, n_heads: int, c_rank: int,
+def padded_keys(s: int) -> int:
+    """S8: the attention core's key count for S cache rows (a multiple of 8 keeps cuBLAS on its aligned
+    kernels; the padding keys are never visible)."""
+    return -(-s // 8) * 8
+
+
+@dataclass
+class AttentionRows:
+    """What every layer's attention core needs of a step's rows, computed once per step (``attention_rows``)
+    rather than once per layer: their rope cos / sin rows and the keys each may not see."""
+    cs: Any           # [T, R/2] float32 cos at position start + depth[i]
+    sn: Any           # [T, R/2] float32 sin
+    hidden: Any       # [T, S8] bool: key j is not visible to row i
+
+    @classmethod
+    def allocate(cls, max_rows: int, max_len: int, half_rope: int) -> AttentionRows:
+        torch = _torch()
+        dev = "cpu" if SIMULATED else "cuda"
+        return cls(torch.zeros(max_rows, half_rope, device=dev), torch.zeros(max_rows, half_rope, device=dev),
+                   torch.ones(max_rows, padded_keys(max_len), dtype=torch.bool, device=dev))
+
+
+def attention_rows(att: AttentionRows, cos, sin, depth, vis, meta, rows: int, stream=0) -> None:
+    """Fill ``att`` for the grid's rows: rope rows at start + depth[i] (start = meta[0]); row i sees
+    cached keys < start and new key j < n = meta[1] where vis[i, j] (padding and later keys hidden)."""
+    torch = _torch()
+    with on(stream):
+        mt = view(meta)
+        start, live = mt[0].long(), mt[1].long()
+        pos = start + view(depth)[:rows].long()                                # [T]
+        torch.index_select(view(cos), 0, pos, out=att.cs[:rows])
+        torch.index_select(view(sin), 0, pos, out=att.sn[:rows])
+        keys = torch.arange(att.hidden.shape[1], device=pos.device)            # [S8]
+        rel = keys - start                                                     # new-row index of a key
+        vt = view(vis)
+        seen = vt[:rows].index_select(1, rel.clamp(0, vt.shape[1] - 1)) != 0   # [T, S8]
+        torch.logical_not((keys < start) | (seen & (rel >= 0) & (rel < live)), out=att.hidden[:rows])
+
+
+def mla_attention(o, q, cache, wkv_b, att: AttentionRows, meta, scale: float, n_heads: int, c_rank: int,
                   r_dim: int, nope: int, v_dim: int, rows: int, stream=0) -> None:
-    """Absorbed MLA of the grid's rows over the latent cache, as ``kernels_numba.mla``'s kernel: new row
-    i sees cached rows < start = meta[0] and new row j < n = meta[1] where vis[i, j]; rope position
-    start + depth[i]. Scores run over all S cache rows with the rest masked, so no shape depends on
-    device values (capturable); cache rows are finite (zero-initialised, written by the model)."""
+    """Absorbed MLA of the grid's rows over the latent cache, as ``kernels_numba.mla``'s kernel, with the
+    step's rope rows and key mask from ``att`` (``attention_rows``). Scores run over all S cache rows
+    (S8 in bf16) with the rest masked, so no shape depends on device values (capturable); cache rows
+    are finite (zero-initialised, written by the model)."""
     torch = _torch()
     h, c, r, nn, v = n_heads, c_rank, r_dim, nope, v_dim
     with on(stream):
-        mt, kv = view(meta), view(cache)                                       # [8], [S, C+R]
-        start, live = mt[0].long(), mt[1].long()
+        kv = view(cache)                                                       # [S, C+R]
+        if att.hidden.shape[1] != padded_keys(kv.shape[0]):
+            raise KernelInputError(
+                f"AttentionRows for {att.hidden.shape[1]} keys, cache of {kv.shape[0]} rows")
         qh = view(q)[:rows, :h * (nn + r)].reshape(rows, h, nn + r)           # [T, H, N_+R]
-        pos = start + view(depth)[:rows].long()                                # [T]
-        cs, sn = view(cos).index_select(0, pos), view(sin).index_select(0, pos)  # [T, R/2]
+        cs, sn = att.cs[:rows], att.sn[:rows]                                  # [T, R/2]
         x0, x1 = qh[..., nn::2], qh[..., nn + 1::2]                            # interleaved pairs
         q_pe = torch.stack((x0 * cs[:, None] - x1 * sn[:, None], x1 * cs[:, None] + x0 * sn[:, None]),
                            dim=-1).reshape(rows, h, r)                         # [T, H, R]
         w = view(wkv_b).reshape(h, nn + v, c)                                  # [H, N_+V, C]
         q_nope = qh[..., :nn].transpose(0, 1)                                  # [H, T, N_]
+        hidden = att.hidden[:rows]                                             # [T, S8]
         if w.dtype == torch.bfloat16:
-            _attention_bf16(o, kv, w, q_nope, q_pe.transpose(0, 1), start, live, vis, scale, rows, nn)
+            _attention_bf16(o, kv, w, q_nope, q_pe.transpose(0, 1), view(meta)[0].long(), hidden, scale,
+                            rows, nn)
             return
         q_lat = torch.bmm(q_nope, w[:, :nn])                                   # [H, T, C]
         scores = (q_lat @ kv[:, :c].T + q_pe.transpose(0, 1) @ kv[:, c:].T) * scale   # [H, T, S]
-        p = scores.masked_fill(~_visible(kv, start, live, vis, rows), float("-inf")).softmax(dim=-1)
+        p = scores.masked_fill(hidden[:, :kv.shape[0]], float("-inf")).softmax(dim=-1)
         ctx = p @ kv[:, :c]                                                    # [H, T, C]
         out = torch.bmm(ctx, w[:, nn:].transpose(1, 2))                        # [H, T, V]
         view(o)[:rows].view(rows, h, v).copy_(out.transpose(0, 1))
-
-
-def _visible(kv, start, live, vis, rows: int):
-    """[T, S] bool over kv's S rows: cached rows < start, and new rows j < live that vis[i, j] lets row
-    i see (rows past start + live, padding included, are never seen)."""
-    torch = _torch()
-    keys = torch.arange(kv.shape[0], device=kv.device)
-    rel = keys - start                                                         # [S] new-row index
-    vt = view(vis)
-    seen = vt[:rows].index_select(1, rel.clamp(0, vt.shape[1] - 1)) != 0       # [T, S]
-    return (keys < start) | (seen & (rel >= 0) & (rel < live))
 
 
 def _bmm16(a, b, f32: bool = False):
@@ -168,7 +201,7 @@ def _bmm16(a, b, f32: bool = False):
     return torch.bmm(a, b, out_dtype=torch.float32)
 
 
-def _attention_bf16(o, kv, w, q_nope, q_pe, start, live, vis, scale: float, rows: int, nn: int) -> None:
+def _attention_bf16(o, kv, w, q_nope, q_pe, start, hidden, scale: float, rows: int, nn: int) -> None:
     """The W16A16 attention core (``workbench.reference.mla.mla_absorbed`` with a marked wkv_b): this
     call's latent rows are rounded to bf16 in the cache itself (the reference stores them so; earlier
     rows were rounded by the call that wrote them, and the KV compaction only moves rows), every product
@@ -176,8 +209,8 @@ def _attention_bf16(o, kv, w, q_nope, q_pe, start, live, vis, scale: float, rows
     torch = _torch()
     h, t = q_nope.shape[0], q_nope.shape[1]
     c, s = w.shape[2], kv.shape[0]
-    kvb = torch.empty(-(-s // 8) * 8, kv.shape[1], dtype=torch.bfloat16, device=kv.device)  # [S8, C+R]
-    kvb[s:].zero_()                       # never visible; S8 % 8 == 0 keeps cuBLAS on its aligned kernels
+    kvb = torch.empty(padded_keys(s), kv.shape[1], dtype=torch.bfloat16, device=kv.device)  # [S8, C+R]
+    kvb[s:].zero_()                                                            # never visible
     kvb[:s].copy_(kv)
     new = (start + torch.arange(rows, device=kv.device)).clamp(max=s - 1)     # this call's rows
     kv.index_copy_(0, new, kvb.index_select(0, new).float())                   # the cache holds bf16 rows
@@ -185,7 +218,7 @@ def _attention_bf16(o, kv, w, q_nope, q_pe, start, live, vis, scale: float, rows
     scores = (_bmm16(q_lat.reshape(h * t, c), kvb[:, :c].T, f32=True)
               + _bmm16(q_pe.to(torch.bfloat16).reshape(h * t, -1), kvb[:, c:].T, f32=True))
     scores = scores.reshape(h, t, -1) * scale                                  # [H, T, S8] float32
-    p = scores.masked_fill(~_visible(kvb, start, live, vis, rows), float("-inf")).softmax(dim=-1)
+    p = scores.masked_fill(hidden, float("-inf")).softmax(dim=-1)
     ctx = _bmm16(p.to(torch.bfloat16).reshape(h * t, -1), kvb[:, :c]).reshape(h, t, c)   # [H, T, C] bf16
     out = _bmm16(ctx, w[:, nn:].transpose(1, 2))                               # [H, T, V] bf16
     view(o)[:rows].view(rows, h, -1).copy_(out.transpose(0, 1))

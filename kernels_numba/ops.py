@@ -415,12 +415,32 @@ def mla_prep(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank: int,
                                              np.int32(q_rank), np.int32(c_rank), np.float32(eps))
 
 
+def attention_rows_buffers(attns, max_rows: int, max_len: int, half_rope: int) -> blas.AttentionRows | None:
+    """The step's shared attention rows (``blas.AttentionRows``) when some layer's attention core (of
+    ``attns``, MLA weights) is on the BLAS path; None otherwise (the numba kernel needs none)."""
+    if any(a.path == BLAS_PATH for a in attns):
+        return blas.AttentionRows.allocate(max_rows, max_len, half_rope)
+    return None
+
+
+def attention_rows(att: blas.AttentionRows | None, cos, sin, depth, vis, meta, rows: int, stream=0) -> None:
+    """Once per step, before the layers: the BLAS attention cores' rope rows and key mask (nothing
+    without one)."""
+    if att is not None:
+        blas.attention_rows(att, cos, sin, depth, vis, meta, rows, stream)
+
+
 def mla_attention(o, q, cache, w: MLA, cos, sin, depth, vis, meta, scale: float, n_heads: int, c_rank: int,
-                  r_dim: int, nope: int, v_dim: int, max_keys: int, rows: int, stream=0) -> None:
-    """Absorbed attention of the live rows over the latent cache (ancestor / causal mask ``vis``)."""
+                  r_dim: int, nope: int, v_dim: int, max_keys: int, rows: int, stream=0,
+                  att: blas.AttentionRows | None = None) -> None:
+    """Absorbed attention of the live rows over the latent cache (ancestor / causal mask ``vis``). On the
+    BLAS path ``att`` holds this step's rows (``attention_rows``); without it they are computed here."""
     if w.path == BLAS_PATH:
-        blas.mla_attention(o, q, cache, w.wkv_b, cos, sin, depth, vis, meta, scale, n_heads, c_rank, r_dim,
-                           nope, v_dim, rows, stream)
+        if att is None:
+            att = blas.AttentionRows.allocate(rows, cache.shape[0], r_dim // 2)
+            blas.attention_rows(att, cos, sin, depth, vis, meta, rows, stream)
+        blas.mla_attention(o, q, cache, w.wkv_b, att, meta, scale, n_heads, c_rank, r_dim, nope, v_dim, rows,
+                           stream)
         return
     attn = make_mla_attention(n_heads, c_rank, r_dim, nope, v_dim, max_keys)
     attn[(rows, n_heads), (TPB, KS), stream](o, q, cache, w.wkv_b, cos, sin, depth, vis, meta,

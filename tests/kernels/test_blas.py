@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kernels_numba import ops
+from kernels_numba._validate import KernelInputError
 from kernels_numba.device import download, to_device, zeros
 from kernels_numba.rope import rope_tables
 from workbench.config import preset
@@ -44,12 +45,14 @@ def test_linear_blas_equals_portable(on_blas, accumulate):
 @pytest.mark.parametrize("q_lora", [True, False])
 def test_mla_attention_blas_equals_the_kernel(on_blas, q_lora):
     """A tree of new rows (ancestor mask) on top of cached rows, rope positions start + depth; only the
-    live rows are compared, and row 2's mask names row 3, which is past meta[1] and must stay unseen."""
+    live rows are compared, and row 2's mask names row 3, which is past meta[1] and must stay unseen.
+    13 cache rows: the BLAS core's key mask is padded to 16. The BLAS path with the step's shared rows
+    (``ops.attention_rows``, as the engine runs it) gives what it gives computing them itself."""
     cfg = preset("tiny") if q_lora else preset("tiny").replace(q_lora_rank=None)
     rng = np.random.default_rng(2)
     h, c, r = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     nn, v = cfg.qk_nope_head_dim, cfg.v_head_dim
-    s_max, start, rows, live = 16, 5, 4, 3
+    s_max, start, rows, live = 13, 5, 4, 3
     cache = to_device(rng.standard_normal((s_max, c + r)).astype(np.float32))
     q = to_device(rng.standard_normal((rows, h * (nn + r) + (0 if q_lora else c + r))).astype(np.float32))
     wkv_b = rng.standard_normal((h * (nn + v), c)).astype(np.float32) * 0.1
@@ -64,6 +67,16 @@ def test_mla_attention_blas_equals_the_kernel(on_blas, q_lora):
                           s_max, rows)
         outs.append(download(o)[:live])
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5)
+    w = ops.mla_weights(wkv_b)
+    att = ops.attention_rows_buffers([w], rows, s_max, r // 2)
+    ops.attention_rows(att, cos, sin, depth, vis, meta, rows)
+    o = zeros((rows, h * v))
+    ops.mla_attention(o, q, cache, w, cos, sin, depth, vis, meta, cfg.softmax_scale, h, c, r, nn, v, s_max,
+                      rows, att=att)
+    np.testing.assert_array_equal(download(o)[:live], outs[0])      # the same ops on the same inputs
+    with pytest.raises(KernelInputError, match="AttentionRows for 16 keys, cache of 24 rows"):
+        ops.mla_attention(o, q, to_device(np.zeros((24, c + r), np.float32)), w, cos, sin, depth, vis, meta,
+                          cfg.softmax_scale, h, c, r, nn, v, 24, rows, att=att)
 
 
 def test_swiglu_and_router_blas_equal_portable(on_blas):

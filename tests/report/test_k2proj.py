@@ -25,6 +25,12 @@ def test_projection_is_tau_over_the_61_layer_step():
     assert abs(b4["speedup"] - 3.0 * 700 / 2000) < 1e-12 and abs(b4["tok_s"] - 3e6 / 2000) < 1e-9
 
 
+def test_the_steps_shared_attention_rows_count_once_per_step():
+    times = {"dense": {1: 100.0, 5: 200.0}, "moe": {1: 10.0, 5: 30.0}, "step": {1: 7.0, 5: 9.0}}
+    ar, b4 = k2proj.project(preset("k2"), times, {4: 3.0})
+    assert ar["step_ms"] == (7 + 100 + 60 * 10) / 1e3 and b4["step_ms"] == (9 + 200 + 60 * 30) / 1e3
+
+
 def test_overlap_scales_the_routed_experts_part():
     times = {"dense": {1: 100.0, 5: 200.0}, "moe": {1: 10.0, 5: 30.0}, "experts": {1: 4.0, 5: 20.0}}
     plain = k2proj.project(preset("k2"), times, {4: 3.0})
@@ -41,10 +47,12 @@ def test_load_layers_reads_one_way_of_holding_the_dense_projections(tmp_path):
     rs = result_set(tmp_path, "k2_layer", "abc1234")
     base = dict(impl="numba engine", experts="int4", part="layer", routing="router", rows=1)
     write_csv([dict(base, dense="fp32", us=700.0), dict(base, dense="bf16", us=600.0),
-               dict(base, routing="-", dense="bf16", us=900.0)], rs.csv)
+               dict(base, routing="-", dense="bf16", us=900.0),
+               dict(base, part="step_rows", dense="bf16", us=8.0)], rs.csv)
     write_json_atomic(rs.meta, {"bench": "k2_layer", "time_utc": "x"})
     times, meta = k2proj.load_layers(tmp_path)
     assert meta["dense_used"] == "bf16" and times["moe"] == {1: 600.0} and times["dense"] == {1: 900.0}
+    assert times["step"] == {1: 8.0}
     times, meta = k2proj.load_layers(tmp_path, dense="fp32")
     assert meta["dense_used"] == "fp32" and times["moe"] == {1: 700.0} and times["dense"] == {}
 

@@ -67,7 +67,7 @@ class LayerRig:
     def __init__(self, cfg: ModelConfig, layer: int, lay, max_rows: int, max_len: int) -> None:
         self.cfg, self.layer, self.lay = cfg, layer, lay
         a1_width = int(lay.a1.wt.shape[1])                     # [K, N]: a device array, memoryview or tensor
-        self.buf = allocate(SimpleNamespace(cfg=cfg, a1_width=a1_width), max_len, max_rows, 0)
+        self.buf = allocate(SimpleNamespace(cfg=cfg, a1_width=a1_width, layers=[lay]), max_len, max_rows, 0)
         self.scratch = ops.Scratch(
             max_rows, [lay.mlp] if lay.mlp is not None else [], [lay.moe] if lay.moe is not None else []
         )
@@ -93,7 +93,12 @@ class LayerRig:
         upload(self.buf.vis, v)
         upload(self.buf.meta, np.array([start, n, 0, 0, 0, 0, 0, 0], np.int32))
         self.scratch.reserve(n)
+        self.step_rows(n)                             # what a step computes once before its layers
         return n
+
+    def step_rows(self, n: int, s=0) -> None:
+        b = self.buf
+        ops.attention_rows(b.att, self.cos, self.sin, b.depth, b.vis, b.meta, n, s)
 
     def step(self, n: int, s=0) -> None:
         launch_layer(self, self.lay, self.cache, n, s)
@@ -122,6 +127,8 @@ class LayerRig:
             mla(self, lay, self.cache, n, s)
 
         out = {"attention": attention}
+        if b.att is not None:                         # once per step, shared by all layers: timed apart
+            out["step_rows"] = lambda s: self.step_rows(n, s)
         if lay.moe is None:
             out["dense_mlp"] = lambda s: ops.swiglu(self.y, b.x, lay.mlp, sc, b.meta, n, s)
         else:
@@ -182,6 +189,8 @@ def _floor_bytes(
     lb = layer_bytes(cfg, layer)
     kv = context + n
     w = 2 if dense == "bf16" else 4
+    if part == "step_rows":                           # rope rows and the key mask: no weights
+        return 0.0, 0.0
     if part == "attention":
         return lb["attention_params"] * w + kv * lb["kv_row_fp32"], lb["attention_params"] * 2 + kv * lb[
             "kv_row_bf16"]

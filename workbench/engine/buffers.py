@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels_numba import ops
 from kernels_numba.device import zeros
 
 from .weights import DeviceModel
@@ -37,6 +38,7 @@ class Buffers:
     cache: Any      # [Ly, S, C+R] latent cache
     ctl: Any        # [5, W] int32 per-round DDTree control block (kernels_numba.tree)
     feats: Any      # [F, T, D] tapped hidden states (F >= 1; unused rows when nothing is tapped)
+    att: Any        # the step's rope rows and key mask for BLAS attention cores (ops.attention_rows), or None
 
 
 def allocate(model: DeviceModel, max_len: int, max_rows: int, n_taps: int) -> Buffers:
@@ -56,4 +58,6 @@ def allocate(model: DeviceModel, max_len: int, max_rows: int, n_taps: int) -> Bu
         vis=z((t, t), np.uint8), meta=z(8, np.int32), out=z(max_len, np.int32),
         cache=z((cfg.num_hidden_layers, max_len, cfg.kv_cache_dim)),
         ctl=z((5, max(t, 8)), np.int32), feats=z((max(n_taps, 1), t, d)),
+        att=ops.attention_rows_buffers([lay.attn for lay in model.layers], t, max_len,
+                                       cfg.qk_rope_head_dim // 2),
     )

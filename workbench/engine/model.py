@@ -23,6 +23,7 @@ def launch_forward(eng, rows: int, stream, taps: tuple[int, ...] = ()) -> None:
     m, b, cfg, s = eng.model, eng.buf, eng.cfg, stream
     eps = cfg.rms_norm_eps
     ops.embed(b.h, m.embed, b.ids, b.meta, rows, s)
+    ops.attention_rows(b.att, eng.cos, eng.sin, b.depth, b.vis, b.meta, rows, s)   # shared by every layer
     for i, lay in enumerate(m.layers):
         launch_layer(eng, lay, eng.cache_views[i], rows, s)
         if i in taps:
@@ -58,5 +59,5 @@ def mla(eng, lay, cache, rows: int, s) -> None:
         q = b.q
     ops.mla_attention(b.o, q, cache, lay.attn, eng.cos, eng.sin, b.depth, b.vis, b.meta, cfg.softmax_scale,
                       cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim,
-                      cfg.v_head_dim, b.max_len, rows, s)
+                      cfg.v_head_dim, b.max_len, rows, s, att=b.att)
     ops.linear(b.h, b.o, lay.wo, b.meta, rows, s, accumulate=True)

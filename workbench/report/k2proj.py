@@ -5,7 +5,8 @@ layer with INT4 experts routed by its own router, at 1 row (decode) and B + 1 ro
 B-node tree plus its root), from the current ``bench k2`` result set (``k2_layer_<commit>``); tau(B),
 tokens per round, from a DDTree run. PROJECTED: one K2 step = ``first_k_dense_replace`` dense layers
 + the rest MoE layers, each at the measured time of its kind; AR tokens/s = 1 / decode step, DDTree
-tokens/s = tau(B) / verify step. Left out: embedding, final norm and the lm_head (163,840 x 7,168),
+tokens/s = tau(B) / verify step; the step's once-per-step attention rows (``part = step_rows``) are
+added once. Left out: embedding, final norm and the lm_head (163,840 x 7,168),
 the drafter's forward, tree building and the host loop, and that the 61 layers (about 595 GB in
 INT4) do not fit one H200: it is one GPU's bandwidth applied to the whole model, not a run.
 
@@ -32,9 +33,11 @@ from .benchdata import read_csv
 def load_layers(bench_dir: str | Path,
                 dense: str | None = None) -> tuple[dict[str, dict[int, float]], dict[str, Any]] | None:
     """({"dense": {rows: us}, "moe": {rows: us}, "experts": {rows: us}, "random": {rows: us},
-    "random_unique": {rows: distinct experts}}, the set's metadata) of the current k2_layer set, or None;
-    "experts" is the MoE layer's routed-experts part under its router's routing, "random" the same part
-    under random routing sets, with the median distinct experts they touched.
+    "random_unique": {rows: distinct experts}, "step": {rows: us}}, the set's metadata) of the current
+    k2_layer set, or None; "experts" is the MoE layer's routed-experts part under its router's routing,
+    "random" the same part under random routing sets, with the median distinct experts they touched;
+    "step" what a step computes once for all its layers (``part = step_rows``; empty in sets from before
+    the layers shared it, whose layer times hold it).
     ``dense``: which way of holding the dense projections to read ("fp32" or "bf16", bench k2's
     ``--dense``; rows of sets from before that option are "fp32"); default "bf16" where the set has
     it (K2-Thinking's layout), else "fp32". The metadata's ``dense_used`` says which."""
@@ -44,7 +47,7 @@ def load_layers(bench_dir: str | Path,
     rows = read_csv(rs.csv)
     kinds = {r.get("dense") or "fp32" for r in rows}
     use = dense or ("bf16" if "bf16" in kinds else "fp32")
-    kinds_out = ("dense", "moe", "experts", "random", "random_unique")
+    kinds_out = ("dense", "moe", "experts", "random", "random_unique", "step")
     times: dict[str, dict[int, float]] = {k: {} for k in kinds_out}
     for r in rows:
         if r["impl"] != "numba engine" or r["experts"] != "int4" or (r.get("dense") or "fp32") != use:
@@ -54,6 +57,8 @@ def load_layers(bench_dir: str | Path,
             kind = "dense" if r["routing"] == "-" else "moe" if r["routing"] == "router" else None
         elif r["part"] == "routed_experts":
             kind = {"router": "experts", "random": "random"}.get(r["routing"])
+        elif r["part"] == "step_rows":
+            kind = "step"
         if kind is not None:
             times[kind].setdefault(int(r["rows"]), float(r["us"]))       # the first MoE layer measured
             if kind == "random":
@@ -72,7 +77,7 @@ def project(cfg: ModelConfig, times: dict[str, dict[int, float]], tau: dict[int,
         moe_us = times["moe"][rows]
         if overlap is not None and rows > 1:
             moe_us -= (1.0 - overlap[rows - 1]) * times["experts"][rows]
-        return dense * times["dense"][rows] + moe * moe_us
+        return times.get("step", {}).get(rows, 0.0) + dense * times["dense"][rows] + moe * moe_us
 
     ar_us = step_us(1)
     out = [{"budget": 0, "rows": 1, "tau": 1.0, "step_ms": ar_us / 1e3, "tok_s": 1e6 / ar_us, "speedup": 1.0}]
@@ -127,7 +132,7 @@ def project_ep(cfg: ModelConfig, times: dict[str, dict[int, float]], tau: dict[i
     rows_all = sorted(n for n in times["moe"] if n in times["experts"] and n in times["dense"])
     moe_ep = {n: times["moe"][n] - times["experts"][n]
               + experts_us(times, busiest_gpu_experts(e, k, n, world)) for n in rows_all}
-    return project(cfg, {"dense": times["dense"], "moe": moe_ep}, tau)
+    return project(cfg, {"dense": times["dense"], "moe": moe_ep, "step": times.get("step", {})}, tau)
 
 
 def best_budgets(rows: list[dict[str, Any]], key: str = "drafter") -> str:
