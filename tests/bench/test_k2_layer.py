@@ -1,6 +1,10 @@
 """The k2_slice layer benchmark's device layer against the reference layer: a small K2-like config in
 the simulator (fast path: every K a multiple of 64, 16 experts), the real k2_slice on the GPU tier."""
 
+import multiprocessing as mp
+import os
+from concurrent.futures import ProcessPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -126,3 +130,12 @@ def test_small_layer_bf16_experts_match_the_reference(dense, monkeypatch):
     assert [r["rows"] for r in res] == [4, 1, 17]
     assert all(r["passed"] and r["experts"] == "bf16" for r in res), res
     assert max(r["max_rel_err"] for r in res) <= 2e-3            # a missing bf16 rounding shows ~3e-3
+
+
+def test_reference_workers_start_with_the_blas_thread_limit():
+    before = os.environ.get("OPENBLAS_NUM_THREADS")
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        with k2_layer._blas_threads(3):
+            seen = pool.submit(os.getenv, "OPENBLAS_NUM_THREADS")    # the worker is spawned here
+        assert seen.result() == "3"
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == before

@@ -17,8 +17,10 @@ replay so weights come from HBM; "rest" is the layer minus its parts (norms, con
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing as mp
+import os
 import statistics
 import time
 import traceback
@@ -420,9 +422,12 @@ def run(
             plan.append((i, "fp32", "fp32"))
     # the reference side of every check runs on the host's cores while the device builds and times
     checked = [(i, e, d) for i, e, d in plan if e in CHECKED]
-    pool = ProcessPoolExecutor(min(4, len(checked)), mp_context=mp.get_context("spawn")) \
-        if do_check and checked else None
-    refs = {key: pool.submit(reference_side, cfg, seed, *key) for key in checked} if pool is not None else {}
+    pool, refs = None, {}
+    if do_check and checked:
+        n_ref = min(4, len(checked))
+        pool = ProcessPoolExecutor(n_ref, mp_context=mp.get_context("spawn"))
+        with _blas_threads(max(1, (os.cpu_count() or 1) // (n_ref + 1))):   # spawned now, with this limit
+            refs = {key: pool.submit(reference_side, cfg, seed, *key) for key in checked}
     engine_out: dict = {}
 
     def compare_ready(wait: bool) -> None:
@@ -498,6 +503,24 @@ def run(
         f"wrote {rs.csv}, {rs.meta}, {rs.plot}"
     )
     return rs
+
+
+@contextlib.contextmanager
+def _blas_threads(n: int):
+    """Processes spawned inside start their BLAS with ``n`` threads: the references share the host's
+    cores with each other and with the expert repacking, and spinning BLAS threads beyond the cores
+    slow every one of them."""
+    names = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    old = {k: os.environ.get(k) for k in names}
+    os.environ.update({k: str(n) for k in names})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _torch_rows(cfg, seed, layer, context, reps, emit, log) -> None:
