@@ -546,7 +546,7 @@ def tree_compile(ids, depth, vis, meta, ctl, stream=0) -> None:
 
 __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Dense", "FUSED_MOE", "GROUPED_MM", "INT4_MATMUL",
            "Int4Host", "MLA", "MoE", "PORTABLE", "Router", "Scratch", "SwiGLU", "advance", "argmax",
-           "copy_rows", "dense", "embed", "experts_fused", "group_size", "int4_gemm", "kv_compact",
-           "linear", "mla_attention", "mla_prep", "mla_weights", "moe", "route", "moe_weights",
-           "portable_stack", "rmsnorm", "router", "swiglu", "swiglu_weights", "topk_logprobs",
-           "tree_compile"]
+           "attention_rows", "attention_rows_buffers", "copy_rows", "dense", "embed", "experts_fused",
+           "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep", "mla_weights",
+           "moe", "route", "moe_weights", "portable_stack", "rmsnorm", "router", "swiglu", "swiglu_weights",
+           "topk_logprobs", "tree_compile"]

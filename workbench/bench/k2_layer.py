@@ -47,7 +47,7 @@ from kernels_numba.rope import rope_tables
 
 from ..config import ModelConfig, preset
 from ..engine.buffers import allocate
-from ..engine.model import launch_layer, mla
+from ..engine.model import launch_layer, mla, step_rows
 from ..reference.scenarios import random_tree
 from ..report.spec import analytic_coverage
 from .k2_build import dense_kind, device_layer, layer_bytes
@@ -95,12 +95,8 @@ class LayerRig:
         upload(self.buf.vis, v)
         upload(self.buf.meta, np.array([start, n, 0, 0, 0, 0, 0, 0], np.int32))
         self.scratch.reserve(n)
-        self.step_rows(n)                             # what a step computes once before its layers
+        step_rows(self, n, 0)                         # what a step computes once before its layers
         return n
-
-    def step_rows(self, n: int, s=0) -> None:
-        b = self.buf
-        ops.attention_rows(b.att, self.cos, self.sin, b.depth, b.vis, b.meta, n, s)
 
     def step(self, n: int, s=0) -> None:
         launch_layer(self, self.lay, self.cache, n, s)
@@ -130,7 +126,7 @@ class LayerRig:
 
         out = {"attention": attention}
         if b.att is not None:                         # once per step, shared by all layers: timed apart
-            out["step_rows"] = lambda s: self.step_rows(n, s)
+            out["step_rows"] = lambda s: step_rows(self, n, s)
         if lay.moe is None:
             out["dense_mlp"] = lambda s: ops.swiglu(self.y, b.x, lay.mlp, sc, b.meta, n, s)
         else:

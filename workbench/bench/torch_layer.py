@@ -145,7 +145,7 @@ class TorchLayer:
         ref = params["wo"]
         self.device, self.dtype = ref.device, ref.dtype
         self.max_len = max_len                            # the cache has it rounded up to a multiple of 8
-        self.cache = torch.zeros(-(-max_len // 8) * 8, cfg.kv_cache_dim, device=self.device, dtype=self.dtype)
+        self.cache = torch.zeros(_round8(max_len), cfg.kv_cache_dim, device=self.device, dtype=self.dtype)
         self.length = 0
         self.inv_freq = torch.tensor(yarn_inv_freq(cfg), dtype=torch.float64, device=self.device)  # [R/2]
         self.rope_m = rope_attention_factor(cfg)
@@ -229,8 +229,7 @@ class TorchLayer:
         rows = self.cache[start:start + n]
         rows[:, :c] = _rmsnorm(kv[:, :c], p["kv_norm"], cfg.mla_norm_eps)       # c_kv
         rows[:, c:] = _rope(kv[:, c:], cos, sin)                                # k_pe, shared by all heads
-        keys = -(-(start + n) // 8) * 8                   # a multiple of 8 keeps cuBLAS on aligned kernels
-        lat = self.cache[:keys]                                                 # [T8, C+R]
+        lat = self.cache[:_round8(start + n)]                                   # [T8, C+R]
         q_lat = torch.bmm(q[..., :dn].transpose(0, 1), p["w_uk"])               # [H, N, C]
         q_pe = _rope(q[..., dn:], cos[:, None], sin[:, None]).transpose(0, 1)   # [H, N, R]
         qf = torch.cat((q_lat, q_pe), -1).view(h * n, cfg.kv_cache_dim)         # [H N, C+R]
@@ -353,6 +352,12 @@ class TorchLayer:
                              f"got {_desc(positions)}")
         if start + n > self.max_len:
             raise InputError(f"latent cache full: {start} + {n} rows exceed max_len {self.max_len}")
+
+
+def _round8(n: int) -> int:
+    """n rounded up to a multiple of 8: a key count that keeps cuBLAS on its aligned kernels (the
+    padding keys are masked)."""
+    return -(-n // 8) * 8
 
 
 def _tensor(a: np.ndarray):

@@ -23,7 +23,7 @@ def launch_forward(eng, rows: int, stream, taps: tuple[int, ...] = ()) -> None:
     m, b, cfg, s = eng.model, eng.buf, eng.cfg, stream
     eps = cfg.rms_norm_eps
     ops.embed(b.h, m.embed, b.ids, b.meta, rows, s)
-    ops.attention_rows(b.att, eng.cos, eng.sin, b.depth, b.vis, b.meta, rows, s)   # shared by every layer
+    step_rows(eng, rows, s)                                                   # shared by every layer
     for i, lay in enumerate(m.layers):
         launch_layer(eng, lay, eng.cache_views[i], rows, s)
         if i in taps:
@@ -31,6 +31,13 @@ def launch_forward(eng, rows: int, stream, taps: tuple[int, ...] = ()) -> None:
     ops.rmsnorm(b.x, b.h, m.norm, eps, b.meta, rows, s)
     ops.linear(b.logits, b.x, m.head, b.meta, rows, s)
     ops.argmax(b.amax, b.logits, b.meta, rows, s)
+
+
+def step_rows(eng, rows: int, s) -> None:
+    """What a step computes once for all its layers: the BLAS attention cores' rope rows and key mask
+    (``ops.attention_rows``; nothing when no layer's attention is on the BLAS path)."""
+    b = eng.buf
+    ops.attention_rows(b.att, eng.cos, eng.sin, b.depth, b.vis, b.meta, rows, s)
 
 
 def launch_layer(eng, lay, cache, rows: int, s) -> None:
