@@ -36,6 +36,7 @@ Design (docs/perf.md has the version ladder and measurements; dev/kernels/int4_m
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, float32, uint32, uint64
@@ -43,6 +44,7 @@ from numba import cuda, float32, uint32, uint64
 from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, flat
 from .device import SIMULATED
 from .int4_layout import Int4Weight
+from .int4_staged import MAX_SPLITS, Staged, make_int4_staged_kernel, partials
 from .intrinsics import (
     cluster_arrive_relaxed,
     cluster_wait,
@@ -236,9 +238,39 @@ PINNED = {(2, 2048, 4, 8)}
 COHERENT = {(4, 2048, 4, 8)}
 
 
-def choose_config(m: int, k: int, g: int = 32, n: int | None = None) -> tuple[int, ...]:
+# M buckets that the staged kernel (int4_staged.py) serves by default: MT = 8 (M = 33..64, and every
+# 64-row grid row beyond)
+STAGED_MT = (8,)
+STAGED_BLOCKS = 132                                     # blocks to aim for: one per H200 SM
+
+
+def _staged_config(mt: int, k: int, n: int | None) -> Staged:
+    """NT = 8 tiles per block; the most K splits that keep the grid within one wave, DP = 4 chunks in flight
+    where the split allows it."""
+    n16 = -(-(n or 2048) // 16)
+    nt = min(8, n16)
+    ncb, kc = -(-n16 // nt), k // 64
+    best = Staged(mt, nt, 1, next(d for d in (4, 2, 1) if kc % d == 0))
+    for s in range(2, MAX_SPLITS + 1):
+        dp = next((d for d in (4, 2, 1) if kc % (s * d) == 0), 0)
+        if dp and ncb * s <= STAGED_BLOCKS and kc // s >= 2:
+            best = Staged(mt, nt, s, dp)
+    return best
+
+
+def choose_config(m: int, k: int, g: int = 32, n: int | None = None) -> tuple[int, ...] | Staged:
     """(MT, KS, CPW) or (MT, KS, CPW, KP): the M bucket, warps per block, chunks per warp and tile
-    pairing (KP = 2 needs an even number of 16-row tiles and cluster launches: without it otherwise)."""
+    pairing (KP = 2 needs an even number of 16-row tiles and cluster launches: without it otherwise);
+    a ``Staged`` tiling for the buckets in STAGED_MT."""
+    mt = next(b for b in MT_BUCKETS if m <= 8 * b) if m <= 64 else 8
+    if mt in STAGED_MT:
+        return _staged_config(mt, k, n)
+    return tiled_config(m, k, g, n)
+
+
+def tiled_config(m: int, k: int, g: int = 32, n: int | None = None) -> tuple[int, ...]:
+    """The one-tile-per-block kernel's (MT, KS, CPW[, KP]) for M rows (``choose_config`` without the staged
+    buckets)."""
     mt = next(b for b in MT_BUCKETS if m <= 8 * b) if m <= 64 else 8
     if (mt, k) in _TUNED and g == 32:
         cfg = _TUNED[(mt, k)]
@@ -255,8 +287,37 @@ def choose_config(m: int, k: int, g: int = 32, n: int | None = None) -> tuple[in
     return mt, -(-kc // cpw), cpw
 
 
-def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int, ...] | None = None,
-                pdl: bool = True):
+@dataclass(frozen=True)
+class GemmWorkspace:
+    """Split-K partial tiles (float32) and their counters (int32, zero between launches: the last block of
+    each column block resets its own) for the staged kernel; one serves every launch in one stream."""
+    part: object
+    cnt: object
+
+
+def gemm_workspace(rows: int, shapes, stream=0) -> GemmWorkspace:
+    """A workspace for every default-config launch of up to ``rows`` rows on the (N, K, G) ``shapes``."""
+    words, cells = 1, 1
+    for n, k, g in shapes:
+        for m in range(1, rows + 1):
+            cfg = choose_config(m, k, g, n)
+            if isinstance(cfg, Staged):
+                w, c = partials(cfg, -(-n // 16), -(-m // (8 * cfg.mt)))
+                words, cells = max(words, w), max(cells, c)
+    return GemmWorkspace(empty(words, np.float32, stream), _zeros_i32(cells, stream))
+
+
+def _zeros_i32(n: int, stream):
+    a = empty(n, np.int32, stream)
+    if SIMULATED:
+        a[:] = 0
+    else:
+        cuda.driver.device_memset(a, 0, a.nbytes, stream=stream)
+    return a
+
+
+def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int, ...] | Staged | None = None,
+                pdl: bool = True, workspace: GemmWorkspace | None = None):
     """``out [M, N] float32 = f16(x) @ W.T`` for a repacked W4A16 weight (``repack_int4``).
 
     ``x`` float16 ``[M, K]`` C-contiguous, 16-byte aligned, M >= 1; ``weight`` an ``Int4Weight``
@@ -265,8 +326,9 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     torch stream or raw handle; None = default). ``config`` (MT, KS, CPW) or (MT, KS, CPW, KP)
     overrides ``choose_config`` (KP = 2: tile pairs in clusters of 2 blocks, see the module notes).
     ``pdl``: launch with programmatic dependent launch (``launch.py``), so the
-    weight loads overlap the previous kernel in the stream. Raises KernelInputError before launching
-    on any bad input.
+    weight loads overlap the previous kernel in the stream. ``workspace`` (``gemm_workspace``) holds the
+    staged kernel's split-K partials; without one a launch that needs it allocates its own. Raises
+    KernelInputError before launching on any bad input.
     """
     if not isinstance(weight, Int4Weight) or weight.experts or weight.pair:
         raise KernelInputError("weight must be a single-matrix Int4Weight from repack_int4(...).to_device()")
@@ -283,7 +345,11 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     if out is None:
         out = empty((m, n), np.float32, stream)
     out = check(out, "out", np.float32, (m, n), align=4)
-    mt, ks, cpw, kp = (*(config or choose_config(m, k, gs, n)), 0)[:4]
+    config = config or choose_config(m, k, gs, n)
+    if isinstance(config, Staged):
+        _launch_staged(x, weight, out, wq, sq, config, stream, pdl, workspace)
+        return out
+    mt, ks, cpw, kp = (*config, 0)[:4]
     if mt not in MT_BUCKETS or not 1 <= ks <= 32 or cpw < 1 or ks * cpw < k // 64 or (
             gs == 128 and cpw % 2 and ks > 1):
         raise KernelInputError(f"bad config MT={mt} KS={ks} CPW={cpw} for K={k} G={gs}")
@@ -298,3 +364,28 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     kernel = make_int4_matmul_kernel(k, gs, mt, ks, cpw, kp)
     launch(kernel, grid, ks * 32, stream, (flat(out), flat(x), wq, sq, m, n), pdl, max(kp, 1))
     return out
+
+
+def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl: bool, ws: GemmWorkspace | None):
+    m, n, k, gs = x.shape[0], weight.n, weight.k, weight.group_size
+    kc = k // 64
+    if (cfg.mt not in MT_BUCKETS or not 1 <= cfg.nt <= 16 or not 1 <= cfg.splits <= MAX_SPLITS
+            or kc % cfg.splits or cfg.dp < 1 or (kc // cfg.splits) % cfg.dp):
+        raise KernelInputError(f"bad staged config {cfg} for K={k}: NT in 1..16, S in 1..{MAX_SPLITS} dividing "
+                               f"K/64 = {kc}, DP dividing K/64/S")
+    grid = (-(-weight.n16 // cfg.nt) * cfg.splits, -(-m // (8 * cfg.mt)))
+    if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
+        raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
+    words, cells = partials(cfg, weight.n16, grid[1])
+    if words:
+        ws = ws or GemmWorkspace(empty(words, np.float32, stream), _zeros_i32(cells, stream))
+        part = check(flat(ws.part), "workspace.part", np.float32, (None,), align=4)
+        cnt = check(flat(ws.cnt), "workspace.cnt", np.int32, (None,), align=4)
+        if part.size < words or cnt.size < cells:
+            raise KernelInputError(f"workspace too small for {cfg} at M={m} N={n}: make it with gemm_workspace")
+    else:
+        # not touched without split K (the simulator copies every argument back after a launch, so there
+        # an alias of out would undo its stores)
+        part, cnt = (empty(1, np.float32) if SIMULATED else flat(out)), sq
+    kernel = make_int4_staged_kernel(k, gs, cfg.mt, cfg.nt, cfg.splits, cfg.dp)
+    launch(kernel, grid, cfg.nt * 32, stream, (flat(out), flat(x), wq, sq, part, cnt, m, n), pdl, 1)

@@ -9,6 +9,8 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``ld_stream_v4(a, i)`` | ``ld.global.nc.L1::no_allocate.v4.u32``: 16 B read-once weights | 4 words |
 | ``ld_v4(a, i)`` | ``ld.global.v4.u32`` (cached: activations reused by many warps) | same bytes |
 | ``ld_once_v4(a, i)`` | ``ld.global.L1::no_allocate.v4.u32``: read-once, kept before a PDL wait | 4 words |
+| ``ld_shared_v4(s, i)`` | ``ld.shared.v4.u32`` from shared ``s[i]`` (32-bit shared-window address) | 4 words |
+| ``st_shared_v4(s, i, w0, w1, w2, w3)`` | ``st.shared.v4.u32`` of four words at shared ``s[i]`` | 4 words |
 | ``dequant_i4x8(w)`` | 4 lop3 + shift, ``sub``/``fma`` ``.f16x2``: 8 nibbles -> 4 half2 | numpy f16 |
 | ``mma_16816(a0..a3, b0, b1, c0..c3)`` | ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` | exchange |
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
@@ -72,6 +74,12 @@ def _sim_ld_u32x4(a, i):
     i = int(i)
     raw = arr[i:i + 16 // arr.dtype.itemsize].view(np.uint32)
     return raw[0], raw[1], raw[2], raw[3]
+
+
+def _sim_st_u32x4(a, i, w0, w1, w2, w3):
+    arr = _host_array(a)
+    i = int(i)
+    arr[i:i + 16 // arr.dtype.itemsize].view(np.uint32)[:] = (w0, w1, w2, w3)
 
 
 @functools.lru_cache(maxsize=1 << 16)                   # a weight word is dequantized once per use
@@ -431,6 +439,33 @@ def _build_gpu():
             return context.get_dummy_value()
         return types.none(a, i, k, v, s, si), codegen
 
+    @intrinsic
+    def ld_shared_v4(typingctx, a, i):
+        if not isinstance(a, types.Array) or a.ndim != 1 or not isinstance(i, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            addr = _saddr(context, builder, sig.args[0], args[0], args[1])
+            fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+            asm = ir.InlineAsm(fty, "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r,~{memory}",
+                               side_effect=True)
+            return _tuple(context, builder, sig.return_type, builder.call(asm, [addr]), 4)
+        return u32x4(a, i), codegen
+
+    @intrinsic
+    def st_shared_v4(typingctx, a, i, w0, w1, w2, w3):
+        if not isinstance(a, types.Array) or a.ndim != 1 or not isinstance(i, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            addr = _saddr(context, builder, sig.args[0], args[0], args[1])
+            ws = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[2:], sig.args[2:], strict=True)]
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32] * 5), "st.shared.v4.u32 [$0], {$1, $2, $3, $4};",
+                               "r,r,r,r,r,~{memory}", side_effect=True)
+            builder.call(asm, [addr, *ws])
+            return context.get_dummy_value()
+        return types.none(a, i, w0, w1, w2, w3), codegen
+
     cluster_arrive_relaxed = _void_asm("barrier.cluster.arrive.relaxed.aligned;")
     cluster_wait = _void_asm("barrier.cluster.wait.acquire.aligned;")
     fence_mbar_init = _void_asm("fence.mbarrier_init.release.cluster;")
@@ -440,12 +475,13 @@ def _build_gpu():
             mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
-            mbar_wait, st_async_f32)
+            mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4)
 
 
 if SIMULATED:
     ld_stream_v4 = _sim_ld_u32x4
-    ld_v4 = ld_once_v4 = _sim_ld_u32x4
+    ld_v4 = ld_once_v4 = ld_shared_v4 = _sim_ld_u32x4
+    st_shared_v4 = _sim_st_u32x4
     dequant_i4x8 = _sim_dequant
     mma_16816 = _sim_mma
     h2_to_f32 = _sim_h2_to_f32
@@ -465,4 +501,4 @@ else:
     (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32,
      ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for,
      griddep_launch_dependents, globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init,
-     fence_mbar_init, mbar_expect_tx, mbar_wait, st_async_f32) = _build_gpu()
+     fence_mbar_init, mbar_expect_tx, mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4) = _build_gpu()

@@ -136,10 +136,10 @@ def check_against_reference(rng, m, n, k, gs, config=None, int4_matmul=None):
 
 
 def configs_for(m, k):
-    from kernels_numba.int4_matmul import choose_config
-    mt = choose_config(m, k)[0]
+    from kernels_numba.int4_matmul import tiled_config
+    mt = tiled_config(m, k)[0]
     kc = k // 64
-    out = [choose_config(m, k)]
+    out = [tiled_config(m, k)]
     for cpw in (1, 2, 4, 7, 8, 14, 16):
         ks = kc // cpw
         if kc % cpw == 0 and 2 <= ks <= 32 and (mt, ks, cpw) not in out:
@@ -162,6 +162,8 @@ def main(argv=None) -> int:
                     "snapshot (XS tiles per block, K split over XS blocks), each checked first")
     ap.add_argument("--paired", action="store_true", help="v14: tile pairs over clusters of 2 (4-tuple "
                     "configs) beside the package's 3-tuple configs, checked first and after the timed chain")
+    ap.add_argument("--staged", action="store_true", help="v15: the staged kernel's tilings at M = 33..64 "
+                    "beside the one-tile-per-block kernel and cuBLAS bf16, each checked first")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
     ap.add_argument("--floor", metavar="DIR", nargs="?", const="", help="M = 1 with the weights read "
@@ -176,6 +178,8 @@ def main(argv=None) -> int:
         return xs_sweep(torch)
     if args.paired:
         return paired_sweep(torch)
+    if args.staged:
+        return staged_sweep(torch)
     if args.ceiling:
         return ceiling(torch)
     if args.floor is not None:
@@ -577,6 +581,56 @@ def paired_sweep(torch):
                     for mm in sorted({m, max(m - 3, 1)}):
                         check_print(rng, name, mm, n, k, cfg, fn)
     time_plans(torch, impls, _PAIRED_PLANS, runs, compare=True)
+    return 0
+
+
+# v15 --staged: int4_staged.py's tilings (MT, NT, S, DP) per K2 shape, beside the tiled kernel's config
+# for the same rows and cuBLAS bf16
+def _staged_plans():
+    from kernels_numba.int4_staged import Staged
+    gu = [Staged(8, 8, 8, 2), Staged(8, 8, 7, 4), Staged(8, 8, 4, 4)]
+    dn = [Staged(8, 8, 2, 4), Staged(8, 8, 1, 4), Staged(8, 4, 1, 4)]
+    return {(2048, 7168): gu, (7168, 2048): dn}
+
+
+def staged_sweep(torch, ms=(33, 48, 64)):
+    import functools as ft
+
+    from kernels_numba import int4_matmul
+    from kernels_numba.int4_matmul import GemmWorkspace, choose_config, tiled_config
+    from kernels_numba.int4_staged import partials
+    from workbench.bench.common import time_op
+    rng = np.random.default_rng(15)
+    ok = True
+    for (n, k), cfgs in _staged_plans().items():
+        for i, cfg in enumerate(cfgs):
+            for m in (64, 37, 100) if i == 0 else (64, 37):
+                ok &= check_print(rng, "staged", m, n, k, cfg, int4_matmul)
+    if not ok:
+        print("a staged tiling failed its check: not timed")
+        return 1
+    for (n, k), cfgs in _staged_plans().items():
+        ws = random_weights(n, k, 32, 64, torch)
+        wbf = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(64)]
+        words, cells = (max(v) for v in zip(*(partials(c, -(-n // 16), 1) for c in cfgs)))
+        work = GemmWorkspace(torch.zeros(max(words, 1), device="cuda"),
+                             torch.zeros(max(cells, 1), dtype=torch.int32, device="cuda"))
+        fn = ft.partial(int4_matmul, workspace=work)
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").half()
+            xbf = x.bfloat16()
+            outs = [torch.empty(m, n, device="cuda") for _ in ws]
+
+            def cublas(xbf=xbf):
+                for w in wbf:
+                    xbf @ w.t()
+            cub = time_op(cublas, calls=64, reps=10)["median_us"]
+            print(f"cuBLAS bf16 N={n} K={k} M={m}: {cub:.2f} us", flush=True)
+            for cfg in [tiled_config(m, k, 32, n), *cfgs]:
+                label = f"{'default ' if cfg == choose_config(m, k, 32, n) else ''}N={n} K={k} M={m} cfg={cfg}"
+                us = time_rotating(torch, fn, x, ws, outs, cfg, label)
+                if us is not None:
+                    print(f"{label}: {us:.2f} us, x cuBLAS {cub / us:.2f}", flush=True)
     return 0
 
 

@@ -1,10 +1,11 @@
 """Offline SASS of the int4_matmul builds and the ladder's variants (no GPU): what ptxas made of them.
 
-Run:  python dev/kernels/sass.py [--variants] [--moe] [--dump DIR]
+Run:  python dev/kernels/sass.py [--variants] [--staged] [--moe] [--dump DIR]
 Per build (K2 gate/up and down at M = 1 and 16, the package's configs): registers, spill bytes,
 instructions before / after the last griddepcontrol.wait (ACQBULK), 16-byte loads before / after it
 (weights and, after the wait, x), and the ten most frequent opcodes after it. --variants: the same
-for every entry of dev/kernels/int4_matmul.py's _VARIANTS. --moe: the fused-MoE GEMMs at K2 width
+for every entry of dev/kernels/int4_matmul.py's _VARIANTS. --staged: int4_staged.py's tilings at
+M = 64. --moe: the fused-MoE GEMMs at K2 width
 (package configs for T = 1 and T = 4; no PDL wait there, so every count lands "after"). --dump: the
 SASS listings.
 
@@ -95,6 +96,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", action="store_true", help="also every _VARIANTS entry of the ladder")
     ap.add_argument("--moe", action="store_true", help="also the fused-MoE GEMMs at K2 width")
+    ap.add_argument("--staged", action="store_true", help="also the staged kernel's tilings at K2 shapes, M = 64")
     ap.add_argument("--dump", metavar="DIR", help="write each SASS listing to DIR")
     args = ap.parse_args(argv)
     from numba import types as T
@@ -111,6 +113,8 @@ def main(argv=None) -> int:
               for name, fn in impls.items() for k, cfg in BUILDS]
     if args.moe:
         builds += moe_builds(a)
+    if args.staged:
+        builds += staged_builds(a)
     for label, kernel, ksig in builds:
         cap = kernel.targetoptions.get("max_registers") or 255
         try:
@@ -123,6 +127,23 @@ def main(argv=None) -> int:
             Path(args.dump).mkdir(parents=True, exist_ok=True)
             Path(args.dump, re.sub(r"\W+", "_", label) + ".sass").write_text(listing)
     return 0
+
+
+def staged_builds(a):
+    """(label, kernel, signature) of int4_staged.py at K2 gate/up and down, M = 64: the default tiling and
+    the ladder's others."""
+    from numba import types as T
+
+    from kernels_numba.int4_matmul import choose_config
+    from kernels_numba.int4_staged import Staged, make_int4_staged_kernel
+    out = []
+    for n, k in ((2048, 7168), (7168, 2048)):
+        cfgs = {choose_config(64, k, 32, n), Staged(8, 8, 1, 4), Staged(8, 4, 1, 4), Staged(8, 8, 4, 2)}
+        for c in sorted(cfgs, key=str):
+            cnt = T.int32 if c.splits > 1 else T.uint32
+            sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64, T.int64)
+            out.append((f"staged N={n} K={k} {c}", make_int4_staged_kernel(k, 32, c.mt, c.nt, c.splits, c.dp), sig))
+    return out
 
 
 def moe_builds(a):

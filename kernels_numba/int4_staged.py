@@ -1,0 +1,237 @@
+"""W4A16 GEMM for tree-sized M (17..64 rows): a block of NT weight tiles loops over its share of K with
+x staged in shared memory, so one x fragment serves NT tiles.
+
+Legend: M activation rows, N output rows, K input columns, G group size; MT m8-tiles per block (the M
+bucket), NT 16-row weight tiles per block (one warp each), S blocks splitting K, DP chunks of weights in
+flight per warp, KC = K/64, KB = KC/S chunks per block, NCB = ceil(N16/NT) column blocks.
+
+Why: ``int4_matmul`` gives every 16-row weight tile its own block, and every block reads all of x from
+L2: (N/16) x M x K x 2 bytes, 117 MB at M = 64 for both K2 shapes against 8.26 MB of weights, and the
+time follows that traffic (docs/perf.md). Here x crosses from L2 into an SM once per block, N16/NT x M x
+K x 2 bytes in all (NT = 8: 15 MB), and the NT warps read it from shared memory.
+
+- Work: block (cb, s) computes tiles cb*NT .. cb*NT+NT-1 over chunks s*KB .. s*KB+KB-1, warp w tile
+  cb*NT + w for all 8*MT rows (MT x 4 accumulators per lane). Weights and MMA fragments are those of
+  int4_matmul.py (repacked by int4_layout.py; weights the A operand of ``mma.m16n8k16``).
+- x staging: each chunk's 8*MT x 64 activations are copied into shared memory in *fragment order*,
+  word ((h * MT + mt) * 32 + lane) * 4, so a lane's B operands of one 32-column half are one
+  conflict-free 16-byte ``ld.shared`` (512 contiguous bytes per warp). Two stages: chunk c + 1 is
+  loaded into registers before chunk c is computed and stored after it, one ``syncthreads`` per chunk.
+- Weights: DP chunks per warp in flight, the load of chunk c + DP issued in the unrolled slot of chunk
+  c right after its words are used; the first DP are issued before the PDL wait.
+- Split K (S > 1): each block publishes its partial tiles to the workspace, a fence and the column
+  block's counter; the block that completes the count sums the S partials in split order (so results
+  do not depend on timing), writes ``out`` and resets the counter for the next launch.
+- Rows past M read row M - 1 and are never stored; warps past the last tile load the last tile.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from numba import cuda, float32, int32, uint32
+
+from .intrinsics import (
+    dequant_i4x8,
+    griddep_launch_dependents,
+    griddep_wait,
+    h2_to_f32,
+    ld_cg_f32,
+    ld_shared_v4,
+    ld_stream_v4,
+    ld_v4,
+    mma_16816,
+    st_shared_v4,
+)
+
+ZERO = float32(0.0)
+MAX_SPLITS = 8
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The staged kernel's tiling: MT m8-tiles, NT weight tiles (warps) per block, S K-splits, DP chunks
+    of weights in flight per warp."""
+    mt: int
+    nt: int
+    splits: int
+    dp: int
+
+    def __str__(self) -> str:
+        return f"staged{self.mt}x{self.nt}x{self.splits}x{self.dp}"
+
+
+def partials(cfg: Staged, n16: int, grid_rows: int) -> tuple[int, int]:
+    """(float32 words of partial tiles, counters) a launch with ``cfg`` needs (0, 0 without split K)."""
+    if cfg.splits == 1:
+        return 0, 0
+    ncb = -(-n16 // cfg.nt)
+    return cfg.splits * ncb * cfg.nt * cfg.mt * 128 * grid_rows, ncb * grid_rows
+
+
+@functools.cache
+def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, DP: int):
+    """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
+    KC = K // 64
+    KB = KC // S                   # chunks per block
+    NS = K // G
+    TILE_W = KC * 128              # uint32 words per 16-row weight tile
+    SPC = 2 if G == 32 else 1      # scale words per chunk (groups per chunk, G <= 64)
+    NACC = MT * 4
+    NTHR = NT * 32
+    XW = MT * 256                  # words of one staged chunk: 8*MT rows x 64 f16
+    XS = 2 * XW                    # two stages
+    PIECES = MT * 64               # 16-byte pieces of a chunk
+    PPT = -(-PIECES // NTHR)       # pieces per thread
+    NXR = PPT * 4                  # their words
+    NWL = DP * 4
+    NSL = DP * SPC
+    SPLIT = S > 1
+
+    @cuda.jit
+    def int4_staged_kernel(out, x, wq, sq, part, cnt, m_rows, n_rows):
+        griddep_launch_dependents()                           # the next kernel may start its weight loads
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+        cb = cuda.blockIdx.x // S                             # column block
+        s = cuda.blockIdx.x % S                               # its share of K
+        m0 = cuda.blockIdx.y * (8 * MT)
+        n16 = (n_rows + 15) >> 4
+        tile = cb * NT + warp
+        tl = min(tile, n16 - 1)
+        c0 = s * KB
+        xs = cuda.shared.array(XS, uint32)
+        last = cuda.shared.array(1, int32)
+        acc = cuda.local.array(NACC, float32)
+        prt = cuda.local.array(NACC, float32)
+        wl = cuda.local.array(NWL, uint32)
+        sl = cuda.local.array(NSL, uint32)
+        xr = cuda.local.array(NXR, uint32)
+        for i in range(NACC):
+            acc[i] = ZERO
+            prt[i] = ZERO
+        wbase = tl * TILE_W + c0 * 128 + lane * 4
+        sbase = tl * NS * 8 + g                               # + 8 x group index
+        for d in range(DP):                                   # weights depend on nothing: before the wait
+            w = ld_stream_v4(wq, wbase + d * 128)
+            for j in range(4):
+                wl[d * 4 + j] = w[j]
+            for j in range(SPC):
+                sl[d * SPC + j] = sq[sbase + (((c0 + d) * 64) // G + j) * 8]
+        griddep_wait()                                        # x, out and the workspace: after it
+
+        # piece q of a chunk: row q >> 3, 16 bytes j = q & 7 (half j >> 2, lane column t = j & 3)
+        def fetch(c):
+            for p in range(PPT):
+                q = tid + p * NTHR
+                if q < PIECES:
+                    m = min(m0 + (q >> 3), m_rows - 1)
+                    v = ld_v4(x, m * K + (c0 + c) * 64 + 8 * (q & 7))
+                    for j in range(4):
+                        xr[p * 4 + j] = v[j]
+
+        def stage(b):
+            for p in range(PPT):
+                q = tid + p * NTHR
+                if q < PIECES:
+                    r = q >> 3
+                    j = q & 7
+                    at = b * XW + (((j >> 2) * MT + (r >> 3)) * 32 + (r & 7) * 4 + (j & 3)) * 4
+                    st_shared_v4(xs, at, xr[p * 4], xr[p * 4 + 1], xr[p * 4 + 2], xr[p * 4 + 3])
+
+        def chunk(d, c):
+            """Slot d holds chunk c: stage chunk c + 1, refill slot d with chunk c + DP, compute chunk c."""
+            if c + 1 < KB:
+                fetch(c + 1)
+            wa = cuda.local.array(4, uint32)                  # this chunk's words, so that the slot
+            for j in range(4):                                # can take chunk c + DP's at once
+                wa[j] = wl[d * 4 + j]
+            sa = cuda.local.array(SPC, uint32)
+            for j in range(SPC):
+                sa[j] = sl[d * SPC + j]
+            if c + DP < KB:
+                w = ld_stream_v4(wq, wbase + (c + DP) * 128)
+                for j in range(4):
+                    wl[d * 4 + j] = w[j]
+                for j in range(SPC):
+                    sl[d * SPC + j] = sq[sbase + (((c0 + c + DP) * 64) // G + j) * 8]
+            xb = (c & 1) * XW + lane * 4
+            for h in range(2):
+                a = dequant_i4x8(wa[2 * h])
+                a2 = dequant_i4x8(wa[2 * h + 1])
+                s_lo, s_hi = h2_to_f32(sa[h * (SPC - 1)])
+                for mt in range(MT):
+                    xv = ld_shared_v4(xs, xb + (h * MT + mt) * 128)
+                    if G == 32:                               # one group per half: start from zero
+                        e = mma_16816(a[0], a[1], a[2], a[3], xv[0], xv[1], ZERO, ZERO, ZERO, ZERO)
+                    else:
+                        e = mma_16816(a[0], a[1], a[2], a[3], xv[0], xv[1], prt[mt * 4], prt[mt * 4 + 1],
+                                      prt[mt * 4 + 2], prt[mt * 4 + 3])
+                    e = mma_16816(a2[0], a2[1], a2[2], a2[3], xv[2], xv[3], e[0], e[1], e[2], e[3])
+                    if G == 32 or h == 1:                     # end of a group (or of a chunk, G > 64)
+                        acc[mt * 4 + 0] += s_lo * e[0]
+                        acc[mt * 4 + 1] += s_lo * e[1]
+                        acc[mt * 4 + 2] += s_hi * e[2]
+                        acc[mt * 4 + 3] += s_hi * e[3]
+                        for r in range(4):
+                            prt[mt * 4 + r] = ZERO
+                    else:
+                        for r in range(4):
+                            prt[mt * 4 + r] = e[r]
+            if c + 1 < KB:
+                stage((c + 1) & 1)
+            cuda.syncthreads()                                # chunk c + 1 staged, chunk c read by all
+
+        fetch(0)
+        stage(0)
+        cuda.syncthreads()
+        c = 0
+        while c < KB:                                         # slots 0..DP-1 written out: static indices
+            chunk(0, c)
+            if DP > 1:
+                chunk(1, c + 1)
+            if DP > 2:
+                chunk(2, c + 2)
+                chunk(3, c + 3)
+            c += DP
+
+        if SPLIT:                                             # publish, count; the last block sums
+            cell = cuda.blockIdx.y * ((n16 + NT - 1) // NT) + cb
+            pbase = (cell * S * NT + warp) * NACC * 32 + lane
+            for i in range(NACC):
+                part[pbase + (s * NT * NACC + i) * 32] = acc[i]
+            cuda.threadfence()
+            cuda.syncthreads()
+            if tid == 0:
+                last[0] = cuda.atomic.add(cnt, cell, 1)
+            cuda.syncthreads()
+            if last[0] != S - 1:
+                return
+            cuda.threadfence()
+            tot = cuda.local.array(NACC, float32)
+            for i in range(NACC):
+                tot[i] = ZERO
+            for s2 in range(S):                               # split order, whichever block is last
+                if s2 == s:
+                    for i in range(NACC):
+                        tot[i] += acc[i]
+                else:
+                    for i in range(NACC):
+                        tot[i] += ld_cg_f32(part, pbase + (s2 * NT * NACC + i) * 32)
+            for i in range(NACC):
+                acc[i] = tot[i]
+            if tid == 0:
+                cnt[cell] = 0
+        for mt in range(MT):
+            for r in range(4):
+                n = tile * 16 + g + 8 * (r >> 1)
+                m = m0 + mt * 8 + 2 * t + (r & 1)
+                if n < n_rows and m < m_rows:
+                    out[m * n_rows + n] = acc[mt * 4 + r]
+
+    return int4_staged_kernel
+
