@@ -6,7 +6,8 @@ A device session's time may not fit every layer and dense mode in one run (``ben
 --dense bf16`` re-measures one layer); the projection reads one set. Rows are keyed by (layer,
 experts, dense, impl, part, routing, rows): a later source replaces an earlier one's row, so list the
 sources oldest first. Rows from before ``--dense`` existed count as dense ``fp32``. Writes
-``k2_layer_<last source's commit>`` (CSV with a ``run`` column, metadata of the last source plus
+``k2_layer_<last source's commit>`` (CSV with a ``run`` column; a merged set may be a source and keeps
+its rows' runs; metadata of the last source plus
 ``runs``: each source's commit, time and row count, and every source's checks, the plot), and
 concatenates the sources' logs under one header each.
 """
@@ -42,10 +43,10 @@ def main() -> int:
         for r in rows:
             if r["impl"] == "numba engine" and not r.get("dense"):
                 r["dense"] = "fp32"
-            r["run"] = meta["git_sha"]
+            r["run"] = r.get("run") or meta["git_sha"]             # a merged source keeps its rows' runs
             merged[tuple(str(r.get(k, "")) for k in KEY)] = r
-        runs.append({"git_sha": meta["git_sha"], "time_utc": meta["time_utc"], "rows": len(rows)})
-        checks += [{**c, "run": meta["git_sha"]} for c in meta.get("checks", [])]
+        runs += meta.get("runs") or [{"git_sha": meta["git_sha"], "time_utc": meta["time_utc"], "rows": len(rows)}]
+        checks += [{"run": meta["git_sha"], **c} for c in meta.get("checks", [])]
         log = src.with_suffix(".log")
         text = log.read_text() if log.exists() else "(no log)\n"
         logs.append(f"==== run {meta['git_sha']} ({meta['time_utc']}): {src.name} ====\n{text}")

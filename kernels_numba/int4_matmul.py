@@ -370,9 +370,9 @@ def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl:
     m, n, k, gs = x.shape[0], weight.n, weight.k, weight.group_size
     kc = k // 64
     if (cfg.mt not in MT_BUCKETS or not 1 <= cfg.nt <= 16 or not 1 <= cfg.splits <= MAX_SPLITS
-            or kc % cfg.splits or cfg.dp < 1 or (kc // cfg.splits) % cfg.dp):
+            or kc % cfg.splits or cfg.dp not in (1, 2, 4) or (kc // cfg.splits) % cfg.dp):
         raise KernelInputError(f"bad staged config {cfg} for K={k}: NT in 1..16, S in 1..{MAX_SPLITS} dividing "
-                               f"K/64 = {kc}, DP dividing K/64/S")
+                               f"K/64 = {kc}, DP in 1, 2, 4 dividing K/64/S")
     grid = (-(-weight.n16 // cfg.nt) * cfg.splits, -(-m // (8 * cfg.mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")

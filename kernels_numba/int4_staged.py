@@ -51,8 +51,8 @@ MAX_SPLITS = 8
 
 @dataclass(frozen=True)
 class Staged:
-    """The staged kernel's tiling: MT m8-tiles, NT weight tiles (warps) per block, S K-splits, DP chunks
-    of weights in flight per warp."""
+    """The staged kernel's tiling: MT m8-tiles, NT weight tiles (warps) per block, S K-splits, DP (1, 2 or
+    4) chunks of weights in flight per warp."""
     mt: int
     nt: int
     splits: int

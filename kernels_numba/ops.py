@@ -45,7 +45,7 @@ from ._validate import KernelInputError, flat
 from .blockops import KS, TPB, col_blocks, row_slices
 from .device import SIMULATED, head_rows, kernel_array, on_gpu, rows_view, to_device, zeros
 from .int4_layout import Int4Weight, LayoutError, repack_int4
-from .int4_matmul import int4_matmul
+from .int4_matmul import GemmWorkspace, gemm_workspace, int4_matmul
 from .kv import kv_compact_kernel
 from .launch import launch
 from .linear import linear as _linear
@@ -369,6 +369,7 @@ class Scratch:
         self.h16 = zeros(max(rows * width, 1), np.uint16)                       # [T, I] f16(silu(g) * u)
         self.act = zeros(max(rows * max((s.width for s in on_blas), default=0), 1))  # [T, I] silu(g) * u
         self.logits = zeros(max(rows * max((r.n_experts for r in blas_routers), default=0), 1))  # [T, E]
+        self.gemm = gemm_workspace(rows, [(m.n, m.k, m.group_size) for s in fast for m in (s.w13, s.w2)])
         self._fused = {_ws_key(m.fused, k): m.fused for m in fused}
         self._ws: dict = {}
         self.top_k = k
@@ -447,10 +448,12 @@ def mla_attention(o, q, cache, w: MLA, cos, sin, depth, vis, meta, scale: float,
                                              np.float32(scale))
 
 
-def int4_gemm(x16, w: Int4Weight, out, stream=0, pdl: bool = True):
+def int4_gemm(x16, w: Int4Weight, out, workspace: GemmWorkspace | None = None, stream=0, pdl: bool = True,
+              config=None):
     """out [M, N] float32 = x16 [M, K] float16 @ W.T: the W4A16 GEMM ``swiglu`` runs (int4_matmul with its
-    default config, programmatic dependent launch on); ``pdl=False`` for the benchmark's comparison."""
-    return int4_matmul(x16, w, out=out, stream=stream, pdl=pdl)
+    default config, programmatic dependent launch on, split-K partials in ``workspace``); ``pdl=False``
+    and ``config`` for the benchmark's comparisons."""
+    return int4_matmul(x16, w, out=out, stream=stream, config=config, pdl=pdl, workspace=workspace)
 
 
 def experts_fused(x16, ids, wts, w: MoEWeights, out, workspace, stream=0, config: dict | None = None):
@@ -475,10 +478,10 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
     if w.path == INT4_MATMUL:
         i, d = w.width, w.dim
         gu, h16, y = rows_view(sc.gu, rows, 2 * i), rows_view(sc.h16, rows, i), rows_view(sc.y, rows, d)
-        int4_gemm(_to_f16(sc, x, d, meta, rows, stream), w.w13, kernel_array(gu), stream)
+        int4_gemm(_to_f16(sc, x, d, meta, rows, stream), w.w13, kernel_array(gu), sc.gemm, stream)
         launch(moe_act_kernel, (-(-i // 128), rows), 128, stream,
                (flat(kernel_array(h16)), flat(kernel_array(gu)), i))
-        int4_gemm(kernel_array(h16, np.float16), w.w2, kernel_array(y), stream)
+        int4_gemm(kernel_array(h16, np.float16), w.w2, kernel_array(y), sc.gemm, stream)
         _add(h, y, meta, rows, stream)
         return
     if w.path == BLAS_PATH:

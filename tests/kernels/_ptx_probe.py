@@ -7,7 +7,8 @@ import sys
 from numba import config, cuda
 from numba import types as T
 
-from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel
+from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel, tiled_config
+from kernels_numba.int4_staged import make_int4_staged_kernel
 from kernels_numba.moe import choose_moe_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
@@ -20,7 +21,8 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "lop3": "lop3.b32", "hfma2": "fma.rn.f16x2", "local": ".local",
         "atom_shared": "atom.shared", "bar": "bar.sync", "pdl_wait": "griddepcontrol.wait",
         "pdl_wait_for": "@!p griddepcontrol.wait", "pdl_launch": "griddepcontrol.launch_dependents",
-        "st_async": "st.async.shared::cluster", "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32"}
+        "st_async": "st.async.shared::cluster", "lds_v4": "ld.shared.v4.u32", "sts_v4": "st.shared.v4.u32",
+        "atom_global": "atom.global.add", "ld_cg": "ld.global.cg.f32", "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32"}
 
 
 def counts(kernel, sig):
@@ -38,8 +40,14 @@ def main():
     builds = [(m, k, g) for m, k in ((1, 7168), (16, 7168), (1, 2048), (16, 2048), (32, 2048), (64, 2048),
                                      (3, 1024)) for g in (32, 128)] + [(32, 7168, 32)]
     for m, k, g in builds:
-        cfg = choose_config(m, k, g)
+        cfg = tiled_config(m, k, g)
         out[f"int4_matmul M={m} K={k} G={g} {cfg}"] = counts(make_int4_matmul_kernel(k, g, *cfg), mm_sig)
+    for n, k, g in ((2048, 7168, 32), (7168, 2048, 32), (7168, 2048, 128)):     # M = 64: the staged kernel
+        cfg = choose_config(64, k, g, n)
+        cnt = T.int32 if cfg.splits > 1 else T.uint32                          # (no split K: sq stands in)
+        sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64, T.int64)
+        out[f"int4_staged N={n} K={k} G={g} {cfg}"] = counts(
+            make_int4_staged_kernel(k, g, cfg.mt, cfg.nt, cfg.splits, cfg.dp), sig)
     gsig = (a(T.uint16), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
             a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
     cfg = choose_moe_config(7168, 2048, tokens=64)          # the stream-K GEMMs (T = 1: moe_gemv)

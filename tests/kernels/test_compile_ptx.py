@@ -43,6 +43,18 @@ def test_int4_matmul_uses_tensor_cores_and_wide_loads(ptx_counts):
     assert all(mm[n]["st_async"] == 1 and mm[n]["mbar_wait"] == 1 for n in paired)   # st.async + mbarrier
 
 
+def test_int4_staged_stages_x_in_shared_memory(ptx_counts):
+    st = {k: v for k, v in ptx_counts.items() if k.startswith("int4_staged")}
+    assert len(st) == 3
+    for name, c in st.items():
+        assert c["mma"] >= 16 and c["ldg_nc_v4"] >= 2 and c["ldg_v4"] >= 1, name   # weights, x from global
+        assert c["lds_v4"] >= 16 and c["sts_v4"] >= 1, name          # x fragments through shared memory
+        assert c["local"] == 0, name                                  # slots and accumulators in registers
+        assert c["pdl_launch"] == 1 and c["pdl_wait"] == 1, name
+        split = int(name.split()[-1].removeprefix("staged").split("x")[2]) > 1   # (MT, NT, S, DP)
+        assert (c["atom_global"] == 1 and c["ld_cg"] >= 1) == split, name   # split K: counter, L2 reads
+
+
 def test_moe_kernels(ptx_counts):
     for name in ("moe gate_up", "moe down", "moe down T=16"):
         c = ptx_counts[name]

@@ -9,7 +9,8 @@ import pytest
 
 from kernels_numba import KernelInputError, int4_matmul, repack_int4
 from kernels_numba.int4_layout import Int4Weight
-from kernels_numba.int4_matmul import choose_config
+from kernels_numba.int4_matmul import GemmWorkspace, choose_config, gemm_workspace
+from kernels_numba.int4_staged import Staged
 from workbench.quant.int4 import gen_quant4, int4_linear, pack_int4
 
 from .helpers import SIMULATED, assert_close, dev, gpu, host, needs_gpu, poisoned
@@ -21,13 +22,13 @@ def _weight(n, k, g, seed):
     return (w if SIMULATED else w.to_device()), packed, scales
 
 
-def _check(m, n, k, g, seed, config=None):
+def _check(m, n, k, g, seed, config=None, workspace=None):
     rng = np.random.default_rng(seed)
     w, packed, scales = _weight(n, k, g, seed)
     x = rng.standard_normal((m, k)).astype(np.float16)
     out = poisoned((m, n))
-    int4_matmul(dev(x), w, out=out, config=config)
-    assert_close(host(out), int4_linear(x, packed, scales), what=f"M={m} N={n} K={k} G={g}")
+    int4_matmul(dev(x), w, out=out, config=config, workspace=workspace)
+    assert_close(host(out), int4_linear(x, packed, scales), what=f"M={m} N={n} K={k} G={g} {config}")
 
 
 @pytest.mark.parametrize("m,n,k,g", [
@@ -63,6 +64,35 @@ def test_paired_configs():
     _check(3, 64, 512, 64, 2, config=(1, 4, 2, 2))
     _check(29, 32, 1024, 32, 3, config=(4, 16, 1, 2))
     _check(70, 32, 512, 32, 4, config=(2, 8, 1, 2))
+
+
+def test_staged_split_k_reuses_its_workspace():
+    """M = 33..64 takes the staged kernel (x in shared memory, K split over blocks): the default for 40
+    rows splits K in two; a second launch on the same workspace finds its counters reset."""
+    cfg = choose_config(40, 256, 32, 32)
+    assert cfg == Staged(8, 2, 2, 2)
+    ws = gemm_workspace(40, [(32, 256, 32)])
+    _check(40, 32, 256, 32, 11, workspace=ws)
+    _check(37, 32, 256, 32, 12, workspace=ws)
+    assert not host(ws.cnt).any()
+
+
+def test_staged_tilings():
+    """No split K over two grid rows (M > 64) at G = 64; G = 128 groups that start in another block's
+    share (S = 6 splits of 6 chunks), M = 20 in the MT = 4 bucket."""
+    _check(70, 16, 128, 64, 13, config=Staged(8, 1, 1, 2))
+    _check(20, 16, 384, 128, 14, config=Staged(4, 1, 6, 1))
+
+
+def test_staged_bad_config_and_workspace():
+    w, _, _ = _weight(16, 128, 32, 15)
+    x = dev(np.zeros((40, 128), np.float16))
+    for cfg in (Staged(8, 1, 3, 1), Staged(8, 1, 2, 4), Staged(8, 1, 2, 3), Staged(8, 0, 1, 1)):
+        with pytest.raises(KernelInputError, match="bad staged config"):
+            int4_matmul(x, w, config=cfg)
+    small = GemmWorkspace(dev(np.zeros(8, np.float32)), dev(np.zeros(1, np.int32)))
+    with pytest.raises(KernelInputError, match="workspace too small"):
+        int4_matmul(x, w, config=Staged(8, 1, 2, 1), workspace=small)
 
 
 def test_choose_config_pairs_only_even_tile_counts():

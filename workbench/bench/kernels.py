@@ -3,7 +3,8 @@
 Rows of the CSV (one per case x implementation), all timed with CUDA events on torch's stream:
 - matmul at K2 shapes (gate/up 7168 -> 2048, down 2048 -> 7168), M in 1..64: this workbench's
   ``int4_matmul`` through ``kernels_numba.ops.int4_gemm``, the call the engine makes (as shipped, with
-  programmatic dependent launch; and with PDL off), torch cuBLAS bf16 ``x @ w.t()``, torch tinygemm
+  programmatic dependent launch; and with PDL off; where the default is the staged kernel, M = 33..64,
+  also the one-tile-per-block kernel), torch cuBLAS bf16 ``x @ w.t()``, torch tinygemm
   INT4 g32 (``_weight_int4pack_mm``), each rotating over 64 distinct weight matrices (far more than
   the L2) and captured as 64 back-to-back launches in one CUDA graph (time per launch = replay / 64);
   a torch device copy of the same byte count, captured the same way, is the per-launch ceiling.
@@ -78,11 +79,13 @@ def _copies(dst, src):
 def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
     """impl name -> (fn making ROT calls, bytes one call must move)."""
     from kernels_numba import ops
+    from kernels_numba.int4_matmul import choose_config, gemm_workspace, tiled_config
     xbf = x16.bfloat16()
+    work = gemm_workspace(m, [(n, k, G)])
 
-    def numba_int4(pdl=True):                        # the engine's W4A16 GEMM (ops.swiglu runs it)
+    def numba_int4(pdl=True, config=None):           # the engine's W4A16 GEMM (ops.swiglu runs it)
         for i in range(ROT):
-            ops.int4_gemm(x16, w4[i], o32[i], torch.cuda.current_stream(), pdl=pdl)
+            ops.int4_gemm(x16, w4[i], o32[i], work, torch.cuda.current_stream(), pdl=pdl, config=config)
 
     def cublas():
         for i in range(ROT):
@@ -93,14 +96,18 @@ def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
             torch.ops.aten._weight_int4pack_mm(xbf, tg[i][0], G, tg[i][1])
     act = m * k * 2
     int4_bytes = n * k // 2 + n * (k // G) * 2 + act + m * n * 4
+    tiled = {}
+    if choose_config(m, k, G, n) != tiled_config(m, k, G, n):   # the staged kernel's rows: the tiled one beside
+        tiled["int4_matmul, one tile per block"] = (functools.partial(numba_int4, config=tiled_config(m, k, G, n)),
+                                                    int4_bytes)
     return {"int4_matmul (numba W4A16)": (numba_int4, int4_bytes),
-            "int4_matmul, PDL off": (functools.partial(numba_int4, pdl=False), int4_bytes),
+            "int4_matmul, PDL off": (functools.partial(numba_int4, pdl=False), int4_bytes), **tiled,
             "cuBLAS bf16 (x @ w.t())": (cublas, n * k * 2 + act + m * n * 2),
             "tinygemm int4 g32": (tinygemm, n * k // 2 + (k // G) * n * 4 + act + m * n * 2)}
 
 
 def bench_matmul(torch, copy, rows, log):
-    from kernels_numba.int4_matmul import choose_config
+    from kernels_numba.int4_matmul import Staged, choose_config, tiled_config
     mode = f"graph x{ROT} back-to-back"
     for name, (n, k) in SHAPES.items():
         w4 = _int4_weights(torch, n, k, ROT)
@@ -125,7 +132,8 @@ def bench_matmul(torch, copy, rows, log):
                     continue
                 extra = {"M": m, "N": n, "K": k}
                 if impl.startswith("int4"):
-                    extra["config"] = "x".join(map(str, choose_config(m, k)))
+                    cfg = tiled_config(m, k, G, n) if "one tile" in impl else choose_config(m, k, G, n)
+                    extra["config"] = str(cfg) if isinstance(cfg, Staged) else "x".join(map(str, cfg))
                 rows.append(_row(f"{name} M={m}", impl, mode, st, nbytes, copy, **extra))
                 log(rows[-1])
 
