@@ -245,17 +245,13 @@ STAGED_BLOCKS = 132                                     # blocks to aim for: one
 
 
 def _staged_config(mt: int, k: int, n: int | None) -> Staged:
-    """NT = 8 tiles per block; the most K splits that keep the grid within one wave, DP = 4 chunks in flight
-    where the split allows it."""
+    """NT = 8 tiles per block; the most K splits that keep the grid within one wave."""
     n16 = -(-(n or 2048) // 16)
     nt = min(8, n16)
     ncb, kc = -(-n16 // nt), k // 64
-    best = Staged(mt, nt, 1, next(d for d in (4, 2, 1) if kc % d == 0))
-    for s in range(2, MAX_SPLITS + 1):
-        dp = next((d for d in (4, 2, 1) if kc % (s * d) == 0), 0)
-        if dp and ncb * s <= STAGED_BLOCKS and kc // s >= 2:
-            best = Staged(mt, nt, s, dp)
-    return best
+    s = max(d for d in range(1, MAX_SPLITS + 1) if kc % d == 0 and (d == 1 or (ncb * d <= STAGED_BLOCKS
+                                                                               and kc // d >= 2)))
+    return Staged(mt, nt, s, 4, 3)
 
 
 def choose_config(m: int, k: int, g: int = 32, n: int | None = None) -> tuple[int, ...] | Staged:
@@ -370,9 +366,9 @@ def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl:
     m, n, k, gs = x.shape[0], weight.n, weight.k, weight.group_size
     kc = k // 64
     if (cfg.mt not in MT_BUCKETS or not 1 <= cfg.nt <= 16 or not 1 <= cfg.splits <= MAX_SPLITS
-            or kc % cfg.splits or cfg.dp not in (1, 2, 4) or (kc // cfg.splits) % cfg.dp):
+            or kc % cfg.splits or cfg.pw < 2 or cfg.px not in (2, 3) or cfg.shared_bytes(gs) > 48 * 1024):
         raise KernelInputError(f"bad staged config {cfg} for K={k}: NT in 1..16, S in 1..{MAX_SPLITS} dividing "
-                               f"K/64 = {kc}, DP in 1, 2, 4 dividing K/64/S")
+                               f"K/64 = {kc}, PW >= 2, PX in 2, 3, at most 48 KB of shared memory")
     grid = (-(-weight.n16 // cfg.nt) * cfg.splits, -(-m // (8 * cfg.mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
@@ -387,5 +383,5 @@ def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl:
         # not touched without split K (the simulator copies every argument back after a launch, so there
         # an alias of out would undo its stores)
         part, cnt = (empty(1, np.float32) if SIMULATED else flat(out)), sq
-    kernel = make_int4_staged_kernel(k, gs, cfg.mt, cfg.nt, cfg.splits, cfg.dp)
+    kernel = make_int4_staged_kernel(k, gs, cfg.mt, cfg.nt, cfg.splits, cfg.pw, cfg.px)
     launch(kernel, grid, cfg.nt * 32, stream, (flat(out), flat(x), wq, sq, part, cnt, m, n), pdl, 1)

@@ -2,8 +2,8 @@
 x staged in shared memory, so one x fragment serves NT tiles.
 
 Legend: M activation rows, N output rows, K input columns, G group size; MT m8-tiles per block (the M
-bucket), NT 16-row weight tiles per block (one warp each), S blocks splitting K, DP chunks of weights in
-flight per warp, KC = K/64, KB = KC/S chunks per block, NCB = ceil(N16/NT) column blocks.
+bucket), NT 16-row weight tiles per block (one warp each), S blocks splitting K, PW / PX shared-memory
+stages of weights / x, KC = K/64, KB = KC/S chunks per block, NCB = ceil(N16/NT) column blocks.
 
 Why: ``int4_matmul`` gives every 16-row weight tile its own block, and every block reads all of x from
 L2: (N/16) x M x K x 2 bytes, 117 MB at M = 64 for both K2 shapes against 8.26 MB of weights, and the
@@ -13,12 +13,16 @@ K x 2 bytes in all (NT = 8: 15 MB), and the NT warps read it from shared memory.
 - Work: block (cb, s) computes tiles cb*NT .. cb*NT+NT-1 over chunks s*KB .. s*KB+KB-1, warp w tile
   cb*NT + w for all 8*MT rows (MT x 4 accumulators per lane). Weights and MMA fragments are those of
   int4_matmul.py (repacked by int4_layout.py; weights the A operand of ``mma.m16n8k16``).
-- x staging: each chunk's 8*MT x 64 activations are copied into shared memory in *fragment order*,
-  word ((h * MT + mt) * 32 + lane) * 4, so a lane's B operands of one 32-column half are one
-  conflict-free 16-byte ``ld.shared`` (512 contiguous bytes per warp). Two stages: chunk c + 1 is
-  loaded into registers before chunk c is computed and stored after it, one ``syncthreads`` per chunk.
-- Weights: DP chunks per warp in flight, the load of chunk c + DP issued in the unrolled slot of chunk
-  c right after its words are used; the first DP are issued before the PDL wait.
+- Everything a chunk reads arrives by ``cp.async`` into a ring of shared-memory stages, so loads in
+  flight cost no registers (v15 held two weight chunks ahead in registers, 234-255 registers, and was
+  latency-bound: docs/perf.md). Weights run PW - 1 chunks ahead (DRAM), x PX - 1 (from L2); the
+  first PW - 1 weight chunks are issued before the PDL wait. One commit group per chunk; at chunk c
+  ``wait_group(PX - 2)`` leaves only younger groups pending and one ``syncthreads`` makes every
+  thread's copies visible and frees the stages of chunk c - 1, which the copies for c + PX - 1 and
+  c + PW - 1 then take.
+- x in *fragment order*: a chunk's 8*MT x 64 activations are stored at word ((h * MT + mt) * 32 +
+  lane) * 4, so a lane's B operands of one 32-column half are one conflict-free 16-byte ``ld.shared``
+  (512 contiguous bytes per warp). A lane reads back the 16 weight bytes it copied itself.
 - Split K (S > 1): each block publishes its partial tiles to the workspace, a fence and the column
   block's counter; the block that completes the count sums the S partials in split order (so results
   do not depend on timing), writes ``out`` and resets the counter for the next launch.
@@ -32,17 +36,19 @@ from dataclasses import dataclass
 
 from numba import cuda, float32, int32, uint32
 
+from .device import SIMULATED
 from .intrinsics import (
+    cp_async16,
+    cp_async_commit,
+    cp_async_wait0,
+    cp_async_wait1,
     dequant_i4x8,
     griddep_launch_dependents,
     griddep_wait,
     h2_to_f32,
     ld_cg_f32,
     ld_shared_v4,
-    ld_stream_v4,
-    ld_v4,
     mma_16816,
-    st_shared_v4,
 )
 
 ZERO = float32(0.0)
@@ -51,15 +57,19 @@ MAX_SPLITS = 8
 
 @dataclass(frozen=True)
 class Staged:
-    """The staged kernel's tiling: MT m8-tiles, NT weight tiles (warps) per block, S K-splits, DP (1, 2 or
-    4) chunks of weights in flight per warp."""
+    """The staged kernel's tiling: MT m8-tiles, NT weight tiles (warps) per block, S K-splits, PW weight
+    stages and PX (2 or 3) x stages in shared memory."""
     mt: int
     nt: int
     splits: int
-    dp: int
+    pw: int
+    px: int
 
     def __str__(self) -> str:
-        return f"staged{self.mt}x{self.nt}x{self.splits}x{self.dp}"
+        return f"staged{self.mt}x{self.nt}x{self.splits}x{self.pw}x{self.px}"
+
+    def shared_bytes(self, g: int) -> int:
+        return 4 * (self.px * self.mt * 256 + self.pw * self.nt * (128 + (2 if g == 32 else 1) * 8))
 
 
 def partials(cfg: Staged, n16: int, grid_rows: int) -> tuple[int, int]:
@@ -71,25 +81,28 @@ def partials(cfg: Staged, n16: int, grid_rows: int) -> tuple[int, int]:
 
 
 @functools.cache
-def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, DP: int):
+def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, PX: int):
     """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
     KC = K // 64
     KB = KC // S                   # chunks per block
     NS = K // G
     TILE_W = KC * 128              # uint32 words per 16-row weight tile
-    SPC = 2 if G == 32 else 1      # scale words per chunk (groups per chunk, G <= 64)
+    SPC = 2 if G == 32 else 1      # scale words per lane and chunk (groups per chunk, G <= 64)
     NACC = MT * 4
     NTHR = NT * 32
-    XW = MT * 256                  # words of one staged chunk: 8*MT rows x 64 f16
-    XS = 2 * XW                    # two stages
-    PIECES = MT * 64               # 16-byte pieces of a chunk
+    XW = MT * 256                  # words of one staged x chunk: 8*MT rows x 64 f16
+    WW = NT * 128                  # words of one chunk of the block's weight tiles
+    SW = NT * SPC * 8              # words of their scales
+    W0 = PX * XW                   # shared layout: PX x chunks, PW weight chunks, PW scale chunks
+    S0 = W0 + PW * WW
+    SMW = S0 + PW * SW
+    PIECES = MT * 64               # 16-byte pieces of an x chunk
     PPT = -(-PIECES // NTHR)       # pieces per thread
-    NXR = PPT * 4                  # their words
-    NWL = DP * 4
-    NSL = DP * SPC
+    SPL = SPC * 2                  # 16-byte scale pieces per tile and chunk (lanes 0..SPL-1 copy them)
     SPLIT = S > 1
+    opts = {} if SIMULATED else {"max_registers": min(255, 65536 // (2 * NTHR) // 8 * 8)}
 
-    @cuda.jit
+    @cuda.jit(**opts)
     def int4_staged_kernel(out, x, wq, sq, part, cnt, m_rows, n_rows):
         griddep_launch_dependents()                           # the next kernel may start its weight loads
         tid = cuda.threadIdx.x
@@ -104,68 +117,61 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, DP: int):
         tile = cb * NT + warp
         tl = min(tile, n16 - 1)
         c0 = s * KB
-        xs = cuda.shared.array(XS, uint32)
+        sm = cuda.shared.array(SMW, uint32)
         last = cuda.shared.array(1, int32)
         acc = cuda.local.array(NACC, float32)
         prt = cuda.local.array(NACC, float32)
-        wl = cuda.local.array(NWL, uint32)
-        sl = cuda.local.array(NSL, uint32)
-        xr = cuda.local.array(NXR, uint32)
         for i in range(NACC):
             acc[i] = ZERO
             prt[i] = ZERO
-        wbase = tl * TILE_W + c0 * 128 + lane * 4
-        sbase = tl * NS * 8 + g                               # + 8 x group index
-        for d in range(DP):                                   # weights depend on nothing: before the wait
-            w = ld_stream_v4(wq, wbase + d * 128)
-            for j in range(4):
-                wl[d * 4 + j] = w[j]
-            for j in range(SPC):
-                sl[d * SPC + j] = sq[sbase + (((c0 + d) * 64) // G + j) * 8]
-        griddep_wait()                                        # x, out and the workspace: after it
 
-        # piece q of a chunk: row q >> 3, 16 bytes j = q & 7 (half j >> 2, lane column t = j & 3)
-        def fetch(c):
-            for p in range(PPT):
-                q = tid + p * NTHR
-                if q < PIECES:
-                    m = min(m0 + (q >> 3), m_rows - 1)
-                    v = ld_v4(x, m * K + (c0 + c) * 64 + 8 * (q & 7))
-                    for j in range(4):
-                        xr[p * 4 + j] = v[j]
+        def fetch_w(c):                                       # chunk c of this warp's tile and its scales
+            b = c % PW
+            cp_async16(sm, W0 + (b * NT + warp) * 128 + lane * 4, wq, tl * TILE_W + (c0 + c) * 128 + lane * 4)
+            if lane < SPL:
+                cp_async16(sm, S0 + (b * NT + warp) * (SPC * 8) + lane * 4, sq,
+                           (tl * NS + ((c0 + c) * 64) // G) * 8 + lane * 4)
 
-        def stage(b):
+        def fetch_x(c):                                       # piece q: row q >> 3, 16 bytes j = q & 7
+            b = c % PX
             for p in range(PPT):
                 q = tid + p * NTHR
                 if q < PIECES:
                     r = q >> 3
                     j = q & 7
+                    m = min(m0 + r, m_rows - 1)
                     at = b * XW + (((j >> 2) * MT + (r >> 3)) * 32 + (r & 7) * 4 + (j & 3)) * 4
-                    st_shared_v4(xs, at, xr[p * 4], xr[p * 4 + 1], xr[p * 4 + 2], xr[p * 4 + 3])
+                    cp_async16(sm, at, x, m * K + (c0 + c) * 64 + 8 * j)
 
-        def chunk(d, c):
-            """Slot d holds chunk c: stage chunk c + 1, refill slot d with chunk c + DP, compute chunk c."""
-            if c + 1 < KB:
-                fetch(c + 1)
-            wa = cuda.local.array(4, uint32)                  # this chunk's words, so that the slot
-            for j in range(4):                                # can take chunk c + DP's at once
-                wa[j] = wl[d * 4 + j]
-            sa = cuda.local.array(SPC, uint32)
-            for j in range(SPC):
-                sa[j] = sl[d * SPC + j]
-            if c + DP < KB:
-                w = ld_stream_v4(wq, wbase + (c + DP) * 128)
-                for j in range(4):
-                    wl[d * 4 + j] = w[j]
-                for j in range(SPC):
-                    sl[d * SPC + j] = sq[sbase + (((c0 + c + DP) * 64) // G + j) * 8]
-            xb = (c & 1) * XW + lane * 4
+        for c in range(PW - 1):                               # weights depend on nothing: before the wait
+            if c < KB:
+                fetch_w(c)
+        griddep_wait()                                        # x, out and the workspace: after it
+        for c in range(PX - 1):
+            if c < KB:
+                fetch_x(c)
+            cp_async_commit()
+        for c in range(KB):
+            if PX == 2:                                       # groups up to chunk c's complete
+                cp_async_wait0()
+            else:
+                cp_async_wait1()
+            cuda.syncthreads()                                # everyone's copies landed; chunk c - 1 read
+            if c + PX - 1 < KB:
+                fetch_x(c + PX - 1)
+            if c + PW - 1 < KB:
+                fetch_w(c + PW - 1)
+            cp_async_commit()
+            wb = c % PW
+            wa = ld_shared_v4(sm, W0 + (wb * NT + warp) * 128 + lane * 4)
+            xb = (c % PX) * XW + lane * 4
+            sb = S0 + (wb * NT + warp) * (SPC * 8) + g
             for h in range(2):
                 a = dequant_i4x8(wa[2 * h])
                 a2 = dequant_i4x8(wa[2 * h + 1])
-                s_lo, s_hi = h2_to_f32(sa[h * (SPC - 1)])
+                s_lo, s_hi = h2_to_f32(sm[sb + h * (SPC - 1) * 8])
                 for mt in range(MT):
-                    xv = ld_shared_v4(xs, xb + (h * MT + mt) * 128)
+                    xv = ld_shared_v4(sm, xb + (h * MT + mt) * 128)
                     if G == 32:                               # one group per half: start from zero
                         e = mma_16816(a[0], a[1], a[2], a[3], xv[0], xv[1], ZERO, ZERO, ZERO, ZERO)
                     else:
@@ -182,22 +188,6 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, DP: int):
                     else:
                         for r in range(4):
                             prt[mt * 4 + r] = e[r]
-            if c + 1 < KB:
-                stage((c + 1) & 1)
-            cuda.syncthreads()                                # chunk c + 1 staged, chunk c read by all
-
-        fetch(0)
-        stage(0)
-        cuda.syncthreads()
-        c = 0
-        while c < KB:                                         # slots 0..DP-1 written out: static indices
-            chunk(0, c)
-            if DP > 1:
-                chunk(1, c + 1)
-            if DP > 2:
-                chunk(2, c + 2)
-                chunk(3, c + 3)
-            c += DP
 
         if SPLIT:                                             # publish, count; the last block sums
             cell = cuda.blockIdx.y * ((n16 + NT - 1) // NT) + cb

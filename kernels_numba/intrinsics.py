@@ -11,6 +11,9 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``ld_once_v4(a, i)`` | ``ld.global.L1::no_allocate.v4.u32``: read-once, kept before a PDL wait | 4 words |
 | ``ld_shared_v4(s, i)`` | ``ld.shared.v4.u32`` from shared ``s[i]`` (32-bit shared-window address) | 4 words |
 | ``st_shared_v4(s, i, w0, w1, w2, w3)`` | ``st.shared.v4.u32`` of four words at shared ``s[i]`` | 4 words |
+| ``cp_async16(s, si, a, ai)`` | ``cp.async.cg.shared.global``: 16 B of global ``a[ai]`` to shared ``s[si]``, L2 only | copy now |
+| ``cp_async_commit()`` | ``cp.async.commit_group``: the copies issued since the last commit form a group | no-op |
+| ``cp_async_wait0()`` / ``cp_async_wait1()`` | ``cp.async.wait_group 0 / 1``: all but the newest 0 / 1 groups done | no-op |
 | ``dequant_i4x8(w)`` | 4 lop3 + shift, ``sub``/``fma`` ``.f16x2``: 8 nibbles -> 4 half2 | numpy f16 |
 | ``mma_16816(a0..a3, b0, b1, c0..c3)`` | ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` | exchange |
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
@@ -74,6 +77,13 @@ def _sim_ld_u32x4(a, i):
     i = int(i)
     raw = arr[i:i + 16 // arr.dtype.itemsize].view(np.uint32)
     return raw[0], raw[1], raw[2], raw[3]
+
+
+def _sim_cp_async16(s, si, a, ai):
+    src = _host_array(a)
+    ai = int(ai)
+    words = src[ai:ai + 16 // src.dtype.itemsize].view(np.uint32)
+    _sim_st_u32x4(s, si, words[0], words[1], words[2], words[3])
 
 
 def _sim_st_u32x4(a, i, w0, w1, w2, w3):
@@ -466,6 +476,25 @@ def _build_gpu():
             return context.get_dummy_value()
         return types.none(a, i, w0, w1, w2, w3), codegen
 
+    @intrinsic
+    def cp_async16(typingctx, s, si, a, ai):
+        if not all(isinstance(v, types.Array) and v.ndim == 1 for v in (s, a)) or \
+                not all(isinstance(v, types.Integer) for v in (si, ai)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            dst = _saddr(context, builder, sig.args[0], args[0], args[1])
+            src = _ptr(context, builder, sig.args[2], args[2], args[3])
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32.as_pointer()]),
+                               "{\n.reg .u64 g;\ncvta.to.global.u64 g, $1;\ncp.async.cg.shared.global [$0], [g], 16;\n}",
+                               "r,l,~{memory}", side_effect=True)
+            builder.call(asm, [dst, src])
+            return context.get_dummy_value()
+        return types.none(s, si, a, ai), codegen
+
+    cp_async_commit = _void_asm("cp.async.commit_group;")
+    cp_async_wait0 = _void_asm("cp.async.wait_group 0;")
+    cp_async_wait1 = _void_asm("cp.async.wait_group 1;")
     cluster_arrive_relaxed = _void_asm("barrier.cluster.arrive.relaxed.aligned;")
     cluster_wait = _void_asm("barrier.cluster.wait.acquire.aligned;")
     fence_mbar_init = _void_asm("fence.mbarrier_init.release.cluster;")
@@ -475,13 +504,16 @@ def _build_gpu():
             mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
-            mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4)
+            mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait0,
+            cp_async_wait1)
 
 
 if SIMULATED:
     ld_stream_v4 = _sim_ld_u32x4
     ld_v4 = ld_once_v4 = ld_shared_v4 = _sim_ld_u32x4
     st_shared_v4 = _sim_st_u32x4
+    cp_async16 = _sim_cp_async16
+    cp_async_commit = cp_async_wait0 = cp_async_wait1 = _sim_nop
     dequant_i4x8 = _sim_dequant
     mma_16816 = _sim_mma
     h2_to_f32 = _sim_h2_to_f32
@@ -501,4 +533,5 @@ else:
     (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32,
      ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for,
      griddep_launch_dependents, globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init,
-     fence_mbar_init, mbar_expect_tx, mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4) = _build_gpu()
+     fence_mbar_init, mbar_expect_tx, mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16,
+     cp_async_commit, cp_async_wait0, cp_async_wait1) = _build_gpu()

@@ -162,7 +162,7 @@ def main(argv=None) -> int:
                     "snapshot (XS tiles per block, K split over XS blocks), each checked first")
     ap.add_argument("--paired", action="store_true", help="v14: tile pairs over clusters of 2 (4-tuple "
                     "configs) beside the package's 3-tuple configs, checked first and after the timed chain")
-    ap.add_argument("--staged", action="store_true", help="v15: the staged kernel's tilings at M = 33..64 "
+    ap.add_argument("--staged", action="store_true", help="v16: the staged kernel's tilings at M = 33..64 "
                     "beside the one-tile-per-block kernel and cuBLAS bf16, each checked first")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
@@ -584,12 +584,12 @@ def paired_sweep(torch):
     return 0
 
 
-# v15 --staged: int4_staged.py's tilings (MT, NT, S, DP) per K2 shape, beside the tiled kernel's config
+# v16 --staged: int4_staged.py's tilings (MT, NT, S, PW, PX) per K2 shape, beside the tiled kernel's config
 # for the same rows and cuBLAS bf16
 def _staged_plans():
     from kernels_numba.int4_staged import Staged
-    gu = [Staged(8, 8, 8, 2), Staged(8, 8, 7, 4), Staged(8, 8, 4, 4)]
-    dn = [Staged(8, 8, 2, 4), Staged(8, 8, 1, 4), Staged(8, 4, 1, 4)]
+    gu = [Staged(8, 8, 8, 4, 3), Staged(8, 8, 8, 6, 2), Staged(8, 4, 8, 8, 3), Staged(8, 8, 7, 4, 3)]
+    dn = [Staged(8, 8, 2, 4, 3), Staged(8, 8, 2, 6, 2), Staged(8, 4, 2, 8, 3), Staged(8, 8, 4, 4, 3)]
     return {(2048, 7168): gu, (7168, 2048): dn}
 
 

@@ -138,11 +138,11 @@ def staged_builds(a):
     from kernels_numba.int4_staged import Staged, make_int4_staged_kernel
     out = []
     for n, k in ((2048, 7168), (7168, 2048)):
-        cfgs = {choose_config(64, k, 32, n), Staged(8, 8, 1, 4), Staged(8, 4, 1, 4), Staged(8, 8, 4, 2)}
+        cfgs = {choose_config(64, k, 32, n), Staged(8, 8, 2, 6, 2), Staged(8, 4, 2, 8, 3)}
         for c in sorted(cfgs, key=str):
             cnt = T.int32 if c.splits > 1 else T.uint32
             sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64, T.int64)
-            out.append((f"staged N={n} K={k} {c}", make_int4_staged_kernel(k, 32, c.mt, c.nt, c.splits, c.dp), sig))
+            out.append((f"staged N={n} K={k} {c}", make_int4_staged_kernel(k, 32, c.mt, c.nt, c.splits, c.pw, c.px), sig))
     return out
 
 

@@ -21,7 +21,7 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "lop3": "lop3.b32", "hfma2": "fma.rn.f16x2", "local": ".local",
         "atom_shared": "atom.shared", "bar": "bar.sync", "pdl_wait": "griddepcontrol.wait",
         "pdl_wait_for": "@!p griddepcontrol.wait", "pdl_launch": "griddepcontrol.launch_dependents",
-        "st_async": "st.async.shared::cluster", "lds_v4": "ld.shared.v4.u32", "sts_v4": "st.shared.v4.u32",
+        "st_async": "st.async.shared::cluster", "lds_v4": "ld.shared.v4.u32", "cp_async": "cp.async.cg.shared.global",
         "atom_global": "atom.global.add", "ld_cg": "ld.global.cg.f32", "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32"}
 
 
@@ -47,7 +47,7 @@ def main():
         cnt = T.int32 if cfg.splits > 1 else T.uint32                          # (no split K: sq stands in)
         sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64, T.int64)
         out[f"int4_staged N={n} K={k} G={g} {cfg}"] = counts(
-            make_int4_staged_kernel(k, g, cfg.mt, cfg.nt, cfg.splits, cfg.dp), sig)
+            make_int4_staged_kernel(k, g, cfg.mt, cfg.nt, cfg.splits, cfg.pw, cfg.px), sig)
     gsig = (a(T.uint16), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
             a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
     cfg = choose_moe_config(7168, 2048, tokens=64)          # the stream-K GEMMs (T = 1: moe_gemv)

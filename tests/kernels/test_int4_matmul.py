@@ -70,7 +70,7 @@ def test_staged_split_k_reuses_its_workspace():
     """M = 33..64 takes the staged kernel (x in shared memory, K split over blocks): the default for 40
     rows splits K in two; a second launch on the same workspace finds its counters reset."""
     cfg = choose_config(40, 256, 32, 32)
-    assert cfg == Staged(8, 2, 2, 2)
+    assert cfg == Staged(8, 2, 2, 4, 3)
     ws = gemm_workspace(40, [(32, 256, 32)])
     _check(40, 32, 256, 32, 11, workspace=ws)
     _check(37, 32, 256, 32, 12, workspace=ws)
@@ -78,21 +78,24 @@ def test_staged_split_k_reuses_its_workspace():
 
 
 def test_staged_tilings():
-    """No split K over two grid rows (M > 64) at G = 64; G = 128 groups that start in another block's
-    share (S = 6 splits of 6 chunks), M = 20 in the MT = 4 bucket."""
-    _check(70, 16, 128, 64, 13, config=Staged(8, 1, 1, 2))
-    _check(20, 16, 384, 128, 14, config=Staged(4, 1, 6, 1))
+    """No split K over two grid rows (M > 64) at G = 64; the stage rings wrapping (8 chunks over 3
+    weight and 2 x stages); G = 128 groups that start in another block's share (6 splits of 6 chunks);
+    M = 20 in the MT = 4 bucket."""
+    _check(70, 16, 128, 64, 13, config=Staged(8, 1, 1, 2, 2))
+    _check(20, 16, 512, 32, 16, config=Staged(4, 1, 1, 3, 2))
+    _check(20, 16, 384, 128, 14, config=Staged(4, 1, 6, 3, 3))
 
 
 def test_staged_bad_config_and_workspace():
     w, _, _ = _weight(16, 128, 32, 15)
     x = dev(np.zeros((40, 128), np.float16))
-    for cfg in (Staged(8, 1, 3, 1), Staged(8, 1, 2, 4), Staged(8, 1, 2, 3), Staged(8, 0, 1, 1)):
+    for cfg in (Staged(8, 1, 3, 2, 2), Staged(8, 1, 1, 1, 2), Staged(8, 1, 1, 2, 4), Staged(8, 0, 1, 2, 2),
+                Staged(8, 16, 1, 8, 3)):
         with pytest.raises(KernelInputError, match="bad staged config"):
             int4_matmul(x, w, config=cfg)
     small = GemmWorkspace(dev(np.zeros(8, np.float32)), dev(np.zeros(1, np.int32)))
     with pytest.raises(KernelInputError, match="workspace too small"):
-        int4_matmul(x, w, config=Staged(8, 1, 2, 1), workspace=small)
+        int4_matmul(x, w, config=Staged(8, 1, 2, 2, 2), workspace=small)
 
 
 def test_choose_config_pairs_only_even_tile_counts():
