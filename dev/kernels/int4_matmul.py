@@ -164,6 +164,8 @@ def main(argv=None) -> int:
                     "configs) beside the package's 3-tuple configs, checked first and after the timed chain")
     ap.add_argument("--staged", action="store_true", help="v16: the staged kernel's tilings at M = 33..64 "
                     "beside the one-tile-per-block kernel and cuBLAS bf16, each checked first")
+    ap.add_argument("--staged-probe", action="store_true", help="the staged kernel at M = 64 with parts "
+                    "removed (_STAGED_PROBES, timing only) and with PDL off")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
                     "kernel without and with PDL beside the package kernel")
     ap.add_argument("--floor", metavar="DIR", nargs="?", const="", help="M = 1 with the weights read "
@@ -180,6 +182,8 @@ def main(argv=None) -> int:
         return paired_sweep(torch)
     if args.staged:
         return staged_sweep(torch)
+    if args.staged_probe:
+        return staged_probe(torch)
     if args.ceiling:
         return ceiling(torch)
     if args.floor is not None:
@@ -482,6 +486,7 @@ def timeline_shape(torch, n, k, cfg, variants=None):
 def _module_from(name, text):
     mod = type(sys)(f"kernels_numba.{name}")
     mod.__package__ = "kernels_numba"
+    sys.modules[mod.__name__] = mod                       # dataclasses look their module up
     exec(compile(text, f"<{name}>", "exec"), mod.__dict__)
     return mod
 
@@ -631,6 +636,62 @@ def staged_sweep(torch, ms=(33, 48, 64)):
                 us = time_rotating(torch, fn, x, ws, outs, cfg, label)
                 if us is not None:
                     print(f"{label}: {us:.2f} us, x cuBLAS {cub / us:.2f}", flush=True)
+    return 0
+
+
+# --staged-probe (timing only, results wrong): where the staged kernel's time goes, each probe one part
+# of int4_staged.py's chunk loop or epilogue taken out
+_STAGED_PROBES = {
+    "no x copies": [("                    cp_async16(sm, at, x, m * K + (c0 + c) * 64 + 8 * j)\n",
+                     "                    pass\n")],
+    "no weight copies": [("            b = c % PW\n            cp_async16(sm, W0", "            return\n            b = c % PW\n"
+                          "            cp_async16(sm, W0")],
+    "no math": [("            for h in range(2):\n                a = dequant_i4x8(wa[2 * h])",
+                 "            for h in range(0):\n                a = dequant_i4x8(wa[2 * h])")],
+    "no split sums": [("    SPLIT = S > 1\n", "    SPLIT = False\n")],
+    "no syncthreads in the loop": [("            cuda.syncthreads()                                # everyone's", "            #")],
+}
+
+
+def staged_probe(torch, m=64):
+    from pathlib import Path
+
+    import kernels_numba.int4_matmul as im
+    import kernels_numba.int4_staged as st
+    from kernels_numba import int4_matmul
+    from kernels_numba.int4_matmul import GemmWorkspace
+    from workbench.bench.common import time_op
+    src = Path(st.__file__).read_text()
+    builds = {"package": st.make_int4_staged_kernel}
+    for name, patches in _STAGED_PROBES.items():
+        text = src
+        for old, new in patches:
+            assert old in text, (name, old)
+            text = text.replace(old, new)
+        builds[name] = _module_from("_staged_" + re.sub(r"\W", "_", name), text).make_int4_staged_kernel
+    for (n, k), cfgs in _staged_plans().items():
+        ws = random_weights(n, k, 32, 64, torch)
+        cfg = cfgs[0]
+        words, cells = st.partials(cfg, -(-n // 16), 1)
+        work = GemmWorkspace(torch.zeros(max(words, 1), device="cuda"),
+                             torch.zeros(max(cells, 1), dtype=torch.int32, device="cuda"))
+        x = torch.randn(m, k, device="cuda").half()
+        outs = [torch.empty(m, n, device="cuda") for _ in ws]
+        for name, make in [*builds.items(), ("package, PDL off", st.make_int4_staged_kernel)]:
+            im.make_int4_staged_kernel = make
+            pdl = "PDL off" not in name
+
+            def fn(pdl=pdl):
+                s_ = torch.cuda.current_stream()
+                for i in range(len(ws)):
+                    int4_matmul(x, ws[i], out=outs[i], stream=s_, config=cfg, pdl=pdl, workspace=work)
+            try:
+                us = time_op(fn, calls=len(ws), reps=10)["median_us"]
+                print(f"{name} N={n} K={k} M={m} cfg={cfg}: {us:.2f} us", flush=True)
+            except Exception as e:  # noqa: BLE001 - a probe that does not build is reported
+                print(f"{name} N={n} K={k} M={m} cfg={cfg}: failed {type(e).__name__}: {str(e)[:120]}")
+            finally:
+                im.make_int4_staged_kernel = st.make_int4_staged_kernel
     return 0
 
 
