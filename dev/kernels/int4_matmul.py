@@ -650,14 +650,19 @@ _STAGED_PROBES = {
                  "            for h in range(0):\n                a = dequant_i4x8(wa[2 * h])")],
     "no split sums": [("    SPLIT = S > 1\n", "    SPLIT = False\n")],
     "no syncthreads in the loop": [("            cuda.syncthreads()                                # everyone's", "            #")],
+    # not timing-only: the next grid may launch only once this one's loop is done (results right)
+    "launch_dependents after the loop": [
+        ("        griddep_launch_dependents()                           # the next kernel may start its weight loads\n", ""),
+        ("        if SPLIT:                                             # publish", "        griddep_launch_dependents()\n"
+         "        if SPLIT:                                             # publish")],
 }
 
 
 def staged_probe(torch, m=64):
     from pathlib import Path
 
-    import kernels_numba.int4_matmul as im
     import kernels_numba.int4_staged as st
+    im = sys.modules["kernels_numba.int4_matmul"]            # (the package's name is the function)
     from kernels_numba import int4_matmul
     from kernels_numba.int4_matmul import GemmWorkspace
     from workbench.bench.common import time_op
@@ -677,9 +682,11 @@ def staged_probe(torch, m=64):
                              torch.zeros(max(cells, 1), dtype=torch.int32, device="cuda"))
         x = torch.randn(m, k, device="cuda").half()
         outs = [torch.empty(m, n, device="cuda") for _ in ws]
-        for name, make in [*builds.items(), ("package, PDL off", st.make_int4_staged_kernel)]:
+        for (name, make), pdl in itertools.product(builds.items(), (True, False)):
             im.make_int4_staged_kernel = make
-            pdl = "PDL off" not in name
+            if pdl and "launch_dependents" in name:           # a candidate, not a probe: its results too
+                check_print(np.random.default_rng(16), name, m, n, k, cfg, int4_matmul)
+            name = name if pdl else f"{name}, PDL off"
 
             def fn(pdl=pdl):
                 s_ = torch.cuda.current_stream()
