@@ -16,7 +16,8 @@ K x 2 bytes in all (NT = 8: 15 MB), and the NT warps read it from shared memory.
 - Everything a chunk reads arrives by ``cp.async`` into a ring of shared-memory stages, so loads in
   flight cost no registers (v15 held two weight chunks ahead in registers, 234-255 registers, and was
   latency-bound: docs/perf.md). Weights run PW - 1 chunks ahead (DRAM), x PX - 1 (from L2); the
-  first PW - 1 weight chunks are issued before the PDL wait. One commit group per chunk; at chunk c
+  first PW - 1 weight chunks are issued before the PDL wait. The next grid is let launch only after
+  the chunk loop: launched at the start, its blocks sat beside this grid's and slowed it by 7 us. One commit group per chunk; at chunk c
   ``wait_group(PX - 2)`` leaves only younger groups pending and one ``syncthreads`` makes every
   thread's copies visible and frees the stages of chunk c - 1, which the copies for c + PX - 1 and
   c + PW - 1 then take.
@@ -104,7 +105,6 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
 
     @cuda.jit(**opts)
     def int4_staged_kernel(out, x, wq, sq, part, cnt, m_rows, n_rows):
-        griddep_launch_dependents()                           # the next kernel may start its weight loads
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
@@ -189,6 +189,8 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
                         for r in range(4):
                             prt[mt * 4 + r] = e[r]
 
+        griddep_launch_dependents()                           # only now: a next grid resident early slowed
+        #                                                     this one's loop by 7 us (docs/perf.md, v17)
         if SPLIT:                                             # publish, count; the last block sums
             cell = cuda.blockIdx.y * ((n16 + NT - 1) // NT) + cb
             pbase = (cell * S * NT + warp) * NACC * 32 + lane
