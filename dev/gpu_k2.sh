@@ -6,7 +6,7 @@
 # the same in pieces, if that run does not fit (merge them with dev/merge_sets.py):
 #   k2_bf16      bench k2 --layers 0,1 --dense bf16 --fp32-layer -1: K2's layout only (W16A16 dense,
 #                INT4 and BF16 experts), the three checks' references in parallel: the device part
-#                ~240 s, the BF16-experts reference past 420 s at 0522b1b (three ran at once)
+#                427 s at dd77887 (the three references in parallel, BLAS threads shared)
 #   k2_dense     bench k2 --layers 0 --dense fp32,bf16 (with checks)                        ~90 s
 #   k2_moe_bf16  bench k2 --layers 1 --dense bf16 (with checks; the W16A16 reference is slow)  ~400 s
 #   k2_moe_fp32  bench k2 --layers 1 --dense fp32 --no-check (with the FP32-experts line)     ~200 s

@@ -45,7 +45,8 @@ def main() -> int:
                 r["dense"] = "fp32"
             r["run"] = r.get("run") or meta["git_sha"]             # a merged source keeps its rows' runs
             merged[tuple(str(r.get(k, "")) for k in KEY)] = r
-        runs += meta.get("runs") or [{"git_sha": meta["git_sha"], "time_utc": meta["time_utc"], "rows": len(rows)}]
+        own = {"git_sha": meta["git_sha"], "time_utc": meta["time_utc"], "rows": len(rows)}
+        runs += meta.get("runs") or [own]
         checks += [{"run": meta["git_sha"], **c} for c in meta.get("checks", [])]
         log = src.with_suffix(".log")
         text = log.read_text() if log.exists() else "(no log)\n"

@@ -238,9 +238,10 @@ PINNED = {(2, 2048, 4, 8)}
 COHERENT = {(4, 2048, 4, 8)}
 
 
-# M buckets that the staged kernel (int4_staged.py) serves by default: MT = 8 (M = 33..64, and every
-# 64-row grid row beyond)
-STAGED_MT = (8,)
+# the staged kernel (int4_staged.py) by default from this many rows on (the MT = 8 bucket's upper part,
+# and every 64-row grid row beyond): at K2 shapes it measured faster than the tiled kernel at M = 64
+# (both shapes) and 48 (down), slower at 33 (both) and 48 (gate/up) (docs/perf.md)
+STAGED_FROM = 49
 STAGED_BLOCKS = 132                                     # blocks to aim for: one per H200 SM
 
 
@@ -257,10 +258,9 @@ def _staged_config(mt: int, k: int, n: int | None) -> Staged:
 def choose_config(m: int, k: int, g: int = 32, n: int | None = None) -> tuple[int, ...] | Staged:
     """(MT, KS, CPW) or (MT, KS, CPW, KP): the M bucket, warps per block, chunks per warp and tile
     pairing (KP = 2 needs an even number of 16-row tiles and cluster launches: without it otherwise);
-    a ``Staged`` tiling for the buckets in STAGED_MT."""
-    mt = next(b for b in MT_BUCKETS if m <= 8 * b) if m <= 64 else 8
-    if mt in STAGED_MT:
-        return _staged_config(mt, k, n)
+    a ``Staged`` tiling from STAGED_FROM rows on."""
+    if m >= STAGED_FROM:
+        return _staged_config(8, k, n)
     return tiled_config(m, k, g, n)
 
 
@@ -362,13 +362,14 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     return out
 
 
-def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl: bool, ws: GemmWorkspace | None):
+def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl: bool,
+                   ws: GemmWorkspace | None):
     m, n, k, gs = x.shape[0], weight.n, weight.k, weight.group_size
     kc = k // 64
     if (cfg.mt not in MT_BUCKETS or not 1 <= cfg.nt <= 16 or not 1 <= cfg.splits <= MAX_SPLITS
             or kc % cfg.splits or cfg.pw < 2 or cfg.px not in (2, 3) or cfg.shared_bytes(gs) > 48 * 1024):
-        raise KernelInputError(f"bad staged config {cfg} for K={k}: NT in 1..16, S in 1..{MAX_SPLITS} dividing "
-                               f"K/64 = {kc}, PW >= 2, PX in 2, 3, at most 48 KB of shared memory")
+        raise KernelInputError(f"bad staged config {cfg} for K={k}: NT in 1..16, S in 1..{MAX_SPLITS} "
+                               f"dividing K/64 = {kc}, PW >= 2, PX in 2, 3, at most 48 KB of shared memory")
     grid = (-(-weight.n16 // cfg.nt) * cfg.splits, -(-m // (8 * cfg.mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
@@ -378,7 +379,8 @@ def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl:
         part = check(flat(ws.part), "workspace.part", np.float32, (None,), align=4)
         cnt = check(flat(ws.cnt), "workspace.cnt", np.int32, (None,), align=4)
         if part.size < words or cnt.size < cells:
-            raise KernelInputError(f"workspace too small for {cfg} at M={m} N={n}: make it with gemm_workspace")
+            raise KernelInputError(f"workspace too small for {cfg} at M={m} N={n}: "
+                                   "make it with gemm_workspace")
     else:
         # not touched without split K (the simulator copies every argument back after a launch, so there
         # an alias of out would undo its stores)

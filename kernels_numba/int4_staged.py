@@ -17,7 +17,8 @@ K x 2 bytes in all (NT = 8: 15 MB), and the NT warps read it from shared memory.
   flight cost no registers (v15 held two weight chunks ahead in registers, 234-255 registers, and was
   latency-bound: docs/perf.md). Weights run PW - 1 chunks ahead (DRAM), x PX - 1 (from L2); the
   first PW - 1 weight chunks are issued before the PDL wait. The next grid is let launch only after
-  the chunk loop: launched at the start, its blocks sat beside this grid's and slowed it by 7 us. One commit group per chunk; at chunk c
+  the chunk loop: launched at the start, its blocks sat beside this grid's and slowed it by 7 us.
+  One commit group per chunk; at chunk c
   ``wait_group(PX - 2)`` leaves only younger groups pending and one ``syncthreads`` makes every
   thread's copies visible and frees the stages of chunk c - 1, which the copies for c + PX - 1 and
   c + PW - 1 then take.

@@ -9,11 +9,11 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``ld_stream_v4(a, i)`` | ``ld.global.nc.L1::no_allocate.v4.u32``: 16 B read-once weights | 4 words |
 | ``ld_v4(a, i)`` | ``ld.global.v4.u32`` (cached: activations reused by many warps) | same bytes |
 | ``ld_once_v4(a, i)`` | ``ld.global.L1::no_allocate.v4.u32``: read-once, kept before a PDL wait | 4 words |
-| ``ld_shared_v4(s, i)`` | ``ld.shared.v4.u32`` from shared ``s[i]`` (32-bit shared-window address) | 4 words |
+| ``ld_shared_v4(s, i)`` | ``ld.shared.v4.u32`` from shared ``s[i]`` (a 32-bit shared address) | 4 words |
 | ``st_shared_v4(s, i, w0, w1, w2, w3)`` | ``st.shared.v4.u32`` of four words at shared ``s[i]`` | 4 words |
-| ``cp_async16(s, si, a, ai)`` | ``cp.async.cg.shared.global``: 16 B of global ``a[ai]`` to shared ``s[si]``, L2 only | copy now |
-| ``cp_async_commit()`` | ``cp.async.commit_group``: the copies issued since the last commit form a group | no-op |
-| ``cp_async_wait0()`` / ``cp_async_wait1()`` | ``cp.async.wait_group 0 / 1``: all but the newest 0 / 1 groups done | no-op |
+| ``cp_async16(s, si, a, ai)`` | ``cp.async.cg.shared.global``: 16 B, ``a[ai]`` to shared ``s[si]`` | copy |
+| ``cp_async_commit()`` | ``cp.async.commit_group``: the copies since the last commit form a group | no-op |
+| ``cp_async_wait0()``, ``..1()`` | ``cp.async.wait_group 0 / 1``: all but the newest 0 / 1 done | no-op |
 | ``dequant_i4x8(w)`` | 4 lop3 + shift, ``sub``/``fma`` ``.f16x2``: 8 nibbles -> 4 half2 | numpy f16 |
 | ``mma_16816(a0..a3, b0, b1, c0..c3)`` | ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` | exchange |
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
@@ -469,9 +469,11 @@ def _build_gpu():
 
         def codegen(context, builder, sig, args):
             addr = _saddr(context, builder, sig.args[0], args[0], args[1])
-            ws = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[2:], sig.args[2:], strict=True)]
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32] * 5), "st.shared.v4.u32 [$0], {$1, $2, $3, $4};",
-                               "r,r,r,r,r,~{memory}", side_effect=True)
+            ws = [context.cast(builder, v, t, types.uint32)
+                  for v, t in zip(args[2:], sig.args[2:], strict=True)]
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32] * 5),
+                               "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r,~{memory}",
+                               side_effect=True)
             builder.call(asm, [addr, *ws])
             return context.get_dummy_value()
         return types.none(a, i, w0, w1, w2, w3), codegen
@@ -486,7 +488,8 @@ def _build_gpu():
             dst = _saddr(context, builder, sig.args[0], args[0], args[1])
             src = _ptr(context, builder, sig.args[2], args[2], args[3])
             asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32.as_pointer()]),
-                               "{\n.reg .u64 g;\ncvta.to.global.u64 g, $1;\ncp.async.cg.shared.global [$0], [g], 16;\n}",
+                               "{\n.reg .u64 g;\ncvta.to.global.u64 g, $1;\n"
+                               "cp.async.cg.shared.global [$0], [g], 16;\n}",
                                "r,l,~{memory}", side_effect=True)
             builder.call(asm, [dst, src])
             return context.get_dummy_value()

@@ -617,7 +617,7 @@ def staged_sweep(torch, ms=(33, 48, 64)):
     for (n, k), cfgs in _staged_plans().items():
         ws = random_weights(n, k, 32, 64, torch)
         wbf = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(64)]
-        words, cells = (max(v) for v in zip(*(partials(c, -(-n // 16), 1) for c in cfgs)))
+        words, cells = (max(v) for v in zip(*(partials(c, -(-n // 16), 1) for c in cfgs), strict=True))
         work = GemmWorkspace(torch.zeros(max(words, 1), device="cuda"),
                              torch.zeros(max(cells, 1), dtype=torch.int32, device="cuda"))
         fn = ft.partial(int4_matmul, workspace=work)
@@ -626,13 +626,14 @@ def staged_sweep(torch, ms=(33, 48, 64)):
             xbf = x.bfloat16()
             outs = [torch.empty(m, n, device="cuda") for _ in ws]
 
-            def cublas(xbf=xbf):
+            def cublas(xbf=xbf, wbf=wbf):
                 for w in wbf:
                     xbf @ w.t()
             cub = time_op(cublas, calls=64, reps=10)["median_us"]
             print(f"cuBLAS bf16 N={n} K={k} M={m}: {cub:.2f} us", flush=True)
             for cfg in [tiled_config(m, k, 32, n), *cfgs]:
-                label = f"{'default ' if cfg == choose_config(m, k, 32, n) else ''}N={n} K={k} M={m} cfg={cfg}"
+                tag = "default " if cfg == choose_config(m, k, 32, n) else ""
+                label = f"{tag}N={n} K={k} M={m} cfg={cfg}"
                 us = time_rotating(torch, fn, x, ws, outs, cfg, label)
                 if us is not None:
                     print(f"{label}: {us:.2f} us, x cuBLAS {cub / us:.2f}", flush=True)
@@ -644,12 +645,13 @@ def staged_sweep(torch, ms=(33, 48, 64)):
 _STAGED_PROBES = {
     "no x copies": [("                    cp_async16(sm, at, x, m * K + (c0 + c) * 64 + 8 * j)\n",
                      "                    pass\n")],
-    "no weight copies": [("            b = c % PW\n            cp_async16(sm, W0", "            return\n            b = c % PW\n"
-                          "            cp_async16(sm, W0")],
+    "no weight copies": [("            b = c % PW\n            cp_async16(sm, W0",
+                          "            return\n            b = c % PW\n            cp_async16(sm, W0")],
     "no math": [("            for h in range(2):\n                a = dequant_i4x8(wa[2 * h])",
                  "            for h in range(0):\n                a = dequant_i4x8(wa[2 * h])")],
     "no split sums": [("    SPLIT = S > 1\n", "    SPLIT = False\n")],
-    "no syncthreads in the loop": [("            cuda.syncthreads()                                # everyone's", "            #")],
+    "no syncthreads in the loop": [
+        ("            cuda.syncthreads()                                # everyone's", "            #")],
 }
 
 
@@ -681,7 +683,7 @@ def staged_probe(torch, m=64):
             im.make_int4_staged_kernel = make
             name = name if pdl else f"{name}, PDL off"
 
-            def fn(pdl=pdl):
+            def fn(pdl=pdl, x=x, ws=ws, outs=outs, cfg=cfg, work=work):
                 s_ = torch.cuda.current_stream()
                 for i in range(len(ws)):
                     int4_matmul(x, ws[i], out=outs[i], stream=s_, config=cfg, pdl=pdl, workspace=work)

@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", action="store_true", help="also every _VARIANTS entry of the ladder")
     ap.add_argument("--moe", action="store_true", help="also the fused-MoE GEMMs at K2 width")
-    ap.add_argument("--staged", action="store_true", help="also the staged kernel's tilings at K2 shapes, M = 64")
+    ap.add_argument("--staged", action="store_true", help="also the staged kernel, K2 shapes, M = 64")
     ap.add_argument("--dump", metavar="DIR", help="write each SASS listing to DIR")
     args = ap.parse_args(argv)
     from numba import types as T
@@ -141,8 +141,10 @@ def staged_builds(a):
         cfgs = {choose_config(64, k, 32, n), Staged(8, 8, 2, 6, 2), Staged(8, 4, 2, 8, 3)}
         for c in sorted(cfgs, key=str):
             cnt = T.int32 if c.splits > 1 else T.uint32
-            sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64, T.int64)
-            out.append((f"staged N={n} K={k} {c}", make_int4_staged_kernel(k, 32, c.mt, c.nt, c.splits, c.pw, c.px), sig))
+            sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64,
+                   T.int64)
+            kernel = make_int4_staged_kernel(k, 32, c.mt, c.nt, c.splits, c.pw, c.px)
+            out.append((f"staged N={n} K={k} {c}", kernel, sig))
     return out
 
 

@@ -21,8 +21,10 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "lop3": "lop3.b32", "hfma2": "fma.rn.f16x2", "local": ".local",
         "atom_shared": "atom.shared", "bar": "bar.sync", "pdl_wait": "griddepcontrol.wait",
         "pdl_wait_for": "@!p griddepcontrol.wait", "pdl_launch": "griddepcontrol.launch_dependents",
-        "st_async": "st.async.shared::cluster", "lds_v4": "ld.shared.v4.u32", "cp_async": "cp.async.cg.shared.global",
-        "atom_global": "atom.global.add", "ld_cg": "ld.global.cg.f32", "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32"}
+        "st_async": "st.async.shared::cluster", "lds_v4": "ld.shared.v4.u32",
+        "cp_async": "cp.async.cg.shared.global", "atom_global": "atom.global.add",
+        "ld_cg": "ld.global.cg.f32",
+        "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32"}
 
 
 def counts(kernel, sig):

@@ -67,13 +67,13 @@ def test_paired_configs():
 
 
 def test_staged_split_k_reuses_its_workspace():
-    """M = 33..64 takes the staged kernel (x in shared memory, K split over blocks): the default for 40
-    rows splits K in two; a second launch on the same workspace finds its counters reset."""
-    cfg = choose_config(40, 256, 32, 32)
-    assert cfg == Staged(8, 2, 2, 4, 3)
-    ws = gemm_workspace(40, [(32, 256, 32)])
-    _check(40, 32, 256, 32, 11, workspace=ws)
-    _check(37, 32, 256, 32, 12, workspace=ws)
+    """From 49 rows on the default is the staged kernel (x in shared memory, K split over blocks), for
+    56 rows with K split in two; a second launch on the same workspace finds its counters reset."""
+    assert choose_config(56, 256, 32, 32) == Staged(8, 2, 2, 4, 3)
+    assert choose_config(48, 256, 32, 32) == (8, 4, 1)
+    ws = gemm_workspace(56, [(32, 256, 32)])
+    _check(56, 32, 256, 32, 11, workspace=ws)
+    _check(49, 32, 256, 32, 12, workspace=ws)
     assert not host(ws.cnt).any()
 
 

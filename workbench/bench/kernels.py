@@ -97,9 +97,9 @@ def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
     act = m * k * 2
     int4_bytes = n * k // 2 + n * (k // G) * 2 + act + m * n * 4
     tiled = {}
-    if choose_config(m, k, G, n) != tiled_config(m, k, G, n):   # the staged kernel's rows: the tiled one beside
-        tiled["int4_matmul, one tile per block"] = (functools.partial(numba_int4, config=tiled_config(m, k, G, n)),
-                                                    int4_bytes)
+    if choose_config(m, k, G, n) != tiled_config(m, k, G, n):   # the staged kernel: the tiled one beside
+        one = functools.partial(numba_int4, config=tiled_config(m, k, G, n))
+        tiled["int4_matmul, one tile per block"] = (one, int4_bytes)
     return {"int4_matmul (numba W4A16)": (numba_int4, int4_bytes),
             "int4_matmul, PDL off": (functools.partial(numba_int4, pdl=False), int4_bytes), **tiled,
             "cuBLAS bf16 (x @ w.t())": (cublas, n * k * 2 + act + m * n * 2),
