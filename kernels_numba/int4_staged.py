@@ -1,5 +1,5 @@
-"""W4A16 GEMM for tree-sized M (17..64 rows): a block of NT weight tiles loops over its share of K with
-x staged in shared memory, so one x fragment serves NT tiles.
+"""W4A16 GEMM for tree-sized M (the default from 49 rows on): a block of NT weight tiles loops over its
+share of K with x staged in shared memory, so one x fragment serves NT tiles.
 
 Legend: M activation rows, N output rows, K input columns, G group size; MT m8-tiles per block (the M
 bucket), NT 16-row weight tiles per block (one warp each), S blocks splitting K, PW / PX shared-memory
@@ -18,10 +18,9 @@ K x 2 bytes in all (NT = 8: 15 MB), and the NT warps read it from shared memory.
   latency-bound: docs/perf.md). Weights run PW - 1 chunks ahead (DRAM), x PX - 1 (from L2); the
   first PW - 1 weight chunks are issued before the PDL wait. The next grid is let launch only after
   the chunk loop: launched at the start, its blocks sat beside this grid's and slowed it by 7 us.
-  One commit group per chunk; at chunk c
-  ``wait_group(PX - 2)`` leaves only younger groups pending and one ``syncthreads`` makes every
-  thread's copies visible and frees the stages of chunk c - 1, which the copies for c + PX - 1 and
-  c + PW - 1 then take.
+  One commit group per chunk; at chunk c ``wait_group(PX - 2)`` leaves only younger groups pending,
+  and one ``syncthreads`` makes every thread's copies visible and frees the stages of chunk c - 1,
+  which the copies for c + PX - 1 and c + PW - 1 then take.
 - x in *fragment order*: a chunk's 8*MT x 64 activations are stored at word ((h * MT + mt) * 32 +
   lane) * 4, so a lane's B operands of one 32-column half are one conflict-free 16-byte ``ld.shared``
   (512 contiguous bytes per warp). A lane reads back the 16 weight bytes it copied itself.
