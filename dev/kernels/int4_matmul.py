@@ -162,8 +162,8 @@ def main(argv=None) -> int:
                     "snapshot (XS tiles per block, K split over XS blocks), each checked first")
     ap.add_argument("--paired", action="store_true", help="v14: tile pairs over clusters of 2 (4-tuple "
                     "configs) beside the package's 3-tuple configs, checked first and after the timed chain")
-    ap.add_argument("--staged", action="store_true", help="v16: the staged kernel's tilings at M = 33..64 "
-                    "beside the one-tile-per-block kernel and cuBLAS bf16, each checked first")
+    ap.add_argument("--staged", action="store_true", help="the staged kernel's tilings and variants "
+                    "(_STAGED_VARIANTS) at M = 33..64 beside the tiled kernel and cuBLAS bf16, checked first")
     ap.add_argument("--staged-probe", action="store_true", help="the staged kernel at M = 64 with parts "
                     "removed (_STAGED_PROBES, timing only) and with PDL off")
     ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
@@ -589,7 +589,7 @@ def paired_sweep(torch):
     return 0
 
 
-# v16 --staged: int4_staged.py's tilings (MT, NT, S, PW, PX) per K2 shape, beside the tiled kernel's config
+# --staged: int4_staged.py's tilings (MT, NT, S, PW, PX) per K2 shape, beside the tiled kernel's config
 # for the same rows and cuBLAS bf16
 def _staged_plans():
     from kernels_numba.int4_staged import Staged
@@ -598,26 +598,76 @@ def _staged_plans():
     return {(2048, 7168): gu, (7168, 2048): dn}
 
 
+# v18 (G = 32): per 32-column half, all MT second operands from shared memory first, then the MT first
+# MMAs, then the MT second ones, so 8 independent MMAs are in flight where v17 chains them per m8-tile
+_PHASES = """                if G == 32:                                   # v18: the MMAs in phases
+                    xq = cuda.local.array(NACC, uint32)
+                    ev = cuda.local.array(NACC, float32)
+                    for mt in range(MT):
+                        xv = ld_shared_v4(sm, xb + (h * MT + mt) * 128)
+                        for j in range(4):
+                            xq[mt * 4 + j] = xv[j]
+                    for mt in range(MT):
+                        e = mma_16816(a[0], a[1], a[2], a[3], xq[mt * 4], xq[mt * 4 + 1],
+                                      ZERO, ZERO, ZERO, ZERO)
+                        for r in range(4):
+                            ev[mt * 4 + r] = e[r]
+                    for mt in range(MT):
+                        e = mma_16816(a2[0], a2[1], a2[2], a2[3], xq[mt * 4 + 2], xq[mt * 4 + 3], ev[mt * 4],
+                                      ev[mt * 4 + 1], ev[mt * 4 + 2], ev[mt * 4 + 3])
+                        acc[mt * 4 + 0] += s_lo * e[0]
+                        acc[mt * 4 + 1] += s_lo * e[1]
+                        acc[mt * 4 + 2] += s_hi * e[2]
+                        acc[mt * 4 + 3] += s_hi * e[3]
+                for mt in range(MT if G != 32 else 0):
+"""
+_LOOP = "                for mt in range(MT):\n                    xv = ld_shared_v4"
+_STAGED_VARIANTS = {"v18 MMA phases": [(_LOOP, _PHASES + "                    xv = ld_shared_v4")]}
+
+
+def _staged_builds(variants):
+    """{name: make_int4_staged_kernel}: the package's and each of ``variants`` (patches of int4_staged.py)."""
+    from pathlib import Path
+
+    import kernels_numba.int4_staged as st
+    src = Path(st.__file__).read_text()
+    builds = {"package": st.make_int4_staged_kernel}
+    for name, patches in variants.items():
+        text = src
+        for old, new in patches:
+            assert old in text, (name, old)
+            text = text.replace(old, new)
+        builds[name] = _module_from("_staged_" + re.sub(r"\W", "_", name), text).make_int4_staged_kernel
+    return builds
+
+
 def staged_sweep(torch, ms=(33, 48, 64)):
+    """Per K2 shape and M: cuBLAS bf16, the tiled kernel and every staged tiling of _staged_plans in the
+    package's build and each _STAGED_VARIANTS build, each build checked against the reference first."""
     import functools as ft
 
+    import kernels_numba.int4_staged as st
     from kernels_numba import int4_matmul
     from kernels_numba.int4_matmul import GemmWorkspace, choose_config, tiled_config
-    from kernels_numba.int4_staged import partials
     from workbench.bench.common import time_op
+    im = sys.modules["kernels_numba.int4_matmul"]            # (the package's name is the function)
+    builds = _staged_builds(_STAGED_VARIANTS)
     rng = np.random.default_rng(15)
     ok = True
-    for (n, k), cfgs in _staged_plans().items():
-        for i, cfg in enumerate(cfgs):
-            for m in (64, 37, 100) if i == 0 else (64, 37):
-                ok &= check_print(rng, "staged", m, n, k, cfg, int4_matmul)
+    for bname, make in builds.items():
+        im.make_int4_staged_kernel = make
+        for (n, k), cfgs in _staged_plans().items():
+            for i, cfg in enumerate(cfgs):
+                for m in (64, 37, 100) if i == 0 else (64, 37):
+                    ok &= check_print(rng, bname, m, n, k, cfg, int4_matmul)
+    im.make_int4_staged_kernel = st.make_int4_staged_kernel
     if not ok:
-        print("a staged tiling failed its check: not timed")
+        print("a staged build failed its check: not timed")
         return 1
     for (n, k), cfgs in _staged_plans().items():
         ws = random_weights(n, k, 32, 64, torch)
         wbf = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(64)]
-        words, cells = (max(v) for v in zip(*(partials(c, -(-n // 16), 1) for c in cfgs), strict=True))
+        words, cells = (max(v) for v in zip(*(st.partials(c, -(-n // 16), 1) for c in cfgs), strict=True))
         work = GemmWorkspace(torch.zeros(max(words, 1), device="cuda"),
                              torch.zeros(max(cells, 1), dtype=torch.int32, device="cuda"))
         fn = ft.partial(int4_matmul, workspace=work)
@@ -631,12 +681,15 @@ def staged_sweep(torch, ms=(33, 48, 64)):
                     xbf @ w.t()
             cub = time_op(cublas, calls=64, reps=10)["median_us"]
             print(f"cuBLAS bf16 N={n} K={k} M={m}: {cub:.2f} us", flush=True)
-            for cfg in [tiled_config(m, k, 32, n), *cfgs]:
-                tag = "default " if cfg == choose_config(m, k, 32, n) else ""
-                label = f"{tag}N={n} K={k} M={m} cfg={cfg}"
+            plan = [("tiled", tiled_config(m, k, 32, n))] + [(b, c) for b in builds for c in cfgs]
+            for bname, cfg in plan:
+                im.make_int4_staged_kernel = builds.get(bname, st.make_int4_staged_kernel)
+                tag = "default " if cfg == choose_config(m, k, 32, n) and bname != "tiled" else ""
+                label = f"{tag}{bname} N={n} K={k} M={m} cfg={cfg}"
                 us = time_rotating(torch, fn, x, ws, outs, cfg, label)
                 if us is not None:
                     print(f"{label}: {us:.2f} us, x cuBLAS {cub / us:.2f}", flush=True)
+            im.make_int4_staged_kernel = st.make_int4_staged_kernel
     return 0
 
 
@@ -656,21 +709,12 @@ _STAGED_PROBES = {
 
 
 def staged_probe(torch, m=64):
-    from pathlib import Path
-
     import kernels_numba.int4_staged as st
     im = sys.modules["kernels_numba.int4_matmul"]            # (the package's name is the function)
     from kernels_numba import int4_matmul
     from kernels_numba.int4_matmul import GemmWorkspace
     from workbench.bench.common import time_op
-    src = Path(st.__file__).read_text()
-    builds = {"package": st.make_int4_staged_kernel}
-    for name, patches in _STAGED_PROBES.items():
-        text = src
-        for old, new in patches:
-            assert old in text, (name, old)
-            text = text.replace(old, new)
-        builds[name] = _module_from("_staged_" + re.sub(r"\W", "_", name), text).make_int4_staged_kernel
+    builds = _staged_builds(_STAGED_PROBES)
     for (n, k), cfgs in _staged_plans().items():
         ws = random_weights(n, k, 32, 64, torch)
         cfg = cfgs[0]
