@@ -320,7 +320,8 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     on the device (``.to_device()``); ``out`` optional float32 ``[M, N]`` (allocated if None).
     Accepts numba device arrays or torch CUDA tensors; launches on ``stream`` (numba stream,
     torch stream or raw handle; None = default). ``config`` (MT, KS, CPW) or (MT, KS, CPW, KP)
-    overrides ``choose_config`` (KP = 2: tile pairs in clusters of 2 blocks, see the module notes).
+    overrides ``choose_config`` (KP = 2: tile pairs in clusters of 2 blocks, see the module notes), as
+    does a ``Staged`` tiling (the staged kernel, int4_staged.py).
     ``pdl``: launch with programmatic dependent launch (``launch.py``), so the
     weight loads overlap the previous kernel in the stream. ``workspace`` (``gemm_workspace``) holds the
     staged kernel's split-K partials; without one a launch that needs it allocates its own. Raises
