@@ -124,16 +124,15 @@ def padded_keys(s: int) -> int:
 @dataclass
 class AttentionRows:
     """What every layer's attention core needs of a step's rows, computed once per step (``attention_rows``)
-    rather than once per layer: their rope cos / sin rows and the keys each may not see."""
-    cs: Any           # [T, R/2] float32 cos at position start + depth[i]
-    sn: Any           # [T, R/2] float32 sin
+    rather than once per layer: their rope rotations and the keys each may not see."""
+    rot: Any          # [T, R/2] complex64 cos + i sin at position start + depth[i]
     hidden: Any       # [T, S8] bool: key j is not visible to row i
 
     @classmethod
     def allocate(cls, max_rows: int, max_len: int, half_rope: int) -> AttentionRows:
         torch = _torch()
         dev = "cpu" if SIMULATED else "cuda"
-        return cls(torch.zeros(max_rows, half_rope, device=dev), torch.zeros(max_rows, half_rope, device=dev),
+        return cls(torch.zeros(max_rows, half_rope, dtype=torch.complex64, device=dev),
                    torch.ones(max_rows, padded_keys(max_len), dtype=torch.bool, device=dev))
 
 
@@ -145,8 +144,7 @@ def attention_rows(att: AttentionRows, cos, sin, depth, vis, meta, rows: int, st
         mt = view(meta)
         start, live = mt[0].long(), mt[1].long()
         pos = start + view(depth)[:rows].long()                                # [T]
-        torch.index_select(view(cos), 0, pos, out=att.cs[:rows])
-        torch.index_select(view(sin), 0, pos, out=att.sn[:rows])
+        torch.complex(view(cos).index_select(0, pos), view(sin).index_select(0, pos), out=att.rot[:rows])
         keys = torch.arange(att.hidden.shape[1], device=pos.device)            # [S8]
         rel = keys - start                                                     # new-row index of a key
         vt = view(vis)
@@ -168,10 +166,9 @@ def mla_attention(o, q, cache, wkv_b, att: AttentionRows, meta, scale: float, n_
             raise KernelInputError(
                 f"AttentionRows for {att.hidden.shape[1]} keys, cache of {kv.shape[0]} rows")
         qh = view(q)[:rows, :h * (nn + r)].reshape(rows, h, nn + r)           # [T, H, N_+R]
-        cs, sn = att.cs[:rows], att.sn[:rows]                                  # [T, R/2]
-        x0, x1 = qh[..., nn::2], qh[..., nn + 1::2]                            # interleaved pairs
-        q_pe = torch.stack((x0 * cs[:, None] - x1 * sn[:, None], x1 * cs[:, None] + x0 * sn[:, None]),
-                           dim=-1).reshape(rows, h, r)                         # [T, H, R]
+        pe = qh[..., nn:] if nn % 2 == 0 else qh[..., nn:].contiguous()         # interleaved pairs
+        pairs = torch.view_as_complex(pe.unflatten(-1, (r // 2, 2)))           # [T, H, R/2] x0 + i x1
+        q_pe = torch.view_as_real(pairs * att.rot[:rows, None]).flatten(-2)   # [T, H, R]: one rotation
         w = view(wkv_b).reshape(h, nn + v, c)                                  # [H, N_+V, C]
         q_nope = qh[..., :nn].transpose(0, 1)                                  # [H, T, N_]
         hidden = att.hidden[:rows]                                             # [T, S8]
@@ -180,7 +177,7 @@ def mla_attention(o, q, cache, wkv_b, att: AttentionRows, meta, scale: float, n_
                             rows, nn)
             return
         q_lat = torch.bmm(q_nope, w[:, :nn])                                   # [H, T, C]
-        scores = (q_lat @ kv[:, :c].T + q_pe.transpose(0, 1) @ kv[:, c:].T) * scale   # [H, T, S]
+        scores = torch.cat((q_lat, q_pe.transpose(0, 1)), dim=-1) @ kv.T * scale   # [H, T, S]: one GEMM
         p = scores.masked_fill(hidden[:, :kv.shape[0]], float("-inf")).softmax(dim=-1)
         ctx = p @ kv[:, :c]                                                    # [H, T, C]
         out = torch.bmm(ctx, w[:, nn:].transpose(1, 2))                        # [H, T, V]
@@ -215,9 +212,8 @@ def _attention_bf16(o, kv, w, q_nope, q_pe, start, hidden, scale: float, rows: i
     new = (start + torch.arange(rows, device=kv.device)).clamp(max=s - 1)     # this call's rows
     kv.index_copy_(0, new, kvb.index_select(0, new).float())                   # the cache holds bf16 rows
     q_lat = _bmm16(q_nope.to(torch.bfloat16), w[:, :nn])                       # [H, T, C] bf16
-    scores = (_bmm16(q_lat.reshape(h * t, c), kvb[:, :c].T, f32=True)
-              + _bmm16(q_pe.to(torch.bfloat16).reshape(h * t, -1), kvb[:, c:].T, f32=True))
-    scores = scores.reshape(h, t, -1) * scale                                  # [H, T, S8] float32
+    q_all = torch.cat((q_lat, q_pe.to(torch.bfloat16)), dim=-1)               # [H, T, C+R]: one score GEMM
+    scores = _bmm16(q_all.reshape(h * t, -1), kvb.T, f32=True).reshape(h, t, -1) * scale   # [H, T, S8] f32
     p = scores.masked_fill(hidden, float("-inf")).softmax(dim=-1)
     ctx = _bmm16(p.to(torch.bfloat16).reshape(h * t, -1), kvb[:, :c]).reshape(h, t, c)   # [H, T, C] bf16
     out = _bmm16(ctx, w[:, nn:].transpose(1, 2))                               # [H, T, V] bf16
