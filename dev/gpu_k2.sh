@@ -16,6 +16,9 @@
 #   engine       bench engine (tiny2's decode step: the row kernels' change)                 ~120 s
 #   tier_blas    GPU tier of the BLAS path and W16A16 tests                                  ~150 s
 #   profile      dev/profile_k2_attention.py: the attention step's kernels by device time   ~40 s
+#   staged       dev/kernels/int4_matmul.py --staged: the staged W4A16 kernel's builds and tilings
+#                beside the tiled kernel and cuBLAS at M = 33 / 48 / 64, each checked first   ~60 s
+#   staged_probe dev/kernels/int4_matmul.py --staged-probe: where its time goes (timing only)  ~50 s
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -52,6 +55,8 @@ for step in $STEPS; do
     tier_blas) run tier_blas 240 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                  tests/kernels/test_blas.py tests/engine tests/bench/test_k2_layer.py -k "blas or w16a16 and not k2_slice" ;;
     profile) run profile 120 python3 dev/profile_k2_attention.py --rows 1,17 ;;
+    staged) run "int4_staged_${KDTREE_GIT_SHA}_h200" 150 python3 dev/kernels/int4_matmul.py --staged ;;
+    staged_probe) run "int4_staged_probe_${KDTREE_GIT_SHA}_h200" 120 python3 dev/kernels/int4_matmul.py --staged-probe ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done
