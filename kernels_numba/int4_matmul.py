@@ -245,14 +245,14 @@ STAGED_FROM = 49
 STAGED_BLOCKS = 132                                     # blocks to aim for: one per H200 SM
 
 
-def _staged_config(mt: int, k: int, n: int | None) -> Staged:
-    """NT = 8 tiles per block; the most K splits that keep the grid within one wave."""
+def _staged_config(k: int, n: int | None) -> Staged:
+    """The MT = 8 bucket, NT = 8 tiles per block; the most K splits that keep the grid within one wave."""
     n16 = -(-(n or 2048) // 16)
     nt = min(8, n16)
     ncb, kc = -(-n16 // nt), k // 64
     s = max(d for d in range(1, MAX_SPLITS + 1) if kc % d == 0 and (d == 1 or (ncb * d <= STAGED_BLOCKS
                                                                                and kc // d >= 2)))
-    return Staged(mt, nt, s, 4, 3)
+    return Staged(8, nt, s, 4, 3)
 
 
 def choose_config(m: int, k: int, g: int = 32, n: int | None = None) -> tuple[int, ...] | Staged:
@@ -260,7 +260,7 @@ def choose_config(m: int, k: int, g: int = 32, n: int | None = None) -> tuple[in
     pairing (KP = 2 needs an even number of 16-row tiles and cluster launches: without it otherwise);
     a ``Staged`` tiling from STAGED_FROM rows on."""
     if m >= STAGED_FROM:
-        return _staged_config(8, k, n)
+        return _staged_config(k, n)
     return tiled_config(m, k, g, n)
 
 
@@ -292,14 +292,12 @@ class GemmWorkspace:
 
 
 def gemm_workspace(rows: int, shapes, stream=0) -> GemmWorkspace:
-    """A workspace for every default-config launch of up to ``rows`` rows on the (N, K, G) ``shapes``."""
+    """A workspace for every default-config launch of up to ``rows`` rows on the (N, K, G) ``shapes``: a
+    shape's staged tiling is the same from STAGED_FROM rows on, and its partials grow with the grid rows."""
     words, cells = 1, 1
-    for n, k, g in shapes:
-        for m in range(1, rows + 1):
-            cfg = choose_config(m, k, g, n)
-            if isinstance(cfg, Staged):
-                w, c = partials(cfg, -(-n // 16), -(-m // (8 * cfg.mt)))
-                words, cells = max(words, w), max(cells, c)
+    for n, k, _ in shapes if rows >= STAGED_FROM else ():
+        w, c = partials(_staged_config(k, n), -(-n // 16), -(-rows // 64))
+        words, cells = max(words, w), max(cells, c)
     return GemmWorkspace(empty(words, np.float32, stream), _zeros_i32(cells, stream))
 
 
@@ -368,7 +366,7 @@ def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl:
     m, n, k, gs = x.shape[0], weight.n, weight.k, weight.group_size
     kc = k // 64
     if (cfg.mt not in MT_BUCKETS or not 1 <= cfg.nt <= 16 or not 1 <= cfg.splits <= MAX_SPLITS
-            or kc % cfg.splits or cfg.pw < 2 or cfg.px not in (2, 3) or cfg.shared_bytes(gs) > 48 * 1024):
+            or kc % cfg.splits or cfg.pw < 2 or cfg.px not in (2, 3) or cfg.shared_words(gs) * 4 > 48 * 1024):
         raise KernelInputError(f"bad staged config {cfg} for K={k}: NT in 1..16, S in 1..{MAX_SPLITS} "
                                f"dividing K/64 = {kc}, PW >= 2, PX in 2, 3, at most 48 KB of shared memory")
     grid = (-(-weight.n16 // cfg.nt) * cfg.splits, -(-m // (8 * cfg.mt)))

@@ -69,8 +69,10 @@ class Staged:
     def __str__(self) -> str:
         return f"staged{self.mt}x{self.nt}x{self.splits}x{self.pw}x{self.px}"
 
-    def shared_bytes(self, g: int) -> int:
-        return 4 * (self.px * self.mt * 256 + self.pw * self.nt * (128 + (2 if g == 32 else 1) * 8))
+    def shared_words(self, g: int) -> int:
+        """uint32 words of shared memory: PX x chunks (8*MT rows x 64 f16), PW chunks of the NT tiles'
+        weights (128 words a tile) and scales (8 words a group)."""
+        return self.px * self.mt * 256 + self.pw * self.nt * (128 + (2 if g == 32 else 1) * 8)
 
 
 def partials(cfg: Staged, n16: int, grid_rows: int) -> tuple[int, int]:
@@ -93,10 +95,9 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
     NTHR = NT * 32
     XW = MT * 256                  # words of one staged x chunk: 8*MT rows x 64 f16
     WW = NT * 128                  # words of one chunk of the block's weight tiles
-    SW = NT * SPC * 8              # words of their scales
     W0 = PX * XW                   # shared layout: PX x chunks, PW weight chunks, PW scale chunks
     S0 = W0 + PW * WW
-    SMW = S0 + PW * SW
+    SMW = Staged(MT, NT, S, PW, PX).shared_words(G)
     PIECES = MT * 64               # 16-byte pieces of an x chunk
     PPT = -(-PIECES // NTHR)       # pieces per thread
     SPL = SPC * 2                  # 16-byte scale pieces per tile and chunk (lanes 0..SPL-1 copy them)

@@ -625,6 +625,15 @@ _LOOP = "                for mt in range(MT):\n                    xv = ld_share
 _STAGED_VARIANTS = {"v18 MMA phases": [(_LOOP, _PHASES + "                    xv = ld_shared_v4")]}
 
 
+def _workspace(torch, cfgs, n):
+    """A split-K workspace (torch tensors) for one 64-row grid row of N outputs at any of ``cfgs``."""
+    import kernels_numba.int4_staged as st
+    from kernels_numba.int4_matmul import GemmWorkspace
+    words, cells = (max(v) for v in zip(*(st.partials(c, -(-n // 16), 1) for c in cfgs), strict=True))
+    return GemmWorkspace(torch.zeros(max(words, 1), device="cuda"),
+                         torch.zeros(max(cells, 1), dtype=torch.int32, device="cuda"))
+
+
 def _staged_builds(variants):
     """{name: make_int4_staged_kernel}: the package's and each of ``variants`` (patches of int4_staged.py)."""
     from pathlib import Path
@@ -648,7 +657,7 @@ def staged_sweep(torch, ms=(33, 48, 64)):
 
     import kernels_numba.int4_staged as st
     from kernels_numba import int4_matmul
-    from kernels_numba.int4_matmul import GemmWorkspace, choose_config, tiled_config
+    from kernels_numba.int4_matmul import choose_config, tiled_config
     from workbench.bench.common import time_op
     im = sys.modules["kernels_numba.int4_matmul"]            # (the package's name is the function)
     builds = _staged_builds(_STAGED_VARIANTS)
@@ -667,10 +676,7 @@ def staged_sweep(torch, ms=(33, 48, 64)):
     for (n, k), cfgs in _staged_plans().items():
         ws = random_weights(n, k, 32, 64, torch)
         wbf = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(64)]
-        words, cells = (max(v) for v in zip(*(st.partials(c, -(-n // 16), 1) for c in cfgs), strict=True))
-        work = GemmWorkspace(torch.zeros(max(words, 1), device="cuda"),
-                             torch.zeros(max(cells, 1), dtype=torch.int32, device="cuda"))
-        fn = ft.partial(int4_matmul, workspace=work)
+        fn = ft.partial(int4_matmul, workspace=_workspace(torch, cfgs, n))
         for m in ms:
             x = torch.randn(m, k, device="cuda").half()
             xbf = x.bfloat16()
@@ -712,15 +718,12 @@ def staged_probe(torch, m=64):
     import kernels_numba.int4_staged as st
     im = sys.modules["kernels_numba.int4_matmul"]            # (the package's name is the function)
     from kernels_numba import int4_matmul
-    from kernels_numba.int4_matmul import GemmWorkspace
     from workbench.bench.common import time_op
     builds = _staged_builds(_STAGED_PROBES)
     for (n, k), cfgs in _staged_plans().items():
         ws = random_weights(n, k, 32, 64, torch)
         cfg = cfgs[0]
-        words, cells = st.partials(cfg, -(-n // 16), 1)
-        work = GemmWorkspace(torch.zeros(max(words, 1), device="cuda"),
-                             torch.zeros(max(cells, 1), dtype=torch.int32, device="cuda"))
+        work = _workspace(torch, [cfg], n)
         x = torch.randn(m, k, device="cuda").half()
         outs = [torch.empty(m, n, device="cuda") for _ in ws]
         for (name, make), pdl in itertools.product(builds.items(), (True, False)):
