@@ -55,7 +55,7 @@ for step in $STEPS; do
     tier_blas) run tier_blas 240 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                  tests/kernels/test_blas.py tests/engine tests/bench/test_k2_layer.py -k "blas or w16a16 and not k2_slice" ;;
     profile) run profile 120 python3 dev/profile_k2_attention.py --rows 1,17 ;;
-    staged) run "int4_staged_${KDTREE_GIT_SHA}_h200" 150 python3 dev/kernels/int4_matmul.py --staged ;;
+    staged) run "int4_staged_${KDTREE_GIT_SHA}_h200" 330 python3 dev/kernels/int4_matmul.py --staged ;;
     staged_probe) run "int4_staged_probe_${KDTREE_GIT_SHA}_h200" 120 python3 dev/kernels/int4_matmul.py --staged-probe ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac

@@ -593,8 +593,11 @@ def paired_sweep(torch):
 # for the same rows and cuBLAS bf16
 def _staged_plans():
     from kernels_numba.int4_staged import Staged
-    gu = [Staged(8, 8, 8, 4, 3), Staged(8, 4, 8, 8, 3)]
-    dn = [Staged(8, 8, 2, 4, 3), Staged(8, 8, 4, 4, 3)]
+    # MT = 4 / 2: two / four grid rows at M = 64, so fewer K splits fill the SMs (smaller split sums)
+    gu = [Staged(8, 8, 8, 4, 3), Staged(8, 4, 8, 8, 3), Staged(4, 8, 4, 4, 3), Staged(4, 8, 8, 4, 3),
+          Staged(2, 8, 2, 4, 3), Staged(4, 8, 4, 6, 2)]
+    dn = [Staged(8, 8, 2, 4, 3), Staged(8, 8, 4, 4, 3), Staged(4, 8, 1, 4, 3), Staged(4, 8, 2, 4, 3),
+          Staged(2, 8, 1, 4, 3)]
     return {(2048, 7168): gu, (7168, 2048): dn}
 
 
@@ -625,11 +628,12 @@ _LOOP = "                for mt in range(MT):\n                    xv = ld_share
 _STAGED_VARIANTS = {"v18 MMA phases": [(_LOOP, _PHASES + "                    xv = ld_shared_v4")]}
 
 
-def _workspace(torch, cfgs, n):
-    """A split-K workspace (torch tensors) for one 64-row grid row of N outputs at any of ``cfgs``."""
+def _workspace(torch, cfgs, n, m=64):
+    """A split-K workspace (torch tensors) for M rows of N outputs at any of ``cfgs``."""
     import kernels_numba.int4_staged as st
     from kernels_numba.int4_matmul import GemmWorkspace
-    words, cells = (max(v) for v in zip(*(st.partials(c, -(-n // 16), 1) for c in cfgs), strict=True))
+    words, cells = (max(v) for v in zip(*(st.partials(c, -(-n // 16), -(-m // (8 * c.mt))) for c in cfgs),
+                                        strict=True))
     return GemmWorkspace(torch.zeros(max(words, 1), device="cuda"),
                          torch.zeros(max(cells, 1), dtype=torch.int32, device="cuda"))
 
@@ -676,7 +680,7 @@ def staged_sweep(torch, ms=(33, 48, 64)):
     for (n, k), cfgs in _staged_plans().items():
         ws = random_weights(n, k, 32, 64, torch)
         wbf = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(64)]
-        fn = ft.partial(int4_matmul, workspace=_workspace(torch, cfgs, n))
+        fn = ft.partial(int4_matmul, workspace=_workspace(torch, cfgs, n, max(ms)))
         for m in ms:
             x = torch.randn(m, k, device="cuda").half()
             xbf = x.bfloat16()

@@ -80,8 +80,9 @@ def test_staged_split_k_reuses_its_workspace():
 def test_staged_tilings():
     """No split K over two grid rows (M > 64) at G = 64; the stage rings wrapping (8 chunks over 3
     weight and 2 x stages); G = 128 groups that start in another block's share (6 splits of 6 chunks);
-    M = 20 in the MT = 4 bucket."""
+    M = 20 in the MT = 4 bucket; split K over three grid rows of the MT = 2 bucket (M = 40)."""
     _check(70, 16, 128, 64, 13, config=Staged(8, 1, 1, 2, 2))
+    _check(40, 32, 256, 32, 17, config=Staged(2, 2, 2, 2, 3))
     _check(20, 16, 512, 32, 16, config=Staged(4, 1, 1, 3, 2))
     _check(20, 16, 384, 128, 14, config=Staged(4, 1, 6, 3, 3))
 
