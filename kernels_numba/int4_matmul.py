@@ -44,7 +44,7 @@ from numba import cuda, float32, uint32, uint64
 from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, flat
 from .device import SIMULATED
 from .int4_layout import Int4Weight
-from .int4_staged import MAX_SPLITS, Staged, make_int4_staged_kernel, partials
+from .int4_staged import MAX_PX, MAX_SPLITS, Staged, make_int4_staged_kernel, partials
 from .intrinsics import (
     cluster_arrive_relaxed,
     cluster_wait,
@@ -366,9 +366,11 @@ def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl:
     m, n, k, gs = x.shape[0], weight.n, weight.k, weight.group_size
     kc = k // 64
     if (cfg.mt not in MT_BUCKETS or not 1 <= cfg.nt <= 16 or not 1 <= cfg.splits <= MAX_SPLITS
-            or kc % cfg.splits or cfg.pw < 2 or cfg.px not in (2, 3) or cfg.shared_words(gs) * 4 > 48 * 1024):
+            or kc % cfg.splits or cfg.pw < 2 or not 2 <= cfg.px <= MAX_PX
+            or cfg.shared_words(gs) * 4 > 48 * 1024):
         raise KernelInputError(f"bad staged config {cfg} for K={k}: NT in 1..16, S in 1..{MAX_SPLITS} "
-                               f"dividing K/64 = {kc}, PW >= 2, PX in 2, 3, at most 48 KB of shared memory")
+                               f"dividing K/64 = {kc}, PW >= 2, PX in 2..{MAX_PX}, at most 48 KB of shared "
+                               "memory")
     grid = (-(-weight.n16 // cfg.nt) * cfg.splits, -(-m // (8 * cfg.mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")

@@ -18,7 +18,8 @@ K x 2 bytes in all (NT = 8: 15 MB), and the NT warps read it from shared memory.
   latency-bound: docs/perf.md). Weights run PW - 1 chunks ahead (DRAM), x PX - 1 (from L2); the
   first PW - 1 weight chunks are issued before the PDL wait. The next grid is let launch only after
   the chunk loop: launched at the start, its blocks sat beside this grid's and slowed it by 7 us.
-  One commit group per chunk; at chunk c ``wait_group(PX - 2)`` leaves only younger groups pending,
+  One commit group per chunk; at chunk c ``wait_group(min(PW, PX) - 2)`` leaves only younger groups
+  pending (x chunk c is in group c, weight chunk c in group c + PX - PW or earlier),
   and one ``syncthreads`` makes every thread's copies visible and frees the stages of chunk c - 1,
   which the copies for c + PX - 1 and c + PW - 1 then take.
 - x in *fragment order*: a chunk's 8*MT x 64 activations are stored at word ((h * MT + mt) * 32 +
@@ -43,6 +44,9 @@ from .intrinsics import (
     cp_async_commit,
     cp_async_wait0,
     cp_async_wait1,
+    cp_async_wait2,
+    cp_async_wait3,
+    cp_async_wait4,
     dequant_i4x8,
     griddep_launch_dependents,
     griddep_wait,
@@ -54,12 +58,13 @@ from .intrinsics import (
 
 ZERO = float32(0.0)
 MAX_SPLITS = 8
+MAX_PX = 6                         # cp.async.wait_group takes an immediate: 0 .. MAX_PX - 2 here
 
 
 @dataclass(frozen=True)
 class Staged:
     """The staged kernel's tiling: MT m8-tiles, NT weight tiles (warps) per block, S K-splits, PW weight
-    stages and PX (2 or 3) x stages in shared memory."""
+    stages (2 or more) and PX x stages (2 .. MAX_PX) in shared memory."""
     mt: int
     nt: int
     splits: int
@@ -102,6 +107,7 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
     PPT = -(-PIECES // NTHR)       # pieces per thread
     SPL = SPC * 2                  # 16-byte scale pieces per tile and chunk (lanes 0..SPL-1 copy them)
     SPLIT = S > 1
+    AHEAD = min(PW, PX) - 2        # commit groups younger than chunk c's that may still be in flight
     opts = {} if SIMULATED else {"max_registers": min(255, 65536 // (2 * NTHR) // 8 * 8)}
 
     @cuda.jit(**opts)
@@ -153,10 +159,16 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
                 fetch_x(c)
             cp_async_commit()
         for c in range(KB):
-            if PX == 2:                                       # groups up to chunk c's complete
+            if AHEAD == 0:                                    # groups up to chunk c's complete
                 cp_async_wait0()
-            else:
+            elif AHEAD == 1:
                 cp_async_wait1()
+            elif AHEAD == 2:
+                cp_async_wait2()
+            elif AHEAD == 3:
+                cp_async_wait3()
+            else:
+                cp_async_wait4()
             cuda.syncthreads()                                # everyone's copies landed; chunk c - 1 read
             if c + PX - 1 < KB:
                 fetch_x(c + PX - 1)

@@ -13,7 +13,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``st_shared_v4(s, i, w0, w1, w2, w3)`` | ``st.shared.v4.u32`` of four words at shared ``s[i]`` | 4 words |
 | ``cp_async16(s, si, a, ai)`` | ``cp.async.cg.shared.global``: 16 B, ``a[ai]`` to shared ``s[si]`` | copy |
 | ``cp_async_commit()`` | ``cp.async.commit_group``: the copies since the last commit form a group | no-op |
-| ``cp_async_wait0()``, ``..1()`` | ``cp.async.wait_group 0 / 1``: all but the newest 0 / 1 done | no-op |
+| ``cp_async_wait0()`` .. ``..4()`` | ``cp.async.wait_group 0 .. 4``: all but the newest 0 .. 4 done | no-op |
 | ``dequant_i4x8(w)`` | 4 lop3 + shift, ``sub``/``fma`` ``.f16x2``: 8 nibbles -> 4 half2 | numpy f16 |
 | ``mma_16816(a0..a3, b0, b1, c0..c3)`` | ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` | exchange |
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
@@ -498,6 +498,9 @@ def _build_gpu():
     cp_async_commit = _void_asm("cp.async.commit_group;")
     cp_async_wait0 = _void_asm("cp.async.wait_group 0;")
     cp_async_wait1 = _void_asm("cp.async.wait_group 1;")
+    cp_async_wait2 = _void_asm("cp.async.wait_group 2;")
+    cp_async_wait3 = _void_asm("cp.async.wait_group 3;")
+    cp_async_wait4 = _void_asm("cp.async.wait_group 4;")
     cluster_arrive_relaxed = _void_asm("barrier.cluster.arrive.relaxed.aligned;")
     cluster_wait = _void_asm("barrier.cluster.wait.acquire.aligned;")
     fence_mbar_init = _void_asm("fence.mbarrier_init.release.cluster;")
@@ -508,7 +511,7 @@ def _build_gpu():
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
             mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait0,
-            cp_async_wait1)
+            cp_async_wait1, cp_async_wait2, cp_async_wait3, cp_async_wait4)
 
 
 if SIMULATED:
@@ -516,7 +519,8 @@ if SIMULATED:
     ld_v4 = ld_once_v4 = ld_shared_v4 = _sim_ld_u32x4
     st_shared_v4 = _sim_st_u32x4
     cp_async16 = _sim_cp_async16
-    cp_async_commit = cp_async_wait0 = cp_async_wait1 = _sim_nop
+    cp_async_commit = cp_async_wait0 = cp_async_wait1 = cp_async_wait2 = _sim_nop
+    cp_async_wait3 = cp_async_wait4 = _sim_nop
     dequant_i4x8 = _sim_dequant
     mma_16816 = _sim_mma
     h2_to_f32 = _sim_h2_to_f32
@@ -537,4 +541,5 @@ else:
      ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for,
      griddep_launch_dependents, globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init,
      fence_mbar_init, mbar_expect_tx, mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16,
-     cp_async_commit, cp_async_wait0, cp_async_wait1) = _build_gpu()
+     cp_async_commit, cp_async_wait0, cp_async_wait1, cp_async_wait2, cp_async_wait3,
+     cp_async_wait4) = _build_gpu()

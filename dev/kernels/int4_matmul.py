@@ -593,39 +593,16 @@ def paired_sweep(torch):
 # for the same rows and cuBLAS bf16
 def _staged_plans():
     from kernels_numba.int4_staged import Staged
-    # MT = 4 / 2: two / four grid rows at M = 64, so fewer K splits fill the SMs (smaller split sums)
-    gu = [Staged(8, 8, 8, 4, 3), Staged(8, 4, 8, 8, 3), Staged(4, 8, 4, 4, 3), Staged(4, 8, 8, 4, 3),
-          Staged(2, 8, 2, 4, 3), Staged(4, 8, 4, 6, 2)]
-    dn = [Staged(8, 8, 2, 4, 3), Staged(8, 8, 4, 4, 3), Staged(4, 8, 1, 4, 3), Staged(4, 8, 2, 4, 3),
-          Staged(2, 8, 1, 4, 3)]
+    # MT = 4 / 2: two / four grid rows at M = 64, so fewer K splits fill the SMs; PW / PX up to 6: more
+    # copies in flight per block (the rings of 4 / 3 measured latency-bound: docs/perf.md)
+    gu = [Staged(8, 8, 8, 4, 3), Staged(4, 8, 8, 4, 3), Staged(4, 8, 8, 6, 5), Staged(4, 8, 8, 5, 6),
+          Staged(4, 8, 8, 4, 4), Staged(8, 8, 8, 3, 4), Staged(4, 8, 4, 6, 5), Staged(2, 8, 4, 6, 6)]
+    dn = [Staged(8, 8, 2, 4, 3), Staged(8, 8, 4, 4, 3), Staged(4, 8, 2, 6, 5), Staged(4, 8, 2, 4, 4),
+          Staged(8, 8, 4, 3, 4), Staged(4, 8, 1, 6, 5)]
     return {(2048, 7168): gu, (7168, 2048): dn}
 
 
-# v18 (G = 32): per 32-column half, all MT second operands from shared memory first, then the MT first
-# MMAs, then the MT second ones, so 8 independent MMAs are in flight where v17 chains them per m8-tile
-_PHASES = """                if G == 32:                                   # v18: the MMAs in phases
-                    xq = cuda.local.array(NACC, uint32)
-                    ev = cuda.local.array(NACC, float32)
-                    for mt in range(MT):
-                        xv = ld_shared_v4(sm, xb + (h * MT + mt) * 128)
-                        for j in range(4):
-                            xq[mt * 4 + j] = xv[j]
-                    for mt in range(MT):
-                        e = mma_16816(a[0], a[1], a[2], a[3], xq[mt * 4], xq[mt * 4 + 1],
-                                      ZERO, ZERO, ZERO, ZERO)
-                        for r in range(4):
-                            ev[mt * 4 + r] = e[r]
-                    for mt in range(MT):
-                        e = mma_16816(a2[0], a2[1], a2[2], a2[3], xq[mt * 4 + 2], xq[mt * 4 + 3], ev[mt * 4],
-                                      ev[mt * 4 + 1], ev[mt * 4 + 2], ev[mt * 4 + 3])
-                        acc[mt * 4 + 0] += s_lo * e[0]
-                        acc[mt * 4 + 1] += s_lo * e[1]
-                        acc[mt * 4 + 2] += s_hi * e[2]
-                        acc[mt * 4 + 3] += s_hi * e[3]
-                for mt in range(MT if G != 32 else 0):
-"""
-_LOOP = "                for mt in range(MT):\n                    xv = ld_shared_v4"
-_STAGED_VARIANTS = {"v18 MMA phases": [(_LOOP, _PHASES + "                    xv = ld_shared_v4")]}
+_STAGED_VARIANTS = {}                                     # patches of int4_staged.py (v18's in docs/perf.md)
 
 
 def _workspace(torch, cfgs, n, m=64):
