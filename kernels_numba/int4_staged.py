@@ -108,7 +108,7 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
     SPL = SPC * 2                  # 16-byte scale pieces per tile and chunk (lanes 0..SPL-1 copy them)
     SPLIT = S > 1
     AHEAD = min(PW, PX) - 2        # commit groups younger than chunk c's that may still be in flight
-    opts = {} if SIMULATED else {"max_registers": min(255, 65536 // (2 * NTHR) // 8 * 8)}
+    opts = {} if SIMULATED else {"max_registers": min(128, 65536 // (2 * NTHR) // 8 * 8)}   # 2+ blocks/SM
 
     @cuda.jit(**opts)
     def int4_staged_kernel(out, x, wq, sq, part, cnt, m_rows, n_rows):
