@@ -28,7 +28,10 @@ K x 2 bytes in all (NT = 8: 15 MB), and the NT warps read it from shared memory.
 - Split K (S > 1): each block publishes its partial tiles to the workspace, a fence and the column
   block's counter; the block that completes the count sums the S partials in split order (so results
   do not depend on timing), writes ``out`` and resets the counter for the next launch.
-- Rows past M read row M - 1 and are never stored; warps past the last tile load the last tile.
+- Rows past M are not copied (their stale shared words meet only outputs that are never stored: one
+  output column of an MMA reads one x row); copying row M - 1 in their place put every thread of a
+  block on the same 128 bytes and made M = 33 slower than M = 64. Warps past the last tile load the
+  last tile.
 """
 
 from __future__ import annotations
@@ -143,12 +146,11 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
             b = c % PX
             for p in range(PPT):
                 q = tid + p * NTHR
-                if q < PIECES:
+                if q < PIECES and m0 + (q >> 3) < m_rows:     # rows past M: never stored, not copied
                     r = q >> 3
                     j = q & 7
-                    m = min(m0 + r, m_rows - 1)
                     at = b * XW + (((j >> 2) * MT + (r >> 3)) * 32 + (r & 7) * 4 + (j & 3)) * 4
-                    cp_async16(sm, at, x, m * K + (c0 + c) * 64 + 8 * j)
+                    cp_async16(sm, at, x, (m0 + r) * K + (c0 + c) * 64 + 8 * j)
 
         for c in range(PW - 1):                               # weights depend on nothing: before the wait
             if c < KB:

@@ -595,12 +595,10 @@ def _staged_plans():
     from kernels_numba.int4_staged import Staged
     # MT = 4 / 2: two / four grid rows at M = 64, so fewer K splits fill the SMs; PW / PX up to 6: more
     # copies in flight per block (the rings of 4 / 3 measured latency-bound: docs/perf.md)
-    gu = [Staged(8, 8, 8, 4, 3), Staged(4, 8, 8, 4, 4), Staged(4, 8, 8, 3, 4), Staged(4, 8, 8, 5, 4),
-          Staged(4, 8, 8, 6, 4), Staged(4, 8, 8, 4, 5), Staged(4, 8, 8, 3, 5), Staged(4, 8, 8, 4, 6),
-          Staged(4, 4, 8, 4, 4), Staged(4, 4, 4, 4, 4)]
-    dn = [Staged(8, 8, 2, 4, 3), Staged(4, 8, 2, 4, 4), Staged(4, 8, 2, 3, 4), Staged(4, 8, 2, 5, 4),
-          Staged(4, 8, 2, 6, 4), Staged(4, 8, 2, 4, 5), Staged(4, 8, 4, 4, 4), Staged(4, 4, 2, 4, 4),
-          Staged(4, 4, 1, 4, 4)]
+    gu = [Staged(8, 8, 8, 4, 3), Staged(4, 8, 8, 4, 4), Staged(4, 4, 8, 4, 4), Staged(4, 8, 8, 2, 2),
+          Staged(4, 8, 8, 4, 2), Staged(4, 8, 8, 2, 4), Staged(4, 8, 8, 8, 2), Staged(4, 8, 8, 5, 4)]
+    dn = [Staged(8, 8, 2, 4, 3), Staged(4, 4, 1, 4, 4), Staged(4, 8, 2, 4, 4), Staged(4, 4, 2, 4, 4),
+          Staged(4, 8, 2, 8, 2), Staged(4, 8, 2, 2, 4)]
     return {(2048, 7168): gu, (7168, 2048): dn}
 
 

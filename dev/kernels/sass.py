@@ -131,14 +131,16 @@ def main(argv=None) -> int:
 
 def staged_builds(a):
     """(label, kernel, signature) of int4_staged.py at K2 gate/up and down, M = 64: the default tiling and
-    the ladder's others."""
+    the ladder's (dev/kernels/int4_matmul.py --staged)."""
     from numba import types as T
 
     from kernels_numba.int4_matmul import choose_config
-    from kernels_numba.int4_staged import Staged, make_int4_staged_kernel
+    from kernels_numba.int4_staged import make_int4_staged_kernel
+    sys.path.insert(0, str(Path(__file__).parent))
+    from int4_matmul import _staged_plans
     out = []
-    for n, k in ((2048, 7168), (7168, 2048)):
-        cfgs = {choose_config(64, k, 32, n), Staged(8, 8, 2, 6, 2), Staged(8, 4, 2, 8, 3)}
+    for (n, k), plan in _staged_plans().items():
+        cfgs = {choose_config(64, k, 32, n), *plan}
         for c in sorted(cfgs, key=str):
             cnt = T.int32 if c.splits > 1 else T.uint32
             sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64,
