@@ -238,21 +238,25 @@ PINNED = {(2, 2048, 4, 8)}
 COHERENT = {(4, 2048, 4, 8)}
 
 
-# the staged kernel (int4_staged.py) by default from this many rows on (the MT = 8 bucket's upper part,
-# and every 64-row grid row beyond): at K2 shapes it measured faster than the tiled kernel at M = 64
-# (both shapes) and 48 (down), slower at 33 (both) and 48 (gate/up) (docs/perf.md)
-STAGED_FROM = 49
-STAGED_BLOCKS = 132                                     # blocks to aim for: one per H200 SM
+# the staged kernel (int4_staged.py) by default from this many rows on (the MT = 8 bucket and every grid
+# row beyond): at both K2 shapes it measured faster than the tiled kernel at M = 33, 48 and 64 (docs/perf.md)
+STAGED_FROM = 33
+STAGED_SMS = 132                                        # H200 SMs
+STAGED_PER_SM = 4                                       # resident blocks of 4 warps per SM (128 registers)
 
 
 def _staged_config(k: int, n: int | None) -> Staged:
-    """The MT = 8 bucket, NT = 8 tiles per block; the most K splits that keep the grid within one wave."""
+    """MT = 4 (two grid rows at M = 33..64), NT = 4, equal rings of 4 (PW = PX measured best); K is split
+    only when the column blocks alone leave SMs idle, then into as many shares as STAGED_PER_SM blocks
+    per SM allow, each at least two chunks. At K2 shapes: gate/up 8 splits, down none."""
     n16 = -(-(n or 2048) // 16)
-    nt = min(8, n16)
-    ncb, kc = -(-n16 // nt), k // 64
-    s = max(d for d in range(1, MAX_SPLITS + 1) if kc % d == 0 and (d == 1 or (ncb * d <= STAGED_BLOCKS
-                                                                               and kc // d >= 2)))
-    return Staged(8, nt, s, 4, 3)
+    nt = min(4, n16)
+    blocks, kc = -(-n16 // nt) * 2, k // 64
+    s = 1
+    if blocks < STAGED_SMS:
+        s = max(d for d in range(1, MAX_SPLITS + 1) if kc % d == 0 and (d == 1 or (
+            blocks * d <= STAGED_PER_SM * STAGED_SMS and kc // d >= 2)))
+    return Staged(4, nt, s, 4, 4)
 
 
 def choose_config(m: int, k: int, g: int = 32, n: int | None = None) -> tuple[int, ...] | Staged:
@@ -296,7 +300,8 @@ def gemm_workspace(rows: int, shapes, stream=0) -> GemmWorkspace:
     shape's staged tiling is the same from STAGED_FROM rows on, and its partials grow with the grid rows."""
     words, cells = 1, 1
     for n, k, _ in shapes if rows >= STAGED_FROM else ():
-        w, c = partials(_staged_config(k, n), -(-n // 16), -(-rows // 64))
+        cfg = _staged_config(k, n)
+        w, c = partials(cfg, -(-n // 16), -(-rows // (8 * cfg.mt)))
         words, cells = max(words, w), max(cells, c)
     return GemmWorkspace(empty(words, np.float32, stream), _zeros_i32(cells, stream))
 

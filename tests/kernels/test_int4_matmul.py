@@ -67,13 +67,14 @@ def test_paired_configs():
 
 
 def test_staged_split_k_reuses_its_workspace():
-    """From 49 rows on the default is the staged kernel (x in shared memory, K split over blocks), for
-    56 rows with K split in two; a second launch on the same workspace finds its counters reset."""
-    assert choose_config(56, 256, 32, 32) == Staged(8, 2, 2, 4, 3)
-    assert choose_config(48, 256, 32, 32) == (8, 4, 1)
+    """From 33 rows on the default is the staged kernel (x in shared memory, K split over blocks), for
+    56 rows two grid rows with K split in two; a second launch on the same workspace finds its counters
+    reset."""
+    assert choose_config(56, 256, 32, 32) == Staged(4, 2, 2, 4, 4)
+    assert choose_config(32, 256, 32, 32) == (4, 4, 1)
     ws = gemm_workspace(56, [(32, 256, 32)])
     _check(56, 32, 256, 32, 11, workspace=ws)
-    _check(49, 32, 256, 32, 12, workspace=ws)
+    _check(33, 32, 256, 32, 12, workspace=ws)
     assert not host(ws.cnt).any()
 
 
