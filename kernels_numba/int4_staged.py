@@ -1,4 +1,4 @@
-"""W4A16 GEMM for tree-sized M (the default from 49 rows on): a block of NT weight tiles loops over its
+"""W4A16 GEMM for tree-sized M (the default from 33 rows on): a block of NT weight tiles loops over its
 share of K with x staged in shared memory, so one x fragment serves NT tiles.
 
 Legend: M activation rows, N output rows, K input columns, G group size; MT m8-tiles per block (the M
@@ -8,7 +8,8 @@ stages of weights / x, KC = K/64, KB = KC/S chunks per block, NCB = ceil(N16/NT)
 Why: ``int4_matmul`` gives every 16-row weight tile its own block, and every block reads all of x from
 L2: (N/16) x M x K x 2 bytes, 117 MB at M = 64 for both K2 shapes against 8.26 MB of weights, and the
 time follows that traffic (docs/perf.md). Here x crosses from L2 into an SM once per block, N16/NT x M x
-K x 2 bytes in all (NT = 8: 15 MB), and the NT warps read it from shared memory.
+K x 2 bytes in all (NT = 4: 29 MB), and the NT warps read it from shared memory. Equal rings of 4
+with two or more blocks per SM measured fastest (docs/perf.md, v19).
 
 - Work: block (cb, s) computes tiles cb*NT .. cb*NT+NT-1 over chunks s*KB .. s*KB+KB-1, warp w tile
   cb*NT + w for all 8*MT rows (MT x 4 accumulators per lane). Weights and MMA fragments are those of

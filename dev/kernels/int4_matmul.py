@@ -593,16 +593,14 @@ def paired_sweep(torch):
 # for the same rows and cuBLAS bf16
 def _staged_plans():
     from kernels_numba.int4_staged import Staged
-    # MT = 4 / 2: two / four grid rows at M = 64, so fewer K splits fill the SMs; PW / PX up to 6: more
-    # copies in flight per block (the rings of 4 / 3 measured latency-bound: docs/perf.md)
-    gu = [Staged(8, 8, 8, 4, 3), Staged(4, 8, 8, 4, 4), Staged(4, 4, 8, 4, 4), Staged(4, 8, 8, 2, 2),
-          Staged(4, 8, 8, 4, 2), Staged(4, 8, 8, 2, 4), Staged(4, 8, 8, 8, 2), Staged(4, 8, 8, 5, 4)]
-    dn = [Staged(8, 8, 2, 4, 3), Staged(4, 4, 1, 4, 4), Staged(4, 8, 2, 4, 4), Staged(4, 4, 2, 4, 4),
-          Staged(4, 8, 2, 8, 2), Staged(4, 8, 2, 2, 4)]
+    # the tilings the v19 ladder kept an eye on (docs/perf.md; the rest are in its logs)
+    # the first of each: the package's default (choose_config at M = 64; --staged-probe times it)
+    gu = [Staged(4, 4, 8, 4, 4), Staged(4, 8, 8, 4, 4), Staged(8, 8, 8, 4, 3), Staged(4, 8, 8, 2, 2)]
+    dn = [Staged(4, 4, 1, 4, 4), Staged(4, 8, 2, 4, 4), Staged(8, 8, 2, 4, 3), Staged(4, 4, 2, 4, 4)]
     return {(2048, 7168): gu, (7168, 2048): dn}
 
 
-_STAGED_VARIANTS = {}                                     # patches of int4_staged.py (v18's in docs/perf.md)
+_STAGED_VARIANTS = {}                                     # patches of int4_staged.py: none pending
 
 
 def _workspace(torch, cfgs, n, m=64):
