@@ -265,8 +265,9 @@ else:
         f"greedy τ(B) of the trained pair; "
         "budget 0 = AR."))
     for kind in dict.fromkeys(r["experts"] for r in proj_rows):
-        top = max((r for r in proj_rows if r["model"] == "code" and r["experts"] == kind),
-                  key=lambda r: r["speedup"])
+        line = [r for r in proj_rows if r["model"] == "code" and r["experts"] == kind]
+        top = max(line, key=lambda r: r["speedup"])
+        ar = next(r for r in line if r["budget"] == 0)                 # AR on the same line's layers
         display(Markdown(f"Best projected budget, BF16 pair's τ, experts {kind}: **B = {top['budget']}**, "
                          f"**{top['speedup']:.2f}×** AR ({top['tok_s']:.1f} tok/s against "
-                         f"{proj_rows[0]['tok_s']:.1f})."))
+                         f"{ar['tok_s']:.1f})."))
