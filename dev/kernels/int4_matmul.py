@@ -595,11 +595,8 @@ def _staged_plans():
     from kernels_numba.int4_staged import Staged
     # the tilings the v19 ladder kept an eye on (docs/perf.md; the rest are in its logs)
     # the first of each: the package's default (choose_config at M = 64; --staged-probe times it)
-    # TW = 2 (two tiles a warp): not yet measured
-    gu = [Staged(4, 4, 8, 4, 4), Staged(4, 8, 8, 4, 4), Staged(8, 8, 8, 4, 3), Staged(4, 8, 8, 2, 2),
-          Staged(4, 8, 8, 4, 4, 2), Staged(4, 4, 8, 4, 4, 2), Staged(4, 16, 8, 2, 2, 2)]
-    dn = [Staged(4, 4, 1, 4, 4), Staged(4, 8, 2, 4, 4), Staged(8, 8, 2, 4, 3), Staged(4, 4, 2, 4, 4),
-          Staged(4, 8, 1, 4, 4, 2), Staged(4, 4, 1, 4, 4, 2), Staged(4, 8, 2, 4, 4, 2)]
+    gu = [Staged(4, 4, 8, 4, 4), Staged(4, 8, 8, 4, 4), Staged(8, 8, 8, 4, 3), Staged(4, 8, 8, 2, 2)]
+    dn = [Staged(4, 4, 1, 4, 4), Staged(4, 8, 2, 4, 4), Staged(8, 8, 2, 4, 3), Staged(4, 4, 2, 4, 4)]
     return {(2048, 7168): gu, (7168, 2048): dn}
 
 
