@@ -46,11 +46,7 @@ from .device import SIMULATED
 from .intrinsics import (
     cp_async16,
     cp_async_commit,
-    cp_async_wait0,
-    cp_async_wait1,
-    cp_async_wait2,
-    cp_async_wait3,
-    cp_async_wait4,
+    cp_async_wait,
     dequant_i4x8,
     griddep_launch_dependents,
     griddep_wait,
@@ -62,7 +58,7 @@ from .intrinsics import (
 
 ZERO = float32(0.0)
 MAX_SPLITS = 8
-MAX_PX = 6                         # cp.async.wait_group takes an immediate: 0 .. MAX_PX - 2 here
+MAX_PX = 6                         # x stages (cp.async.wait_group then waits on at most MAX_PX - 2)
 
 
 @dataclass(frozen=True)
@@ -162,16 +158,7 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
                 fetch_x(c)
             cp_async_commit()
         for c in range(KB):
-            if AHEAD == 0:                                    # groups up to chunk c's complete
-                cp_async_wait0()
-            elif AHEAD == 1:
-                cp_async_wait1()
-            elif AHEAD == 2:
-                cp_async_wait2()
-            elif AHEAD == 3:
-                cp_async_wait3()
-            else:
-                cp_async_wait4()
+            cp_async_wait(AHEAD)                              # groups up to chunk c's complete
             cuda.syncthreads()                                # everyone's copies landed; chunk c - 1 read
             if c + PX - 1 < KB:
                 fetch_x(c + PX - 1)

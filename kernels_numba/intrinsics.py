@@ -13,7 +13,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``st_shared_v4(s, i, w0, w1, w2, w3)`` | ``st.shared.v4.u32`` of four words at shared ``s[i]`` | 4 words |
 | ``cp_async16(s, si, a, ai)`` | ``cp.async.cg.shared.global``: 16 B, ``a[ai]`` to shared ``s[si]`` | copy |
 | ``cp_async_commit()`` | ``cp.async.commit_group``: the copies since the last commit form a group | no-op |
-| ``cp_async_wait0()`` .. ``..4()`` | ``cp.async.wait_group 0 .. 4``: all but the newest 0 .. 4 done | no-op |
+| ``cp_async_wait(n)`` | ``cp.async.wait_group n`` (n a compile-time int): all but the newest n done | no-op |
 | ``dequant_i4x8(w)`` | 4 lop3 + shift, ``sub``/``fma`` ``.f16x2``: 8 nibbles -> 4 half2 | numpy f16 |
 | ``mma_16816(a0..a3, b0, b1, c0..c3)`` | ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` | exchange |
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
@@ -350,14 +350,16 @@ def _build_gpu():
     ld_acquire_i32 = _ld1("ld.acquire.gpu.global.b32", types.int32, lambda d: d == types.int32,
                           side_effect=True)
 
+    def _void_codegen(text, cons="~{memory}"):
+        def codegen(context, builder, sig, args):
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, cons, side_effect=True), [])
+            return context.get_dummy_value()
+        return codegen
+
     def _void_asm(text, cons="~{memory}"):
         @intrinsic
         def impl(typingctx):
-            def codegen(context, builder, sig, args):
-                builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, cons,
-                                          side_effect=True), [])
-                return context.get_dummy_value()
-            return types.none(), codegen
+            return types.none(), _void_codegen(text, cons)
         return impl
 
     syncwarp = _void_asm("bar.warp.sync 0xffffffff;", "")
@@ -495,12 +497,13 @@ def _build_gpu():
             return context.get_dummy_value()
         return types.none(s, si, a, ai), codegen
 
+    @intrinsic
+    def cp_async_wait(typingctx, n):
+        if not isinstance(n, types.IntegerLiteral):            # the count is an immediate in the PTX
+            return None
+        return types.none(n), _void_codegen(f"cp.async.wait_group {n.literal_value};")
+
     cp_async_commit = _void_asm("cp.async.commit_group;")
-    cp_async_wait0 = _void_asm("cp.async.wait_group 0;")
-    cp_async_wait1 = _void_asm("cp.async.wait_group 1;")
-    cp_async_wait2 = _void_asm("cp.async.wait_group 2;")
-    cp_async_wait3 = _void_asm("cp.async.wait_group 3;")
-    cp_async_wait4 = _void_asm("cp.async.wait_group 4;")
     cluster_arrive_relaxed = _void_asm("barrier.cluster.arrive.relaxed.aligned;")
     cluster_wait = _void_asm("barrier.cluster.wait.acquire.aligned;")
     fence_mbar_init = _void_asm("fence.mbarrier_init.release.cluster;")
@@ -510,8 +513,7 @@ def _build_gpu():
             mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
-            mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait0,
-            cp_async_wait1, cp_async_wait2, cp_async_wait3, cp_async_wait4)
+            mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait)
 
 
 if SIMULATED:
@@ -519,8 +521,8 @@ if SIMULATED:
     ld_v4 = ld_once_v4 = ld_shared_v4 = _sim_ld_u32x4
     st_shared_v4 = _sim_st_u32x4
     cp_async16 = _sim_cp_async16
-    cp_async_commit = cp_async_wait0 = cp_async_wait1 = cp_async_wait2 = _sim_nop
-    cp_async_wait3 = cp_async_wait4 = _sim_nop
+    cp_async_commit = _sim_nop
+    cp_async_wait = lambda n: None                       # noqa: E731 - the simulator's copies are synchronous
     dequant_i4x8 = _sim_dequant
     mma_16816 = _sim_mma
     h2_to_f32 = _sim_h2_to_f32
@@ -541,5 +543,4 @@ else:
      ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for,
      griddep_launch_dependents, globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init,
      fence_mbar_init, mbar_expect_tx, mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16,
-     cp_async_commit, cp_async_wait0, cp_async_wait1, cp_async_wait2, cp_async_wait3,
-     cp_async_wait4) = _build_gpu()
+     cp_async_commit, cp_async_wait) = _build_gpu()
