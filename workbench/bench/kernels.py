@@ -77,7 +77,8 @@ def _copies(dst, src):
 
 
 def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
-    """impl name -> (fn making ROT calls, bytes one call must move)."""
+    """impl name -> (fn making ROT calls, bytes one call must move, the int4_matmul config it runs or
+    None)."""
     from kernels_numba import ops
     from kernels_numba.int4_matmul import choose_config, gemm_workspace, tiled_config
     xbf = x16.bfloat16()
@@ -96,18 +97,19 @@ def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
             torch.ops.aten._weight_int4pack_mm(xbf, tg[i][0], G, tg[i][1])
     act = m * k * 2
     int4_bytes = n * k // 2 + n * (k // G) * 2 + act + m * n * 4
-    tiled = {}
-    if choose_config(m, k, G, n) != tiled_config(m, k, G, n):   # the staged kernel: the tiled one beside
-        one = functools.partial(numba_int4, config=tiled_config(m, k, G, n))
-        tiled["int4_matmul, one tile per block"] = (one, int4_bytes)
-    return {"int4_matmul (numba W4A16)": (numba_int4, int4_bytes),
-            "int4_matmul, PDL off": (functools.partial(numba_int4, pdl=False), int4_bytes), **tiled,
-            "cuBLAS bf16 (x @ w.t())": (cublas, n * k * 2 + act + m * n * 2),
-            "tinygemm int4 g32": (tinygemm, n * k // 2 + (k // G) * n * 4 + act + m * n * 2)}
+    cfg, tiled = choose_config(m, k, G, n), tiled_config(m, k, G, n)
+    beside = {}
+    if cfg != tiled:                                    # the staged kernel: the tiled one beside
+        one = functools.partial(numba_int4, config=tiled)
+        beside["int4_matmul, one tile per block"] = (one, int4_bytes, tiled)
+    return {"int4_matmul (numba W4A16)": (numba_int4, int4_bytes, cfg),
+            "int4_matmul, PDL off": (functools.partial(numba_int4, pdl=False), int4_bytes, cfg), **beside,
+            "cuBLAS bf16 (x @ w.t())": (cublas, n * k * 2 + act + m * n * 2, None),
+            "tinygemm int4 g32": (tinygemm, n * k // 2 + (k // G) * n * 4 + act + m * n * 2, None)}
 
 
 def bench_matmul(torch, copy, rows, log):
-    from kernels_numba.int4_matmul import Staged, choose_config, tiled_config
+    from kernels_numba.int4_matmul import Staged
     mode = f"graph x{ROT} back-to-back"
     for name, (n, k) in SHAPES.items():
         w4 = _int4_weights(torch, n, k, ROT)
@@ -124,15 +126,14 @@ def bench_matmul(torch, copy, rows, log):
             x16 = torch.randn(m, k, device="cuda").half()
             o32 = [torch.empty(m, n, device="cuda") for _ in range(ROT)]
             impls = _impls(torch, m, n, k, x16, w4, wbf, tg, o32)
-            for impl, (fn, nbytes) in impls.items():
+            for impl, (fn, nbytes, cfg) in impls.items():
                 try:
                     st = time_op(fn, calls=ROT)
                 except Exception as e:  # noqa: BLE001 - a failing baseline is reported, not fatal
                     log(f"{name} M={m} {impl}: FAILED {type(e).__name__}: {e}")
                     continue
                 extra = {"M": m, "N": n, "K": k}
-                if impl.startswith("int4"):
-                    cfg = tiled_config(m, k, G, n) if "one tile" in impl else choose_config(m, k, G, n)
+                if cfg is not None:
                     extra["config"] = str(cfg) if isinstance(cfg, Staged) else "x".join(map(str, cfg))
                 rows.append(_row(f"{name} M={m}", impl, mode, st, nbytes, copy, **extra))
                 log(rows[-1])
