@@ -252,18 +252,20 @@ def _build_gpu():
     def _tuple(context, builder, rty, struct, n):
         return context.make_tuple(builder, rty, [builder.extract_value(struct, j) for j in range(n)])
 
-    def _ld(asm_op):
+    def _ld(asm_op, shared=False):
         @intrinsic
         def impl(typingctx, a, i):
             if not isinstance(a, types.Array) or a.ndim != 1 or not isinstance(i, types.Integer):
                 return None
 
             def codegen(context, builder, sig, args):
-                ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
-                fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32.as_pointer()])
-                asm = ir.InlineAsm(fty, f"{asm_op} {{$0, $1, $2, $3}}, [$4];", "=r,=r,=r,=r,l",
-                                   side_effect=False)
-                return _tuple(context, builder, sig.return_type, builder.call(asm, [ptr]), 4)
+                at = _saddr if shared else _ptr     # shared: 32-bit address, ordered with cp.async, barriers
+                addr = at(context, builder, sig.args[0], args[0], args[1])
+                aty, cons = (i32, "r,~{memory}") if shared else (i32.as_pointer(), "l")
+                fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [aty])
+                asm = ir.InlineAsm(fty, f"{asm_op} {{$0, $1, $2, $3}}, [$4];", "=r,=r,=r,=r," + cons,
+                                   side_effect=shared)
+                return _tuple(context, builder, sig.return_type, builder.call(asm, [addr]), 4)
             return u32x4(a, i), codegen
         return impl
 
@@ -451,18 +453,7 @@ def _build_gpu():
             return context.get_dummy_value()
         return types.none(a, i, k, v, s, si), codegen
 
-    @intrinsic
-    def ld_shared_v4(typingctx, a, i):
-        if not isinstance(a, types.Array) or a.ndim != 1 or not isinstance(i, types.Integer):
-            return None
-
-        def codegen(context, builder, sig, args):
-            addr = _saddr(context, builder, sig.args[0], args[0], args[1])
-            fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
-            asm = ir.InlineAsm(fty, "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r,~{memory}",
-                               side_effect=True)
-            return _tuple(context, builder, sig.return_type, builder.call(asm, [addr]), 4)
-        return u32x4(a, i), codegen
+    ld_shared_v4 = _ld("ld.shared.v4.u32", shared=True)
 
     @intrinsic
     def st_shared_v4(typingctx, a, i, w0, w1, w2, w3):
