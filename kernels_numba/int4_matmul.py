@@ -371,11 +371,11 @@ def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl:
     m, n, k, gs = x.shape[0], weight.n, weight.k, weight.group_size
     kc = k // 64
     if (cfg.mt not in MT_BUCKETS or not 1 <= cfg.nt <= 16 or not 1 <= cfg.splits <= MAX_SPLITS
-            or kc % cfg.splits or cfg.pw < 2 or not 2 <= cfg.px <= MAX_PX or cfg.tw not in (1, 2)
-            or cfg.nt % cfg.tw or cfg.shared_words(gs) * 4 > 48 * 1024):
+            or kc % cfg.splits or cfg.pw < 2 or not 2 <= cfg.px <= MAX_PX
+            or cfg.shared_words(gs) * 4 > 48 * 1024):
         raise KernelInputError(f"bad staged config {cfg} for K={k}: NT in 1..16, S in 1..{MAX_SPLITS} "
-                               f"dividing K/64 = {kc}, PW >= 2, PX in 2..{MAX_PX}, TW 1 or 2 dividing NT, "
-                               "at most 48 KB of shared memory")
+                               f"dividing K/64 = {kc}, PW >= 2, PX in 2..{MAX_PX}, at most 48 KB of shared "
+                               "memory")
     grid = (-(-weight.n16 // cfg.nt) * cfg.splits, -(-m // (8 * cfg.mt)))
     if grid[1] > GRID_Y_MAX or m * max(n, k) > 2**31 - 1:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
@@ -391,5 +391,5 @@ def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl:
         # not touched without split K (the simulator copies every argument back after a launch, so there
         # an alias of out would undo its stores)
         part, cnt = (empty(1, np.float32) if SIMULATED else flat(out)), sq
-    kernel = make_int4_staged_kernel(k, gs, cfg)
-    launch(kernel, grid, cfg.nt // cfg.tw * 32, stream, (flat(out), flat(x), wq, sq, part, cnt, m, n), pdl, 1)
+    kernel = make_int4_staged_kernel(k, gs, cfg.mt, cfg.nt, cfg.splits, cfg.pw, cfg.px)
+    launch(kernel, grid, cfg.nt * 32, stream, (flat(out), flat(x), wq, sq, part, cnt, m, n), pdl, 1)

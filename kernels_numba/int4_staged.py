@@ -11,10 +11,9 @@ time follows that traffic (docs/perf.md). Here x crosses from L2 into an SM once
 K x 2 bytes in all (NT = 4: 29 MB), and the NT warps read it from shared memory. Equal rings of 4
 with two or more blocks per SM measured fastest (docs/perf.md, v19).
 
-- Work: block (cb, s) computes tiles cb*NT .. cb*NT+NT-1 over chunks s*KB .. s*KB+KB-1, warp w tiles
-  cb*NT + w*TW .. + TW - 1 for all 8*MT rows (TW x MT x 4 accumulators per lane). Weights and MMA
-  fragments are those of int4_matmul.py (repacked by int4_layout.py; weights the A operand of
-  ``mma.m16n8k16``).
+- Work: block (cb, s) computes tiles cb*NT .. cb*NT+NT-1 over chunks s*KB .. s*KB+KB-1, warp w tile
+  cb*NT + w for all 8*MT rows (MT x 4 accumulators per lane). Weights and MMA fragments are those of
+  int4_matmul.py (repacked by int4_layout.py; weights the A operand of ``mma.m16n8k16``).
 - Everything a chunk reads arrives by ``cp.async`` into a ring of shared-memory stages, so loads in
   flight cost no registers (v15 held two weight chunks ahead in registers, 234-255 registers, and was
   latency-bound: docs/perf.md). Weights run PW - 1 chunks ahead (DRAM), x PX - 1 (from L2); the
@@ -30,8 +29,6 @@ with two or more blocks per SM measured fastest (docs/perf.md, v19).
 - Split K (S > 1): each block publishes its partial tiles to the workspace, a fence and the column
   block's counter; the block that completes the count sums the S partials in split order (so results
   do not depend on timing), writes ``out`` and resets the counter for the next launch.
-- TW = 2: a warp's two tiles share each x fragment it loads (half the ``ld.shared`` and loop
-  overhead per MMA of TW = 1).
 - Rows past M are not copied (their stale shared words meet only outputs that are never stored: one
   output column of an MMA reads one x row); copying row M - 1 in their place put every thread of a
   block on the same 128 bytes and made M = 33 slower than M = 64. Warps past the last tile load the
@@ -61,24 +58,21 @@ from .intrinsics import (
 
 ZERO = float32(0.0)
 MAX_SPLITS = 8
-MAX_PX = 6                         # cp.async.wait_group takes an immediate: 0 .. MAX_PX - 2 here
+MAX_PX = 6                         # x stages (cp.async.wait_group then waits on at most MAX_PX - 2)
 
 
 @dataclass(frozen=True)
 class Staged:
-    """The staged kernel's tiling: MT m8-tiles, NT weight tiles per block, S K-splits, PW weight stages
-    (2 or more) and PX x stages (2 .. MAX_PX) in shared memory, TW tiles per warp (1 or 2: NT / TW
-    warps, each x fragment feeding TW tiles' MMAs)."""
+    """The staged kernel's tiling: MT m8-tiles, NT weight tiles (warps) per block, S K-splits, PW weight
+    stages (2 or more) and PX x stages (2 .. MAX_PX) in shared memory."""
     mt: int
     nt: int
     splits: int
     pw: int
     px: int
-    tw: int = 1
 
     def __str__(self) -> str:
-        return f"staged{self.mt}x{self.nt}x{self.splits}x{self.pw}x{self.px}" + (f"x{self.tw}" if self.tw > 1
-                                                                                 else "")
+        return f"staged{self.mt}x{self.nt}x{self.splits}x{self.pw}x{self.px}"
 
     def shared_words(self, g: int) -> int:
         """uint32 words of shared memory: PX x chunks (8*MT rows x 64 f16), PW chunks of the NT tiles'
@@ -95,22 +89,20 @@ def partials(cfg: Staged, n16: int, grid_rows: int) -> tuple[int, int]:
 
 
 @functools.cache
-def make_int4_staged_kernel(K: int, G: int, cfg: Staged):
+def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, PX: int):
     """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
-    MT, NT, S, PW, PX, TW = cfg.mt, cfg.nt, cfg.splits, cfg.pw, cfg.px, cfg.tw
     KC = K // 64
     KB = KC // S                   # chunks per block
     NS = K // G
     TILE_W = KC * 128              # uint32 words per 16-row weight tile
     SPC = 2 if G == 32 else 1      # scale words per lane and chunk (groups per chunk, G <= 64)
-    NW = NT // TW                  # warps
-    NACC = MT * 4 * TW             # accumulators of a lane: tile u, m8-tile mt at (u * MT + mt) * 4
-    NTHR = NW * 32
+    NACC = MT * 4
+    NTHR = NT * 32
     XW = MT * 256                  # words of one staged x chunk: 8*MT rows x 64 f16
     WW = NT * 128                  # words of one chunk of the block's weight tiles
     W0 = PX * XW                   # shared layout: PX x chunks, PW weight chunks, PW scale chunks
     S0 = W0 + PW * WW
-    SMW = cfg.shared_words(G)
+    SMW = Staged(MT, NT, S, PW, PX).shared_words(G)
     PIECES = MT * 64               # 16-byte pieces of an x chunk
     PPT = -(-PIECES // NTHR)       # pieces per thread
     SPL = SPC * 2                  # 16-byte scale pieces per tile and chunk (lanes 0..SPL-1 copy them)
@@ -129,7 +121,8 @@ def make_int4_staged_kernel(K: int, G: int, cfg: Staged):
         s = cuda.blockIdx.x % S                               # its share of K
         m0 = cuda.blockIdx.y * (8 * MT)
         n16 = (n_rows + 15) >> 4
-        t0 = cb * NT + warp * TW                              # the warp's first tile
+        tile = cb * NT + warp
+        tl = min(tile, n16 - 1)
         c0 = s * KB
         sm = cuda.shared.array(SMW, uint32)
         last = cuda.shared.array(1, int32)
@@ -139,33 +132,12 @@ def make_int4_staged_kernel(K: int, G: int, cfg: Staged):
             acc[i] = ZERO
             prt[i] = ZERO
 
-        def fetch_w(c):                                       # chunk c of this warp's tiles and scales
+        def fetch_w(c):                                       # chunk c of this warp's tile and its scales
             b = c % PW
-            for u in range(TW):
-                tl = min(t0 + u, n16 - 1)
-                slot = b * NT + warp * TW + u
-                cp_async16(sm, W0 + slot * 128 + lane * 4, wq, tl * TILE_W + (c0 + c) * 128 + lane * 4)
-                if lane < SPL:
-                    cp_async16(sm, S0 + slot * (SPC * 8) + lane * 4, sq,
-                               (tl * NS + ((c0 + c) * 64) // G) * 8 + lane * 4)
-
-        def mma_tile(a, a2, xv, s_lo, s_hi, i, h):           # one tile's MMAs for one m8-tile at acc[i]
-            if G == 32:                                       # one group per half: start from zero
-                e = mma_16816(a[0], a[1], a[2], a[3], xv[0], xv[1], ZERO, ZERO, ZERO, ZERO)
-            else:
-                e = mma_16816(a[0], a[1], a[2], a[3], xv[0], xv[1], prt[i], prt[i + 1], prt[i + 2],
-                              prt[i + 3])
-            e = mma_16816(a2[0], a2[1], a2[2], a2[3], xv[2], xv[3], e[0], e[1], e[2], e[3])
-            if G == 32 or h == 1:                             # end of a group (or of a chunk, G > 64)
-                acc[i + 0] += s_lo * e[0]
-                acc[i + 1] += s_lo * e[1]
-                acc[i + 2] += s_hi * e[2]
-                acc[i + 3] += s_hi * e[3]
-                for r in range(4):
-                    prt[i + r] = ZERO
-            else:
-                for r in range(4):
-                    prt[i + r] = e[r]
+            cp_async16(sm, W0 + (b * NT + warp) * 128 + lane * 4, wq, tl * TILE_W + (c0 + c) * 128 + lane * 4)
+            if lane < SPL:
+                cp_async16(sm, S0 + (b * NT + warp) * (SPC * 8) + lane * 4, sq,
+                           (tl * NS + ((c0 + c) * 64) // G) * 8 + lane * 4)
 
         def fetch_x(c):                                       # piece q: row q >> 3, 16 bytes j = q & 7
             b = c % PX
@@ -193,33 +165,40 @@ def make_int4_staged_kernel(K: int, G: int, cfg: Staged):
             if c + PW - 1 < KB:
                 fetch_w(c + PW - 1)
             cp_async_commit()
-            slot = (c % PW) * NT + warp * TW
-            wa = ld_shared_v4(sm, W0 + slot * 128 + lane * 4)
-            if TW == 2:
-                wb = ld_shared_v4(sm, W0 + (slot + 1) * 128 + lane * 4)
+            wb = c % PW
+            wa = ld_shared_v4(sm, W0 + (wb * NT + warp) * 128 + lane * 4)
             xb = (c % PX) * XW + lane * 4
-            sb = S0 + slot * (SPC * 8) + g
+            sb = S0 + (wb * NT + warp) * (SPC * 8) + g
             for h in range(2):
                 a = dequant_i4x8(wa[2 * h])
                 a2 = dequant_i4x8(wa[2 * h + 1])
                 s_lo, s_hi = h2_to_f32(sm[sb + h * (SPC - 1) * 8])
-                if TW == 2:
-                    b = dequant_i4x8(wb[2 * h])
-                    b2 = dequant_i4x8(wb[2 * h + 1])
-                    t_lo, t_hi = h2_to_f32(sm[sb + SPC * 8 + h * (SPC - 1) * 8])
                 for mt in range(MT):
                     xv = ld_shared_v4(sm, xb + (h * MT + mt) * 128)
-                    mma_tile(a, a2, xv, s_lo, s_hi, mt * 4, h)
-                    if TW == 2:
-                        mma_tile(b, b2, xv, t_lo, t_hi, (MT + mt) * 4, h)
+                    if G == 32:                               # one group per half: start from zero
+                        e = mma_16816(a[0], a[1], a[2], a[3], xv[0], xv[1], ZERO, ZERO, ZERO, ZERO)
+                    else:
+                        e = mma_16816(a[0], a[1], a[2], a[3], xv[0], xv[1], prt[mt * 4], prt[mt * 4 + 1],
+                                      prt[mt * 4 + 2], prt[mt * 4 + 3])
+                    e = mma_16816(a2[0], a2[1], a2[2], a2[3], xv[2], xv[3], e[0], e[1], e[2], e[3])
+                    if G == 32 or h == 1:                     # end of a group (or of a chunk, G > 64)
+                        acc[mt * 4 + 0] += s_lo * e[0]
+                        acc[mt * 4 + 1] += s_lo * e[1]
+                        acc[mt * 4 + 2] += s_hi * e[2]
+                        acc[mt * 4 + 3] += s_hi * e[3]
+                        for r in range(4):
+                            prt[mt * 4 + r] = ZERO
+                    else:
+                        for r in range(4):
+                            prt[mt * 4 + r] = e[r]
 
         griddep_launch_dependents()                           # only now: a next grid resident early slowed
         #                                                     this one's loop by 7 us (docs/perf.md, v17)
         if SPLIT:                                             # publish, count; the last block sums
             cell = cuda.blockIdx.y * ((n16 + NT - 1) // NT) + cb
-            pbase = (cell * S * NW + warp) * NACC * 32 + lane
+            pbase = (cell * S * NT + warp) * NACC * 32 + lane
             for i in range(NACC):
-                part[pbase + (s * NW * NACC + i) * 32] = acc[i]
+                part[pbase + (s * NT * NACC + i) * 32] = acc[i]
             cuda.threadfence()
             cuda.syncthreads()
             if tid == 0:
@@ -237,17 +216,17 @@ def make_int4_staged_kernel(K: int, G: int, cfg: Staged):
                         tot[i] += acc[i]
                 else:
                     for i in range(NACC):
-                        tot[i] += ld_cg_f32(part, pbase + (s2 * NW * NACC + i) * 32)
+                        tot[i] += ld_cg_f32(part, pbase + (s2 * NT * NACC + i) * 32)
             for i in range(NACC):
                 acc[i] = tot[i]
             if tid == 0:
                 cnt[cell] = 0
-        for i in range(NACC):                                 # tile u, m8-tile mt, fragment r
-            r = i & 3
-            n = (t0 + i // (4 * MT)) * 16 + g + 8 * (r >> 1)
-            m = m0 + (i // 4) % MT * 8 + 2 * t + (r & 1)
-            if n < n_rows and m < m_rows:
-                out[m * n_rows + n] = acc[i]
+        for mt in range(MT):
+            for r in range(4):
+                n = tile * 16 + g + 8 * (r >> 1)
+                m = m0 + mt * 8 + 2 * t + (r & 1)
+                if n < n_rows and m < m_rows:
+                    out[m * n_rows + n] = acc[mt * 4 + r]
 
     return int4_staged_kernel
 

@@ -593,10 +593,10 @@ def paired_sweep(torch):
 # for the same rows and cuBLAS bf16
 def _staged_plans():
     from kernels_numba.int4_staged import Staged
-    # the v20 rung: TW = 2 tiles a warp beside the package's default (TW = 1); the first of each: the
-    # package's default (choose_config at M = 64; --staged-probe times it)
-    gu = [Staged(4, 4, 8, 4, 4), Staged(4, 4, 8, 4, 4, 2), Staged(4, 8, 8, 4, 4, 2), Staged(4, 8, 4, 4, 4, 2)]
-    dn = [Staged(4, 4, 1, 4, 4), Staged(4, 4, 1, 4, 4, 2), Staged(4, 8, 1, 4, 4, 2), Staged(4, 8, 2, 4, 4, 2)]
+    # the tilings the v19 ladder kept an eye on (docs/perf.md; the rest are in its logs)
+    # the first of each: the package's default (choose_config at M = 64; --staged-probe times it)
+    gu = [Staged(4, 4, 8, 4, 4), Staged(4, 8, 8, 4, 4), Staged(8, 8, 8, 4, 3), Staged(4, 8, 8, 2, 2)]
+    dn = [Staged(4, 4, 1, 4, 4), Staged(4, 8, 2, 4, 4), Staged(8, 8, 2, 4, 3), Staged(4, 4, 2, 4, 4)]
     return {(2048, 7168): gu, (7168, 2048): dn}
 
 
@@ -683,8 +683,8 @@ def staged_sweep(torch, ms=(33, 48, 64)):
 _STAGED_PROBES = {
     "no x copies": [("                    cp_async16(sm, at, x, (m0 + r) * K + (c0 + c) * 64 + 8 * j)\n",
                      "                    pass\n")],
-    "no weight copies": [("            b = c % PW\n            for u in range(TW):",
-                          "            return\n            b = c % PW\n            for u in range(TW):")],
+    "no weight copies": [("            b = c % PW\n            cp_async16(sm, W0",
+                          "            return\n            b = c % PW\n            cp_async16(sm, W0")],
     "no math": [("            for h in range(2):\n                a = dequant_i4x8(wa[2 * h])",
                  "            for h in range(0):\n                a = dequant_i4x8(wa[2 * h])")],
     "no split sums": [("    SPLIT = S > 1\n", "    SPLIT = False\n")],

@@ -145,7 +145,7 @@ def staged_builds(a):
             cnt = T.int32 if c.splits > 1 else T.uint32
             sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64,
                    T.int64)
-            kernel = make_int4_staged_kernel(k, 32, c)
+            kernel = make_int4_staged_kernel(k, 32, c.mt, c.nt, c.splits, c.pw, c.px)
             out.append((f"staged N={n} K={k} {c}", kernel, sig))
     return out
 

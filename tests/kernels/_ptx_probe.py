@@ -49,7 +49,7 @@ def main():
         cnt = T.int32 if cfg.splits > 1 else T.uint32                          # (no split K: sq stands in)
         sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64, T.int64)
         out[f"int4_staged N={n} K={k} G={g} {cfg}"] = counts(
-            make_int4_staged_kernel(k, g, cfg), sig)
+            make_int4_staged_kernel(k, g, cfg.mt, cfg.nt, cfg.splits, cfg.pw, cfg.px), sig)
     gsig = (a(T.uint16), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
             a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
     cfg = choose_moe_config(7168, 2048, tokens=64)          # the stream-K GEMMs (T = 1: moe_gemv)
