@@ -37,6 +37,7 @@ def main() -> None:
     from workbench.bench.torch_layer import TorchLayer
     from workbench.bench.torch_layer_bench import ancestor_inputs
     from workbench.config import preset
+    from workbench.engine.buffers import latents_for
     from workbench.reference.scenarios import random_tree
 
     cfg = preset("k2_slice")
@@ -44,8 +45,8 @@ def main() -> None:
     max_len = a.context + max(rows)
     rig = LayerRig(cfg, 0, device_layer(cfg, 0, 0, "int4", 1, dense=a.dense), max(rows), max_len)
     rng = np.random.default_rng(0)
-    upload(head_rows(rig.cache, a.context),
-           rng.standard_normal((a.context, cfg.kv_cache_dim)).astype(np.float32))
+    upload(head_rows(rig.cache, a.context), latents_for(rig.cache, rng.standard_normal((a.context,
+                                                                                       cfg.kv_cache_dim))))
     tl = TorchLayer.from_seeded(cfg, 0, 0, max_len=max_len)
     tl.cache[:a.context].normal_()
 

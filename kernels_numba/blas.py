@@ -156,8 +156,9 @@ def mla_attention(o, q, cache, wkv_b, att: AttentionRows, meta, scale: float, n_
                   r_dim: int, nope: int, v_dim: int, rows: int, stream=0) -> None:
     """Absorbed MLA of the grid's rows over the latent cache, as ``kernels_numba.mla``'s kernel, with the
     step's rope rows and key mask from ``att`` (``attention_rows``). Scores run over all S cache rows
-    (S8 in bf16) with the rest masked, so no shape depends on device values (capturable); cache rows
-    are finite (zero-initialised, written by the model)."""
+    with the rest masked, so no shape depends on device values (capturable); cache rows are finite
+    (zero-initialised, written by the model). A W16A16 core (bf16 ``wkv_b``) takes a bf16 cache (int16
+    bits over S8 rows)."""
     torch = _torch()
     h, c, r, nn, v = n_heads, c_rank, r_dim, nope, v_dim
     with on(stream):
@@ -173,8 +174,10 @@ def mla_attention(o, q, cache, wkv_b, att: AttentionRows, meta, scale: float, n_
         q_nope = qh[..., :nn].transpose(0, 1)                                  # [H, T, N_]
         hidden = att.hidden[:rows]                                             # [T, S8]
         if w.dtype == torch.bfloat16:
-            _attention_bf16(o, kv, w, q_nope, q_pe.transpose(0, 1), view(meta)[0].long(), hidden, scale,
-                            rows, nn)
+            if kv.dtype != torch.int16 or kv.shape[0] % 8:
+                raise KernelInputError("a W16A16 attention core takes a bf16 latent cache (int16 bits, "
+                                       "rows a multiple of 8)")
+            _attention_bf16(o, kv.view(torch.bfloat16), w, q_nope, q_pe.transpose(0, 1), hidden, scale, nn)
             return
         q_lat = torch.bmm(q_nope, w[:, :nn])                                   # [H, T, C]
         scores = torch.cat((q_lat, q_pe.transpose(0, 1)), dim=-1) @ kv.T * scale   # [H, T, S]: one GEMM
@@ -198,26 +201,19 @@ def _bmm16(a, b, f32: bool = False):
     return torch.bmm(a, b, out_dtype=torch.float32)
 
 
-def _attention_bf16(o, kv, w, q_nope, q_pe, start, hidden, scale: float, rows: int, nn: int) -> None:
-    """The W16A16 attention core (``workbench.reference.mla.mla_absorbed`` with a marked wkv_b): this
-    call's latent rows are rounded to bf16 in the cache itself (the reference stores them so; earlier
-    rows were rounded by the call that wrote them, and the KV compaction only moves rows), every product
-    takes bf16 operands, scores and softmax are float32. q_nope [H, T, N_], q_pe [H, T, R] float32."""
+def _attention_bf16(o, kvb, w, q_nope, q_pe, hidden, scale: float, nn: int) -> None:
+    """The W16A16 attention core (``workbench.reference.mla.mla_absorbed`` with a marked wkv_b) over the
+    bf16 latent cache kvb [S8, C+R] (mla_prep rounded its rows as it wrote them): every product takes
+    bf16 operands, scores and softmax are float32. q_nope [H, T, N_], q_pe [H, T, R] float32."""
     torch = _torch()
-    h, t = q_nope.shape[0], q_nope.shape[1]
-    c, s = w.shape[2], kv.shape[0]
-    kvb = torch.empty(padded_keys(s), kv.shape[1], dtype=torch.bfloat16, device=kv.device)  # [S8, C+R]
-    kvb[s:].zero_()                                                            # never visible
-    kvb[:s].copy_(kv)
-    new = (start + torch.arange(rows, device=kv.device)).clamp(max=s - 1)     # this call's rows
-    kv.index_copy_(0, new, kvb.index_select(0, new).float())                   # the cache holds bf16 rows
+    h, t, c = q_nope.shape[0], q_nope.shape[1], w.shape[2]
     q_lat = _bmm16(q_nope.to(torch.bfloat16), w[:, :nn])                       # [H, T, C] bf16
     q_all = torch.cat((q_lat, q_pe.to(torch.bfloat16)), dim=-1)               # [H, T, C+R]: one score GEMM
     scores = _bmm16(q_all.reshape(h * t, -1), kvb.T, f32=True).reshape(h, t, -1) * scale   # [H, T, S8] f32
     p = scores.masked_fill(hidden, float("-inf")).softmax(dim=-1)
     ctx = _bmm16(p.to(torch.bfloat16).reshape(h * t, -1), kvb[:, :c]).reshape(h, t, c)   # [H, T, C] bf16
     out = _bmm16(ctx, w[:, nn:].transpose(1, 2))                               # [H, T, V] bf16
-    view(o)[:rows].view(rows, h, -1).copy_(out.transpose(0, 1))
+    view(o)[:t].view(t, h, -1).copy_(out.transpose(0, 1))
 
 
 def experts_grouped(h, x, ids, wts, w13, w2, rows: int, stream=0) -> None:

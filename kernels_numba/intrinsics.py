@@ -18,6 +18,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``mma_16816(a0..a3, b0, b1, c0..c3)`` | ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` | exchange |
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
 | ``f32_to_h2(a, b)`` | two ``cvt.rn.f16.f32`` packed low = a, high = b | numpy float16 |
+| ``stored_as(a, v)`` | ``v`` as ``a``'s element: itself (float32), ``cvt.rn.bf16.f32`` (int16 bits) | numpy |
 | ``ld_u32(a, i)`` | ``ld.global.nc.u32``: a 4-byte read-only word, no index wraparound code | ``a[i]`` |
 | ``ld_cg_f32(a, i)`` | ``ld.global.cg.f32``: read through L2 (data another SM wrote this launch) | ``a[i]`` |
 | ``ld_acquire_i32(a, i)`` | ``ld.acquire.gpu.global.b32``: later reads see what was released | ``a[i]`` |
@@ -114,6 +115,13 @@ def _sim_h2_to_f32(u):
 
 def _sim_f32_to_h2(a, b):
     return np.uint32(np.array([a, b], dtype=np.float32).astype(np.float16).view(np.uint32)[0])
+
+
+def _sim_stored_as(a, v):
+    if (a.format if isinstance(a, memoryview) else a.dtype) != "h":     # (the executor passes memoryviews)
+        return v
+    u = int(np.array([v], dtype=np.float32).view(np.uint32)[0])
+    return np.array([(u + 0x7FFF + ((u >> 16) & 1)) >> 16], np.uint32).astype(np.uint16).view(np.int16)[0]
 
 
 _lock = threading.Lock()
@@ -327,6 +335,21 @@ def _build_gpu():
             return builder.call(asm, x)
         return types.uint32(a, b), codegen
 
+    @intrinsic
+    def stored_as(typingctx, a, v):
+        # bf16 bits travel as int16 (torch's CUDA array interface takes int16, not uint16)
+        if not isinstance(a, types.Array) or a.dtype not in (types.float32, types.int16):
+            return None
+        rty = a.dtype
+
+        def codegen(context, builder, sig, args):
+            x = context.cast(builder, args[1], sig.args[1], types.float32)
+            if rty == types.float32:
+                return x
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(16), [f32]), "cvt.rn.bf16.f32 $0, $1;", "=h,f")
+            return builder.call(asm, [x])
+        return rty(a, v), codegen
+
     def _ld1(asm_op, rty, accepts, side_effect=False):
         """A 4-byte scalar load ``asm_op $0, [$1]`` of ``a[i]`` returning ``rty`` (no index wraparound
         code); ``accepts(dtype)`` says which 1-D arrays it takes."""
@@ -501,7 +524,7 @@ def _build_gpu():
 
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"),
             _ld("ld.global.L1::no_allocate.v4.u32"), dequant_i4x8,
-            mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
+            mma_16816, h2_to_f32, f32_to_h2, stored_as, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
             mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait)
@@ -518,6 +541,7 @@ if SIMULATED:
     mma_16816 = _sim_mma
     h2_to_f32 = _sim_h2_to_f32
     f32_to_h2 = _sim_f32_to_h2
+    stored_as = _sim_stored_as
     ld_u32 = _sim_ld_u32
     ld_cg_f32 = _sim_ld_cg_f32
     ld_acquire_i32 = _sim_ld_acquire_i32
@@ -530,8 +554,7 @@ if SIMULATED:
     mbar_wait = lambda s, i, p: _sim_syncthreads()      # noqa: E731 - every store before it is done
     st_async_f32 = _sim_st_async_f32
 else:
-    (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, ld_u32, ld_cg_f32,
-     ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for,
-     griddep_launch_dependents, globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init,
-     fence_mbar_init, mbar_expect_tx, mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16,
-     cp_async_commit, cp_async_wait) = _build_gpu()
+    (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, stored_as, ld_u32,
+     ld_cg_f32, ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for, griddep_launch_dependents,
+     globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx, mbar_wait,
+     st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait) = _build_gpu()

@@ -23,13 +23,15 @@ import numpy as np
 from numba import cuda
 
 from .blockops import KS, ROW_THREADS, TPB, block_lane, scale_row
+from .intrinsics import stored_as
 from .rmsnorm import row_rms_scale
 from .rope import rope_pair
 
 
 @cuda.jit
 def mla_prep_kernel(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank, c_rank, eps):
-    """a1 [T, Q+C+R] (or [T, H*(N+R)+C+R] when q_rank == 0) -> qn [T, Q], cache rows start+i.
+    """a1 [T, Q+C+R] (or [T, H*(N+R)+C+R] when q_rank == 0) -> qn [T, Q], cache rows start+i (float32,
+    or bf16 bits in an int16 cache: the W16A16 attention's latent cache).
 
     grid (T,), block (32, ks). q_rank 0 skips the query norm (q comes straight from a1).
     """
@@ -50,8 +52,8 @@ def mla_prep_kernel(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_ran
     half = (cache.shape[1] - c_rank) // 2
     for i in range(lt, half, nt):
         y0, y1 = rope_pair(a1[row, off + c_rank + 2 * i], a1[row, off + c_rank + 2 * i + 1], cos, sin, pos, i)
-        cache[dst, c_rank + 2 * i] = y0
-        cache[dst, c_rank + 2 * i + 1] = y1
+        cache[dst, c_rank + 2 * i] = stored_as(cache, y0)
+        cache[dst, c_rank + 2 * i + 1] = stored_as(cache, y1)
 
 
 _ATTN_CACHE: dict = {}

@@ -159,8 +159,8 @@ def choose_moe_config(d: int, i: int, tokens: int = 1, g: int = 32) -> dict:
     Otherwise, per stream-K GEMM (warps per block, chunks per step, steps in flight, n-tiles per unit),
     the persistent grid's block count and the register cap: the best of the v3-v5 sweeps on the H200
     at T = 1..64 (docs/perf.md). Stream-K balances any amount of work; only down changes with
-    ``tokens``: 4 chunks per step and one n-tile per unit measured faster at T = 4 and 16 (slower at
-    T = 64), so it is used for 2 <= T <= 16."""
+    ``tokens``: 4 chunks per step and one n-tile per unit measured faster at T = 4, 16 and 32 (slower
+    at T = 64), so it is used for 2 <= T <= 32."""
     if tokens <= GEMV_TOKENS and g == 32:
         gu_t, dn_t = gemv_tiling(d, 2 if SIMULATED else 8), gemv_tiling(i, 1 if SIMULATED else 4)
         if gu_t and dn_t:
@@ -174,7 +174,7 @@ def _stream_k_config(d: int, i: int, tokens: int) -> dict:
         return max(c for c in range(1, want + 1) if kc % c == 0)
     if SIMULATED:
         return {"gu": (2, sc(d, 2), 2, 1), "dn": (2, sc(i, 2), 2, 1), "blocks": 3, "maxreg": 128}
-    dn = (16, sc(i, 4), 2, 1) if 2 <= tokens <= 16 else (16, sc(i, 2), 2, 2 if (d // 16) % 2 == 0 else 1)
+    dn = (16, sc(i, 4), 2, 1) if 2 <= tokens <= 32 else (16, sc(i, 2), 2, 2 if (d // 16) % 2 == 0 else 1)
     return {"gu": (16, sc(d, 2), 2, 1), "dn": dn, "blocks": _sm_count(), "maxreg": 128}
 
 

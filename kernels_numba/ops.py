@@ -155,16 +155,18 @@ def dense(w, fast: bool = True) -> Dense:
 
 @dataclass(frozen=True)
 class MLA:
-    """The absorbed attention's weights: wkv_b [H*(N+V), C] on the device, and the path it runs on."""
+    """The absorbed attention's weights: wkv_b [H*(N+V), C] on the device, the path it runs on, and
+    whether it is the W16A16 core (bf16 operands and latent cache)."""
     path: str
     wkv_b: Any
+    a16: bool = False
 
 
 def mla_weights(wkv_b, fast: bool = True) -> MLA:
     """wkv_b [H*(N+V), C]: float (widened to float32), or a ``Bf16Host``: the W16A16 attention core (bf16
     latent rows and operands, float32 sums: ``workbench.reference.mla.mla_absorbed``), BLAS path only."""
     if isinstance(wkv_b, Bf16Host):
-        return MLA(BLAS_PATH, _bf16(wkv_b, transpose=False))
+        return MLA(BLAS_PATH, _bf16(wkv_b, transpose=False), a16=True)
     w = np.asarray(wkv_b, np.float32)
     return MLA(BLAS_PATH if _blas(w.size, fast) else PORTABLE, to_device(w))
 

@@ -52,13 +52,13 @@ def test_small_layer_w16a16_matches_the_reference_w16a16(layer, monkeypatch):
     assert max(r["max_rel_err"] for r in res) <= 2e-3            # at these widths few bf16 roundings flip
 
 
-def test_w16a16_floors_hold_the_weights_at_two_bytes():
+def test_w16a16_floors_hold_the_weights_and_cache_rows_at_two_bytes():
     cfg = preset("k2_slice")
     lb = layer_bytes(cfg, 1)
     f32, k2 = k2_layer._floor_bytes(cfg, 1, "attention", 1, 4096, 0.0, "int4")
     b16, _ = k2_layer._floor_bytes(cfg, 1, "attention", 1, 4096, 0.0, "int4", "bf16")
-    assert f32 - b16 == 2 * lb["attention_params"]
-    assert b16 - k2 == 4097 * (lb["kv_row_fp32"] - lb["kv_row_bf16"])         # the cache rows stay FP32
+    assert f32 - b16 == 2 * lb["attention_params"] + 4097 * (lb["kv_row_fp32"] - lb["kv_row_bf16"])
+    assert b16 == k2                                                  # the engine's cache rows are bf16 too
     shared = k2_layer._floor_bytes(cfg, 1, "shared_expert", 1, 0, 0.0, "int4", "bf16")[0]
     assert shared == 2 * lb["shared_params"]
 

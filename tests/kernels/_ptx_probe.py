@@ -9,6 +9,7 @@ from numba import types as T
 
 from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel, tiled_config
 from kernels_numba.int4_staged import make_int4_staged_kernel
+from kernels_numba.intrinsics import stored_as
 from kernels_numba.moe import choose_moe_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
@@ -24,7 +25,14 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "st_async": "st.async.shared::cluster", "lds_v4": "ld.shared.v4.u32",
         "cp_async": "cp.async.cg.shared.global", "atom_global": "atom.global.add",
         "ld_cg": "ld.global.cg.f32",
-        "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32"}
+        "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32", "cvt_bf16": "cvt.rn.bf16.f32"}
+
+
+@cuda.jit
+def _store(out, v):
+    """The latent-cache store of mla_prep and scale_row alone (a kernel that calls device functions needs
+    a device to compile)."""
+    out[0, 0] = stored_as(out, v[0])
 
 
 def counts(kernel, sig):
@@ -56,7 +64,7 @@ def main():
     out["moe gate_up"] = counts(make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"]), gsig)
     dsig = (a(T.float32), a(T.uint16)) + gsig[2:]
     out["moe down"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]), dsig)
-    cfg = choose_moe_config(7168, 2048, tokens=16)     # stream-K down for 9 <= T <= 16
+    cfg = choose_moe_config(7168, 2048, tokens=16)     # stream-K down for 9 <= T <= 32
     out["moe down T=16"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]),
                                   dsig)
     out["moe align"] = counts(make_align_kernel(385, 512),
@@ -73,6 +81,8 @@ def main():
     rows2d = T.float32[:, ::1]                               # the engine's [T, N] buffers
     out["rows to_f16"] = counts(to_f16_kernel, (T.uint16[:, ::1], rows2d, a(T.int32)))
     out["rows add"] = counts(add_rows_kernel, (rows2d, rows2d, a(T.int32)))
+    for name, lat in (("float32", rows2d), ("bf16", T.int16[:, ::1])):      # the latent cache's two dtypes
+        out[f"stored_as {name}"] = counts(_store, (lat, a(T.float32)))
     json.dump(out, sys.stdout)
 
 

@@ -74,3 +74,8 @@ def test_row_glue_kernels(ptx_counts):
     """ops' float16 rounding and residual add between the engine's float32 rows and the W4A16 kernels."""
     assert ptx_counts["rows to_f16"]["cvt_f16"] >= 1 and ptx_counts["rows to_f16"]["local"] == 0
     assert ptx_counts["rows add"]["mma"] == 0 and ptx_counts["rows add"]["local"] == 0
+
+
+def test_latent_stores_round_only_into_a_bf16_cache(ptx_counts):
+    assert ptx_counts["stored_as bf16"]["cvt_bf16"] == 1
+    assert ptx_counts["stored_as float32"]["cvt_bf16"] == 0

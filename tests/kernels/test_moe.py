@@ -66,7 +66,7 @@ def test_tiny_stream_k_shares(config, group):
 
 
 def test_down_four_chunks_per_step():
-    """The down tiling choose_moe_config takes for 2 <= T <= 16 (4 chunks per step, one n-tile per
+    """The down tiling choose_moe_config takes for 2 <= T <= 32 (4 chunks per step, one n-tile per
     unit) at an expert width where 4 chunks divide I/64."""
     cfg = replace(preset("tiny"), moe_intermediate_size=256)
     _check(cfg, 2, seed=21, config={"gu": (2, 2, 2, 1), "dn": (2, 4, 2, 1), "blocks": 3, "maxreg": 128})

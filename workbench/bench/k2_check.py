@@ -20,6 +20,7 @@ import numpy as np
 from kernels_numba.device import download, head_rows, tail_rows
 
 from ..config import ModelConfig
+from ..engine.buffers import latents_f32
 from ..reference.layers import sigmoid, weight
 from ..reference.model import LatentCache
 from ..reference.scenarios import random_tree
@@ -87,13 +88,14 @@ def engine_side(cfg: ModelConfig, seed: int, rig, prefix: int = 16, tree_nodes: 
     rig.load(x_pre, 0, np.arange(prefix), np.tril(np.ones((prefix, prefix), np.uint8)))
     rig.step(prefix)
     rig.sync()
-    out: dict[str, Any] = {"prefix_rows": download(head_rows(rig.cache, prefix)), "steps": []}
+    out: dict[str, Any] = {"prefix_rows": latents_f32(download(head_rows(rig.cache, prefix))), "steps": []}
     for _, x, vis, pos in cases:
         n = x.shape[0]
         rig.load(x, prefix, pos - prefix, vis.astype(np.uint8))
         rig.step(n)
         y = rig.out(n)
-        out["steps"].append({"y": y, "rows": download(head_rows(tail_rows(rig.cache, prefix), n)),
+        rows = latents_f32(download(head_rows(tail_rows(rig.cache, prefix), n)))
+        out["steps"].append({"y": y, "rows": rows,
                              "routes": rig.routes(n) if cfg.is_moe_layer(rig.layer) else None})
     return out
 

@@ -46,7 +46,7 @@ from kernels_numba.device import (
 from kernels_numba.rope import rope_tables
 
 from ..config import ModelConfig, preset
-from ..engine.buffers import allocate
+from ..engine.buffers import allocate, latents_for
 from ..engine.model import launch_layer, mla, step_rows
 from ..reference.scenarios import random_tree
 from ..report.spec import analytic_coverage
@@ -182,16 +182,16 @@ def _floor_bytes(
     dense: str = "fp32",
 ) -> tuple[float, float]:
     """(bytes this implementation must read, bytes of the K2-Thinking layout) for a part; ``dense``
-    "bf16": the attention's weights, shared expert and dense MLP at 2 bytes (W16A16; the latent rows
-    stay float32 in the engine's cache)."""
+    "bf16": the attention's weights, shared expert and dense MLP at 2 bytes and the latent cache's rows
+    in bf16 (W16A16)."""
     lb = layer_bytes(cfg, layer)
     kv = context + n
     w = 2 if dense == "bf16" else 4
     if part == "step_rows":                           # rope rows and the key mask: no weights
         return 0.0, 0.0
     if part == "attention":
-        return lb["attention_params"] * w + kv * lb["kv_row_fp32"], lb["attention_params"] * 2 + kv * lb[
-            "kv_row_bf16"]
+        row = lb["kv_row_bf16" if dense == "bf16" else "kv_row_fp32"]
+        return lb["attention_params"] * w + kv * row, lb["attention_params"] * 2 + kv * lb["kv_row_bf16"]
     if part == "router":
         return lb["router_params"] * 4, lb["router_params"] * 2
     if part == "routed_experts":
@@ -230,7 +230,8 @@ def time_layer(
 
     layer = rig.layer
     rng = np.random.default_rng(seed)
-    upload(head_rows(rig.cache, context), rng.standard_normal((context, cfg.kv_cache_dim)).astype(np.float32))
+    context_rows = rng.standard_normal((context, cfg.kv_cache_dim))
+    upload(head_rows(rig.cache, context), latents_for(rig.cache, context_rows))
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     t_start = time.perf_counter()

@@ -13,8 +13,11 @@ from typing import Any
 import numpy as np
 
 from kernels_numba import ops
+from kernels_numba.blas import padded_keys
 from kernels_numba.device import zeros
 
+from ..bundle.bf16 import bf16
+from ..errors import InputError
 from .weights import DeviceModel
 
 
@@ -35,7 +38,7 @@ class Buffers:
     vis: Any        # [T, T] uint8 visibility among the new rows
     meta: Any       # [8] int32: start, n, emitted count
     out: Any        # [S] int32 emitted tokens (AR decode)
-    cache: Any      # [Ly, S, C+R] latent cache
+    cache: Any      # [Ly, S, C+R] latent cache (``latent_cache``: float32, or bf16 bits over S8 rows)
     ctl: Any        # [5, W] int32 per-round DDTree control block (kernels_numba.tree)
     feats: Any      # [F, T, D] tapped hidden states (F >= 1; unused rows when nothing is tapped)
     att: Any        # the step's rope rows and key mask for BLAS attention cores (ops.attention_rows), or None
@@ -56,8 +59,36 @@ def allocate(model: DeviceModel, max_len: int, max_rows: int, n_taps: int) -> Bu
         o=z((t, cfg.num_attention_heads * cfg.v_head_dim)),
         logits=z((t, cfg.vocab_size)), amax=z(t, np.int32), ids=z(t, np.int32), depth=z(t, np.int32),
         vis=z((t, t), np.uint8), meta=z(8, np.int32), out=z(max_len, np.int32),
-        cache=z((cfg.num_hidden_layers, max_len, cfg.kv_cache_dim)),
+        cache=latent_cache([lay.attn for lay in model.layers], cfg.num_hidden_layers, max_len,
+                           cfg.kv_cache_dim),
         ctl=z((5, max(t, 8)), np.int32), feats=z((max(n_taps, 1), t, d)),
         att=ops.attention_rows_buffers([lay.attn for lay in model.layers], t, max_len,
                                        cfg.qk_rope_head_dim // 2),
     )
+
+
+def latent_cache(attns, n_layers: int, max_len: int, width: int):
+    """The latent cache [Ly, S, C+R] of ``n_layers`` for the attention cores ``attns`` (``ops.MLA``): bf16
+    bits (int16) over S8 = padded_keys(S) rows when every core is W16A16 (the rows it keeps are bf16, and
+    the core's GEMMs read them as they are), float32 over S rows otherwise."""
+    a16 = {a.a16 for a in attns}
+    if len(a16) > 1:
+        raise InputError("the layers mix W16A16 and float32 attention cores; one latent cache holds one "
+                             "dtype")
+    if a16 == {True}:
+        return zeros((n_layers, padded_keys(max_len), width), np.int16)
+    return zeros((n_layers, max_len, width), np.float32)
+
+
+def latents_f32(rows: np.ndarray) -> np.ndarray:
+    """Latent rows fetched from a cache, as float32 (a bf16 cache's bits widened exactly)."""
+    if rows.dtype == np.int16:
+        return (rows.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(rows, np.float32)
+
+
+def latents_for(cache, rows: np.ndarray) -> np.ndarray:
+    """Float latent rows in ``cache``'s dtype, to upload into it (rounded to bf16 for a bf16 cache)."""
+    if cache.dtype == np.int16:
+        return bf16(rows).bits.view(np.int16)
+    return np.asarray(rows, np.float32)

@@ -17,6 +17,7 @@ from kernels_numba.sim import sim_speed
 from ..errors import InputError
 from ..reference.scenarios import tree_from_parents
 from .ar import engine_ar_generate
+from .buffers import latents_f32
 from .runtime import Engine
 
 
@@ -60,4 +61,4 @@ def engine_tree_verify(engine: Engine, prompt: Any, parents: Any, tokens: Any,
         step.run(engine.stream)
         logits = engine.fetch(head_rows(engine.buf.logits, n + 1))
         cache = engine.fetch(engine.buf.cache)               # [L, S, C+R]
-    return EngineVerify(logits=np.array(logits), latents=np.array(cache[:, p:p + n + 1]))
+    return EngineVerify(logits=np.array(logits), latents=latents_f32(cache[:, p:p + n + 1]))
