@@ -132,3 +132,32 @@ def test_warp_and_load_intrinsics():
 @needs_gpu
 def test_warp_and_load_intrinsics_gpu():
     _run_warp(1)
+
+
+@cuda.jit
+def _store_probe_kernel(bits, same, xs):
+    """Each thread stores its float into a bf16 (int16 bits) row and a float32 row."""
+    i = cuda.threadIdx.x
+    bits[0, i] = ki.stored_as(bits, xs[i])
+    same[0, i] = ki.stored_as(same, xs[i])
+
+
+def _run_store(seed):
+    from workbench.bundle.bf16 import bf16
+    rng = np.random.default_rng(seed)
+    xs = rng.standard_normal(64).astype(np.float32)
+    xs[:4] = [1.00390625, 1.01171875, -2.0 ** -130, 3.0e38]           # ties to even both ways, tiny, huge
+    bits, same = dev(np.zeros((1, 64), np.int16)), dev(np.zeros((1, 64), np.float32))
+    _store_probe_kernel[1, 64](bits, same, dev(xs))
+    np.testing.assert_array_equal(host(bits)[0].view(np.uint16), bf16(xs).bits)   # round to nearest even
+    np.testing.assert_array_equal(host(same)[0], xs)
+
+
+def test_stored_as_rounds_to_bf16_only_into_int16():
+    _run_store(0)
+
+
+@gpu
+@needs_gpu
+def test_stored_as_gpu():
+    _run_store(1)
