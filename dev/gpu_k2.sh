@@ -21,6 +21,8 @@
 #   staged       dev/kernels/int4_matmul.py --staged: the staged W4A16 kernel's builds and tilings
 #                beside the tiled kernel and cuBLAS at M = 33 / 48 / 64, each checked first   ~60 s
 #   staged_probe dev/kernels/int4_matmul.py --staged-probe: where its time goes (timing only)  ~50 s
+#   ep           bench ep --worlds 1: the expert-parallel layer on NCCL with one rank, checked against
+#                the one-GPU layer, then timed (the P = 1 line of the scaling run; not run yet)
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -62,6 +64,7 @@ for step in $STEPS; do
     profile) run profile 120 python3 dev/profile_k2_attention.py --rows 1,17 ;;
     staged) run "int4_staged_${KDTREE_GIT_SHA}_h200" 330 python3 dev/kernels/int4_matmul.py --staged ;;
     staged_probe) run "int4_staged_probe_${KDTREE_GIT_SHA}_h200" 120 python3 dev/kernels/int4_matmul.py --staged-probe ;;
+    ep) run ep 420 python3 -m workbench bench ep --worlds 1 --out "$OUT/ep" ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done
