@@ -120,8 +120,8 @@ def _sim_f32_to_h2(a, b):
 def _sim_stored_as(a, v):
     if (a.format if isinstance(a, memoryview) else a.dtype) != "h":     # (the executor passes memoryviews)
         return v
-    u = int(np.array([v], dtype=np.float32).view(np.uint32)[0])
-    return np.array([(u + 0x7FFF + ((u >> 16) & 1)) >> 16], np.uint32).astype(np.uint16).view(np.int16)[0]
+    from workbench.bundle.bf16 import bf16
+    return bf16(v).bits.view(np.int16)[()]
 
 
 _lock = threading.Lock()

@@ -16,7 +16,7 @@ from kernels_numba import ops
 from kernels_numba.blas import padded_keys
 from kernels_numba.device import zeros
 
-from ..bundle.bf16 import bf16
+from ..bundle.bf16 import BF16Array, bf16
 from ..errors import InputError
 from .weights import DeviceModel
 
@@ -74,7 +74,7 @@ def latent_cache(attns, n_layers: int, max_len: int, width: int):
     a16 = {a.a16 for a in attns}
     if len(a16) > 1:
         raise InputError("the layers mix W16A16 and float32 attention cores; one latent cache holds one "
-                             "dtype")
+                         "dtype")
     if a16 == {True}:
         return zeros((n_layers, padded_keys(max_len), width), np.int16)
     return zeros((n_layers, max_len, width), np.float32)
@@ -83,7 +83,7 @@ def latent_cache(attns, n_layers: int, max_len: int, width: int):
 def latents_f32(rows: np.ndarray) -> np.ndarray:
     """Latent rows fetched from a cache, as float32 (a bf16 cache's bits widened exactly)."""
     if rows.dtype == np.int16:
-        return (rows.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        return BF16Array(rows.view(np.uint16)).float32()
     return np.asarray(rows, np.float32)
 
 
