@@ -39,6 +39,20 @@ class MoEWeights:
     def to_device(self, stream=0) -> MoEWeights:
         return MoEWeights(self.w13.to_device(stream), self.w2.to_device(stream), self.n_routed, self.n_shared)
 
+    def routed(self, experts: range) -> MoEWeights:
+        """Routed experts ``experts`` (ids start.., step 1) as a stack of their own, local ids 0.., no
+        shared expert: views of these arrays (the expert is their outermost dimension), no copy."""
+        if not (isinstance(experts, range) and experts.step == 1 and 0 <= experts.start < experts.stop
+                <= self.n_routed):
+            raise KernelInputError(f"experts must be a range inside 0..{self.n_routed}, got {experts!r}")
+
+        def part(w: Int4Weight) -> Int4Weight:
+            q, s = len(w.wq) // w.experts, len(w.sq) // w.experts                # words per expert
+            a, b = experts.start, experts.stop
+            return Int4Weight(w.wq[a * q:b * q], w.sq[a * s:b * s], w.n, w.k, w.group_size, len(experts),
+                              w.pair)
+        return MoEWeights(part(self.w13), part(self.w2), len(experts), 0)
+
 
 @dataclass(frozen=True)
 class MoEWorkspace:

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from workbench.bench.ep_in_turn import _row
 from workbench.bench.ep_moe import FLOOR_COLS, PHASE_COLS, plan, ranks_touched, summarise
 from workbench.config import preset
 
@@ -40,6 +41,15 @@ def test_summarise_takes_the_slowest_rank_per_step_then_the_median():
     assert {r["phase"] for r in out} == set(PHASE_COLS)
 
 
+def test_in_turn_row_is_the_busiest_rank_per_step_then_the_median():
+    steps = [{"busiest": b, "mean": b / 2, "sum": 2 * b, "distinct": u, "received": 3}
+             for b, u in ((10.0, 2), (30.0, 4), (20.0, 3))]
+    row = _row(8, 5, steps, expert_bytes=1e6, copy_gbs=1e3)            # 1 us per expert at the copy rate
+    assert (row["world"], row["rows"], row["tree_nodes"], row["impl"]) == (8, 5, 4, "ranks in turn")
+    assert (row["us"], row["min_us"], row["max_us"], row["sum_ranks_us"]) == (20.0, 10.0, 30.0, 40.0)
+    assert row["distinct_local_experts"] == 3 and row["floor_moe_us"] == 3.0 and row["pct_floor"] == 15.0
+
+
 def test_dry_run_prints_the_plan_without_a_gpu():
     res = subprocess.run([sys.executable, "-m", "workbench", "bench", "ep", "--dry-run", "--worlds", "2,4"],
                          capture_output=True, text=True, timeout=120)
@@ -49,3 +59,6 @@ def test_dry_run_prints_the_plan_without_a_gpu():
     bad = subprocess.run([sys.executable, "-m", "workbench", "bench", "ep", "--dry-run", "--worlds", "3"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--worlds" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "workbench", "bench", "ep", "--in-turn", "2,6"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--in-turn takes 1, 2, 4 and 8 or none" in bad.stderr

@@ -7,6 +7,7 @@ import pytest
 
 from kernels_numba import KernelInputError
 from kernels_numba.moe import GEMV_TOKENS, choose_moe_config, fused_moe, moe_workspace, prepare_moe
+from kernels_numba.sim import sim_speed
 from workbench.config import preset
 from workbench.quant.int4 import gen_quant4
 from workbench.reference.moe import moe, moe_gate
@@ -134,6 +135,36 @@ def test_gemv_path_without_shared_experts_equals_stream_k():
     got = fused_moe(x, ids, tw, mw, check_routing=True)
     want = fused_moe(x, ids, tw, mw, config=SMALL, check_routing=True)
     assert_close(host(got), host(want), rtol=2e-3, atol_rel=2e-3, what="no shared")
+
+
+def test_routed_slice_is_the_stack_of_those_experts():
+    """MoEWeights.routed(range(a, b)): views of experts a..b-1 as a stack of their own (local ids 0..),
+    the same fused_moe output as the stack prepared from those experts alone; bad ranges raise."""
+    cfg = preset("tiny")
+    d, i, e = cfg.hidden_size, cfg.moe_intermediate_size, 6
+    rng = np.random.default_rng(52)
+    mats = [[gen_quant4(n, k, 32, seed=int(rng.integers(1 << 30)))[1:] for _ in range(e)]
+            for n, k in [(i, d), (i, d), (d, i)]]
+
+    def stack(ex):
+        return prepare_moe(*(np.stack([mats[q][j][a] for j in ex]) for q in range(3) for a in (0, 1)))
+    whole, alone = stack(range(e)), stack(range(2, 5))
+    part = whole.routed(range(2, 5))
+    assert (part.n_routed, part.n_shared, part.w13.experts, part.w2.experts) == (3, 0, 3, 3)
+    if SIMULATED:
+        assert np.shares_memory(part.w13.wq, whole.w13.wq) and np.shares_memory(part.w2.sq, whole.w2.sq)
+    else:
+        whole, alone = whole.to_device(), alone.to_device()
+        part = whole.routed(range(2, 5))
+    x = dev(rng.standard_normal((3, d)).astype(np.float16))
+    ids = dev(np.array([[0, 2], [1, 3], [2, 1]], np.int32))          # id 3 (= E of the slice) is dropped
+    tw = dev(rng.random((3, 2)).astype(np.float32))
+    with sim_speed():
+        got, want = (fused_moe(x, ids, tw, w, config=SMALL) for w in (part, alone))
+    assert_close(host(got), host(want), rtol=1e-6, atol_rel=1e-6, what="slice")
+    for bad in (range(0, 0), range(4, 7), range(0, 4, 2), [0, 1]):
+        with pytest.raises(KernelInputError, match="range inside"):
+            whole.routed(bad)
 
 
 def test_gemv_path_flags_bad_ids_and_clears_the_flag():

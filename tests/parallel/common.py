@@ -1,13 +1,34 @@
-"""A tiny INT4 MoE layer for the expert-parallel tests, and the rank function they spawn."""
+"""A tiny INT4 MoE layer for the expert-parallel tests, and the rank function they spawn.
+
+The ranks join over gloo with the kernels in the CUDA simulator (CI), or over NCCL, one GPU a rank, in
+the GPU tier (KDTREE_GPU=1), where a world size needs as many GPUs (``worlds``)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kernels_numba import ops
-from kernels_numba.device import to_device
+from kernels_numba.device import SIMULATED, to_device
 from workbench.config import preset
 from workbench.quant.int4 import gen_quant4
+
+BACKEND = "gloo" if SIMULATED else "nccl"
+DEVICE = "cpu" if SIMULATED else "cuda"
+
+
+def worlds(*ps: int, slow: tuple = ()) -> list:
+    """World sizes as test parameters (those in ``slow`` marked slow); on the GPU tier, skipped beyond
+    the GPUs present."""
+    gpus = None
+    if not SIMULATED:
+        import torch
+        gpus = torch.cuda.device_count()
+    return [pytest.param(p, marks=[*([pytest.mark.slow] if p in slow else []),
+                                   pytest.mark.skipif(gpus is not None and p > gpus,
+                                                      reason=f"NCCL: needs {p} GPUs, {gpus} present")])
+            for p in ps]
+
 
 # D 128, I 64 (fused_moe's widths: multiples of 64), G 32, 16 experts top-4, one shared expert of 64
 CFG = preset("tiny").replace(n_routed_experts=16, num_experts_per_tok=4)
@@ -85,13 +106,13 @@ def rank_main(rank: int, world: int, seed: int, cases: list) -> list:
         for c in cases:
             key = tuple(c["banned"])
             if key not in blocks:
-                blocks[key] = EPMoE(ep_parts(weights(seed, key), world, rank), max_rows=32)
+                blocks[key] = EPMoE(ep_parts(weights(seed, key), world, rank), max_rows=32, device=DEVICE)
             block = blocks[key]
-            h, x = torch.from_numpy(c["h"].copy()), torch.from_numpy(c["x"].copy())
-            timer = PhaseTimer(cuda=False)
+            h, x = (torch.from_numpy(c[k].copy()).to(DEVICE) for k in ("h", "x"))
+            timer = PhaseTimer(cuda=not SIMULATED)
             timer.start()
             block(h, x, timer)
-            out.append({"h": h.numpy(), "got": block.last.got, "phases": sorted(timer.times_us())})
+            out.append({"h": h.cpu().numpy(), "got": block.last.got, "phases": sorted(timer.times_us())})
     return out
 
 

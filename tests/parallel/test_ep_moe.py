@@ -1,16 +1,18 @@
-"""The expert-parallel MoE block on 2 and 4 gloo processes (the kernels in the CUDA simulator) equals the
-single-process ops.moe and the numpy reference (W4A16 definition), for decode and tree verifies."""
+"""The expert-parallel MoE block on 1, 2 and 4 processes (gloo with the kernels in the CUDA simulator, or
+NCCL on the GPU tier) equals the single-process ops.moe and the numpy reference (W4A16 definition), for
+decode and tree verifies."""
 
 import os
 
 import numpy as np
 import pytest
 
+from kernels_numba.device import SIMULATED
 from workbench.parallel.launch import run_ranks
 from workbench.reference.moe import moe, moe_gate
 
 from ..kernels.helpers import assert_close
-from .common import CFG, LAYER, single_process, weights
+from .common import BACKEND, CFG, LAYER, single_process, weights, worlds
 
 SEED = 5
 # h = silu(gate) * up is rounded to float16 before the down projection; fused_moe picks its GEMV or
@@ -24,16 +26,18 @@ def _cases(world: int, rng) -> list:
                                            CFG.n_routed_experts))
     shapes = [("decode", 1, ()), ("verify 17 rows (16-node tree + root)", 17, ())] if world == 4 else \
         [("decode", 1, ()), ("verify 9 rows", 9, ())]
-    shapes.append((f"verify 9 rows, rank {world - 1}'s experts never chosen", 9, last))
+    if world > 1:
+        shapes.append((f"verify 9 rows, rank {world - 1}'s experts never chosen", 9, last))
     return [{"name": n, "banned": b, "x": rng.standard_normal((t, d)).astype(np.float32),
              "h": rng.standard_normal((t, d)).astype(np.float32)} for n, t, b in shapes]
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", worlds(1, 2, 4))
 def test_expert_parallel_equals_one_process(world):
-    assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"         # the ranks inherit the simulator
+    assert (os.environ.get("NUMBA_ENABLE_CUDASIM") == "1") == SIMULATED     # the ranks inherit the tier
     cases = _cases(world, np.random.default_rng(world))
-    per_rank = run_ranks("tests.parallel.common:rank_main", world, (SEED, cases), timeout_s=240)
+    per_rank = run_ranks("tests.parallel.common:rank_main", world, (SEED, cases), backend=BACKEND,
+                         timeout_s=240)
     for j, c in enumerate(cases):
         got = [r[j]["h"] for r in per_rank]
         for g in got[1:]:                      # every rank adds the same gathered rows to the same h

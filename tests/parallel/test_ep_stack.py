@@ -1,7 +1,7 @@
-"""The expert-parallel stack (workbench.parallel.ep_stack) on 2 and 4 gloo processes, the kernels in the
-CUDA simulator: a whole forward of 1 dense + 2 MoE layers (MLA with the latent cache, INT4 experts) for
-a prefill, decode steps and a tree verify gives every rank the same logits, equal to the single-process
-engine's, and the same greedy tokens."""
+"""The expert-parallel stack (workbench.parallel.ep_stack) on 1, 2 and 4 processes (gloo with the kernels
+in the CUDA simulator, or NCCL on the GPU tier): a whole forward of 1 dense + 2 MoE layers (MLA with the
+latent cache, INT4 experts) for a prefill, decode steps and a tree verify gives every rank the same
+logits, equal to the single-process engine's, and the same greedy tokens."""
 
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ from workbench.parallel.ep_stack import ep_engine
 from workbench.parallel.launch import run_ranks
 
 from ..kernels.helpers import assert_close
-from .common import BUDGET, PROMPT, STACK_CFG, stack_steps, stack_weights
+from .common import BACKEND, BUDGET, PROMPT, STACK_CFG, stack_steps, stack_weights, worlds
 
 SEED = 11
 # each MoE layer's fused_moe sees fewer rows per rank than on one process, so its summation order can
@@ -29,9 +29,9 @@ def single():
     return stack_steps(eng, SEED)
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])     # P = 4: ~12 s more
+@pytest.mark.parametrize("world", worlds(1, 2, 4, slow=(4,)))     # P = 4: ~12 s more
 def test_expert_parallel_stack_equals_one_process(world, single):
-    per_rank = run_ranks("tests.parallel.common:stack_rank", world, (SEED,), timeout_s=240)
+    per_rank = run_ranks("tests.parallel.common:stack_rank", world, (SEED,), backend=BACKEND, timeout_s=240)
     tree = single["tree"]
     assert tree.shape[1] == BUDGET + 1 and (np.bincount(tree[2, 1:] + 1) > 1).any()   # siblings: not a chain
     for k in ("logits", "prefill", "verify"):

@@ -131,7 +131,8 @@ def rank_main(rank: int, world: int, seed: int, layer: int, rows: list, reps: in
             ops.moe(kview(hb), kview(x), m, sc, kview(meta), t, default_stream())
             want = (hb - h0).cpu().numpy().astype(np.float64)
             err = np.linalg.norm(y_ep - want, axis=1) / np.maximum(np.linalg.norm(want, axis=1), 1e-30)
-            res["checks"].append({"world": world, "rows": t, "max_rel_err": float(err.max()), "tol": TOL,
+            res["checks"].append({"impl": "expert parallel", "world": world, "rows": t,
+                                  "max_rel_err": float(err.max()), "tol": TOL,
                                   "passed": bool(err.max() <= TOL)})
             log(f"T={t}: EP vs local max rel err {err.max():.2e} (tol {TOL:g})")
             if world == 1:                                          # time the local baseline too
@@ -237,14 +238,18 @@ def summarise(world: int, t: int, per_rank: list[dict], local: list | None) -> l
 
 
 def run(out_dir, worlds=None, rows=ROWS, reps: int = 20, seed: int = 0, layer: int = 1,
-        timeout_s: float = 540.0):
-    """Check and time the EP layer at each P (as many GPUs as there are); writes ``ep_moe_<commit>``."""
+        timeout_s: float = 540.0, in_turn=WORLDS):
+    """Check and time the layer's split at each P of ``in_turn`` rank after rank on one GPU
+    (``ep_in_turn``), then the EP layer at each P of ``worlds`` (as many GPUs as there are); writes
+    ``ep_moe_<commit>``, whose metadata's ``failed`` lists what did not run or did not pass."""
     import torch
 
+    from ..config import preset
     from ..fileio import write_json_atomic
     from ..parallel.launch import run_ranks
     from ..report.tables import write_csv
     from .common import copy_bandwidth, run_metadata
+    from .ep_in_turn import run_in_turn
     from .results import result_set
 
     n_gpu = torch.cuda.device_count()
@@ -252,18 +257,32 @@ def run(out_dir, worlds=None, rows=ROWS, reps: int = 20, seed: int = 0, layer: i
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = run_metadata(bench="ep_moe", model="k2_slice", layer=layer, reps=reps, rows=list(rows),
-                        worlds=worlds, gpus=n_gpu, nccl=".".join(map(str, torch.cuda.nccl.version())),
-                        nccl_nvls_enable="0", tol=TOL)
+                        worlds=worlds, in_turn=list(in_turn), gpus=n_gpu,
+                        nccl=".".join(map(str, torch.cuda.nccl.version())), nccl_nvls_enable="0", tol=TOL)
     rs = result_set(out, "ep_moe", meta["git_sha"])
     t0 = time.perf_counter()
+    table, checks, failed = [], [], []
 
     def log(msg) -> None:
         print(f"[{time.perf_counter() - t0:7.1f} s] {msg}", flush=True)
 
+    def save() -> None:
+        write_csv(table, rs.csv)
+        write_json_atomic(rs.meta, {**meta, "checks": checks, "failed": failed,
+                                    "elapsed_s": round(time.perf_counter() - t0, 1)})
+
     meta["copy_gbs"] = round(copy_bandwidth(), 1)
     torch.cuda.empty_cache()
-    log(f"copy rate {meta['copy_gbs']} GB/s; {n_gpu} GPUs; worlds {worlds}")
-    table, checks = [], []
+    log(f"copy rate {meta['copy_gbs']} GB/s; {n_gpu} GPUs; worlds {worlds}; ranks in turn {list(in_turn)}")
+    if in_turn:
+        part, part_checks = run_in_turn(preset("k2_slice"), seed, layer, in_turn, rows, reps,
+                                        meta["copy_gbs"], max(1, (os.cpu_count() or 2) - 1), SETS, TOL, log)
+        table += part
+        checks += part_checks
+        failed += [f"ranks in turn P={c['world']} T={c['rows']}: check"
+                   for c in part_checks if not c["passed"]]
+        save()
+        torch.cuda.empty_cache()
     for p in worlds:
         workers = max(1, (os.cpu_count() or 2) // p - 1)
         try:
@@ -272,6 +291,7 @@ def run(out_dir, worlds=None, rows=ROWS, reps: int = 20, seed: int = 0, layer: i
                             backend="nccl", timeout_s=timeout_s)
         except Exception as ex:  # noqa: BLE001 - keep the other world sizes
             log(f"P={p}: FAILED {type(ex).__name__}: {ex}")
+            failed.append(f"expert parallel P={p}: {type(ex).__name__}: {str(ex).splitlines()[0]}")
             continue
         every = per[0]
         for r in every:
@@ -280,31 +300,41 @@ def run(out_dir, worlds=None, rows=ROWS, reps: int = 20, seed: int = 0, layer: i
         checks += every[0]["checks"]
         if not all(c["passed"] for c in every[0]["checks"]):
             log(f"P={p}: check FAILED, its times are left out")
+            failed.append(f"expert parallel P={p}: check")
             continue
         for t in rows:
             table += summarise(p, t, every, every[0]["local"].get(t))
-        write_csv(table, rs.csv)
-        write_json_atomic(rs.meta, {**meta, "checks": checks, "elapsed_s": round(time.perf_counter() - t0)})
+        save()
     try:
         plot(table, rs.plot)
     except Exception as ex:  # noqa: BLE001
         log(f"plot FAILED {type(ex).__name__}: {ex}")
-    write_csv(table, rs.csv)
-    write_json_atomic(rs.meta, {**meta, "checks": checks, "elapsed_s": round(time.perf_counter() - t0, 1)})
-    log(f"checks: {sum(c['passed'] for c in checks)}/{len(checks)} passed; wrote {rs.csv}, {rs.meta}")
+    save()
+    log(f"checks: {sum(c['passed'] for c in checks)}/{len(checks)} passed; wrote {rs.csv}, {rs.meta}"
+        + (f"; FAILED: {'; '.join(failed)}" if failed else ""))
     return rs
 
 
 def plot(table: list[dict], path: Path) -> None:
-    """Layer time and floor vs rows per P; the phases of the decode step per P."""
+    """Layer time and floor vs rows per P; the phases of the decode step per P; the busiest rank's local
+    MoE vs rows per P, ranks in turn on one GPU."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from ..fileio import save_figure_atomic
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for p in sorted({r["world"] for r in table}):
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(17, 4.5))
+    turn = [r for r in table if r["impl"] == "ranks in turn"]
+    for p in sorted({r["world"] for r in turn}):
+        sel = [r for r in turn if r["world"] == p]
+        line, = c.plot([r["rows"] for r in sel], [r["us"] for r in sel], "o-", label=f"P={p} busiest rank")
+        c.plot([r["rows"] for r in sel], [r["floor_moe_us"] for r in sel], ":", color=line.get_color(),
+               label=f"P={p} floor")
+    c.set(xscale="log", yscale="log", xlabel="rows (tree nodes + root)", ylabel="us",
+          title="local MoE, ranks in turn on one GPU (no communication)")
+    c.legend(fontsize=6)
+    for p in sorted({r["world"] for r in table if r["impl"] == "expert parallel"}):
         sel = [r for r in table
                if r["world"] == p and r["phase"] == "total" and r["impl"] == "expert parallel"]
         a.plot([r["rows"] for r in sel], [r["us"] for r in sel], "o-", label=f"EP P={p}")
@@ -315,7 +345,7 @@ def plot(table: list[dict], path: Path) -> None:
     a.set(xscale="log", yscale="log", xlabel="rows (tree nodes + root)", ylabel="us",
           title="k2_slice MoE layer")
     a.legend(fontsize=6)
-    worlds = sorted({r["world"] for r in table})
+    worlds = sorted({r["world"] for r in table if r["impl"] == "expert parallel"})
     bottom = np.zeros(len(worlds))
     for ph in PHASE_COLS[:-1]:
         v = np.array([next((r["us"] for r in table if r["world"] == p and r["rows"] == 1 and r["phase"] == ph

@@ -2,8 +2,9 @@
 
 ``pair`` (workbench/bench/pair.py): DDTree vs AR on the engine for the trained code pair on HumanEval.
 
-``ep`` (workbench/bench/ep_moe.py): one k2_slice MoE layer expert-parallel over 1, 2, 4, 8 GPUs;
-``ep --dry-run`` prints its split and byte counts per P without a GPU.
+``ep`` (workbench/bench/ep_moe.py): one k2_slice MoE layer expert-parallel over 1, 2, 4, 8 GPUs, and
+its split at ``--in-turn`` P run rank after rank on one GPU; ``ep --dry-run`` prints its split and byte
+counts per P without a GPU. A part that fails or does not pass its check makes the exit status 1.
 
 Each run writes one result set ``<bench>_<commit>.csv / .json / .png / .log`` into DIR (the log is
 the run's console output) and then removes DIR's earlier sets of the same benchmark
@@ -37,6 +38,8 @@ def add_arguments(parser) -> None:
                         help="k2: how the dense projections are held, comma-separated: fp32 (widened), "
                              "bf16 (W16A16 on the BLAS path); each layer is built and timed per choice")
     parser.add_argument("--worlds", default="1,2,4,8", help="ep: comma-separated GPU counts (those present)")
+    parser.add_argument("--in-turn", default="1,2,4,8",
+                        help="ep: comma-separated P whose split runs rank after rank on one GPU, or none")
     parser.add_argument("--dry-run", action="store_true", help="ep: print the plan (no GPU, writes nothing)")
     parser.add_argument("--bundles", default=None, help="pair: comma-separated bundles")
     parser.add_argument("--prompts", type=int, default=64, help="pair: first N HumanEval prompts")
@@ -68,11 +71,14 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
         raise UserError(f"--{flag} wants comma-separated ints, got {text!r}") from None
 
 
-def _worlds(text: str) -> list[int]:
+def _worlds(text: str, flag: str = "worlds") -> list[int]:
     from workbench.cli import UserError
-    worlds = list(_ints("worlds", text))
+    if flag == "in-turn" and text == "none":
+        return []
+    worlds = list(_ints(flag, text))
     if any(p not in (1, 2, 4, 8) for p in worlds):
-        raise UserError(f"--worlds takes 1, 2, 4 and 8, got {text!r}")
+        raise UserError(f"--{flag} takes 1, 2, 4 and 8" + (" or none" if flag == "in-turn" else "")
+                        + f", got {text!r}")
     return worlds
 
 
@@ -88,10 +94,12 @@ def _dense(text: str) -> tuple[str, ...]:
 def run(args) -> int:
     from workbench.bench.common import require_gpu
     from workbench.cli import UserError
+    if args.what == "ep":                                  # bad --worlds / --in-turn: exit 2, GPU or not
+        worlds, in_turn = _worlds(args.worlds), _worlds(args.in_turn, "in-turn")
     if args.what == "ep" and args.dry_run:
         from workbench.bench.ep_moe import plan
         from workbench.config import preset
-        for row in plan(preset("k2_slice"), _worlds(args.worlds)):
+        for row in plan(preset("k2_slice"), worlds):
             print(", ".join(f"{k}={v}" for k, v in row.items()))
         return 0
     require_gpu()
@@ -111,7 +119,7 @@ def run(args) -> int:
             rs = res["set"]
         elif args.what == "ep":
             from workbench.bench.ep_moe import run as run_ep
-            rs = run_ep(out, _worlds(args.worlds), reps=args.reps)
+            rs = run_ep(out, worlds, reps=args.reps, in_turn=in_turn)
         elif args.what == "k2":
             from workbench.bench.k2_layer import run as run_k2
             layers = list(_ints("layers", args.layers)) if args.layers else None
@@ -132,4 +140,8 @@ def run(args) -> int:
     write_text_atomic(rs.log, "".join(tee.parts))
     for p in retire_others(rs):
         print(f"removed the earlier result file {p}")
+    failed = rs.read_meta().get("failed")
+    if failed:
+        print(f"bench {args.what}: {len(failed)} part(s) failed: {'; '.join(failed)}", file=sys.stderr)
+        return 1
     return 0

@@ -132,7 +132,10 @@ class EPMoE:
             raise ConfigError(f"weights for rank {w.rank} of {w.split.world}, but this is rank {rank} of "
                               f"{world}")
         check_int("max_rows", max_rows, 1)
-        self.w, self.max_rows, self.device, self.group = w, max_rows, torch.device(device), group
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:      # tensors report cuda:N, never plain cuda
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.w, self.max_rows, self.device, self.group = w, max_rows, dev, group
         to, d, k = w.split.rows_per_rank(max_rows), w.dim, w.router.top_k
         self.xo = torch.zeros(to, d, dtype=torch.float32, device=self.device)    # [To, D] owned rows of x
         self.ids = torch.zeros(to, k, dtype=torch.int32, device=self.device)    # [To, K] their routing
@@ -155,7 +158,7 @@ class EPMoE:
                     or a.shape[1] != self.w.dim or not a.is_contiguous() or a.device != self.device:
                 raise InputError(f"{name} must be a contiguous float32 [T, {self.w.dim}] tensor on "
                                  f"{self.device}, got {getattr(a, 'dtype', type(a).__name__)} "
-                                 f"{tuple(getattr(a, 'shape', ()))}")
+                                 f"{tuple(getattr(a, 'shape', ()))} on {getattr(a, 'device', '?')}")
         t = h.shape[0]
         if x.shape[0] != t or not 1 <= t <= self.max_rows:
             raise InputError(f"h and x must have the same 1..{self.max_rows} rows, got {t} and {x.shape[0]}")

@@ -120,18 +120,33 @@ def experts_us(times: dict[str, dict[int, float]], u: float) -> float:
     return float(np.interp(u, us, ts))
 
 
+def load_ep_local(bench_dir: str | Path, world: int) -> tuple[dict[int, float], dict[str, Any]] | None:
+    """({rows: us}, the set's metadata) of the current ``bench ep`` set's ranks-in-turn rows at P =
+    ``world``: the busiest rank's local MoE (its share of the routed experts, timed on one GPU), or
+    None when the set is missing or has no such rows."""
+    rs = current_set(bench_dir, "ep_moe")
+    if rs is None:
+        return None
+    local = {int(r["rows"]): float(r["us"]) for r in read_csv(rs.csv)
+             if r["impl"] == "ranks in turn" and int(r["world"]) == world}
+    return (local, rs.read_meta()) if local else None
+
+
 def project_ep(cfg: ModelConfig, times: dict[str, dict[int, float]], tau: dict[int, float],
-               world: int = 8) -> list[dict[str, Any]]:
+               world: int = 8, local: dict[int, float] | None = None) -> list[dict[str, Any]]:
     """``project`` for one GPU of ``world``-way expert parallelism: each GPU holds E / world experts of
     every layer and runs the rest of the layer itself (batch 1: every GPU computes the same attention).
-    A MoE layer at n rows costs its measured time less its routed-experts part, plus ``experts_us`` of
-    the busiest GPU's distinct experts (``busiest_gpu_experts``, uniform routing). Left out besides
-    ``project``'s: the all-to-all that sends each token's rows to its experts' GPUs and back (two per
-    MoE layer), and any imbalance from a real router."""
+    A MoE layer at n rows costs its measured time less its routed-experts part, plus the busiest GPU's
+    share of the experts: ``local`` {rows: us} where given (``load_ep_local``: measured, ranks in turn
+    on one GPU; rows it lacks are left out), else ``experts_us`` of the busiest GPU's expected distinct
+    experts (``busiest_gpu_experts``, uniform routing). Left out besides ``project``'s: the all-to-all
+    that sends each token's rows to its experts' GPUs and back (two per MoE layer)."""
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
-    rows_all = sorted(n for n in times["moe"] if n in times["experts"] and n in times["dense"])
-    moe_ep = {n: times["moe"][n] - times["experts"][n]
-              + experts_us(times, busiest_gpu_experts(e, k, n, world)) for n in rows_all}
+    rows_all = sorted(n for n in times["moe"] if n in times["experts"] and n in times["dense"]
+                      and (local is None or n in local))
+    share = (lambda n: local[n]) if local is not None else \
+        (lambda n: experts_us(times, busiest_gpu_experts(e, k, n, world)))
+    moe_ep = {n: times["moe"][n] - times["experts"][n] + share(n) for n in rows_all}
     return project(cfg, {"dense": times["dense"], "moe": moe_ep, "step": times.get("step", {})}, tau)
 
 
