@@ -21,8 +21,10 @@
 #   staged       dev/kernels/int4_matmul.py --staged: the staged W4A16 kernel's builds and tilings
 #                beside the tiled kernel and cuBLAS at M = 33 / 48 / 64, each checked first   ~60 s
 #   staged_probe dev/kernels/int4_matmul.py --staged-probe: where its time goes (timing only)  ~50 s
-#   ep           bench ep --worlds 1: the expert-parallel layer on NCCL with one rank, checked against
-#                the one-GPU layer, then timed (the P = 1 line of the scaling run; not run yet)
+#   ep           bench ep --worlds 1: the split at P = 1, 2, 4, 8 rank after rank on this GPU, and the
+#                expert-parallel layer on NCCL with one rank, each checked against the one-GPU layer,
+#                then timed (on a machine of P GPUs, --worlds 1,2,4,8 gives the scaling run)  ~200 s
+#   tier_ep      GPU tier of tests/parallel (NCCL, as many ranks as GPUs) and the routed-slice test  ~90 s
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -65,6 +67,8 @@ for step in $STEPS; do
     staged) run "int4_staged_${KDTREE_GIT_SHA}_h200" 330 python3 dev/kernels/int4_matmul.py --staged ;;
     staged_probe) run "int4_staged_probe_${KDTREE_GIT_SHA}_h200" 120 python3 dev/kernels/int4_matmul.py --staged-probe ;;
     ep) run ep 420 python3 -m workbench bench ep --worlds 1 --out "$OUT/ep" ;;
+    tier_ep) run tier_ep 200 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
+               tests/parallel tests/kernels/test_moe.py::test_routed_slice_is_the_stack_of_those_experts ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done

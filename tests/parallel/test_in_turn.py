@@ -1,5 +1,6 @@
 """The expert-parallel split run rank after rank on one device (workbench.parallel.in_turn): every rank's
-share of a step, run and combined, equals the routed experts of the numpy reference (W4A16 definition)."""
+share of a step, run and combined, equals the routed experts of the numpy reference (W4A16 definition);
+in the simulator (CI) and on the GPU tier."""
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from workbench.parallel.in_turn import combine, run, shares
 from workbench.reference.moe import moe, moe_gate
 
 from ..kernels.helpers import assert_close
-from .common import CFG, LAYER, _swiglu, router, weights
+from .common import CFG, DEVICE, LAYER, _swiglu, router, weights
 
 SEED = 7
 TOL = 2e-3        # as the block's tests: a rank's row count can change fused_moe's summation order
@@ -35,8 +36,8 @@ def test_shares_combined_equal_the_routed_experts(world, rows):
     p = f"layers.{LAYER}.ffn"
     idx, wts = moe_gate(CFG, x, w[p + ".gate"], w[p + ".gate_bias"])
     split = ExpertSplit(CFG.n_routed_experts, world)
-    parts = shares(torch.from_numpy(x), torch.from_numpy(idx.astype(np.int32)),
-                   torch.from_numpy(wts.astype(np.float32)), _layer(w), split)
+    parts = shares(*(torch.from_numpy(a).to(DEVICE) for a in (x, idx.astype(np.int32), wts.astype(np.float32))),
+                   _layer(w), split)
     el = split.per_rank
     assert [len(s.rows) for s in parts] == [int((idx // el == q).any(1).sum()) for q in range(world)]
     assert [s.distinct for s in parts] == [len(np.unique(idx[idx // el == q])) for q in range(world)]
@@ -45,7 +46,7 @@ def test_shares_combined_equal_the_routed_experts(world, rows):
         for s in parts:
             run(s)
     want = moe(CFG.replace(n_shared_experts=0), w, LAYER, x)
-    assert_close(combine(parts, rows).numpy(), want, rtol=TOL, atol_rel=TOL, what=f"P={world} T={rows}")
+    assert_close(combine(parts, rows).cpu().numpy(), want, rtol=TOL, atol_rel=TOL, what=f"P={world} T={rows}")
 
 
 def test_bad_inputs_raise_one_line_errors():
