@@ -36,8 +36,8 @@ def test_shares_combined_equal_the_routed_experts(world, rows):
     p = f"layers.{LAYER}.ffn"
     idx, wts = moe_gate(CFG, x, w[p + ".gate"], w[p + ".gate_bias"])
     split = ExpertSplit(CFG.n_routed_experts, world)
-    parts = shares(*(torch.from_numpy(a).to(DEVICE) for a in (x, idx.astype(np.int32), wts.astype(np.float32))),
-                   _layer(w), split)
+    step = (torch.from_numpy(a).to(DEVICE) for a in (x, idx.astype(np.int32), wts.astype(np.float32)))
+    parts = shares(*step, _layer(w), split)
     el = split.per_rank
     assert [len(s.rows) for s in parts] == [int((idx // el == q).any(1).sum()) for q in range(world)]
     assert [s.distinct for s in parts] == [len(np.unique(idx[idx // el == q])) for q in range(world)]
