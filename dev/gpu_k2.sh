@@ -66,7 +66,7 @@ for step in $STEPS; do
     profile) run profile 120 python3 dev/profile_k2_attention.py --rows 1,17 ;;
     staged) run "int4_staged_${KDTREE_GIT_SHA}_h200" 330 python3 dev/kernels/int4_matmul.py --staged ;;
     staged_probe) run "int4_staged_probe_${KDTREE_GIT_SHA}_h200" 120 python3 dev/kernels/int4_matmul.py --staged-probe ;;
-    ep) run ep 420 python3 -m workbench bench ep --worlds 1 --out "$OUT/ep" ;;
+    ep) run ep 520 python3 -m workbench bench ep --worlds 1 --out "$OUT/ep" ;;
     tier_ep) run tier_ep 200 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                tests/parallel tests/kernels/test_moe.py::test_routed_slice_is_the_stack_of_those_experts ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;

@@ -8,10 +8,11 @@ layer's router and all E INT4 experts (G = 32) are built once; per T, SETS rando
 by the layer's router (``ops.route``), and per P every rank's share is made (``in_turn.shares``).
 - check: on the first set, the shares run and combined in rank order equal the routed experts of the
   whole layer on one GPU (``ops.moe`` without the shared expert), each row within TOL;
-- time: per step (inputs rotated over the sets) each rank's fused_moe alone, the L2 flushed before it
-  and a spin kernel ahead of it so the host's launches are not timed (``common.spin_timed``); per
-  step the busiest rank's time (what the layer would wait for), the mean over ranks, and the sum
-  (the whole layer's expert work done in P pieces); median over steps;
+- time: per step (inputs rotated over the sets) each rank's fused_moe alone, captured in a CUDA graph
+  as the engine runs it (``engine.graphs.StepGraph``, as ``bench k2`` times its parts), the L2 flushed
+  before it and a spin kernel ahead of it (``common.spin_timed``); per step the busiest rank's time
+  (what the layer would wait for), the mean over ranks, and the sum (the whole layer's expert work
+  done in P pieces); median over steps;
 - floor: the most distinct local experts a rank ran x the INT4 expert's bytes at the copy rate.
 No bytes move between GPUs here: dispatch and combine are not in these times (``impl`` "ranks in turn").
 """
@@ -23,8 +24,6 @@ from functools import partial
 
 import numpy as np
 
-SPIN = 2_000_000               # GPU cycles (~1 ms) ahead of each timed share: covers its four launches
-
 
 def run_in_turn(cfg, seed: int, layer: int, worlds, rows, reps: int, copy_gbs: float, workers: int,
                 sets: int, tol: float, log=print) -> tuple[list[dict], list[dict]]:
@@ -34,6 +33,7 @@ def run_in_turn(cfg, seed: int, layer: int, worlds, rows, reps: int, copy_gbs: f
     from kernels_numba import ops
     from kernels_numba.device import default_stream
 
+    from ..engine.graphs import StepGraph
     from ..parallel.ep_moe import kview
     from ..parallel.experts import ExpertSplit
     from ..parallel.in_turn import combine, run, shares
@@ -78,19 +78,22 @@ def run_in_turn(cfg, seed: int, layer: int, worlds, rows, reps: int, copy_gbs: f
             if not ok:
                 log(f"ranks in turn P={p} T={t}: check FAILED (max rel err {err.max():.2e}), not timed")
                 continue
+            graphs = [[StepGraph(lambda st, sh=sh: run(sh, st), True) if len(sh.rows) else None
+                       for sh in parts] for parts in per_set]          # a rank that receives no row: 0 us
+            most = [(max(sh.distinct for sh in parts), max(len(sh.rows) for sh in parts))
+                    for parts in per_set]
             steps = []
             for r in range(3 + reps):
-                parts = per_set[r % sets]
-                us = [spin_timed(partial(run, sh, s), 1, spin=SPIN, before=lambda _r: flush.zero_())[0]
-                      for sh in parts]
+                us = [spin_timed(partial(g.run, None), 1, before=lambda _r: flush.zero_())[0] if g else 0.0
+                      for g in graphs[r % sets]]
                 if r >= 3:
+                    u, n = most[r % sets]
                     steps.append({"busiest": max(us), "mean": statistics.fmean(us), "sum": sum(us),
-                                  "distinct": max(sh.distinct for sh in parts),
-                                  "received": max(len(sh.rows) for sh in parts)})
+                                  "distinct": u, "received": n})
             table.append(_row(p, t, steps, expert_bytes, copy_gbs))
             log(f"ranks in turn P={p} T={t}: max rel err {err.max():.2e}; busiest rank "
                 f"{table[-1]['us']:.1f} us, {table[-1]['distinct_local_experts']:g} experts")
-            del per_set
+            del per_set, graphs
     return table, checks
 
 
