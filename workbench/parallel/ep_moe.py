@@ -15,8 +15,9 @@ attention can run. Within the block the rows are owned (data-parallel style); pe
             (global - r El), the rest masked (id El, weight 0; fused_moe drops ids outside [0, El)).
             The row counts go first (all_to_all_single of P int64), then one all_to_all_single of
             rows [S, 2D + 8Kl] bytes: f16(x) (what fused_moe reads), int32 ids, float32 weights.
-3. local    each rank runs ``ops.experts_fused`` (fused_moe) on its El experts over the R rows it got:
-            the weighted sum of the row's local experts, float32 [R, D].
+3. local    each rank runs ``ops.experts_fused`` (fused_moe) on its El experts over the R rows it got,
+            their slots cut to the most any row has here (``live_slots``): the weighted sum of the
+            row's local experts, float32 [R, D].
 4. combine  those partial sums go back to the owners (all_to_all_single, the reverse splits), which
             add them in rank order (a fixed order: no atomics).
 5. shared   the owner adds the shared expert of its rows (``ops.swiglu``; replicated weights).
@@ -118,6 +119,14 @@ def dispatch_plan(ids, wts, split: ExpertSplit) -> Plan:
     return Plan(q, o, lid.contiguous(), lw.contiguous(), hit.sum(0))
 
 
+def live_slots(ids, wts, el: int):
+    """Received slots ``ids`` / ``wts`` [R, Kl] cut to the most local experts any of the R rows has on
+    this rank: local slots come first, so every column past that is masked in every row, and fused_moe
+    runs each masked pair at a whole expert's cost (it reads expert 0 and drops the result)."""
+    m = int((ids < el).sum(1).max()) if len(ids) else 0
+    return ids[:, :m].contiguous(), wts[:, :m].contiguous()
+
+
 class EPMoE:
     """The host wrapper: ``block(h, x)`` does h [T, D] += moe(x [T, D]) on this rank (module docstring);
     float32 torch tensors on ``device``, 1 <= T <= max_rows, every rank calling with the same T."""
@@ -145,11 +154,11 @@ class EPMoE:
         self._ws: dict[int, Any] = {}
         self.last: SimpleNamespace | None = None
 
-    def workspace(self, n: int):
-        """fused_moe's workspace for n received rows (made on first use, then reused)."""
-        if n not in self._ws:
-            self._ws[n] = moe_workspace(n, self.w.slots, self.w.local)
-        return self._ws[n]
+    def workspace(self, n: int, m: int):
+        """fused_moe's workspace for n received rows of m live slots (made on first use, then reused)."""
+        if (n, m) not in self._ws:
+            self._ws[n, m] = moe_workspace(n, m, self.w.local)
+        return self._ws[n, m]
 
     def _check(self, h, x) -> int:
         import torch
@@ -195,8 +204,9 @@ class EPMoE:
         lid = recv[:, 2 * d:2 * d + 4 * kl].contiguous().view(torch.int32)       # [R, Kl]
         if n:
             x16 = recv[:, :2 * d].contiguous().view(torch.float16)
-            lw = recv[:, 2 * d + 4 * kl:].contiguous().view(torch.float32)
-            ops.experts_fused(kview(x16), kview(lid), kview(lw), w.local, kview(yr), self.workspace(n), s)
+            lid, lw = live_slots(lid, recv[:, 2 * d + 4 * kl:].contiguous().view(torch.float32), sp.per_rank)
+            ops.experts_fused(kview(x16), kview(lid), kview(lw), w.local, kview(yr),
+                              self.workspace(n, lid.shape[1]), s)
         mark("local_moe")
 
         back = torch.empty(len(plan.row), d, dtype=torch.float32, device=self.device)

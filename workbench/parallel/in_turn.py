@@ -22,15 +22,15 @@ from kernels_numba.moe import MoEWeights, moe_workspace
 
 from ..config import ConfigError
 from ..errors import InputError
-from .ep_moe import dispatch_plan, kview
+from .ep_moe import dispatch_plan, kview, live_slots
 from .experts import ExpertSplit
 
 
 @dataclass(frozen=True)
 class Share:
     """What rank ``rank`` receives: ``rows`` [R] (indices into the step's T rows), their f16 inputs
-    ``x16`` [R, D] and local slots ``ids`` / ``wts`` [R, Kl]; ``out`` [R, D] float32 holds its partial
-    sums after ``run``. ``experts``: its El experts."""
+    ``x16`` [R, D] and local slots ``ids`` / ``wts`` [R, m] (``live_slots``: m <= Kl); ``out`` [R, D]
+    float32 holds its partial sums after ``run``. ``experts``: its El experts."""
     rank: int
     rows: Any
     x16: Any
@@ -66,7 +66,7 @@ def shares(x, ids, wts, experts: MoEWeights, split: ExpertSplit) -> list[Share]:
         sel = plan.dest == q
         rows = plan.row[sel]
         w = experts.routed(split.experts(q))
-        lid, lw = plan.ids[sel].contiguous(), plan.wts[sel].contiguous()
+        lid, lw = live_slots(plan.ids[sel], plan.wts[sel], split.per_rank)
         r = len(rows)
         out.append(Share(q, rows, x16[rows].contiguous(), lid, lw, w,
                          torch.empty(r, d, dtype=torch.float32, device=x.device),
