@@ -333,17 +333,60 @@ else:
         hardware=k2_meta.get("gpu", "?"), date=k2_meta.get("time_utc")))
 
 # %% [markdown]
+# ## Expert parallelism: each GPU's share of a K2 MoE layer (measured on one H200)
+# With the 384 experts split over P GPUs (48 each at P = 8), a step's rows go to the GPUs holding
+# their experts and the layer waits for the busiest GPU. `python -m workbench bench ep` splits the
+# seeded `k2_slice` MoE layer (INT4 experts, its own router on random inputs) at P = 1, 2, 4, 8 and
+# runs each rank's `fused_moe` over the rows it would receive **one rank after another on one
+# H200**, after checking that the shares combined equal the whole layer. Measured: the busiest
+# rank's time per step (a CUDA graph replay, L2 flushed), median over steps, and its floor (its
+# distinct experts' INT4 bytes at the copy rate). **Not measured:** the two all-to-alls per layer
+# that move the rows between GPUs, which need a machine of P GPUs; the same run checks and times
+# the NCCL expert-parallel block with one rank only.
+
+# %%
+ep_set = k2proj.load_ep(engine_bench_dir)
+ep_local8 = {}
+if ep_set is None:
+    display(Markdown(f"**No `bench ep` result set in `{engine_bench_dir}`**: run `python -m workbench "
+                     "bench ep` on a GPU; this section stays empty until then."))
+else:
+    ep_table, ep_meta = ep_set
+    ep_local8 = k2proj.ep_local(ep_table, 8)
+    turn = tables.frame([{k: r[k] for k in ("world", "rows", "us", "floor_moe_us", "distinct_local_experts",
+                                            "rows_received", "run")}
+                         for r in ep_table if r["impl"] == "ranks in turn"])
+    tables.show_table(turn, "05_ep_local_share", out_dir, digits=4, caption=(
+        f"MEASURED on {ep_meta.get('gpu', '?')}: the busiest rank's local MoE (us) of the k2_slice MoE "
+        "layer split over P GPUs, ranks run in turn on one GPU, by rows T (tree nodes + root); no "
+        f"communication. Runs {', '.join(r['git_sha'] for r in ep_meta.get('runs', [ep_meta]))}."),
+        view=turn.pivot(index="rows", columns="world", values="us"))
+    checks = ep_meta.get("checks", [])
+    nccl = [c for c in checks if c.get("impl") == "expert parallel"]
+    display(Markdown(
+        f"Checks: {sum(c['passed'] for c in checks)} of {len(checks)} passed (each row of the split, or "
+        f"of the NCCL block, within {ep_meta.get('tol')} of the whole layer on one GPU). NCCL block "
+        f"measured at P = {', '.join(str(p) for p in sorted({c['world'] for c in nccl})) or 'none'}: "
+        "with one rank its exchanges are copies to itself, so it checks the bookkeeping, not scaling."))
+    fig, ax = plots.plt.subplots(figsize=(6, 3.8))
+    plots.lines(ax, {f"P = {p}": tuple(zip(*sorted(k2proj.ep_local(ep_table, p).items()), strict=True))
+                     for p in sorted({int(w) for w in turn["world"]})},
+                "rows T (tree nodes + root)", "busiest rank's local MoE (us)",
+                "one MoE layer's experts on P GPUs", logx=True, logy=True)
+    plots.finish(fig, "05_ep_local_share", out_dir, plots.caption_text(
+        "MEASURED: each rank's fused_moe over the rows it would receive, ranks in turn on one GPU; the "
+        "all-to-alls are not in it.", hardware=ep_meta.get("gpu", "?"), date=ep_meta.get("time_utc")))
+
+# %% [markdown]
 # ## The same per GPU of an 8-way expert-parallel node (projection from measurements)
 # The whole model (about 595 GB in INT4) fits 8 H200s when each holds 48 of every layer's 384 experts
 # (about 74 GB). At batch 1 each GPU still runs the dense layer, the attention, router and shared
 # expert of every layer for the token (the **measured** layer time less its routed-experts part);
-# only the routed experts split. A tree's rows touch the union of their experts, and the layer waits
-# for the GPU holding the most of them: its expected count under uniform routing
-# (`k2proj.busiest_gpu_experts`, 400 random routings) is costed on the **measured** routed-experts
-# time against distinct experts (random routing sets, one GPU). Left out besides the one-GPU
-# projection's: the two all-to-alls per MoE layer that carry a token's rows to its experts' GPUs and
-# back (not measured on one GPU; `bench ep` times them on a multi-GPU machine), and any imbalance a
-# real router adds.
+# only the routed experts split, and the layer waits for the busiest GPU's share: **measured** above
+# (`bench ep`, P = 8) where that set exists, else its expected distinct experts under uniform routing
+# (`k2proj.busiest_gpu_experts`) costed on the measured routed-experts time against distinct
+# experts. Left out besides the one-GPU projection's: the two all-to-alls per MoE layer that carry a
+# token's rows to its experts' GPUs and back (not measured: no multi-GPU machine has run `bench ep`).
 
 # %%
 if k2_layers is not None:
@@ -352,13 +395,16 @@ if k2_layers is not None:
         if not d.startswith("oracle"):
             continue
         tau_d = {r["budget"]: r["tau"] for r in acc_rows if r["drafter"] == d}
-        ep_rows += [{"drafter": d, **r} for r in k2proj.project_ep(preset("k2"), k2_times, tau_d, world=8)]
+        ep_rows += [{"drafter": d, **r} for r in k2proj.project_ep(preset("k2"), k2_times, tau_d, world=8,
+                                                                    local=ep_local8 or None)]
     ep = tables.frame(ep_rows)
+    share = ("the busiest GPU's experts MEASURED by bench ep (ranks in turn on one GPU)" if ep_local8 else
+             "the busiest GPU's experts from uniform routing on the measured experts curve")
     tables.show_table(ep, "05_k2_projection_ep8", out_dir, digits=3, caption=(
         f"PROJECTED full-K2 tokens/s per 8-GPU expert-parallel node from MEASURED k2_slice layer times "
         f"({k2_meta.get('gpu', '?')}, commit {k2_meta.get('git_sha', '?')[:7]}, {k2_meta['dense_used']} "
-        f"dense projections) and the reference's oracle τ on {bundle_name}; all-to-all left out; "
-        "budget 0 = AR."),
+        f"dense projections), {share}, and the reference's oracle τ on {bundle_name}; all-to-all left "
+        "out; budget 0 = AR."),
         view=ep.pivot(index="drafter", columns="budget", values="speedup"))
     display(Markdown("Best projected budget per drafter, 8-way expert parallel: "
                      f"{k2proj.best_budgets(ep_rows)}."))

@@ -241,11 +241,13 @@ else:
 # tree's tokens like uniform routing. That ratio was measured at E = 32, top-4 and is carried over to
 # K2's E = 384, top-8 as is. Left out as in 05: lm_head, the drafter, tree building, and that 61
 # layers do not fit one GPU. A third line is notebook 05's per-GPU projection of an 8-way
-# expert-parallel node (each GPU runs the non-expert part, the busiest GPU's experts bound the layer;
-# the all-to-alls are left out).
+# expert-parallel node (each GPU runs the non-expert part, the busiest GPU's share of the experts,
+# measured by `bench ep` where its set exists, bounds the layer; the all-to-alls are left out).
 
 # %%
 k2_layers = k2proj.load_layers(bench_dir)
+ep_set = k2proj.load_ep(bench_dir)
+ep_local8 = k2proj.ep_local(ep_set[0], 8) if ep_set else {}
 if k2_layers is None or ms is None:
     display(Markdown("**Needs both the `bench k2` result set and the measure run.**"))
 else:
@@ -258,7 +260,8 @@ else:
         proj_rows += [{"model": m, "experts": "pair's overlap ratio", **r} for r in k2proj.project(
             preset("k2"), k2_times, tau_m, overlap=pairdata.overlap_by_budget(acc, m, 0.0))]
         proj_rows += [{"model": m, "experts": "per GPU of 8-way expert parallel", **r}
-                      for r in k2proj.project_ep(preset("k2"), k2_times, tau_m, world=8)]
+                      for r in k2proj.project_ep(preset("k2"), k2_times, tau_m, world=8,
+                                                 local=ep_local8 or None)]
     tables.show_table(proj_rows, "06_k2_projection", out_dir, digits=3, caption=(
         f"PROJECTED full-K2 tokens/s from MEASURED k2_slice layers ({k2_meta.get('gpu', '?')}, commit "
         f"{k2_meta.get('git_sha', '?')[:7]}, {k2_meta['dense_used']} dense projections) and the MEASURED "

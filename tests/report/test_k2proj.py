@@ -87,22 +87,29 @@ def test_measured_local_share_replaces_the_interpolated_one(tmp_path):
     from workbench.bench.results import result_set
     from workbench.fileio import write_json_atomic
     from workbench.report.tables import write_csv
-    assert k2proj.load_ep_local(tmp_path, 8) is None
+    assert k2proj.load_ep(tmp_path) is None
     rs = result_set(tmp_path, "ep_moe", "abc1234")
     turn = dict(impl="ranks in turn", phase="local_moe")
     write_csv([dict(turn, world=8, rows=1, us=9.0), dict(turn, world=8, rows=5, us=40.0),
                dict(turn, world=4, rows=1, us=14.0),
                dict(impl="expert parallel", phase="total", world=8, rows=1, us=500.0)], rs.csv)
     write_json_atomic(rs.meta, {"bench": "ep_moe", "time_utc": "x"})
-    local, meta = k2proj.load_ep_local(tmp_path, 8)
-    assert local == {1: 9.0, 5: 40.0} and meta["bench"] == "ep_moe"
-    assert k2proj.load_ep_local(tmp_path, 2) is None
+    rows, meta = k2proj.load_ep(tmp_path)
+    local = k2proj.ep_local(rows, 8)
+    assert local == {1: 9.0, 5: 40.0} and meta["bench"] == "ep_moe" and k2proj.ep_local(rows, 2) == {}
     times = {"dense": {1: 100.0, 5: 200.0, 9: 300.0}, "moe": {1: 50.0, 5: 400.0, 9: 600.0},
              "experts": {1: 20.0, 5: 300.0, 9: 450.0}}
     rows = k2proj.project_ep(preset("k2"), times, {4: 3.0, 8: 4.0}, local=local)     # 9 rows: not measured
     assert [r["budget"] for r in rows] == [0, 4]
     assert rows[0]["step_ms"] == (100 + 60 * (50 - 20 + 9)) / 1e3
     assert rows[1]["step_ms"] == (200 + 60 * (400 - 300 + 40)) / 1e3
+
+
+def test_committed_ep_set_has_the_split_measured_at_every_p():
+    rows, meta = k2proj.load_ep(Path(__file__).resolve().parents[2] / "reports" / "bench")
+    assert meta["bench"] == "ep_moe" and all(c["passed"] for c in meta["checks"])
+    for p in (1, 2, 4, 8):
+        assert {1, 2, 5, 17, 65} <= set(k2proj.ep_local(rows, p)), p
 
 
 def test_best_budgets_names_each_groups_best():

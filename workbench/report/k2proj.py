@@ -120,16 +120,17 @@ def experts_us(times: dict[str, dict[int, float]], u: float) -> float:
     return float(np.interp(u, us, ts))
 
 
-def load_ep_local(bench_dir: str | Path, world: int) -> tuple[dict[int, float], dict[str, Any]] | None:
-    """({rows: us}, the set's metadata) of the current ``bench ep`` set's ranks-in-turn rows at P =
-    ``world``: the busiest rank's local MoE (its share of the routed experts, timed on one GPU), or
-    None when the set is missing or has no such rows."""
+def load_ep(bench_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """(rows, metadata) of the current ``bench ep`` set, or None."""
     rs = current_set(bench_dir, "ep_moe")
-    if rs is None:
-        return None
-    local = {int(r["rows"]): float(r["us"]) for r in read_csv(rs.csv)
-             if r["impl"] == "ranks in turn" and int(r["world"]) == world}
-    return (local, rs.read_meta()) if local else None
+    return None if rs is None else (read_csv(rs.csv), rs.read_meta())
+
+
+def ep_local(rows: list[dict[str, Any]], world: int) -> dict[int, float]:
+    """{T: us} of a ``bench ep`` set's ranks-in-turn rows at P = ``world``: the busiest rank's local
+    MoE (its share of the routed experts, timed on one GPU); empty where the set has none."""
+    return {int(r["rows"]): float(r["us"]) for r in rows
+            if r["impl"] == "ranks in turn" and int(r["world"]) == world}
 
 
 def project_ep(cfg: ModelConfig, times: dict[str, dict[int, float]], tau: dict[int, float],
@@ -137,7 +138,7 @@ def project_ep(cfg: ModelConfig, times: dict[str, dict[int, float]], tau: dict[i
     """``project`` for one GPU of ``world``-way expert parallelism: each GPU holds E / world experts of
     every layer and runs the rest of the layer itself (batch 1: every GPU computes the same attention).
     A MoE layer at n rows costs its measured time less its routed-experts part, plus the busiest GPU's
-    share of the experts: ``local`` {rows: us} where given (``load_ep_local``: measured, ranks in turn
+    share of the experts: ``local`` {rows: us} where given (``ep_local``: measured, ranks in turn
     on one GPU; rows it lacks are left out), else ``experts_us`` of the busiest GPU's expected distinct
     experts (``busiest_gpu_experts``, uniform routing). Left out besides ``project``'s: the all-to-all
     that sends each token's rows to its experts' GPUs and back (two per MoE layer)."""
