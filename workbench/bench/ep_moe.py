@@ -19,8 +19,10 @@ experts on one GPU (``ops.moe``: router, fused_moe, shared expert): the local ba
   the same step after a barrier, ``all_to_all_single`` of the step's own split sizes: the counts, the
   dispatched rows, the combined rows, and the all-gather; ``floor_us`` = their sum.
 P = 1 runs the same block (its exchanges are copies to itself) and the local baseline (``impl`` local).
-Writes the result set ``ep_moe_<commit>`` (CSV, JSON metadata, plot, log). ``plan`` (``--dry-run``)
-prints the per-row byte counts per P without a GPU.
+Before the NCCL runs, ``ep_in_turn`` runs the split at each P of ``in_turn`` rank after rank on one GPU
+(``impl`` ranks in turn: each rank's local MoE, checked and timed; no communication). Writes the result
+set ``ep_moe_<commit>`` (CSV, JSON metadata, plot, log). ``plan`` (``--dry-run``) prints the per-row
+byte counts per P without a GPU.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def _local_baseline(cfg, seed, layer, rt, shared, workers, max_rows, fused=None)
     from kernels_numba import ops
 
     from .k2_build import int4_experts
-    fused = fused or int4_experts(cfg, seed, layer, workers).to_device()
+    if fused is None:
+        fused = int4_experts(cfg, seed, layer, workers).to_device()
     m = ops.MoE(ops.FUSED_MOE, rt, cfg.moe_intermediate_size, cfg.hidden_size, fused=fused, shared=shared)
     sc = ops.Scratch(max_rows, [], [m])
     return m, sc
