@@ -38,6 +38,7 @@ def run_in_turn(cfg, seed: int, layer: int, worlds, rows, reps: int, copy_gbs: f
     from ..parallel.experts import ExpertSplit
     from ..parallel.in_turn import combine, run, shares
     from .common import spin_timed
+    from .ep_moe import WARMUP
     from .k2_build import int4_experts, layer_bytes, router_and_shared
 
     d, k = cfg.hidden_size, cfg.num_experts_per_tok
@@ -83,10 +84,10 @@ def run_in_turn(cfg, seed: int, layer: int, worlds, rows, reps: int, copy_gbs: f
             most = [(max(sh.distinct for sh in parts), max(len(sh.rows) for sh in parts))
                     for parts in per_set]
             steps = []
-            for r in range(3 + reps):
+            for r in range(WARMUP + reps):
                 us = [spin_timed(partial(g.run, None), 1, before=lambda _r: flush.zero_())[0] if g else 0.0
                       for g in graphs[r % sets]]
-                if r >= 3:
+                if r >= WARMUP:
                     u, n = most[r % sets]
                     steps.append({"busiest": max(us), "mean": statistics.fmean(us), "sum": sum(us),
                                   "distinct": u, "received": n})
