@@ -1,4 +1,5 @@
-"""``python -m workbench bench k2``: its flags reach the benchmark as the keywords they name."""
+"""``python -m workbench bench k2|ep``: their flags reach the benchmark as the keywords they name; a
+``bench ep`` part that failed makes the exit status 1."""
 
 import inspect
 from types import SimpleNamespace
@@ -36,3 +37,31 @@ def test_k2_rejects_an_unknown_dense_kind(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(kernels_numba.device, "SIMULATED", False)
     assert main(["bench", "k2", "--out", str(tmp_path), "--dense", "fp8"]) != 0
     assert "--dense takes" in capsys.readouterr().err
+
+
+def test_ep_flags_reach_the_benchmark_and_a_failed_part_exits_1(monkeypatch, tmp_path, capsys):
+    import kernels_numba.device
+    import workbench.bench.common
+    import workbench.bench.ep_moe
+    import workbench.bench.results
+    from workbench.bench.results import result_set
+    from workbench.fileio import write_json_atomic
+    seen, failed = {}, []
+
+    def fake_run(out_dir, worlds=None, **kw):
+        inspect.signature(workbench.bench.ep_moe.run).bind(out_dir, worlds, **kw)  # the real signature
+        seen.update(kw, worlds=worlds)
+        rs = result_set(tmp_path, "ep_moe", "abc1234")
+        write_json_atomic(rs.meta, {"failed": failed})
+        return rs
+
+    monkeypatch.setattr(workbench.bench.common, "require_gpu", lambda: None)
+    monkeypatch.setattr(kernels_numba.device, "SIMULATED", False)
+    monkeypatch.setattr(workbench.bench.ep_moe, "run", fake_run)
+    monkeypatch.setattr(workbench.bench.results, "retire_others", lambda rs: [])
+    argv = ["bench", "ep", "--out", str(tmp_path), "--worlds", "1,8", "--in-turn", "none", "--reps", "5"]
+    assert main(argv) == 0
+    assert seen == dict(worlds=[1, 8], reps=5, in_turn=[])
+    failed.append("expert parallel P=8: check")
+    assert main(argv) == 1
+    assert "1 part(s) failed: expert parallel P=8: check" in capsys.readouterr().err
