@@ -38,14 +38,13 @@ def run_in_turn(cfg, seed: int, layer: int, worlds, rows, reps: int, copy_gbs: f
     from ..parallel.experts import ExpertSplit
     from ..parallel.in_turn import combine, run, shares
     from .common import spin_timed
-    from .ep_moe import WARMUP
-    from .k2_build import int4_experts, layer_bytes, router_and_shared
+    from .ep_moe import WARMUP, row_errors, whole_layer
+    from .k2_build import layer_bytes, router_and_shared
 
     d, k = cfg.hidden_size, cfg.num_experts_per_tok
     rt, _ = router_and_shared(cfg, seed, layer)
-    full = int4_experts(cfg, seed, layer, workers).to_device()
-    whole = ops.MoE(ops.FUSED_MOE, rt, cfg.moe_intermediate_size, d, fused=full)
-    sc = ops.Scratch(max(rows), [], [whole])
+    whole, sc = whole_layer(cfg, seed, layer, rt, None, workers, max(rows))     # routed experts only
+    full = whole.fused
     log(f"ranks in turn: layer {layer}'s {full.n_routed} INT4 experts built")
     expert_bytes = layer_bytes(cfg, layer)["expert_int4"]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -72,7 +71,7 @@ def run_in_turn(cfg, seed: int, layer: int, worlds, rows, reps: int, copy_gbs: f
             for sh in per_set[0]:
                 run(sh, s)
             got = combine(per_set[0], t).cpu().numpy()
-            err = np.linalg.norm(got - want, axis=1) / np.maximum(np.linalg.norm(want, axis=1), 1e-30)
+            err = row_errors(got, want)
             ok = bool(err.max() <= tol)
             checks.append({"impl": "ranks in turn", "world": p, "rows": t, "max_rel_err": float(err.max()),
                            "tol": tol, "passed": ok})

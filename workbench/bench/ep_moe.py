@@ -72,8 +72,13 @@ def plan(cfg, worlds=WORLDS, rows=ROWS) -> list[dict]:
     return out
 
 
+def row_errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Each row's relative error |got - want| / |want| (float64 want, rows [T, D])."""
+    return np.linalg.norm(got - want, axis=1) / np.maximum(np.linalg.norm(want, axis=1), 1e-30)
+
+
 # ---- one rank (a child of run_ranks) --------------------------------------------------------------
-def _local_baseline(cfg, seed, layer, rt, shared, workers, max_rows, fused=None):
+def whole_layer(cfg, seed, layer, rt, shared, workers, max_rows, fused=None):
     """The whole layer on this GPU (``fused``: its E experts when this rank already holds them all)."""
     from kernels_numba import ops
 
@@ -111,7 +116,7 @@ def rank_main(rank: int, world: int, seed: int, layer: int, rows: list, reps: in
     local = int4_experts(cfg, seed, layer, workers, experts=sp.experts(rank)).to_device()
     block = EPMoE(ep_weights(sp, rank, rt, local, shared), max(rows), "cuda")
     log(f"experts {sp.experts(rank).start}..{sp.experts(rank).stop - 1} built")
-    base = _local_baseline(cfg, seed, layer, rt, shared, workers, max(rows),
+    base = whole_layer(cfg, seed, layer, rt, shared, workers, max(rows),
                            local if world == 1 else None) if rank == 0 else None
     if base is not None:
         log("local baseline (all experts) built")
@@ -135,7 +140,7 @@ def rank_main(rank: int, world: int, seed: int, layer: int, rows: list, reps: in
             meta[1] = t
             ops.moe(kview(hb), kview(x), m, sc, kview(meta), t, default_stream())
             want = (hb - h0).cpu().numpy().astype(np.float64)
-            err = np.linalg.norm(y_ep - want, axis=1) / np.maximum(np.linalg.norm(want, axis=1), 1e-30)
+            err = row_errors(y_ep, want)
             res["checks"].append({"impl": "expert parallel", "world": world, "rows": t,
                                   "max_rel_err": float(err.max()), "tol": TOL,
                                   "passed": bool(err.max() <= TOL)})
