@@ -1,6 +1,6 @@
 """The repository explains itself: it cites only documents it contains, its links resolve, it speaks
 of the workbench rather than of how the work was organised, and reports/bench keeps one result set
-per benchmark with an index of its history logs."""
+per benchmark, the newest GPU-tier log per tier and an index of the retired files in git."""
 
 from __future__ import annotations
 
@@ -88,10 +88,20 @@ def test_bench_results_one_set_per_benchmark_and_an_indexed_history():
         s = sets[0]
         assert s.csv.is_file() and s.meta.is_file(), s.stem
         assert s.read_meta().get("git_sha", "").startswith(s.commit), (s.stem, s.read_meta().get("git_sha"))
-    history = bench / "history"
-    index = (history / "README.md").read_text(encoding="utf-8")
-    listed = set(re.findall(r"^\| `([^`]+)` \|", index, flags=re.MULTILINE))
-    present = {p.name for p in history.iterdir() if p.name != "README.md"}
-    assert listed == present, f"not indexed: {sorted(present - listed)}; missing: {sorted(listed - present)}"
-    perf = (ROOT / "docs" / "perf.md").read_text(encoding="utf-8")
-    assert all(name in perf for name in present), sorted(n for n in present if n not in perf)
+    files = [p for p in bench.iterdir() if p.name != "README.md"]
+    assert all(p.is_file() for p in files), "reports/bench holds current files only (history is in git)"
+    tiers = [re.fullmatch(r"gpu_tier_(.+)_[0-9a-f]{7}\.log", p.name) for p in files]
+    names = [m.group(1) for m in tiers if m]
+    assert len(names) == len(set(names)), f"one GPU-tier log per tier: {sorted(names)}"
+    readme = (bench / "README.md").read_text(encoding="utf-8")
+    current, _, retired = readme.partition("## Retired")
+    assert all(p.stem in current for p in files), sorted(p.name for p in files if p.stem not in current)
+    commit = re.search(r"last held by commit `([0-9a-f]{7,})`", retired).group(1)
+    listed = re.findall(r"^\| `([^`]+?)(?: / [^`]*)?` \|", retired, flags=re.MULTILINE)
+    assert listed and not any((bench / n).exists() for n in listed), "a retired file is still in the tree"
+    have = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True)
+    if have.returncode:
+        pytest.skip(f"commit {commit} is not in this clone (shallow): retired files not checked")
+    gone = [n for n in listed if subprocess.run(["git", "cat-file", "-e", f"{commit}:reports/bench/{n}"],
+                                                cwd=ROOT, capture_output=True).returncode]
+    assert not gone, f"not at {commit}: {gone}"
