@@ -2,7 +2,11 @@
 any changed file is refused with one line naming it."""
 
 import json
+import os
+import subprocess
+import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,8 @@ from workbench.train.corpus import (
     sha256,
     split_of,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _wheel(folder, name="kdtoy", version="1.0", files=None):
@@ -74,6 +80,18 @@ def test_manifest_file_errors(tmp_path):
 
 
 def test_split_is_a_function_of_the_path():
-    assert split_of("networkx/algorithms/cycles.py") == split_of("networkx/algorithms/cycles.py")
+    """Fixed expectations (sha256 of the path), so a split that came from Python's per-process string hash
+    or any other state would fail here, and the same answer in a process with another hash seed."""
+    assert split_of("networkx/algorithms/cycles.py") == "train"
+    assert split_of("mpmath/functions/theta.py") == split_of("mpmath/libmp/__init__.py") == "heldout"
+    held = [i for i in range(400) if split_of(f"pkg/m{i}.py") == "heldout"]
+    assert held == [32, 40, 49, 67, 185, 189, 241, 246, 279, 313, 317, 320, 357, 360, 388]
     splits = [split_of(f"pkg/m{i}.py") for i in range(3200)]
     assert 50 < splits.count("heldout") < 150
+    code = ("from workbench.train.corpus import split_of; "
+            "print(''.join(split_of(f'pkg/m{i}.py')[0] for i in range(400)))")
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": path}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "".join(s[0] for s in splits[:400])
