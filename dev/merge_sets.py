@@ -24,10 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench.bench import ep_moe, k2_layer  # noqa: E402
-from workbench.bench.results import result_set  # noqa: E402
 from workbench.fileio import write_json_atomic, write_text_atomic  # noqa: E402
-from workbench.report.benchdata import read_csv  # noqa: E402
-from workbench.report.tables import write_csv  # noqa: E402
+from workbench.results import (
+    read_csv,  # noqa: E402
+    result_set,  # noqa: E402
+    write_csv,  # noqa: E402
+)
 
 KEYS = {"k2_layer": ("layer", "experts", "dense", "impl", "part", "routing", "rows"),
         "ep_moe": ("world", "rows", "impl", "phase")}

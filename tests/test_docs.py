@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.bench.results import BENCHES, UNMEASURED, result_sets
+from workbench.results import BENCHES, UNMEASURED, result_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 _SHARED = "shared"             # spelled apart so this pattern is not itself a citation

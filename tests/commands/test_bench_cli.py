@@ -11,7 +11,7 @@ def test_k2_flags_reach_the_benchmark(monkeypatch, tmp_path):
     import kernels_numba.device
     import workbench.bench.common
     import workbench.bench.k2_layer
-    import workbench.bench.results
+    import workbench.results
     seen = {}
 
     def fake_run(out_dir, layers=None, **kw):
@@ -22,7 +22,7 @@ def test_k2_flags_reach_the_benchmark(monkeypatch, tmp_path):
     monkeypatch.setattr(workbench.bench.common, "require_gpu", lambda: None)
     monkeypatch.setattr(kernels_numba.device, "SIMULATED", False)
     monkeypatch.setattr(workbench.bench.k2_layer, "run", fake_run)
-    monkeypatch.setattr(workbench.bench.results, "retire_others", lambda rs: [])
+    monkeypatch.setattr(workbench.results, "retire_others", lambda rs: [])
     argv = ["bench", "k2", "--out", str(tmp_path), "--layers", "0,1", "--dense", "fp32,bf16",
             "--fp32-layer", "-1", "--bf16-layer", "2", "--no-torch", "--reps", "7", "--workers", "3"]
     assert main(argv) == 0
@@ -43,9 +43,9 @@ def test_ep_flags_reach_the_benchmark_and_a_failed_part_exits_1(monkeypatch, tmp
     import kernels_numba.device
     import workbench.bench.common
     import workbench.bench.ep_moe
-    import workbench.bench.results
-    from workbench.bench.results import result_set
+    import workbench.results
     from workbench.fileio import write_json_atomic
+    from workbench.results import result_set
     seen, failed = {}, []
 
     def fake_run(out_dir, worlds=None, **kw):
@@ -58,7 +58,7 @@ def test_ep_flags_reach_the_benchmark_and_a_failed_part_exits_1(monkeypatch, tmp
     monkeypatch.setattr(workbench.bench.common, "require_gpu", lambda: None)
     monkeypatch.setattr(kernels_numba.device, "SIMULATED", False)
     monkeypatch.setattr(workbench.bench.ep_moe, "run", fake_run)
-    monkeypatch.setattr(workbench.bench.results, "retire_others", lambda rs: [])
+    monkeypatch.setattr(workbench.results, "retire_others", lambda rs: [])
     argv = ["bench", "ep", "--out", str(tmp_path), "--worlds", "1,8", "--in-turn", "none", "--reps", "5"]
     assert main(argv) == 0
     assert seen == dict(worlds=[1, 8], reps=5, in_turn=[])

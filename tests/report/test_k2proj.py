@@ -41,9 +41,8 @@ def test_overlap_scales_the_routed_experts_part():
 
 
 def test_load_layers_reads_one_way_of_holding_the_dense_projections(tmp_path):
-    from workbench.bench.results import result_set
     from workbench.fileio import write_json_atomic
-    from workbench.report.tables import write_csv
+    from workbench.results import result_set, write_csv
     rs = result_set(tmp_path, "k2_layer", "abc1234")
     base = dict(impl="numba engine", experts="int4", part="layer", routing="router", rows=1)
     write_csv([dict(base, dense="fp32", us=700.0), dict(base, dense="bf16", us=600.0),
@@ -84,9 +83,8 @@ def test_expert_parallel_projection_swaps_only_the_routed_experts_part():
 
 
 def test_measured_local_share_replaces_the_interpolated_one(tmp_path):
-    from workbench.bench.results import result_set
     from workbench.fileio import write_json_atomic
-    from workbench.report.tables import write_csv
+    from workbench.results import result_set, write_csv
     assert k2proj.load_ep(tmp_path) is None
     rs = result_set(tmp_path, "ep_moe", "abc1234")
     turn = dict(impl="ranks in turn", phase="local_moe")

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from workbench.bench.pair import summarize
-from workbench.bench.results import result_set
 from workbench.report import pairdata
+from workbench.results import result_set
 
 ROOT = Path(__file__).resolve().parents[2]
 

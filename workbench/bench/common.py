@@ -6,7 +6,7 @@
 - ``copy_bandwidth()``: device-to-device copy rate (bytes read + written per second) measured now,
   the ceiling every GB/s figure is compared with.
 - ``run_metadata()``: GPU, driver, CUDA, library versions, git SHA, time.
-Results are written with ``workbench.report.tables.write_csv`` and ``workbench.fileio.write_json_atomic``.
+Results are written with ``workbench.results.write_csv`` and ``workbench.fileio.write_json_atomic``.
 """
 
 from __future__ import annotations

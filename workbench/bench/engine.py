@@ -8,7 +8,7 @@
 3. Verify-step time against the budget (1 .. 256), next to the decode step, the device top-k and the
    host tree build.
 4. DDTree tokens/s vs AR with the oracle drafter over p and budgets.
-Writes the result set ``engine_<commit>.csv / .json / .png`` (workbench/bench/results.py) under the
+Writes the result set ``engine_<commit>.csv / .json / .png`` (workbench/results.py) under the
 output folder (default reports/bench/).
 """
 
@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import save_figure_atomic, write_json_atomic
-from ..report.tables import write_csv
+from ..results import ResultSet, result_set, write_csv
 from .common import require_gpu, run_metadata
-from .results import ResultSet, result_set
 
 AR_TOKENS = 256
 HF_TOKENS = 64

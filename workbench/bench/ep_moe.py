@@ -257,10 +257,9 @@ def run(out_dir, worlds=None, rows=ROWS, reps: int = 20, seed: int = 0, layer: i
     from ..config import preset
     from ..fileio import write_json_atomic
     from ..parallel.launch import run_ranks
-    from ..report.tables import write_csv
+    from ..results import result_set, write_csv
     from .common import copy_bandwidth, run_metadata
     from .ep_in_turn import run_in_turn
-    from .results import result_set
 
     n_gpu = torch.cuda.device_count()
     worlds = [p for p in (worlds or WORLDS) if p <= n_gpu]

@@ -378,9 +378,8 @@ def run(
     from numba import cuda
 
     from ..fileio import write_json_atomic
-    from ..report.tables import write_csv
+    from ..results import result_set, write_csv
     from .common import copy_bandwidth, run_metadata
-    from .results import result_set
 
     cfg = preset("k2_slice")
     layers = list(range(cfg.num_hidden_layers)) if layers is None else list(layers)

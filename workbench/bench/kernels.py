@@ -16,7 +16,7 @@ Rows of the CSV (one per case x implementation), all timed with CUDA events on t
   against an eager torch per-expert loop (tinygemm per projection).
 GB/s = bytes the implementation must move (weights + scales + activations + outputs) / median time;
 pct_copy = GB/s / copy bandwidth measured in the same run (2 GiB device-to-device copy).
-Writes the result set ``kernels_<commit>.csv / .json / .png`` (workbench/bench/results.py).
+Writes the result set ``kernels_<commit>.csv / .json / .png`` (workbench/results.py).
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import write_json_atomic
-from ..report.tables import write_csv
+from ..results import result_set, write_csv
 from .common import copy_bandwidth, run_metadata, time_op
-from .results import result_set
 
 SHAPES = {"gate_up": (2048, 7168), "down": (7168, 2048)}       # (N, K)
 MS = (1, 2, 4, 8, 16, 32, 64)

@@ -10,7 +10,7 @@ ratio to AR's, tau as ``measure`` gives it (the mean of the prompts' taus) and t
 over all rounds together (what the tokens/s follow).
 The CSV and JSON are rewritten after each bundle (``bundles_done``, ``complete``), so a run cut short
 keeps what it measured. Writes the result set ``pair_<commit>.csv / .json / .png``
-(workbench/bench/results.py).
+(workbench/results.py).
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..fileio import save_figure_atomic, write_json_atomic
-from ..report.tables import write_csv
+from ..results import ResultSet, result_set, write_csv
 from .common import require_gpu, run_metadata
-from .results import ResultSet, result_set
 
 BUNDLES = ("models/code.kdtr", "models/code_int4_experts.kdtr", "models/code_int4_mlp.kdtr")
 BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -354,7 +354,7 @@ def _run(args) -> int:
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     if args.csv and rows:
-        from ..report.tables import write_csv
+        from ..results import write_csv
         write_csv(rows, args.csv)
     print("check: " + ("PASS" if ok else "FAIL") if args.check else "done")
     return 0 if ok else 1

@@ -8,7 +8,7 @@ counts per P without a GPU. A part that fails or does not pass its check makes t
 
 Each run writes one result set ``<bench>_<commit>.csv / .json / .png / .log`` into DIR (the log is
 the run's console output) and then removes DIR's earlier sets of the same benchmark
-(workbench/bench/results.py).
+(workbench/results.py).
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def run(args) -> int:
     from kernels_numba.device import SIMULATED
     if SIMULATED:
         raise UserError("benchmarks cannot run under NUMBA_ENABLE_CUDASIM=1 (the CPU simulator)")
-    from workbench.bench.results import retire_others
     from workbench.fileio import write_text_atomic
+    from workbench.results import retire_others
     out = Path(args.out)
     tee = _Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):

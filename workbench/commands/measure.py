@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..fileio import write_json_atomic
-    from ..report.tables import write_csv
+    from ..results import write_csv
     from ..train.export import git_commit
     from ..train.measure import drift, humaneval_prompts, load_pair, summarize, sweep
     budgets = _ints(args.budgets, "--budgets")

@@ -1,6 +1,6 @@
 """Kernel benchmark results for the throughput notebook: find and read the current result set that
 ``python -m workbench bench kernels`` writes (``kernels_<commit>.csv`` + ``.json``, see
-workbench/bench/results.py), re-run it on a GPU, and the bytes model of a W4A16 or bf16 matmul that
+workbench/results.py), re-run it on a GPU, and the bytes model of a W4A16 or bf16 matmul that
 the measured GB/s are read against.
 
 CSV columns are matched by name, not position: case ('gate_up M=16', 'moe T=4', 'down copy
@@ -9,36 +9,16 @@ ceiling'), impl, M or T, median_us, gbs or gbps, pct_copy, floor_us; anything el
 
 from __future__ import annotations
 
-import csv
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from ..bench.results import current_set
 from ..errors import InputError
+from ..results import cell, current_set, read_csv  # noqa: F401  (cell, read_csv: read here by notebooks)
 
 GBPS_NAMES = ("gbs", "gbps", "GB/s", "eff_gbps")
-
-
-def _num(v: str) -> Any:
-    try:
-        f = float(v)
-    except ValueError:
-        return v
-    return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
-
-
-def cell(v: Any) -> Any:
-    """A CSV cell as written by a benchmark: 'True' / 'False' as bools, '' as None, the rest as read."""
-    return {"True": True, "False": False, "": None}.get(v, v) if isinstance(v, str) else v
-
-
-def read_csv(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a benchmark CSV with numeric cells converted (ints stay ints)."""
-    with open(path, newline="", encoding="utf-8") as f:
-        return [{k: _num(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def find_results(bench_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:

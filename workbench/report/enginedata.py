@@ -1,6 +1,6 @@
 """Engine benchmark results for the DDTree budget notebook: read the current result set that
 ``python -m workbench bench engine`` writes (``engine_<commit>.csv`` + ``.json``, see
-workbench/bench/results.py) and select its sections.
+workbench/results.py) and select its sections.
 
 The CSV is long format, one row per measurement, with a ``section`` column and the union of the
 sections' columns (empty cells where a section has none):
@@ -20,9 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..bench.results import current_set
 from ..errors import InputError
-from .benchdata import cell, read_csv
+from ..results import cell, current_set, read_csv
 
 SECTIONS = ("ar", "kernel_sum", "kernel_breakdown", "verify", "spec")
 

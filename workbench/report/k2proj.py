@@ -25,9 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ..bench.results import current_set
 from ..config import ModelConfig
-from .benchdata import read_csv
+from ..results import current_set, read_csv
 
 
 def load_layers(bench_dir: str | Path,

@@ -14,8 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..bench.results import current_set
-from .benchdata import cell, read_csv
+from ..results import cell, current_set, read_csv
 
 RUN = "code_pair_"
 

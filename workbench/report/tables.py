@@ -8,7 +8,6 @@ missing values and NaN are empty cells.
 from __future__ import annotations
 
 import html
-import io
 import numbers
 import re
 from functools import partial
@@ -17,31 +16,9 @@ from typing import Any
 
 import pandas as pd
 
-from ..fileio import write_text_atomic
+from ..results import frame, write_csv
 
 Table = pd.DataFrame | list[dict[str, Any]]
-
-
-def _column(values: pd.Series) -> pd.Series:
-    present = values.dropna()
-    if len(present) and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in present):
-        return values.astype("Int64")                    # ints with gaps stay ints (pandas would make floats)
-    return values.infer_objects()
-
-
-def frame(table: Table) -> pd.DataFrame:
-    """``table`` as a DataFrame: rows become columns in first-seen key order, typed per column."""
-    if isinstance(table, pd.DataFrame):
-        return table
-    df = pd.DataFrame(table, dtype=object)
-    return df.apply(_column) if len(df.columns) else df
-
-
-def write_csv(table: Table, path: str | Path) -> None:
-    """Write ``table`` as CSV (atomically) with every float at full precision."""
-    buf = io.StringIO()
-    frame(table).to_csv(buf, index=False, na_rep="", lineterminator="\n")
-    write_text_atomic(path, buf.getvalue())
 
 
 def fmt(v: Any, digits: int = 4) -> str:

@@ -1,4 +1,4 @@
-"""Result-set names (workbench/bench/results.py) and the bench command's log and clean-up, without a GPU:
+"""Result-set names (workbench/results.py) and the bench command's log and clean-up, without a GPU:
 the benchmark runners are replaced by stand-ins that write a set the way the real ones do."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from workbench.bench import results
-from workbench.bench.results import commit_token, current_set, result_set, result_sets, retire_others
+from workbench import results
+from workbench.results import commit_token, current_set, result_set, result_sets, retire_others
 
 
 def _write_set(folder, bench, sha, time_utc, suffixes=(".csv", ".json", ".png", ".log")):

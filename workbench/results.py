@@ -1,19 +1,30 @@
-"""Names of benchmark result sets: one set per benchmark, named by the benchmark and the commit it ran.
+"""Benchmark result sets, read and written: their names (one set per benchmark, named by the benchmark
+and the commit it ran) and their CSV files. The benchmarks (``workbench/bench``) write sets with it, the
+report helpers (``workbench/report``) read them with it.
 
 A set in a folder (``reports/bench/`` for the committed ones) is ``<bench>_<commit>.csv`` (results),
 ``.json`` (run metadata, whose ``git_sha`` is the commit), ``.png`` (plot) and ``.log`` (console).
 ``bench kernels|engine --out DIR`` writes one and then removes the folder's earlier sets of the same
-benchmark (git keeps the committed ones); the report notebooks read ``current_set``. Standard
-library only: the report side imports it without torch.
+benchmark (git keeps the committed ones); the report notebooks read ``current_set``. The CSV keeps
+every float exactly (shortest round-trip form), missing values and NaN as empty cells. Standard library
+and (inside ``write_csv``) pandas only: the report side imports it without torch.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import numbers
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .fileio import write_text_atomic
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 BENCHES = ("kernels", "engine", "k2_layer", "ep_moe", "pair")
 UNMEASURED: tuple[str, ...] = ()           # benchmarks with no committed result set yet
@@ -106,3 +117,48 @@ def retire_others(keep: ResultSet) -> list[Path]:
             p.unlink()
             gone.append(p)
     return gone
+
+
+# ---- CSV files ---------------------------------------------------------------------------------
+
+def _column(values: pd.Series) -> pd.Series:
+    present = values.dropna()
+    if len(present) and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in present):
+        return values.astype("Int64")                    # ints with gaps stay ints (pandas would make floats)
+    return values.infer_objects()
+
+
+def frame(table: pd.DataFrame | list[dict[str, Any]]) -> pd.DataFrame:
+    """``table`` (a DataFrame, or rows: a list of dicts) as a DataFrame: rows become columns in
+    first-seen key order, typed per column."""
+    import pandas as pd
+    if isinstance(table, pd.DataFrame):
+        return table
+    df = pd.DataFrame(table, dtype=object)
+    return df.apply(_column) if len(df.columns) else df
+
+
+def write_csv(table: pd.DataFrame | list[dict[str, Any]], path: str | Path) -> None:
+    """Write ``table`` as CSV (atomically) with every float at full precision."""
+    buf = io.StringIO()
+    frame(table).to_csv(buf, index=False, na_rep="", lineterminator="\n")
+    write_text_atomic(path, buf.getvalue())
+
+
+def _num(v: str) -> Any:
+    try:
+        f = float(v)
+    except ValueError:
+        return v
+    return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
+
+
+def cell(v: Any) -> Any:
+    """A CSV cell as written by a benchmark: 'True' / 'False' as bools, '' as None, the rest as read."""
+    return {"True": True, "False": False, "": None}.get(v, v) if isinstance(v, str) else v
+
+
+def read_csv(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a benchmark CSV with numeric cells converted (ints stay ints)."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return [{k: _num(v) for k, v in row.items()} for row in csv.DictReader(f)]
