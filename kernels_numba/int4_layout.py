@@ -78,7 +78,7 @@ class Int4Weight:
 
 
 def _split(packed, scales):
-    from workbench.quant.int4 import unpack_int4
+    from numformats.int4 import unpack_int4
     packed = np.asarray(packed)
     scales = np.asarray(scales)
     if packed.ndim < 2 or packed.dtype not in (np.int32, np.uint32):
@@ -118,7 +118,7 @@ def repack_int4(packed, scales) -> Int4Weight:
 
 def unrepack_int4(w: Int4Weight) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of ``repack_int4`` (host): -> (packed int32 [..., N, K/8], scales float16 [..., N, K/G])."""
-    from workbench.quant.int4 import pack_int4
+    from numformats.int4 import pack_int4
     if w.pair:
         raise LayoutError("unrepack_int4 takes a plain matrix or expert stack, not a gate/up pair")
     lead = (w.experts,) if w.experts else ()

@@ -120,7 +120,7 @@ def _sim_f32_to_h2(a, b):
 def _sim_stored_as(a, v):
     if (a.format if isinstance(a, memoryview) else a.dtype) != "h":     # (the executor passes memoryviews)
         return v
-    from workbench.bundle.bf16 import bf16
+    from numformats.bf16 import bf16
     return bf16(v).bits.view(np.int16)[()]
 
 

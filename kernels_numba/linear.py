@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from workbench.errors import InputError
+from numformats.errors import InputError
 
 from .blockops import KS, TPB, col_blocks
 

@@ -102,7 +102,7 @@ def _bf16(m: Bf16Host, transpose: bool = True):
 
 
 def _scales32(m: Int4Host) -> np.ndarray:
-    from workbench.quant.int4 import scales_to_float32
+    from numformats.int4 import scales_to_float32
     return scales_to_float32(m.scale)
 
 

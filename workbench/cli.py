@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from .errors import UserError
+
 # subcommand -> (module under workbench.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "build-refs": ("build_refs", "regenerate the golden bundles in refs/"),
@@ -27,10 +29,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("train", "train the small code model and its DFlash drafter, export their bundles"),
     "measure": ("measure", "acceptance (tau vs budget, DFlash chain, expert union) and INT4 drift of a pair"),
 }
-
-
-class UserError(Exception):
-    """Bad input or arguments: reported as one line, exit code 2."""
 
 
 def check_out_file(path: str | os.PathLike) -> None:

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from .bundle.bf16 import BF16Array, bf16
+from numformats.bf16 import BF16Array, bf16
+
 from .config import ModelConfig
 from .errors import InputError
 from .quant.int4 import dequantize_packed, pack_int4, quantize_int4

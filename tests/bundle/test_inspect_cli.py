@@ -11,7 +11,7 @@ import pytest
 
 from workbench import cli
 from workbench.bundle import write_bundle
-from workbench.commands.inspect import divergence
+from workbench.reference.generate import divergence
 
 from .kdtr_corpus import small_inputs
 

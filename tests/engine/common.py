@@ -79,7 +79,7 @@ def sure_steps(margins, atol: float, n: int) -> int:
 def w16a16_model(name: str):
     """(bundle, weights): the bundle's dense projections rounded to bf16 and marked W16A16
     (workbench.quant.w16a16), the rest as stored."""
-    from workbench.bundle.bf16 import bf16
+    from numformats.bf16 import bf16
     from workbench.quant.w16a16 import w16a16, w16a16_names
     b, w, _ = bundle(name)
     wb = dict(w)

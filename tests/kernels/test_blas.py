@@ -8,8 +8,8 @@ import pytest
 from kernels_numba import ops
 from kernels_numba._validate import KernelInputError
 from kernels_numba.device import download, to_device, zeros
-from kernels_numba.rope import rope_tables
 from workbench.config import preset
+from workbench.reference.rope import rope_tables
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def test_blas_router_without_its_logits_buffer_is_a_one_line_error(on_blas):
 
 def test_w16a16_linear_and_swiglu_are_the_reference_products(on_blas):
     """Bf16Host matrices: bf16(x) @ W.T with float32 sums (workbench.quant.w16a16), whatever the size."""
-    from workbench.bundle.bf16 import bf16
+    from numformats.bf16 import bf16
     from workbench.quant.w16a16 import W16A16
     from workbench.reference.layers import linear, swiglu
     rng = np.random.default_rng(5)
@@ -166,7 +166,7 @@ def test_bf16_experts_on_grouped_gemms_are_the_reference_moe(on_blas):
     (token, expert) pairs, against the reference MoE on the same marked weights."""
     from dataclasses import replace
 
-    from workbench.bundle.bf16 import bf16
+    from numformats.bf16 import bf16
     from workbench.quant.w16a16 import W16A16
     from workbench.reference.moe import moe
     cfg = replace(preset("tiny"), num_hidden_layers=1, first_k_dense_replace=0)

@@ -143,7 +143,7 @@ def _store_probe_kernel(bits, same, xs):
 
 
 def _run_store(seed):
-    from workbench.bundle.bf16 import bf16
+    from numformats.bf16 import bf16
     rng = np.random.default_rng(seed)
     xs = rng.standard_normal(64).astype(np.float32)
     xs[:4] = [1.00390625, 1.01171875, -2.0 ** -130, 3.0e38]           # ties to even both ways, tiny, huge

@@ -8,11 +8,11 @@ from kernels_numba.blockops import TPB
 from kernels_numba.device import download, to_device, zeros
 from kernels_numba.linear import linear
 from kernels_numba.mla import make_mla_attention, mla_prep_kernel
-from kernels_numba.rope import rope_tables
 from workbench.config import preset
 from workbench.reference.layers import rmsnorm
 from workbench.reference.mla import mla_absorbed
 from workbench.reference.model import LatentCache
+from workbench.reference.rope import rope_tables
 from workbench.weights import random_weights
 
 

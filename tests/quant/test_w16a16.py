@@ -4,7 +4,7 @@ reference's projection with a marked weight."""
 import numpy as np
 import pytest
 
-from workbench.bundle.bf16 import bf16
+from numformats.bf16 import bf16
 from workbench.config import preset
 from workbench.errors import InputError
 from workbench.quant.w16a16 import W16A16, round_bf16, w16a16, w16a16_names

@@ -22,7 +22,7 @@ from pathlib import Path
 
 def require_gpu() -> None:
     """Raise UserError (one line, exit 2) unless torch sees a CUDA GPU."""
-    from workbench.cli import UserError
+    from workbench.errors import UserError
     try:
         import torch
     except ImportError as e:

@@ -38,7 +38,7 @@ def run_in_turn(cfg, seed: int, layer: int, worlds, rows, reps: int, copy_gbs: f
     from ..parallel.experts import ExpertSplit
     from ..parallel.in_turn import combine, run, shares
     from .common import spin_timed
-    from .ep_moe import WARMUP, row_errors, whole_layer
+    from .ep_layer import WARMUP, row_errors, whole_layer
     from .k2_build import layer_bytes, router_and_shared
 
     d, k = cfg.hidden_size, cfg.num_experts_per_tok

@@ -36,11 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .ep_layer import WARMUP, row_errors, whole_layer
+
 ROWS = (1, 2, 3, 5, 9, 17, 33, 65)   # decode, then trees of 1, 2, 4, ..., 64 nodes + root
 WORLDS = (1, 2, 4, 8)
 SETS = 8                             # random input sets rotated over the timed steps
 TOL = 2e-3                           # relative error of each row's update against the local baseline
-WARMUP = 3
 
 
 def ranks_touched(e: int, el: int, k: int) -> float:
@@ -72,24 +73,7 @@ def plan(cfg, worlds=WORLDS, rows=ROWS) -> list[dict]:
     return out
 
 
-def row_errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """Each row's relative error |got - want| / |want| (float64 want, rows [T, D])."""
-    return np.linalg.norm(got - want, axis=1) / np.maximum(np.linalg.norm(want, axis=1), 1e-30)
-
-
 # ---- one rank (a child of run_ranks) --------------------------------------------------------------
-def whole_layer(cfg, seed, layer, rt, shared, workers, max_rows, fused=None):
-    """The whole layer on this GPU (``fused``: its E experts when this rank already holds them all)."""
-    from kernels_numba import ops
-
-    from .k2_build import int4_experts
-    if fused is None:
-        fused = int4_experts(cfg, seed, layer, workers).to_device()
-    m = ops.MoE(ops.FUSED_MOE, rt, cfg.moe_intermediate_size, cfg.hidden_size, fused=fused, shared=shared)
-    sc = ops.Scratch(max_rows, [], [m])
-    return m, sc
-
-
 def rank_main(rank: int, world: int, seed: int, layer: int, rows: list, reps: int, copy_gbs: float,
               workers: int) -> dict:
     import torch

@@ -21,9 +21,9 @@ from kernels_numba import ops
 from kernels_numba.device import SIMULATED, to_device
 from kernels_numba.int4_layout import Int4Weight, LayoutError
 from kernels_numba.moe import MoEWeights, prepare_moe
+from numformats.bf16 import BF16Array
 
 from .. import seeded
-from ..bundle.bf16 import BF16Array
 from ..config import ModelConfig
 from ..engine.weights import DeviceLayer, DeviceModel, stack_rows
 from ..errors import InputError

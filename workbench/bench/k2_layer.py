@@ -43,13 +43,13 @@ from kernels_numba.device import (
     to_device,
     upload,
 )
-from kernels_numba.rope import rope_tables
 
 from ..config import ModelConfig, preset
 from ..engine.buffers import allocate, latents_for
 from ..engine.model import launch_layer, mla, step_rows
+from ..reference.moe import analytic_coverage
+from ..reference.rope import rope_tables
 from ..reference.scenarios import random_tree
-from ..report.spec import analytic_coverage
 from .k2_build import dense_kind, device_layer, layer_bytes
 from .k2_check import compare, engine_side, reference_side
 from .torch_layer_bench import ancestor_inputs

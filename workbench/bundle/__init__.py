@@ -7,7 +7,8 @@ their margins, free-form meta and provenance. Spec: docs/kdtr-format.md.
 Every malformed input raises BundleFormatError (a ValueError) with a ``reason`` code.
 """
 
-from .bf16 import BF16Array, bf16
+from numformats.bf16 import BF16Array, bf16
+
 from .format import ALIGN, DTYPES, MAGIC, MAX_RANK, VERSION, BundleFormatError, tensor_nbytes
 from .header import Entry
 from .payload import GROUP_SIZES, Int4Matrix, int4_matrices

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bf16 import BF16Array
+from numformats.bf16 import BF16Array
+
 from .format import BundleFormatError
 
 _E = BundleFormatError

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from numformats.bf16 import BF16Array
+
 from ..config import ConfigError, ModelConfig
-from .bf16 import BF16Array
 from .format import BF16_CODE, DTYPES, FIXED, FOOTER, MARGINS, PROMPT, SECTIONS, BundleFormatError, align_up
 from .format import GOLDEN as GOLDEN_NAME
 from .header import Entry, Fixed, check_footer, check_layout, parse_config, parse_fixed, parse_table

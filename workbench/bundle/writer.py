@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from numformats.bf16 import BF16Array
+
 from .. import __version__
 from ..config import ModelConfig
-from .bf16 import BF16Array
 from .format import (
     BF16_CODE,
     CODE_BY_NAME,

@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Any
 
 from ..bundle import Bundle, BundleFormatError, read_bundle
+from ..reference.generate import divergence
 
 _CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "first_k_dense_replace",
                 "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
@@ -26,14 +27,6 @@ _LARGEST = 5
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", metavar="BUNDLE", help="path to a .kdtr bundle")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-
-
-def divergence(golden: list[int], reference: list[int]) -> int | None:
-    """First index where the two token lists differ (a length difference counts); None if equal."""
-    for i, (a, b) in enumerate(zip(golden, reference, strict=False)):
-        if a != b:
-            return i
-    return None if len(golden) == len(reference) else min(len(golden), len(reference))
 
 
 def summarize(b: Bundle) -> dict[str, Any]:

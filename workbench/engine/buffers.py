@@ -15,8 +15,8 @@ import numpy as np
 from kernels_numba import ops
 from kernels_numba.blas import padded_keys
 from kernels_numba.device import zeros
+from numformats.bf16 import BF16Array, bf16
 
-from ..bundle.bf16 import BF16Array, bf16
 from ..errors import InputError
 from .weights import DeviceModel
 

@@ -15,10 +15,10 @@ import numpy as np
 
 from kernels_numba import ops
 from kernels_numba.device import default_stream, download, download_into, on_gpu, sub, to_device, upload
-from kernels_numba.rope import rope_tables
 
 from ..config import ModelConfig
 from ..errors import InputError
+from ..reference.rope import rope_tables
 from .buffers import allocate
 from .graphs import StepGraph
 from .model import launch_forward

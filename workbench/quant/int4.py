@@ -1,7 +1,8 @@
 """INT4 W4A16 group quantization in three layers with paired names (docs/int4.md).
 
 - logical: ``quantize_int4`` / ``dequantize_int4``   (codes in [-7, 7], one float16 scale per group)
-- layout:  ``pack_int4`` / ``unpack_int4``           (compressed-tensors ``pack-quantized`` int32 words)
+- layout:  ``pack_int4`` / ``unpack_int4``           (compressed-tensors ``pack-quantized`` int32 words;
+                                                     defined in ``numformats.int4``, shared with the kernels)
 - compute: ``int4_linear``                           (THE W4A16 definition every kernel must match)
 
 Legend: N output rows, K input columns, G group size, K/G groups per row, K/8 int32 words per row.
@@ -17,12 +18,12 @@ from functools import lru_cache
 
 import numpy as np
 
+from numformats.int4 import pack_int4, scales_to_float32, unpack_int4
 from workbench.errors import InputError
 
 GROUP_SIZES = (32, 64, 128)
 QMAX = 7                                     # symmetric range [-7, 7]; nibble 0 (q = -8) is never produced
 _F16_TINY = np.float16(np.finfo(np.float16).tiny)   # 2^-14: the scale of an all-zero group
-_SHIFTS = np.arange(8, dtype=np.uint32) * 4          # nibble k % 8 sits at bits 4*(k % 8) .. +3
 
 
 # ---- logical ---------------------------------------------------------------------------------
@@ -79,58 +80,8 @@ def dequantize_int4(codes, scales, group_size: int | None = None) -> np.ndarray:
     return (cg * s[..., None]).reshape(codes.shape)                      # [..., N, K]
 
 
-def scales_to_float32(scales) -> np.ndarray:
-    """Scales as float32. Accepted: float16 (our format), float32, a ``BF16Array``-like object
-    with ``.float32()``, a numpy ``bfloat16`` dtype, or uint16 holding bfloat16 bit patterns
-    (the K2-Thinking checkpoint's ``weight_scale``). All conversions are exact."""
-    if hasattr(scales, "float32") and callable(scales.float32):
-        s = np.asarray(scales.float32())
-    else:
-        s = np.asarray(scales)
-        if s.dtype == np.uint16:                                         # bf16 bits: top half of a float32
-            s = (s.astype(np.uint32) << 16).view(np.float32)
-        elif s.dtype in (np.float16, np.float32) or s.dtype.name == "bfloat16":
-            s = s.astype(np.float32)
-        else:
-            raise InputError(f"scales must be float16, float32 or bfloat16, got {s.dtype}")
-    if s.dtype != np.float32:
-        s = s.astype(np.float32)
-    if not (np.isfinite(s).all() and (s > 0).all()):
-        raise InputError("scales must be finite and > 0")
-    return s
-
-
-# ---- layout ----------------------------------------------------------------------------------
-
-def pack_int4(codes) -> np.ndarray:
-    """Pack codes ``[..., N, K]`` (ints in [-8, 7]) into int32 ``[..., N, K/8]``.
-
-    compressed-tensors ``pack-quantized`` order: ``u = q + 8``; column k goes to word ``k // 8``,
-    bits ``4*(k % 8)`` .. ``4*(k % 8) + 3`` (the lowest nibble holds the lowest k). K % 8 == 0.
-    """
-    codes = np.asarray(codes)
-    if codes.ndim < 1 or not np.issubdtype(codes.dtype, np.integer):
-        raise InputError(f"pack_int4 wants integer codes [..., K], got {codes.dtype} {codes.shape}")
-    k = codes.shape[-1]
-    if k == 0 or k % 8:
-        raise InputError(f"pack_int4: K={k} is not a positive multiple of 8")
-    if codes.size and (codes.min() < -8 or codes.max() > 7):
-        raise InputError(f"pack_int4: codes must lie in [-8, 7], got [{codes.min()}, {codes.max()}]")
-    u = (codes.astype(np.int32) + 8).astype(np.uint32)
-    u = u.reshape(*codes.shape[:-1], k // 8, 8)                          # [..., N, K/8, 8]
-    words = np.bitwise_or.reduce(u << _SHIFTS, axis=-1)                  # [..., N, K/8] uint32
-    return np.ascontiguousarray(words).view(np.int32)
-
-
-def unpack_int4(packed) -> np.ndarray:
-    """int32 (or uint32) words ``[..., N, K/8]`` -> int8 codes ``[..., N, K]`` in [-8, 7]."""
-    packed = np.asarray(packed)
-    if packed.ndim < 1 or packed.dtype not in (np.int32, np.uint32):
-        raise InputError(f"unpack_int4 wants int32 words [..., K/8], got {packed.dtype} {packed.shape}")
-    words = packed.view(np.uint32)[..., None]                            # [..., N, K/8, 1]
-    u = (words >> _SHIFTS) & np.uint32(0xF)                              # mask after the shift
-    return (u.astype(np.int8) - np.int8(8)).reshape(*packed.shape[:-1], packed.shape[-1] * 8)
-
+# ---- layout: ``pack_int4`` / ``unpack_int4`` and ``scales_to_float32`` live in ``numformats.int4``
+# (the kernels read the same words); imported above, part of this module's names.
 
 # ---- compute ---------------------------------------------------------------------------------
 

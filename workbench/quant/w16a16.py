@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from ..bundle.bf16 import BF16Array, bf16
+from numformats.bf16 import BF16Array, bf16, round_bf16
+
 from ..config import ModelConfig
 from ..errors import InputError
-from ..reference.layers import round_bf16
 
 _ATTN = ("wq_a", "wq_b", "wq", "wkv_a", "wkv_b", "wo")
 _PROJ = ("w1", "w3", "w2")

@@ -64,3 +64,11 @@ def greedy_generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_to
         all_logits[i] = row
         step_in = out_tokens[i:i + 1]
     return GreedyResult(out_tokens, margins, all_logits, cache)
+
+
+def divergence(golden: list[int], reference: list[int]) -> int | None:
+    """First index where the two token lists differ (a length difference counts); None if equal."""
+    for i, (a, b) in enumerate(zip(golden, reference, strict=False)):
+        if a != b:
+            return i
+    return None if len(golden) == len(reference) else min(len(golden), len(reference))

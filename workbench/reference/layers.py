@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from ..bundle.bf16 import bf16
 from ..errors import InputError
 
 
@@ -79,12 +78,6 @@ def linear(weights: dict[str, Any], name: str, x: np.ndarray) -> np.ndarray:
         y = int4_linear(x, weights[name + ".packed"], weight(weights, name + ".scale"))  # [..., N]
         return np.asarray(y).astype(x.dtype, copy=False)
     raise InputError(f"missing weight tensor {name!r} (neither {name} nor {name}.packed is present)")
-
-
-def round_bf16(x: np.ndarray) -> np.ndarray:
-    """x rounded to the nearest bfloat16 value (ties to even), in x's float dtype (W16A16's rounding,
-    ``workbench.quant.w16a16``)."""
-    return bf16(x).float32().astype(x.dtype, copy=False)
 
 
 def gather_rows(table: Any, ids: np.ndarray, dtype: Any) -> np.ndarray:

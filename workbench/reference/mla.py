@@ -18,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from numformats.bf16 import round_bf16
+
 from ..config import ModelConfig
 from ..errors import InputError
-from .layers import dense_weight, linear, rmsnorm, round_bf16, weight
+from .layers import dense_weight, linear, rmsnorm, weight
 from .rope import apply_rope, rope_cos_sin
 
 

@@ -70,3 +70,9 @@ def moe(cfg: ModelConfig, weights: dict[str, Any], layer: int, x: np.ndarray,
     if cfg.n_shared_experts > 0:
         y += swiglu(weights, p + ".shared", x)
     return y
+
+
+def analytic_coverage(n_experts: int, k: int, n_tokens: Any) -> np.ndarray:
+    """Expected distinct experts touched by n tokens each choosing k of E uniformly: E(1-(1-k/E)^n)."""
+    n = np.asarray(n_tokens, dtype=np.float64)
+    return n_experts * (1.0 - (1.0 - k / n_experts) ** n)

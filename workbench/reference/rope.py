@@ -62,6 +62,13 @@ def rope_cos_sin(cfg: ModelConfig, positions: np.ndarray) -> tuple[np.ndarray, n
     return np.cos(ang) * m, np.sin(ang) * m
 
 
+def rope_tables(cfg: ModelConfig, max_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) float32 [max_pos, R/2] for positions 0..max_pos-1, YaRN factor included: the tables
+    the engine's kernels read (``kernels_numba.rope``)."""
+    cos, sin = rope_cos_sin(cfg, np.arange(max_pos, dtype=np.int64))
+    return np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32)
+
+
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate interleaved pairs (2i, 2i+1) of x [..., S, R] by cos/sin [S, R/2]; returns x's dtype."""
     c = cos.astype(x.dtype, copy=False)                                         # [S, R/2]

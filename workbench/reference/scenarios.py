@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from ..config import ModelConfig
-from ..ddtree.tree import Tree, compile_tree
 from ..errors import InputError
 from .generate import check_prompt, greedy_generate, top2_margin
 from .model import LatentCache, forward
+from .tree import Tree, compile_tree
 
 
 @dataclass

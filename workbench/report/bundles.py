@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 
 from ..bundle import Bundle, read_bundle
-from ..commands.inspect import divergence
 from ..errors import InputError
-from ..reference.generate import greedy_generate
+from ..reference.generate import divergence, greedy_generate
 from ..refs import REFS, build_ref, golden_bundle, rebuild_differences
 
 CONFIG_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "first_k_dense_replace",

@@ -20,7 +20,7 @@ from ..ddtree.tree import Tree, build_tree
 from ..ddtree.walk import walk
 from ..errors import InputError
 from ..reference.layers import rmsnorm
-from ..reference.moe import moe_gate
+from ..reference.moe import analytic_coverage, moe_gate  # noqa: F401  (analytic_coverage: the notebooks')
 
 
 def accepted_histogram(rounds: list[RoundStats], max_len: int) -> np.ndarray:
@@ -64,12 +64,6 @@ def capture_round(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_toke
 
 
 # ---- MoE expert coverage ---------------------------------------------------------------------
-
-def analytic_coverage(n_experts: int, k: int, n_tokens: Any) -> np.ndarray:
-    """Expected distinct experts touched by n tokens each choosing k of E uniformly: E(1-(1-k/E)^n)."""
-    n = np.asarray(n_tokens, dtype=np.float64)
-    return n_experts * (1.0 - (1.0 - k / n_experts) ** n)
-
 
 def coverage_curve(expert_idx: np.ndarray, sizes: Any) -> np.ndarray:
     """Distinct experts among the first n rows of expert_idx [T, K], for each n in ``sizes``."""

@@ -70,3 +70,9 @@ def bf16(x: Any) -> BF16Array:
     quiet = (u >> np.uint64(16)) | np.uint64(0x0040)              # keep NaN a NaN after truncation
     bits = np.where(nan, quiet, rounded).astype(np.uint16)
     return BF16Array(bits.reshape(f.shape))
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to the nearest bfloat16 value (ties to even), in x's float dtype (W16A16's rounding,
+    ``workbench.quant.w16a16``)."""
+    return bf16(x).float32().astype(x.dtype, copy=False)

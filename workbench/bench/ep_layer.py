@@ -1,0 +1,28 @@
+"""What both parts of ``bench ep`` compare with: the whole k2_slice MoE layer on one GPU, and the
+relative error of each row's update against it (``ep_moe``'s NCCL ranks and ``ep_in_turn``'s shares).
+
+Legend: T rows, D hidden size, E routed experts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+WARMUP = 3                           # untimed steps before each timed series
+
+
+def row_errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Each row's relative error |got - want| / |want| (float64 want, rows [T, D])."""
+    return np.linalg.norm(got - want, axis=1) / np.maximum(np.linalg.norm(want, axis=1), 1e-30)
+
+
+def whole_layer(cfg, seed, layer, rt, shared, workers, max_rows, fused=None):
+    """The whole layer on this GPU (``fused``: its E experts when this rank already holds them all)."""
+    from kernels_numba import ops
+
+    from .k2_build import int4_experts
+    if fused is None:
+        fused = int4_experts(cfg, seed, layer, workers).to_device()
+    m = ops.MoE(ops.FUSED_MOE, rt, cfg.moe_intermediate_size, cfg.hidden_size, fused=fused, shared=shared)
+    sc = ops.Scratch(max_rows, [], [m])
+    return m, sc
