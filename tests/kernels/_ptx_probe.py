@@ -1,5 +1,8 @@
 """Run WITHOUT the simulator (subprocess of test_compile_ptx.py): compile every shipped kernel for sm_90
-with cuda.compile_ptx (no GPU or driver needed) and print one JSON object of instruction counts."""
+with cuda.compile_ptx (no GPU or driver needed) and print one JSON object of instruction counts.
+
+    python tests/kernels/_ptx_probe.py [int4_matmul] [int4_staged] [moe_gemm] [moe_glue] [rows]   # none: all
+"""
 
 import json
 import sys
@@ -40,24 +43,34 @@ def counts(kernel, sig):
     return {k: ptx.count(v) for k, v in KEYS.items()}
 
 
-def main():
-    if config.ENABLE_CUDASIM:
-        raise SystemExit("must run without NUMBA_ENABLE_CUDASIM")
-    def a(t):
-        return t[::1]
-    out = {}
+def _sig(t):
+    return t[::1]
+
+
+def int4_matmul_builds() -> dict:
+    a, out = _sig, {}
     mm_sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), T.int64, T.int64)
     builds = [(m, k, g) for m, k in ((1, 7168), (16, 7168), (1, 2048), (16, 2048), (32, 2048), (64, 2048),
                                      (3, 1024)) for g in (32, 128)] + [(32, 7168, 32)]
     for m, k, g in builds:
         cfg = tiled_config(m, k, g)
         out[f"int4_matmul M={m} K={k} G={g} {cfg}"] = counts(make_int4_matmul_kernel(k, g, *cfg), mm_sig)
+    return out
+
+
+def int4_staged_builds() -> dict:
+    a, out = _sig, {}
     for n, k, g in ((2048, 7168, 32), (7168, 2048, 32), (7168, 2048, 128)):     # M = 64: the staged kernel
         cfg = choose_config(64, k, g, n)
         cnt = T.int32 if cfg.splits > 1 else T.uint32                          # (no split K: sq stands in)
         sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64, T.int64)
         out[f"int4_staged N={n} K={k} G={g} {cfg}"] = counts(
             make_int4_staged_kernel(k, g, cfg.mt, cfg.nt, cfg.splits, cfg.pw, cfg.px), sig)
+    return out
+
+
+def moe_gemm_builds() -> dict:
+    a, out = _sig, {}
     gsig = (a(T.uint16), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
             a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
     cfg = choose_moe_config(7168, 2048, tokens=64)          # the stream-K GEMMs (T = 1: moe_gemv)
@@ -67,6 +80,11 @@ def main():
     cfg = choose_moe_config(7168, 2048, tokens=16)     # stream-K down for 9 <= T <= 32
     out["moe down T=16"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]),
                                   dsig)
+    return out
+
+
+def moe_glue_builds() -> dict:
+    a, out = _sig, {}
     out["moe align"] = counts(make_align_kernel(385, 512),
                               (a(T.int32), a(T.int32), a(T.int32), a(T.int32), *(T.int64,) * 4,
                                a(T.int32), T.int64))
@@ -78,13 +96,35 @@ def main():
     out["moe act"] = counts(moe_act_kernel, (a(T.uint16), a(T.float32), T.int64))
     csig = (a(T.float32), a(T.float32), T.int64, a(T.int32), T.int64)       # out, y, n_tok, ids, n_routed
     out["moe combine"] = counts(make_combine_kernel(7168, 8, 1), csig)
+    return out
+
+
+def row_builds() -> dict:
+    a, out = _sig, {}
     rows2d = T.float32[:, ::1]                               # the engine's [T, N] buffers
     out["rows to_f16"] = counts(to_f16_kernel, (T.uint16[:, ::1], rows2d, a(T.int32)))
     out["rows add"] = counts(add_rows_kernel, (rows2d, rows2d, a(T.int32)))
     for name, lat in (("float32", rows2d), ("bf16", T.int16[:, ::1])):      # the latent cache's two dtypes
         out[f"stored_as {name}"] = counts(_store, (lat, a(T.float32)))
+    return out
+
+
+GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds, "moe_gemm": moe_gemm_builds,
+          "moe_glue": moe_glue_builds,
+          "rows": row_builds}
+
+
+def main(groups: list[str]) -> None:
+    if config.ENABLE_CUDASIM:
+        raise SystemExit("must run without NUMBA_ENABLE_CUDASIM")
+    unknown = sorted(set(groups) - set(GROUPS))
+    if unknown:
+        raise SystemExit(f"unknown groups {unknown} (choose from {', '.join(GROUPS)})")
+    out = {}
+    for g in groups or list(GROUPS):
+        out.update(GROUPS[g]())
     json.dump(out, sys.stdout)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
