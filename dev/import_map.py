@@ -153,10 +153,11 @@ def short(module: str) -> str:
 
 
 def report(graph: dict[str, set[str]]) -> str:
-    lines = ["| layer | part | imports (parts below or beside it) |", "|---|---|---|"]
+    lines = ["| layer | part | imports |", "|---|---|---|"]
     arrows = part_arrows(graph)
+    present = {part(m) for m in graph}
     for i, names in enumerate(LAYERS):
-        for p in names:
+        for p in (n for n in names if n in present):
             out = sorted(b for (a, b) in arrows if a == p)
             lines.append(f"| {i} | {short(p)} | {', '.join(short(b) for b in out) or '-'} |")
     cyc = cycles(graph)
@@ -181,8 +182,9 @@ def problems(graph: dict[str, set[str]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 on a cycle or an unknown upward arrow")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the tree to read (default: this checkout)")
     args = ap.parse_args(argv)
-    graph = imports(modules())
+    graph = imports(modules(args.root))
     print(report(graph))
     if args.check:
         bad = problems(graph)
