@@ -20,7 +20,6 @@
 #   profile      dev/profile_k2_attention.py: the attention step's kernels by device time   ~40 s
 #   staged       dev/kernels/int4_matmul.py --staged: the staged W4A16 kernel's builds and tilings
 #                beside the tiled kernel and cuBLAS at M = 33 / 48 / 64, each checked first   ~60 s
-#   staged_probe dev/kernels/int4_matmul.py --staged-probe: where its time goes (timing only)  ~50 s
 #   ep           bench ep --worlds 1: the split at P = 1, 2, 4, 8 rank after rank on this GPU, and the
 #                expert-parallel layer on NCCL with one rank, each checked against the one-GPU layer,
 #                then timed (on a machine of P GPUs, --worlds 1,2,4,8 gives the scaling run)  ~200 s
@@ -65,7 +64,6 @@ for step in $STEPS; do
     kernels) run kernels 300 python3 -m workbench bench kernels --out "$OUT/kernels" ;;
     profile) run profile 120 python3 dev/profile_k2_attention.py --rows 1,17 ;;
     staged) run "int4_staged_${KDTREE_GIT_SHA}_h200" 330 python3 dev/kernels/int4_matmul.py --staged ;;
-    staged_probe) run "int4_staged_probe_${KDTREE_GIT_SHA}_h200" 120 python3 dev/kernels/int4_matmul.py --staged-probe ;;
     ep) run ep 520 python3 -m workbench bench ep --worlds 1 --out "$OUT/ep" ;;
     tier_ep) run tier_ep 200 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                tests/parallel tests/kernels/test_moe.py::test_routed_slice_is_the_stack_of_those_experts ;;

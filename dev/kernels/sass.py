@@ -1,18 +1,17 @@
-"""Offline SASS of the int4_matmul builds and the ladder's variants (no GPU): what ptxas made of them.
+"""Offline SASS of the int4_matmul builds (no GPU): what ptxas made of them.
 
-Run:  python dev/kernels/sass.py [--variants] [--staged] [--moe] [--dump DIR]
+Run:  python dev/kernels/sass.py [--staged] [--moe] [--dump DIR]
 Per build (K2 gate/up and down at M = 1 and 16, the package's configs): registers, spill bytes,
 instructions before / after the last griddepcontrol.wait (ACQBULK), 16-byte loads before / after it
-(weights and, after the wait, x), and the ten most frequent opcodes after it. --variants: the same
-for every entry of dev/kernels/int4_matmul.py's _VARIANTS. --staged: int4_staged.py's tilings at
-M = 64. --moe: the fused-MoE GEMMs at K2 width
+(weights and, after the wait, x), and the ten most frequent opcodes after it. --staged:
+int4_staged.py's tilings at M = 64. --moe: the fused-MoE GEMMs at K2 width
 (package configs for T = 1 and T = 4; no PDL wait there, so every count lands "after"). --dump: the
 SASS listings.
 
 Pipeline: numba's compile_ptx (sm_90) -> nvJitLink (cuda.bindings, a numba-cuda dependency) ->
 nvdisasm. nvdisasm comes from the ``nvidia-cuda-nvdisasm`` wheel (``pip install
-nvidia-cuda-nvdisasm``), from PATH, or from $NVDISASM. Register caps are the package's (or the
-variant's): the kernel factory's ``max_registers`` is passed to nvJitLink as -maxrregcount.
+nvidia-cuda-nvdisasm``), from PATH, or from $NVDISASM. Register caps are the package's: the kernel
+factory's ``max_registers`` is passed to nvJitLink as -maxrregcount.
 The local nvJitLink rejects static shared memory over 48 KB (those builds are reported as failed).
 """
 
@@ -94,7 +93,6 @@ def summary(listing: str, log: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", action="store_true", help="also every _VARIANTS entry of the ladder")
     ap.add_argument("--moe", action="store_true", help="also the fused-MoE GEMMs at K2 width")
     ap.add_argument("--staged", action="store_true", help="also the staged kernel, K2 shapes, M = 64")
     ap.add_argument("--dump", metavar="DIR", help="write each SASS listing to DIR")
@@ -105,10 +103,6 @@ def main(argv=None) -> int:
     a = lambda d: T.Array(d, 1, "C")                              # noqa: E731
     sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), T.int64, T.int64)
     impls = {"package": sys.modules["kernels_numba.int4_matmul"].int4_matmul}
-    if args.variants:
-        sys.path.insert(0, str(Path(__file__).parent))
-        import int4_matmul as ladder
-        impls.update(ladder._variant_impls())
     builds = [(f"{name} K={k} {cfg}", fn.__globals__["make_int4_matmul_kernel"](k, 32, *cfg), sig)
               for name, fn in impls.items() for k, cfg in BUILDS]
     if args.moe:
