@@ -211,7 +211,7 @@ def expert_float32(cfg: ModelConfig, seed: int, name: str) -> np.ndarray:
 
 def expert_bf16_bits(cfg: ModelConfig, seed: int, name: str) -> np.ndarray:
     """The routed expert's weight [N, K] in the ``bf16`` layout: bf16 bits (uint16) of ``expert_float32``
-    (round to nearest even, as ``bundle.bf16``; in uint32 arithmetic, which these finite values allow)."""
+    (round to nearest even, as ``numformats.bf16``; in uint32 arithmetic, which these finite values allow)."""
     u = expert_float32(cfg, seed, name).view(np.uint32)
     u += np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
     return (u >> np.uint32(16)).astype(np.uint16)
