@@ -26,6 +26,10 @@ def accepted_histogram(rounds: list[RoundStats], max_len: int) -> np.ndarray:
     return np.bincount(lens, minlength=max_len + 1)
 
 
+class _Captured(Exception):
+    """Ends the generation once the wanted round is captured (its later rounds are not needed)."""
+
+
 def capture_round(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: int,
                   round_index: int, drafter: str = "dflash", budget: int = 16, dtype: Any = np.float32,
                   **drafter_kw: Any) -> RoundTrace:
@@ -34,12 +38,18 @@ def capture_round(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_toke
     InputError when ``n_tokens`` are generated before that round.
     """
     rounds: list[RoundTrace] = []
-    ddtree_generate(cfg, weights, prompt, n_tokens, drafter, budget, GREEDY, dtype, on_round=rounds.append,
-                    **drafter_kw)
-    if round_index >= len(rounds):
-        raise InputError(f"{n_tokens} tokens were done after {len(rounds)} rounds, "
-                         f"before round {round_index}")
-    return rounds[round_index]
+
+    def keep(trace: RoundTrace) -> None:
+        rounds.append(trace)
+        if len(rounds) > round_index:
+            raise _Captured
+
+    try:
+        ddtree_generate(cfg, weights, prompt, n_tokens, drafter, budget, GREEDY, dtype, on_round=keep,
+                        **drafter_kw)
+    except _Captured:
+        return rounds[round_index]
+    raise InputError(f"{n_tokens} tokens were done after {len(rounds)} rounds, before round {round_index}")
 
 
 # ---- MoE expert coverage ---------------------------------------------------------------------
