@@ -142,7 +142,8 @@ def test_cost_curve_file_and_bad_curves(tmp_path):
 
 @pytest.mark.parametrize("budget, curve, match", [
     (0, None, "budget"), (2.5, None, "budget"), ("8", None, "budget"), ("auto", None, "needs a cost curve"),
-    (8, _curve(1.0), "goes with budget auto"), (TreeBudget(4), _curve(1.0), "inside")])
+    (8, _curve(1.0), "goes with budget auto"), (TreeBudget(4), _curve(1.0), "inside"),
+    ("auto", CostCurve(rows=(1,), verify_us=(5.0,)), "measures no tree")])
 def test_tree_budget_rejects(budget, curve, match):
     with pytest.raises(InputError, match=match):
         tree_budget(budget, curve)

@@ -5,7 +5,9 @@ is present; at --temperature > 0 it samples on the host from the copied-back log
 reference's Generator, so both backends give the same tokens for the same --seed). Modes: ``ar``
 (one token per step) and ``ddtree`` (speculative, drafter dflash or oracle). Output: the tokens on
 one line, or with --json a JSON list (ar) or an object with the tokens and per-round statistics
-(ddtree: tree size, accepted length, depth). The decoding itself is ``workbench.generate.generate``.
+(ddtree: tree size, accepted length, depth). ``--budget auto --cost-curve FILE``: each round verifies
+the prefix of the tree with the most expected tokens per microsecond (docs/ddtree.md). The decoding
+itself, and the one check of the budget, is ``workbench.generate.generate``.
 """
 
 from __future__ import annotations

@@ -157,6 +157,8 @@ def tree_budget(budget: Any, cost_curve: Any = None) -> TreeBudget:
         if cost_curve is None:
             raise InputError("budget auto needs a cost curve (--cost-curve FILE)")
         curve = cost_curve if isinstance(cost_curve, CostCurve) else load_cost_curve(cost_curve)
+        if curve.max_budget < 1:
+            raise InputError("the cost curve measures no tree: its rows stop at 1 (the root alone)")
         return TreeBudget(curve.max_budget, curve)
     if cost_curve is not None:
         raise InputError(f"a cost curve goes with budget auto, got budget {budget!r}")
