@@ -4,10 +4,11 @@ Legend: P prompt length, V vocabulary, N tree nodes (root not counted), F*D draf
 token (F tapped target layers of width D), L drafted positions.
 
 Each round reads as one sentence: the drafter proposes per-position logits from the bonus token,
-the heap builds a tree, ONE target forward verifies root + nodes with positions start + depth and the
-ancestor-only mask on top of the latent cache, the target's token at every node (argmax at T = 0,
-an independent sample at T > 0) drives the walk, and the commit compacts the accepted rows of the
-latent cache and hands the accepted nodes' tapped hidden states to the drafter.
+the heap builds a tree (a cost-aware budget keeps a prefix of its pop order, docs/ddtree.md), ONE
+target forward verifies root + nodes with positions start + depth and the ancestor-only mask on top
+of the latent cache, the target's token at every node (argmax at T = 0, an independent sample at
+T > 0) drives the walk, and the commit compacts the accepted rows of the latent cache and hands the
+accepted nodes' tapped hidden states to the drafter.
 """
 
 from __future__ import annotations
