@@ -38,7 +38,8 @@ def test_engine_backend_equals_the_reference_greedy_and_sampled():
 
 
 @pytest.mark.parametrize("kw,match", [({"backend": "cuda"}, "backend"), ({"mode": "beam"}, "mode"),
-                                      ({"backend": "numba", "mode": "ddtree", "budget": 0}, "budget")])
+                                      ({"backend": "numba", "mode": "ddtree", "budget": 0}, "budget"),
+                                      ({"mode": "ddtree", "budget": "auto"}, "cost curve")])
 def test_bad_requests_are_input_errors(kw, match):
     b = golden_bundle("tiny")
     with pytest.raises(InputError, match=match):

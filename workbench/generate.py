@@ -36,14 +36,17 @@ class Generation:
 
 
 def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: int, *,
-             backend: str = "reference", mode: str = "ar", drafter: Any = "dflash", budget: int = 16,
-             sampling: SamplingParams = GREEDY, drafter_config: Any = None, oracle_p: float = 1.0,
-             oracle_seed: int = 0, continuation: Any = None, engine: Any = None,
+             backend: str = "reference", mode: str = "ar", drafter: Any = "dflash", budget: Any = 16,
+             cost_curve: Any = None, sampling: SamplingParams = GREEDY, drafter_config: Any = None,
+             oracle_p: float = 1.0, oracle_seed: int = 0, continuation: Any = None, engine: Any = None,
              timing: dict | None = None) -> Generation:
     """Generate ``n_tokens`` after ``prompt``: greedy at ``sampling.temperature`` 0, else sampled with the
     run's one Generator (both backends draw the same tokens for the same seed).
 
-    mode "ddtree": ``drafter`` ("dflash", "oracle" or a Drafter), ``budget`` nodes per tree, and the
+    mode "ddtree": ``drafter`` ("dflash", "oracle" or a Drafter), ``budget`` nodes per tree (an int
+    B >= 1), or "auto" with ``cost_curve`` (a ``workbench.ddtree.budget.CostCurve`` or a JSON file:
+    each round verifies the prefix of the tree with the most expected tokens per microsecond), or a
+    TreeBudget; the budget is read and checked here, once (``tree_budget``). The
     drafter options of ``workbench.ddtree.drafter.make_drafter``. backend "numba": ``engine`` (a
     ``workbench.engine.runtime.Engine`` big enough for the request) or None; ``timing`` receives the
     engine's decode-phase wall times (``engine_ar_generate`` / ``engine_ddtree_generate``).
@@ -52,6 +55,9 @@ def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: i
         raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "ddtree":
+        from .ddtree.budget import tree_budget
+        budget = tree_budget(budget, cost_curve)
     t0 = time.perf_counter()
     kw = dict(drafter_config=drafter_config, oracle_p=oracle_p, oracle_seed=oracle_seed,
               continuation=continuation)
@@ -71,10 +77,8 @@ def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: i
         r = engine_ar_generate(eng, toks, n_tokens, sampling=sampling, timing=timing)
         return Generation(r.tokens, time.perf_counter() - t0)
     from .ddtree.drafter import make_drafter
-    from .ddtree.inputs import check_budget
     from .engine.ddtree import engine_ddtree_generate
-    budget = check_budget(budget)
     draft = make_drafter(drafter, cfg, weights, toks, n_tokens, np.float32, **kw)
-    eng = engine or engine_for(cfg, weights, len(toks), n_tokens, budget, taps=tuple(draft.capture))
+    eng = engine or engine_for(cfg, weights, len(toks), n_tokens, budget.max_nodes, taps=tuple(draft.capture))
     r = engine_ddtree_generate(eng, weights, toks, n_tokens, draft, budget, sampling, timing=timing)
     return Generation(r.tokens, time.perf_counter() - t0, r.rounds)

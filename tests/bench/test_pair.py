@@ -25,6 +25,31 @@ def test_loop_runs_ar_and_every_budget_and_matches_ar(monkeypatch):
     assert 1 <= rows[2]["rounds"] <= 4
 
 
+def test_cost_aware_runs_beside_the_fixed_budgets_on_their_own_curve(monkeypatch):
+    """--cost-aware: the curve is read off the fixed budgets' runs (verify at B + 1 rows), and the
+    cost-aware rows (mode ddtree_auto, budget = the largest B) still give AR's tokens."""
+    monkeypatch.setattr(pair, "WARM_TOKENS", 3)
+    b = golden_bundle("tiny")
+    prompts = [("a", np.asarray(b.prompt[:5], np.int64))]
+    rows: list[dict] = []
+    curve = pair.bench_bundle(str(b.path), prompts, 5, (1, 4), rows, cost_aware=True)
+    assert curve.rows == (2, 5) and curve.round_us >= 0
+    dd = {r["budget"]: r for r in rows if r["mode"] == "ddtree"}
+    assert curve.verify_us == (dd[1]["verify_us_per_round"], dd[4]["verify_us_per_round"])
+    auto = [r for r in rows if r["mode"] == "ddtree_auto"]
+    assert len(auto) == 1 and auto[0]["budget"] == 4 and auto[0]["tokens_equal_ar"]
+    assert 1 <= auto[0]["nodes_per_round"] <= 4
+    assert [c["mode"] for c in pair.summarize(rows)] == ["ar", "ddtree", "ddtree", "ddtree_auto"]
+
+
+def test_cost_curve_from_summary_cells():
+    cells = [dict(budget=b, verify_us_per_round=v, tok_s=1000.0, tokens_per_round=2.0)
+             for b, v in ((4, 300.0), (1, 200.0))]
+    curve = pair.cost_curve(cells)
+    assert curve.rows == (2, 5) and curve.verify_us == (200.0, 300.0)
+    assert curve.round_us == pytest.approx(2000.0 - 300.0)           # 2 ms per round at B = 4, less verify
+
+
 def test_summary_weights_prompts_by_time():
     ar = dict(model="m", mode="ar", budget=0, tokens=10, tau=1.0, rounds=10, tokens_equal_ar=True)
     rows = [dict(ar, seconds=1.0), dict(ar, seconds=3.0)]

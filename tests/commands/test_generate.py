@@ -1,6 +1,6 @@
 """``python -m workbench generate``: reference AR == golden, DDTree on both backends, and one-line
-exit-2 errors for bad input (unknown drafter, budget < 1, token >= vocab, bad prompt syntax, dflash
-without drafter weights)."""
+exit-2 errors for bad input (unknown drafter, budget < 1, budget auto without a cost curve, token >=
+vocab, bad prompt syntax, dflash without drafter weights); --budget auto with a cost curve."""
 
 import json
 import os
@@ -45,6 +45,18 @@ def test_reference_ddtree_json_has_rounds(capsys):
     assert all(r["accepted_len"] == r["depth"] + 1 and r["tree_size"] == 4 for r in res["rounds"])
 
 
+def test_reference_ddtree_budget_auto_follows_the_cost_curve(capsys, tmp_path):
+    """--budget auto: B = the curve's largest measured tree (8); each round keeps 1, 2, 4 or 8 nodes;
+    the tokens stay the golden ones."""
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps({"rows": [1, 9], "verify_us": [100.0, 260.0], "round_us": 100.0}))
+    rc, out, _ = _run(capsys, TINY, "--mode", "ddtree", "--drafter", "oracle", "--oracle-p", "0.7",
+                      "--budget", "auto", "--cost-curve", str(curve), "--tokens", "12", "--json")
+    res = json.loads(out)
+    assert rc == 0 and res["tokens"] == [int(t) for t in read_bundle(TINY).golden[:12]]
+    assert {r["tree_size"] for r in res["rounds"]} <= {1, 2, 4, 8}
+
+
 @pytest.mark.slow
 def test_numba_backend_ar_runs_in_a_fresh_process():
     """The CLI picks the simulator itself when no GPU is present (env var unset in the child)."""
@@ -73,6 +85,10 @@ def test_numba_backend_samples_like_the_reference(capsys, mode):
 @pytest.mark.parametrize("argv", [
     ["--mode", "ddtree", "--drafter", "medusa"],
     ["--mode", "ddtree", "--budget", "0"],
+    ["--mode", "ddtree", "--budget", "many"],
+    ["--mode", "ddtree", "--budget", "auto"],
+    ["--mode", "ddtree", "--budget", "auto", "--cost-curve", "/nonexistent/curve.json"],
+    ["--mode", "ddtree", "--budget", "4", "--cost-curve", "/nonexistent/curve.json"],
     ["--prompt", "1,2,100000"],
     ["--prompt", "1,,2"],
     ["--prompt", "a,b"],

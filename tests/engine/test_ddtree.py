@@ -166,6 +166,29 @@ def test_engine_ddtree_sampled_equals_reference(drafter, budget, seed):
     assert not np.array_equal(got.tokens, greedy)
 
 
+@E2E
+@pytest.mark.parametrize("drafter", ["oracle", "dflash"])
+def test_engine_cost_aware_ddtree_equals_reference(drafter):
+    """A cost-aware budget (B = 8: verify steps captured at 1, 2, 4 and 8 nodes) whose curve makes the
+    rounds keep different prefixes: the engine picks the reference's tree size every round and gives
+    its tokens, the greedy ones."""
+    from workbench.ddtree.budget import CostCurve, TreeBudget
+    name = "tiny"
+    b, w, dcfg = bundle(name)
+    n = len(b.golden) if GPU else {"oracle": 8, "dflash": 5}[drafter]
+    prompt, expected = _prompt_and_expected(name, n)
+    cont = reference_greedy(name, n + dcfg.block_size - 1, len(prompt)).tokens
+    kw = dict(drafter_config=dcfg, oracle_p=0.7, oracle_seed=2, continuation=cont)
+    budget = TreeBudget(8, CostCurve(rows=(1, 9), verify_us=(100.0, 260.0), round_us=100.0))
+    got = engine_ddtree_generate(engine(name), w, prompt, n, drafter, budget, **kw)
+    want = ddtree_generate(b.config, w, prompt, n, drafter, budget, **kw)
+    np.testing.assert_array_equal(got.tokens, expected)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    assert [(r.tree_size, r.accepted_len, r.depth) for r in got.rounds] == \
+        [(r.tree_size, r.accepted_len, r.depth) for r in want.rounds]
+    assert len({r.tree_size for r in got.rounds}) > 1, got.rounds
+
+
 def test_engine_ddtree_rejects_bad_requests():
     from workbench.errors import InputError
     b, w, dcfg = bundle("tiny")

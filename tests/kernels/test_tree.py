@@ -1,6 +1,6 @@
-"""DDTree tree kernels against the reference (workbench.ddtree.tree / walk): device top-k log-probs,
-the host heap build (node for node, ties included), the walk, the device tree compile, and the
-device KV compaction against LatentCache.gather_commit. Cheap in the simulator (small V, one block)."""
+"""DDTree tree kernels against the reference (workbench.ddtree.tree): device top-k log-probs, the
+device tree compile, and the device KV compaction against LatentCache.gather_commit. Cheap in the
+simulator (small V, one block). The host heap build and walk are tests/engine/test_tree_host.py."""
 
 import numpy as np
 import pytest
@@ -8,17 +8,9 @@ import pytest
 from kernels_numba.blockops import TPB
 from kernels_numba.device import download, to_device, upload, zeros
 from kernels_numba.kv import kv_compact_kernel
-from kernels_numba.tree import (
-    build_tree_host,
-    topk_logprobs,
-    topk_rounds_kernel,
-    topk_sort_kernel,
-    tree_compile_kernel,
-    walk_host,
-)
+from kernels_numba.tree import topk_logprobs, topk_rounds_kernel, topk_sort_kernel, tree_compile_kernel
 from workbench.ddtree.oracle import oracle_logits
 from workbench.ddtree.tree import build_tree, top_k_log_probs, visibility_from_parents
-from workbench.ddtree.walk import walk
 
 
 def _logits(kind: str, n_pos: int, vocab: int, seed: int) -> np.ndarray:
@@ -60,52 +52,13 @@ def test_topk_sort_and_rounds_kernels_agree(nt):
     np.testing.assert_array_equal(download(a), download(b))
 
 
-def _host_tree(lp, ids, budget, n_pos):
-    out = np.full((3, budget + 1), -7, np.int32)
-    n = build_tree_host(lp, ids, budget, n_pos, out)
-    return n, out
-
-
-@pytest.mark.parametrize("budget", [1, 2, 4, 16, 64, 200])
-@pytest.mark.parametrize("kind", ["random", "ties", "oracle"])
-def test_build_tree_host_equals_reference_heap(kind, budget):
-    n_pos, vocab = 7, 50
-    logits = _logits(kind, n_pos, vocab, budget)
-    want = build_tree(logits, budget)
-    lp, ids = top_k_log_probs(logits, min(budget, vocab))
-    n, out = _host_tree(lp, ids.astype(np.int32), budget, n_pos)
-    assert n == want.n_nodes
-    np.testing.assert_array_equal(out[0, 1:n + 1], want.tokens)
-    np.testing.assert_array_equal(out[1, 1:n + 1], want.depths)
-    np.testing.assert_array_equal(out[2, :n + 1], want.parents)
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_walk_host_equals_reference_walk(seed):
-    n_pos, vocab, budget = 6, 12, 24
-    logits = _logits("random", n_pos, vocab, seed)
-    tree = build_tree(logits, budget)
-    lp, ids = top_k_log_probs(logits, min(budget, vocab))
-    n, out = _host_tree(lp, ids.astype(np.int32), budget, n_pos)
-    rng = np.random.default_rng(seed)
-    post = rng.integers(0, vocab, n + 1)
-    for i in range(1, n + 1):               # make the target agree with the tree along some path
-        if rng.random() < 0.7:
-            post[out[2, i]] = out[0, i]
-    acc = np.zeros(n_pos + 2, np.int32)
-    count, bonus = walk_host(out, n, post.astype(np.int32), acc)
-    want_acc, want_bonus = walk(tree, post)
-    assert list(acc[:count]) == want_acc and bonus == want_bonus
-
-
 def test_tree_compile_kernel_builds_ids_depths_and_ancestor_mask():
     n_pos, vocab, budget, start = 5, 30, 20, 11
     logits = _logits("random", n_pos, vocab, 5)
-    lp, ids = top_k_log_probs(logits, budget)
     tree = build_tree(logits, budget)
-    t = budget + 1
+    n, t = tree.n_nodes, budget + 1
     ctl = np.zeros((5, t), np.int32)
-    n = build_tree_host(lp, ids.astype(np.int32), budget, n_pos, ctl)
+    ctl[:3, :n + 1] = np.concatenate([[0], tree.tokens]), np.concatenate([[0], tree.depths]), tree.parents
     ctl[0, 0] = 77
     ctl[4, :4] = (start, 0, 0, n + 1)
     d_ids, d_depth, d_meta = zeros(t, np.int32), zeros(t, np.int32), zeros(8, np.int32)

@@ -164,13 +164,13 @@ def stack_steps(eng, seed: int) -> dict:
     one DDTree round (``FlatDrafter``): the prefill's logits, the verify's tree, logits and argmax."""
     from kernels_numba.device import head_rows
     from kernels_numba.sim import sim_speed
+    from workbench.ddtree.budget import TreeBudget
     from workbench.ddtree.config import GREEDY
     from workbench.engine.ar import engine_ar_generate
     from workbench.engine.rounds import EngineSpecState
     ar = engine_ar_generate(eng, PROMPT, DECODE, return_logits=True)
-    state = EngineSpecState(eng, FlatDrafter(seed), BUDGET, GREEDY)
     with sim_speed():
-        state.prefill(PROMPT)
+        state = EngineSpecState(eng, FlatDrafter(seed), TreeBudget(BUDGET), GREEDY, PROMPT)
         prefill = eng.fetch(head_rows(eng.buf.logits, len(PROMPT)))
         state.draft()
         n = state.build_tree()

@@ -8,6 +8,11 @@ prefill, which both share), tau (tokens per round, bonus included), the round's 
 Summary per (bundle, budget): tokens/s over all prompts together (total tokens / total time), its
 ratio to AR's, tau as ``measure`` gives it (the mean of the prompts' taus) and the tokens per round
 over all rounds together (what the tokens/s follow).
+With ``cost_aware``: after the fixed budgets, each bundle's cost curve is read off those same runs
+(``cost_curve``: verify time per round at B + 1 rows, the rest of a round at the largest budget), and
+every prompt runs once more with the cost-aware budget over it (mode ``ddtree_auto``, budget = the
+largest B; docs/ddtree.md). The curves go into the JSON as ``cost_curves`` (``generate --budget auto
+--cost-curve pair_<commit>.json:MODEL`` reads them).
 The CSV and JSON are rewritten after each bundle (``bundles_done``, ``complete``), so a run cut short
 keeps what it measured. Writes the result set ``pair_<commit>.csv / .json / .png``
 (workbench/results.py).
@@ -41,8 +46,10 @@ def _pair(path: str):
 
 
 def bench_bundle(path: str, prompts: list[tuple[str, np.ndarray]], n_tokens: int, budgets: tuple[int, ...],
-                 rows: list[dict[str, Any]]) -> None:
-    """AR and DDTree at every budget for each prompt on one engine; one row per (prompt, mode, budget)."""
+                 rows: list[dict[str, Any]], cost_aware: bool = False) -> Any:
+    """AR and DDTree at every budget for each prompt on one engine; one row per (prompt, mode, budget).
+    cost_aware: then the cost-aware budget over this bundle's measured curve, returned (else None)."""
+    from ..ddtree.budget import TreeBudget
     from ..engine.ar import engine_for
     from ..generate import generate
     cfg, w, dcfg = _pair(path)
@@ -54,21 +61,53 @@ def bench_bundle(path: str, prompts: list[tuple[str, np.ndarray]], n_tokens: int
     generate(cfg, w, first, WARM_TOKENS, backend="numba", engine=eng)             # capture + warm-up
     for budget in budgets:
         generate(cfg, w, first, WARM_TOKENS, budget=budget, **spec)
+    ar_tokens = {}
+
+    def ddtree_row(ids: np.ndarray, base: dict, mode: str, budget: Any, label: int) -> dict:
+        t: dict = {}
+        r = generate(cfg, w, ids, n_tokens, budget=budget, **spec, timing=t)
+        n = len(r.rounds)
+        return dict(base, mode=mode, budget=label, seconds=t["decode_s"],
+                    tok_s=(n_tokens - 1) / t["decode_s"], tau=r.mean_accepted, rounds=n,
+                    nodes_per_round=sum(x.tree_size for x in r.rounds) / n,
+                    **{f"{k}_us_per_round": t[f"{k}_s"] / n * 1e6 for k in PARTS},
+                    tokens_equal_ar=bool(np.array_equal(r.tokens, ar_tokens[base["prompt"]])))
+
     for task, ids in prompts:
         t: dict = {}
         ar = generate(cfg, w, ids, n_tokens, backend="numba", engine=eng, timing=t)
+        ar_tokens[task] = ar.tokens
         ar_tps = (n_tokens - 1) / t["decode_s"]
         base = dict(model=name, prompt=task, prompt_tokens=len(ids), tokens=n_tokens - 1)
         rows.append(dict(base, mode="ar", budget=0, seconds=t["decode_s"], tok_s=ar_tps, tau=1.0,
                          rounds=n_tokens - 1, tokens_equal_ar=True))
         for budget in budgets:
-            t = {}
-            r = generate(cfg, w, ids, n_tokens, budget=budget, **spec, timing=t)
-            n = len(r.rounds)
-            rows.append(dict(base, mode="ddtree", budget=budget, seconds=t["decode_s"],
-                             tok_s=(n_tokens - 1) / t["decode_s"], tau=r.mean_accepted, rounds=n,
-                             **{f"{k}_us_per_round": t[f"{k}_s"] / n * 1e6 for k in PARTS},
-                             tokens_equal_ar=bool(np.array_equal(r.tokens, ar.tokens))))
+            rows.append(ddtree_row(ids, base, "ddtree", budget, budget))
+    if not cost_aware:
+        return None
+    curve = cost_curve([c for c in summarize([r for r in rows if r["model"] == name])
+                        if c["mode"] == "ddtree"])
+    auto = TreeBudget(curve.max_budget, curve)
+    generate(cfg, w, first, WARM_TOKENS, budget=auto, **spec)                    # captures its sizes
+    for task, ids in prompts:
+        base = dict(model=name, prompt=task, prompt_tokens=len(ids), tokens=n_tokens - 1)
+        rows.append(ddtree_row(ids, base, "ddtree_auto", auto, auto.max_nodes))
+    return curve
+
+
+def cost_curve(cells: list[dict[str, Any]]) -> Any:
+    """The cost curve of one bundle from ``summarize``'s fixed-budget DDTree cells: verify time per round
+    at B + 1 rows, and round_us = the rest of a round (drafter, top-k, host build, walk, commit) at the
+    largest B, the tree a cost-aware round builds before it cuts."""
+    from ..ddtree.budget import CostCurve
+    cells = sorted(cells, key=lambda c: c["budget"])
+    if not cells or any("verify_us_per_round" not in c for c in cells):
+        raise InputError("a cost curve needs the fixed budgets' verify times")
+    top = cells[-1]
+    round_us = 1e6 * top["tokens_per_round"] / top["tok_s"] - top["verify_us_per_round"]   # per round
+    return CostCurve(rows=tuple(int(c["budget"]) + 1 for c in cells),
+                     verify_us=tuple(float(c["verify_us_per_round"]) for c in cells),
+                     round_us=max(float(round_us), 0.0))
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -76,7 +115,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     over the same model's AR, tau (mean over prompts), tokens per round (over all rounds), the round's
     split, and whether every run equalled AR."""
     out = []
-    keys = sorted({(r["model"], r["mode"], r["budget"]) for r in rows}, key=lambda k: (k[0], k[2]))
+    keys = sorted({(r["model"], r["mode"], r["budget"]) for r in rows}, key=lambda k: (k[0], k[2], k[1]))
     ar_tps = {}
     for model, mode, budget in keys:
         sel = [r for r in rows if (r["model"], r["mode"], r["budget"]) == (model, mode, budget)]
@@ -88,8 +127,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     speedup=tps / ar_tps[model], tau=float(np.mean([r["tau"] for r in sel])),
                     tokens_per_round=sum(r["tokens"] for r in sel) / rounds,
                     all_equal_ar=all(r["tokens_equal_ar"] for r in sel))
-        for part in PARTS:
-            k = f"{part}_us_per_round"
+        for k in [f"{part}_us_per_round" for part in PARTS] + ["nodes_per_round"]:
             if k in sel[0]:
                 cell[k] = sum(r[k] * r["rounds"] for r in sel) / rounds
         out.append(cell)
@@ -97,7 +135,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def best(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per model, ``summarize``'s DDTree cell with the highest speed-up over AR."""
+    """Per model, ``summarize``'s fixed-budget DDTree cell with the highest speed-up over AR."""
     out: dict[str, dict[str, Any]] = {}
     for c in cells:
         if c["mode"] == "ddtree" and c["speedup"] > out.get(c["model"], {"speedup": -1.0})["speedup"]:
@@ -107,10 +145,15 @@ def best(cells: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def draw(ax: Any, cells: list[dict[str, Any]], value: str = "speedup") -> None:
     """One line per model of ``summarize``'s DDTree cells against the budget: ``speedup`` (with the 1x
-    line) or ``tok_s`` (with each model's AR tokens/s dashed)."""
+    line) or ``tok_s`` (with each model's AR tokens/s dashed); a cost-aware cell is a star at its mean
+    verified tree size."""
     for model in dict.fromkeys(c["model"] for c in cells):
         dd = [c for c in cells if c["model"] == model and c["mode"] == "ddtree"]
         line = ax.plot([c["budget"] for c in dd], [c[value] for c in dd], "o-", label=f"{model} DDTree")
+        for c in cells:
+            if c["model"] == model and c["mode"] == "ddtree_auto":
+                ax.plot([c["nodes_per_round"]], [c[value]], "*", ms=12, color=line[0].get_color(),
+                        label=f"{model} cost-aware")
         if value == "tok_s":
             ar = next(c for c in cells if c["model"] == model and c["mode"] == "ar")
             ax.axhline(ar["tok_s"], ls="--", color=line[0].get_color(), label=f"{model} AR")
@@ -136,7 +179,7 @@ def plot(cells: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def run(out_dir: str | Path, bundles: tuple[str, ...] = BUNDLES, n_prompts: int = 64, n_tokens: int = 128,
-        budgets: tuple[int, ...] = BUDGETS, wheels: str | None = None) -> ResultSet:
+        budgets: tuple[int, ...] = BUDGETS, wheels: str | None = None, cost_aware: bool = False) -> ResultSet:
     if n_prompts < 1 or n_tokens < 2 or not budgets or min(budgets) < 1:
         raise InputError(f"bench pair wants prompts >= 1, tokens >= 2 and budgets >= 1, got {n_prompts}, "
                          f"{n_tokens}, {budgets}")
@@ -151,14 +194,19 @@ def run(out_dir: str | Path, bundles: tuple[str, ...] = BUNDLES, n_prompts: int 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = run_metadata(bench="pair", bundles=list(bundles), prompts=f"HumanEval first {len(prompts)}",
-                        new_tokens=n_tokens, budgets=list(budgets))
+                        new_tokens=n_tokens, budgets=list(budgets), cost_aware=cost_aware)
     rs = result_set(out, "pair", meta["git_sha"])
     rows: list[dict[str, Any]] = []
+    curves: dict[str, Any] = {}
     for i, path in enumerate(bundles):
-        bench_bundle(path, prompts, n_tokens, budgets, rows)
+        curve = bench_bundle(path, prompts, n_tokens, budgets, rows, cost_aware)
+        if curve is not None:
+            curves[Path(path).stem] = curve.to_dict()
+            meta["cost_curves"] = curves
         for c in summarize([r for r in rows if r["model"] == Path(path).stem]):
-            print(f"[pair] {c['model']:18s} {c['mode']:6s} B={c['budget']:3d}: {c['tok_s']:8,.0f} tok/s "
-                  f"({c['speedup']:4.2f}x AR), tau {c['tau']:.2f}, equal to AR: {c['all_equal_ar']}")
+            nodes = f", {c['nodes_per_round']:.1f} nodes/round" if c["mode"] == "ddtree_auto" else ""
+            print(f"[pair] {c['model']:18s} {c['mode']:11s} B={c['budget']:3d}: {c['tok_s']:8,.0f} tok/s "
+                  f"({c['speedup']:4.2f}x AR), tau {c['tau']:.2f}{nodes}, equal to AR: {c['all_equal_ar']}")
         cells = summarize(rows)                      # written after every bundle: a cut run keeps its data
         write_csv(rows, rs.csv)
         meta.update(summary=cells, bundles_done=list(bundles[:i + 1]), complete=i + 1 == len(bundles))

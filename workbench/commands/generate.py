@@ -5,7 +5,9 @@ is present; at --temperature > 0 it samples on the host from the copied-back log
 reference's Generator, so both backends give the same tokens for the same --seed). Modes: ``ar``
 (one token per step) and ``ddtree`` (speculative, drafter dflash or oracle). Output: the tokens on
 one line, or with --json a JSON list (ar) or an object with the tokens and per-round statistics
-(ddtree: tree size, accepted length, depth). The decoding itself is ``workbench.generate.generate``.
+(ddtree: tree size, accepted length, depth). ``--budget auto --cost-curve FILE``: each round verifies
+the prefix of the tree with the most expected tokens per microsecond (docs/ddtree.md). The decoding
+itself, and the one check of the budget, is ``workbench.generate.generate``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens to generate (default: the bundle's golden length, or 24)")
     p.add_argument("--backend", choices=("reference", "numba"), default="reference")
     p.add_argument("--mode", choices=("ar", "ddtree"), default="ar")
-    p.add_argument("--budget", type=int, default=16, help="DDTree node budget B >= 1 (default 16)")
+    p.add_argument("--budget", type=budget_arg, default=16,
+                   help="DDTree node budget B >= 1 (default 16), or auto: with --cost-curve, each round "
+                        "verifies the prefix of the tree with the most expected tokens per microsecond")
+    p.add_argument("--cost-curve", default=None, metavar="FILE",
+                   help="the target's measured verify cost for --budget auto: a JSON curve "
+                        "{rows, verify_us, round_us}, or a bench pair result set as RESULTS.json:MODEL")
     p.add_argument("--drafter", choices=("dflash", "oracle"), default="dflash")
     p.add_argument("--oracle-p", type=float, default=1.0, help="oracle drafter hit probability in [0, 1]")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
@@ -34,6 +41,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--text", default=None,
                    help="text prompt, encoded with the bundle's tokenizer; prints the decoded continuation")
+
+
+def budget_arg(text: str) -> int | str:
+    """'auto' or an int (its range is checked once, by workbench.generate)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int or auto, got {text!r}") from None
 
 
 def parse_prompt(text: str) -> list[int]:
@@ -64,8 +81,6 @@ def use_simulator_without_gpu() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.budget < 1:
-        raise UserError(f"--budget must be >= 1, got {args.budget}")
     if args.tokens is not None and args.tokens < 1:
         raise UserError(f"--tokens must be >= 1, got {args.tokens}")
     if not 0.0 <= args.oracle_p <= 1.0:
@@ -88,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=float(args.temperature), seed=int(args.seed))
     dcfg = b.meta.get("drafter") if isinstance(b.meta, dict) else None
     res = generate(b.config, weights, toks, n, backend=args.backend, mode=args.mode, drafter=args.drafter,
-                   budget=args.budget, sampling=sampling, drafter_config=dcfg, oracle_p=args.oracle_p,
-                   oracle_seed=args.seed)
+                   budget=args.budget, cost_curve=args.cost_curve, sampling=sampling, drafter_config=dcfg,
+                   oracle_p=args.oracle_p, oracle_seed=args.seed)
     rounds = None
     if args.mode == "ddtree":
         rounds = [{"tree_size": r.tree_size, "accepted_len": r.accepted_len, "depth": r.depth}

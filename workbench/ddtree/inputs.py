@@ -24,8 +24,3 @@ def check_run(cfg: ModelConfig, prompt: Any, n_tokens: Any, sampling: Any) -> tu
                          f"{cfg.max_position_embeddings}")
     return toks, int(n_tokens)
 
-
-def check_budget(budget: Any) -> int:
-    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
-        raise InputError(f"budget must be an int >= 1, got {budget!r}")
-    return int(budget)

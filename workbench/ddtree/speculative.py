@@ -4,14 +4,16 @@ Legend: P prompt length, V vocabulary, N tree nodes (root not counted), F*D draf
 token (F tapped target layers of width D), L drafted positions.
 
 Each round reads as one sentence: the drafter proposes per-position logits from the bonus token,
-the heap builds a tree, ONE target forward verifies root + nodes with positions start + depth and the
-ancestor-only mask on top of the latent cache, the target's token at every node (argmax at T = 0,
-an independent sample at T > 0) drives the walk, and the commit compacts the accepted rows of the
-latent cache and hands the accepted nodes' tapped hidden states to the drafter.
+the heap builds a tree (a cost-aware budget keeps a prefix of its pop order, docs/ddtree.md), ONE
+target forward verifies root + nodes with positions start + depth and the ancestor-only mask on top
+of the latent cache, the target's token at every node (argmax at T = 0, an independent sample at
+T > 0) drives the walk, and the commit compacts the accepted rows of the latent cache and hands the
+accepted nodes' tapped hidden states to the drafter.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +21,10 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..reference.model import LatentCache, forward
+from .budget import TreeBudget, tree_budget
 from .config import GREEDY, SamplingParams
 from .drafter import Drafter, make_drafter
-from .inputs import check_budget, check_run
+from .inputs import check_run
 from .sampling import make_rng, sample_tokens
 from .tree import Tree, build_tree, compile_tree
 from .walk import walk
@@ -33,6 +36,16 @@ class RoundStats:
     tree_size: int          # N, nodes besides the root
     accepted_len: int       # tokens committed: accepted nodes incl. the root (= accepted drafts + bonus)
     depth: int              # the deepest node's depth (0 for a root-only tree)
+
+
+@dataclass(frozen=True)
+class RoundTrace:
+    """One round as the loop ran it (what ``ddtree_generate``'s ``on_round`` receives)."""
+    tree: Tree                # the verified tree (for a cost-aware budget, the chosen prefix)
+    root: int                 # the bonus token the tree grew from
+    accepted: list[int]       # accepted node indices, root (0) first
+    bonus: int                # the target's token after the accepted path
+    posterior: np.ndarray     # [N+1] the target's token at every node
 
 
 @dataclass
@@ -103,29 +116,35 @@ def commit(state: SpecState, tree: Tree, accepted: list[int], bonus: int, hidden
 
 
 def ddtree_generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: int,
-                    drafter: str | Drafter = "dflash", budget: int = 16,
+                    drafter: str | Drafter = "dflash", budget: int | TreeBudget = 16,
                     sampling: SamplingParams = GREEDY, dtype: Any = np.float32, *,
                     drafter_config: Any = None, oracle_p: float = 1.0, oracle_seed: int = 0,
-                    continuation: Any = None) -> SpecResult:
+                    continuation: Any = None,
+                    on_round: Callable[[RoundTrace], None] | None = None) -> SpecResult:
     """Generate n_tokens with DDTree speculative decoding on the numpy reference.
 
     drafter: "dflash" (needs ``drafter.*`` weights; ``drafter_config`` a DrafterConfig, default
       ``default_drafter_config(cfg)``), "oracle" (true continuation = ``continuation`` [n_tokens + L]
       generated ids, or computed greedily up front; ``oracle_p``, ``oracle_seed``), or a ready Drafter.
-    budget: B >= 1 tree nodes per round besides the root. sampling: T = 0 greedy (token-for-token equal
-      to greedy AR), T > 0 lossless sampling with one seeded Generator. dtype: float32 or float64.
+    budget: B >= 1 tree nodes per round besides the root, or a TreeBudget (``workbench.ddtree.budget``:
+      cost-aware, each round verifies the best prefix of the pop order). sampling: T = 0 greedy
+      (token-for-token equal to greedy AR), T > 0 lossless sampling with one seeded Generator.
+      dtype: float32 or float64. on_round: called with each round's RoundTrace before its commit.
     """
     toks, n_tokens = check_run(cfg, prompt, n_tokens, sampling)
-    check_budget(budget)
+    budget = tree_budget(budget)
     draft = make_drafter(drafter, cfg, weights, toks, n_tokens, dtype, drafter_config=drafter_config,
                          oracle_p=oracle_p, oracle_seed=oracle_seed, continuation=continuation)
     rng = make_rng(sampling)
-    state = prefill(cfg, weights, toks, len(toks) + n_tokens + budget + 1, draft, sampling, rng, dtype)
+    max_len = len(toks) + n_tokens + budget.max_nodes + 1
+    state = prefill(cfg, weights, toks, max_len, draft, sampling, rng, dtype)
     while len(state.tokens) < n_tokens:
         draft_logits = draft.propose(state)                                     # [L, V]
-        tree = build_tree(draft_logits, budget)
+        tree = budget.cut(build_tree(draft_logits, budget.max_nodes))           # a prefix of the pop order
         logits, hidden = verify(cfg, weights, state, tree, draft.capture, dtype)  # [N+1, V]
-        accepted, bonus = walk(tree, sample_tokens(logits, sampling, rng))
+        posterior = sample_tokens(logits, sampling, rng)                        # [N+1]
+        accepted, bonus = walk(tree, posterior)
+        if on_round is not None:
+            on_round(RoundTrace(tree, state.bonus, accepted, bonus, posterior))
         commit(state, tree, accepted, bonus, hidden, draft.capture)
     return SpecResult(tokens=np.asarray(state.tokens[:n_tokens], dtype=np.int64), rounds=state.rounds)
-

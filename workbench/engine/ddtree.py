@@ -3,10 +3,11 @@
 The loop reads as the reference's: draft -> build_tree -> verify -> walk -> commit, each a method of
 the per-generation state (``engine.rounds.EngineSpecState``). Per round: draft logits -> per-position
 top-k on the device -> best-first heap on the host over the copied [L, K] table
-(kernels_numba.tree.build_tree_host, a few microseconds) -> one upload of the control block (tree +
-previous accepted path) -> the captured verify step (KV compaction of the previous round, tree
-compile, forward over root + nodes with the ancestor-only mask) -> copy back the target's token per
-node -> walk -> commit. Greedy (T = 0): the argmax per node, computed on the device.
+(engine.tree_host.build_tree_host, a few microseconds), cut to the budget's choice -> one upload of
+the control block (tree + previous accepted path) -> the verify step captured for the smallest size
+>= N (KV compaction of the previous round, tree compile, forward over root + nodes with the
+ancestor-only mask) -> copy back the target's token per node -> walk -> commit. Greedy (T = 0):
+the argmax per node, computed on the device.
 Sampled (T > 0): the verify logits of the N + 1 rows are copied back and the host draws one token
 per node with the reference's ``sample_tokens`` and the run's one Generator (seeded by
 ``sampling.seed``; first the prompt's last row, then N + 1 uniforms per round in node order), so the
@@ -31,56 +32,49 @@ import numpy as np
 
 from kernels_numba.sim import sim_speed
 
+from ..ddtree.budget import TreeBudget, tree_budget
 from ..ddtree.config import GREEDY, SamplingParams
 from ..ddtree.drafter import make_drafter
-from ..ddtree.inputs import check_budget, check_run
+from ..ddtree.inputs import check_run
 from ..ddtree.speculative import SpecResult
 from ..errors import InputError
-from .rounds import EngineSpecState
+from .rounds import PHASES, EngineSpecState
 from .runtime import Engine
 
 
 def engine_ddtree_generate(engine: Engine, weights: dict[str, Any], prompt: Any, n_tokens: int,
-                           drafter: Any = "dflash", budget: int = 16, sampling: SamplingParams = GREEDY, *,
-                           drafter_config: Any = None, oracle_p: float = 1.0, oracle_seed: int = 0,
-                           continuation: Any = None, timing: dict | None = None,
-                           device_drafter: bool = True) -> SpecResult:
+                           drafter: Any = "dflash", budget: int | TreeBudget = 16,
+                           sampling: SamplingParams = GREEDY, *, drafter_config: Any = None,
+                           oracle_p: float = 1.0, oracle_seed: int = 0, continuation: Any = None,
+                           timing: dict | None = None, device_drafter: bool = True) -> SpecResult:
     """Generate ``n_tokens`` with DDTree on ``engine`` (greedy at T = 0, lossless sampling at T > 0);
     same arguments and result as the reference ``ddtree_generate`` (``weights`` feed the drafter).
     timing: if a dict, receives ``decode_s`` (wall time of all rounds after the prefill) and its
-    parts ``draft_s`` (drafter, top-k, copy back), ``build_s`` (host heap builds), ``verify_s``
-    (control upload, verify graph, copy back); the rest is the walk and bookkeeping.
-    device_drafter: run a dflash drafter with dense projections on the device (default) rather than
-    on the host."""
+    parts ``draft_s`` (drafter, top-k, copy back), ``build_s`` (host heap build and the budget's
+    choice), ``verify_s`` (control upload, verify graph, copy back); the rest is the walk and
+    bookkeeping. device_drafter: run a dflash drafter with dense projections on the device (default)
+    rather than on the host."""
     toks, n_tokens = check_run(engine.cfg, prompt, n_tokens, sampling)
-    budget = check_budget(budget)
+    budget = tree_budget(budget)
     draft = make_drafter(drafter, engine.cfg, weights, toks, n_tokens, np.float32,
                          drafter_config=drafter_config,
                          oracle_p=oracle_p, oracle_seed=oracle_seed, continuation=continuation)
     missing = [k for k in draft.capture if k not in engine.taps]
     if missing:
         raise InputError(f"the engine does not tap layers {missing} that the drafter reads")
-    if len(toks) + n_tokens + budget + 1 > engine.buf.max_len or budget + 1 > engine.buf.max_rows:
+    b = budget.max_nodes
+    if len(toks) + n_tokens + b + 1 > engine.buf.max_len or b + 1 > engine.buf.max_rows:
         raise InputError("the engine is too small for this request (see engine.ar.engine_for)")
-    state = EngineSpecState(engine, draft, budget, sampling, device_drafter)
+    clock = dict.fromkeys(PHASES, 0.0) if timing is not None else None      # host wall time per step
     with sim_speed():
-        state.prefill(toks)
-        clock = {"draft_s": 0.0, "build_s": 0.0, "verify_s": 0.0}    # host wall time per phase
+        state = EngineSpecState(engine, draft, budget, sampling, toks, device_drafter, clock)
         t0 = time.perf_counter()
         while len(state.tokens) < n_tokens:
-            ta = time.perf_counter()
             state.draft()                                    # drafter + top-k + copy back
-            tb = time.perf_counter()
-            n = state.build_tree()                           # host heap build
-            tc = time.perf_counter()
+            n = state.build_tree()                           # host heap, cut to the budget's N
             post = state.verify(n)                           # control upload + verify graph + copy back
-            td = time.perf_counter()
             accepted, bonus = state.walk(n, post)
             state.commit(n, accepted, bonus)
-            clock["draft_s"] += tb - ta
-            clock["build_s"] += tc - tb
-            clock["verify_s"] += td - tc
         if timing is not None:
-            timing["decode_s"] = time.perf_counter() - t0
-            timing.update(clock)
+            timing.update(clock, decode_s=time.perf_counter() - t0)
     return SpecResult(tokens=np.asarray(state.tokens[:n_tokens], dtype=np.int64), rounds=state.rounds)

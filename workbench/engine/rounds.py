@@ -1,25 +1,31 @@
 """One DDTree generation's state on the engine and its round steps, named as in the reference loop
-(``workbench.ddtree.speculative``): prefill, draft, build_tree, verify, walk, commit.
+(``workbench.ddtree.speculative``): draft, build_tree, verify, walk, commit.
 
-Legend: P prompt length, V vocabulary, L drafted positions, B budget, K = min(B, V) candidates per
-position, N <= B tree nodes (root not counted), A accepted nodes (root included), T engine rows
-(max_rows), W control-block width, F tapped layers, D model width.
+Legend: P prompt length, V vocabulary, L drafted positions, B max budget, K = min(B, V) candidates per
+position, N <= B tree nodes verified (root not counted), A accepted nodes (root included), T engine
+rows (max_rows), W control-block width, F tapped layers, D model width.
 
-Every buffer is allocated once, in ``EngineSpecState.__init__``. The tree lives in the host control
-block ``ctl`` (int32 [5, W], layout in kernels_numba.tree): the heap writes rows 0-2, ``verify`` adds
-the bonus, the previous round's accepted path and the scalars, and uploads it once. The reference's
-commit (KV gather of the accepted rows) is split: ``commit`` does the host bookkeeping, and the next
-round's verify step compacts the latent cache on the device before it writes the new tree's rows.
+``EngineSpecState(...)`` allocates every buffer, captures the verify steps and prefills the prompt, so
+the state is complete when the first round starts. The tree lives in the host control block ``ctl``
+(int32 [5, W], layout in kernels_numba/tree.py): the heap writes rows 0-2, ``verify`` adds the bonus,
+the previous round's accepted path and the scalars, and uploads it once. A cost-aware budget cuts the
+heap's tree to a prefix of its pop order (only N changes) and runs the verify step captured for the
+smallest size >= N. The reference's commit (KV gather of the accepted rows) is split: ``commit`` does
+the host bookkeeping, and the next round's verify step compacts the latent cache on the device before
+it writes the new tree's rows. With a ``clock`` dict the timed steps add their host wall time to it.
 """
 
 from __future__ import annotations
+
+import functools
+import time
 
 import numpy as np
 
 from kernels_numba import ops
 from kernels_numba.device import Mirror, head_rows, host_buffer, to_device, zeros
-from kernels_numba.tree import build_tree_host, walk_host
 
+from ..ddtree.budget import TreeBudget
 from ..ddtree.config import SamplingParams
 from ..ddtree.dflash import DFlashDrafter
 from ..ddtree.drafter import Drafter
@@ -28,6 +34,24 @@ from ..ddtree.sampling import make_rng, sample_tokens
 from ..ddtree.speculative import RoundStats, features
 from .dflash import device_dflash_for, device_dflash_supported
 from .runtime import Engine
+from .tree_host import build_tree_host, walk_host
+
+PHASES = ("draft_s", "build_s", "verify_s")        # the timed steps' clock keys
+
+
+def timed(phase: str):
+    """Add the step's host wall time to ``self.clock[phase]`` when the state has a clock."""
+    def wrap(step):
+        @functools.wraps(step)
+        def run(self, *args):
+            if self.clock is None:
+                return step(self, *args)
+            t0 = time.perf_counter()
+            out = step(self, *args)
+            self.clock[phase] += time.perf_counter() - t0
+            return out
+        return run
+    return wrap
 
 
 class EngineSpecState:
@@ -39,32 +63,27 @@ class EngineSpecState:
     not seen (empty without a host drafter); rounds. The latent cache is the engine's.
     new_rows [n]: the tap-buffer rows the device drafter has not read (the prompt, then the accepted
     nodes). prev_accepted [A], prev_start: the last round's accepted node indices and bonus position,
-    which the next verify step's KV compaction keeps.
-    device_drafter: as in ``engine_ddtree_generate``. The caller has checked that the engine taps
-    ``drafter.capture`` and fits the request.
+    which the next verify step's KV compaction keeps. steps: the verify step per size of ``budget.sizes``.
+    prompt [P]: prefilled here. device_drafter: as in ``engine_ddtree_generate``. clock: None, or a dict
+    the timed steps add to (keys PHASES). The caller has checked that the engine taps ``drafter.capture``
+    and fits the request.
     """
 
-    start: int
-    bonus: int
-    tokens: list[int]
-    new_features: np.ndarray
-    rounds: list[RoundStats]
-    new_rows: np.ndarray
-    prev_accepted: np.ndarray
-    prev_start: int
-
-    def __init__(self, engine: Engine, drafter: Drafter, budget: int, sampling: SamplingParams,
-                 device_drafter: bool = True) -> None:
+    def __init__(self, engine: Engine, drafter: Drafter, budget: TreeBudget, sampling: SamplingParams,
+                 prompt: np.ndarray, device_drafter: bool = True, clock: dict | None = None) -> None:
         cfg, buf = engine.cfg, engine.buf
         self.engine, self.drafter, self.budget, self.sampling = engine, drafter, budget, sampling
+        self.clock = clock
         self.n_pos = n_pos = drafter.block_size - 1                          # L
-        self.k = k = min(budget, cfg.vocab_size)                              # K
+        b = budget.max_nodes                                                  # B
+        self.k = k = min(b, cfg.vocab_size)                                   # K
         self.tap_idx = [engine.taps.index(t) for t in drafter.capture]       # tap-buffer index per layer read
         self.lpk = Mirror(zeros((2, n_pos, k), np.float64))                   # [2, L, K] top-k log-probs, ids
         self.ctl_m = Mirror(buf.ctl)                                          # [5, W] control block
         self.ctl = self.ctl_m.host
         self.post = Mirror(buf.amax)                                          # [T] target's token per node
         self.ids_h = np.zeros((n_pos, k), np.int32)                           # [L, K] top-k token ids
+        self.scores = np.zeros(b + 1, np.float64)                             # [B+1] log q(path), root 0
         self.device = None                                                    # the device dflash drafter
         if device_drafter and isinstance(drafter, DFlashDrafter) and \
                 device_dflash_supported(drafter.weights, drafter.dcfg):
@@ -81,24 +100,28 @@ class EngineSpecState:
         self.ctl[...] = 0
         self.acc = np.zeros(n_pos + 2, np.int32)                              # the walk's accepted nodes
         self.rng = make_rng(sampling)
-
-    def prefill(self, toks: np.ndarray) -> None:
-        """Capture the verify step (its warm-up run overwrites what a prefill leaves), prefill the prompt
-        [P], take the first token (the first bonus) and queue the prompt's features for the drafter."""
-        eng, p = self.engine, len(toks)
-        self.step = eng.verify_step(self.budget)
-        eng.prefill(toks)
-        if self.sampling.greedy:
-            first = int(eng.fetch(eng.buf.amax)[p - 1])
-        else:
-            first = int(sample_tokens(eng.fetch(eng.buf.logits)[p - 1:p], self.sampling, self.rng)[0])
-        # the tap buffer [F, T, D] stands in for the reference's {layer: hidden}, indexed by tap_idx
-        feats = eng.fetch(eng.buf.feats) if self.tap_idx else None
+        # the verify steps are captured first: a capture's warm-up run overwrites what a prefill leaves
+        self.steps = {s: engine.verify_step(s) for s in budget.sizes}
+        self.step_for = [min(s for s in budget.sizes if s >= n) for n in range(b + 1)]   # N -> size
+        first, feats = self._prefill(prompt)
+        p = len(prompt)
         self.start, self.bonus, self.tokens, self.rounds = p, first, [first], []
         self.new_features = features(feats, self.tap_idx, np.arange(p))      # [P, F*D]
         self.new_rows = np.arange(p, dtype=np.int32)
         self.prev_accepted, self.prev_start = np.zeros(0, np.int32), 0
 
+    def _prefill(self, toks: np.ndarray) -> tuple[int, np.ndarray | None]:
+        """Prefill the prompt [P]: the first token (the first bonus) and the tap buffer [F, T, D] (the
+        reference's {layer: hidden}, indexed by tap_idx) when a host drafter reads it."""
+        eng, p = self.engine, len(toks)
+        eng.prefill(toks)
+        if self.sampling.greedy:
+            first = int(eng.fetch(eng.buf.amax)[p - 1])
+        else:
+            first = int(sample_tokens(eng.fetch(eng.buf.logits)[p - 1:p], self.sampling, self.rng)[0])
+        return first, (eng.fetch(eng.buf.feats) if self.tap_idx else None)
+
+    @timed("draft_s")
     def draft(self) -> None:
         """Draft logits for positions start+1 .. start+L -> per-position top-k on the device -> the
         [2, L, K] table copied back into ``lpk.host``."""
@@ -114,22 +137,27 @@ class EngineSpecState:
         self.lpk.pull()
         eng.sync()
 
+    @timed("build_s")
     def build_tree(self) -> int:
-        """The best-first heap over the top-k table, into ctl rows 0-2 (root token left out); returns N."""
+        """The best-first heap over the top-k table, into ctl rows 0-2 (root token left out), cut to the
+        budget's choice; returns N (the tree is ctl's first N + 1 columns)."""
         lpk = self.lpk.host
         np.copyto(self.ids_h, lpk[1], casting="unsafe")                      # token ids (exact in float64)
-        return build_tree_host(lpk[0], self.ids_h, self.budget, self.n_pos, self.ctl)
+        n = build_tree_host(lpk[0], self.ids_h, self.budget.max_nodes, self.n_pos, self.ctl, self.scores)
+        return self.budget.choose(self.scores[1:n + 1])
 
+    @timed("verify_s")
     def verify(self, n: int) -> np.ndarray:
-        """Upload the control block, run the verify step (KV compaction of the previous round, tree
-        compile, ONE forward over root + N nodes) and return the target's token per node [N+1]: the
-        device's argmax at T = 0; at T > 0, N + 1 draws in node order from the copied-back logits."""
+        """Upload the control block, run the verify step of the smallest captured size >= N (KV compaction
+        of the previous round, tree compile, ONE forward over root + N nodes) and return the target's
+        token per node [N+1]: the device's argmax at T = 0; at T > 0, N + 1 draws in node order from the
+        copied-back logits."""
         eng, ctl, prev = self.engine, self.ctl, self.prev_accepted
         ctl[0, 0] = self.bonus
         ctl[3, :prev.size] = prev
         ctl[4, :4] = (self.start, prev.size, self.prev_start, n + 1)
         self.ctl_m.push()
-        self.step.run(eng.stream)
+        self.steps[self.step_for[n]].run(eng.stream)
         if self.sampling.greedy:
             self.post.pull()
             eng.sync()

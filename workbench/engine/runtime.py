@@ -3,8 +3,8 @@
 ``Engine(cfg, weights, max_len, max_rows, taps)`` uploads once and allocates once; a generation
 resets the control words (meta, ctl) and overwrites the cache rows it uses, so nothing is allocated
 per token. Steps: ``prefill`` (eager, P rows, causal), ``decode`` (graph: one token, argmax fed back
-on the device), ``verify(budget)`` (graph: KV compaction of the previous round, tree compile,
-forward over budget + 1 rows).
+on the device), ``verify_step(size)`` (graph: KV compaction of the previous round, tree compile,
+forward over size + 1 rows; one per tree size a generation uses).
 """
 
 from __future__ import annotations
@@ -117,22 +117,23 @@ class Engine:
             self._decode = StepGraph(step, self.use_graphs)
         return self._decode
 
-    def verify_step(self, budget: int) -> StepGraph:
-        """The DDTree verify step for ``budget`` (captured once per budget)."""
-        if budget + 1 > self.buf.max_rows:
-            raise InputError(f"budget {budget} exceeds the engine's max rows {self.buf.max_rows - 1}")
-        if budget not in self._verify:
+    def verify_step(self, size: int) -> StepGraph:
+        """The DDTree verify step for trees of up to ``size`` nodes (captured once per size; a smaller
+        tree leaves the rows past its N + 1 alone)."""
+        if size + 1 > self.buf.max_rows:
+            raise InputError(f"tree size {size} exceeds the engine's max rows {self.buf.max_rows - 1}")
+        if size not in self._verify:
             b = self.buf
 
             def step(s):
                 ops.kv_compact(b.cache, b.ctl, self.cfg.num_hidden_layers, s)
                 ops.tree_compile(b.ids, b.depth, b.vis, b.meta, b.ctl, s)
-                launch_forward(self, budget + 1, s, self.taps)
+                launch_forward(self, size + 1, s, self.taps)
 
-            self.scratch.reserve(budget + 1)
+            self.scratch.reserve(size + 1)
             self._prepare_dummy()
-            self._verify[budget] = StepGraph(step, self.use_graphs)
-        return self._verify[budget]
+            self._verify[size] = StepGraph(step, self.use_graphs)
+        return self._verify[size]
 
     def _prepare_dummy(self) -> None:
         # a harmless state for the eager warm-up run that precedes a capture: one row at position 0

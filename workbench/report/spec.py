@@ -6,18 +6,13 @@ Legend: N tree nodes (root not counted), K experts per token, E routed experts, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..config import ModelConfig
 from ..ddtree.config import GREEDY
-from ..ddtree.drafter import make_drafter
-from ..ddtree.sampling import make_rng, sample_tokens
-from ..ddtree.speculative import RoundStats, commit, prefill, verify
-from ..ddtree.tree import Tree, build_tree
-from ..ddtree.walk import walk
+from ..ddtree.speculative import RoundStats, RoundTrace, ddtree_generate
 from ..errors import InputError
 from ..reference.layers import rmsnorm
 from ..reference.moe import analytic_coverage, moe_gate  # noqa: F401  (analytic_coverage: the notebooks')
@@ -31,36 +26,30 @@ def accepted_histogram(rounds: list[RoundStats], max_len: int) -> np.ndarray:
     return np.bincount(lens, minlength=max_len + 1)
 
 
-@dataclass
-class RoundTrace:
-    tree: Tree
-    root: int                 # the bonus token the tree grew from
-    accepted: list[int]       # accepted node indices, root (0) first
-    bonus: int                # the target's token after the accepted path
-    posterior: np.ndarray     # [N+1] the target's token at every node
+class _Captured(Exception):
+    """Ends the generation once the wanted round is captured (its later rounds are not needed)."""
 
 
 def capture_round(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: int,
                   round_index: int, drafter: str = "dflash", budget: int = 16, dtype: Any = np.float32,
                   **drafter_kw: Any) -> RoundTrace:
-    """Run greedy DDTree (the ddtree package's own steps) and return round ``round_index`` (0-based).
+    """Round ``round_index`` (0-based) of greedy ``ddtree_generate``, as its ``on_round`` saw it.
 
     InputError when ``n_tokens`` are generated before that round.
     """
-    toks = np.asarray(prompt, dtype=np.int64)
-    draft = make_drafter(drafter, cfg, weights, toks, n_tokens, dtype, **drafter_kw)
-    rng = make_rng(GREEDY)
-    state = prefill(cfg, weights, toks, len(toks) + n_tokens + budget + 1, draft, GREEDY, rng, dtype)
-    for i in range(round_index + 1):
-        if len(state.tokens) >= n_tokens:
-            raise InputError(f"{n_tokens} tokens were done after {i} rounds, before round {round_index}")
-        tree = build_tree(draft.propose(state), budget)
-        logits, hidden = verify(cfg, weights, state, tree, draft.capture, dtype)
-        posterior = sample_tokens(logits, GREEDY, rng)
-        root = state.bonus
-        accepted, bonus = walk(tree, posterior)
-        commit(state, tree, accepted, bonus, hidden, draft.capture)
-    return RoundTrace(tree=tree, root=root, accepted=accepted, bonus=bonus, posterior=np.asarray(posterior))
+    rounds: list[RoundTrace] = []
+
+    def keep(trace: RoundTrace) -> None:
+        rounds.append(trace)
+        if len(rounds) > round_index:
+            raise _Captured
+
+    try:
+        ddtree_generate(cfg, weights, prompt, n_tokens, drafter, budget, GREEDY, dtype, on_round=keep,
+                        **drafter_kw)
+    except _Captured:
+        return rounds[round_index]
+    raise InputError(f"{n_tokens} tokens were done after {len(rounds)} rounds, before round {round_index}")
 
 
 # ---- MoE expert coverage ---------------------------------------------------------------------

@@ -1,0 +1,142 @@
+"""The engine's host half of a DDTree round: the best-first heap over the copied top-k table and the
+walk, numba-compiled on the host (the device kernels around them are kernels_numba/tree.py).
+
+Legend: L drafted positions, B budget, K = min(B, V), N <= B tree nodes, node 0 = root.
+Mirrors ``workbench.ddtree.tree.build_tree`` and ``workbench.ddtree.walk.walk`` exactly, including the
+heap's tie-break on the rank path, so engine trees equal reference trees node for node.
+
+Why the build is on the host: it is B sequential pops with a data-dependent heap; a single GPU
+thread would spend its time on dependent shared-memory latency, while the compiled host loop takes
+a few microseconds at B = 64 once the L x K top-k table (a few KB) is copied back.
+
+The tree is written into rows 0-2 of the control block ``ctl`` (int32 [5, W], layout in
+kernels_numba/tree.py) that the verify step uploads.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=False)
+def _less(neg, paths, depth, a, b):
+    # heap order of the reference: (-score, rank path) compared like Python tuples
+    if neg[a] != neg[b]:
+        return neg[a] < neg[b]
+    da = depth[a]
+    db = depth[b]
+    for i in range(min(da, db)):
+        if paths[a, i] != paths[b, i]:
+            return paths[a, i] < paths[b, i]
+    return da < db
+
+
+@numba.njit(cache=False)
+def build_tree_host(lp, ids, budget, n_pos, out, scores):
+    """Best-first heap over lp/ids [L, K] (float64 / int); writes the tree into ``out`` (int32 [3, >=B+1]:
+    tokens, depths, parents with the root at column 0, root token left for the caller) and each node's
+    log q(path) into ``scores`` (float64 [>=B+1], scores[0] = 0 for the root), and returns N."""
+    k = min(budget, lp.shape[1])
+    cap = 2 * budget + 2
+    neg = np.empty(cap, np.float64)
+    par = np.empty(cap, np.int64)
+    dep = np.empty(cap, np.int64)
+    rnk = np.empty(cap, np.int64)
+    paths = np.empty((cap, n_pos), np.int64)
+    heap = np.empty(cap, np.int64)
+    out[1, 0] = 0
+    out[2, 0] = -1
+    scores[0] = 0.0
+    if k == 0:
+        return 0
+    n_c = 1
+    neg[0] = -lp[0, 0]
+    par[0] = 0
+    dep[0] = 1
+    rnk[0] = 0
+    paths[0, 0] = 0
+    heap[0] = 0
+    size = 1
+    n = 0
+    while size > 0 and n < budget:
+        top = heap[0]                                        # pop the minimum, sift down
+        size -= 1
+        heap[0] = heap[size]
+        i = 0
+        while True:
+            lch = 2 * i + 1
+            if lch >= size:
+                break
+            c = lch
+            if lch + 1 < size and _less(neg, paths, dep, heap[lch + 1], heap[lch]):
+                c = lch + 1
+            if _less(neg, paths, dep, heap[c], heap[i]):
+                heap[c], heap[i] = heap[i], heap[c]
+                i = c
+            else:
+                break
+        d = dep[top]
+        r = rnk[top]
+        n += 1
+        out[0, n] = ids[d - 1, r]
+        out[1, n] = d
+        out[2, n] = par[top]
+        scores[n] = -neg[top]
+        for kind in range(2):                                # sibling, then child (reference order)
+            if kind == 0:
+                if r + 1 >= k:
+                    continue
+                neg[n_c] = neg[top] + lp[d - 1, r] - lp[d - 1, r + 1]
+                par[n_c] = par[top]
+                dep[n_c] = d
+                rnk[n_c] = r + 1
+                for t in range(d - 1):
+                    paths[n_c, t] = paths[top, t]
+                paths[n_c, d - 1] = r + 1
+            else:
+                if d >= n_pos:
+                    continue
+                neg[n_c] = neg[top] - lp[d, 0]
+                par[n_c] = n
+                dep[n_c] = d + 1
+                rnk[n_c] = 0
+                for t in range(d):
+                    paths[n_c, t] = paths[top, t]
+                paths[n_c, d] = 0
+            heap[size] = n_c                                 # push, sift up
+            j = size
+            size += 1
+            n_c += 1
+            while j > 0:
+                p = (j - 1) // 2
+                if _less(neg, paths, dep, heap[j], heap[p]):
+                    heap[j], heap[p] = heap[p], heap[j]
+                    j = p
+                else:
+                    break
+    return n
+
+
+@numba.njit(cache=False)
+def walk_host(tree, n, post, acc):
+    """Greedy walk over tree (int32 [3, >=N+1], as built above) with the target's tokens post [N+1].
+
+    Writes accepted node indices (root first) into acc and returns (count, bonus token).
+    """
+    cur = 0
+    count = 1
+    acc[0] = 0
+    nxt = post[0]
+    while True:
+        child = -1
+        for i in range(cur + 1, n + 1):                      # children have larger indices
+            if tree[2, i] == cur and tree[0, i] == nxt:
+                child = i
+                break
+        if child < 0:
+            return count, nxt
+        acc[count] = child
+        count += 1
+        cur = child
+        nxt = post[cur]
