@@ -62,13 +62,7 @@ def load_hf_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
     d = Path(path)
     if not d.is_dir():
         raise InputError(f"{d}: not a checkpoint directory")
-    raw = _read_json(d / "config.json")
-    text, prefix = _text_config(raw)
-    cfg = ModelConfig.from_hf_dict(text)
-    if text.get(_LABEL) in ("kimi_k2", "deepseek_v3"):  # written by save_hf_checkpoint, see there
-        cfg = cfg.replace(model_type=text[_LABEL])
-    qcfg = text.get("quantization_config")
-    group_sizes = _parse_quant_config(qcfg) if qcfg is not None else set()
+    cfg, prefix, qcfg, group_sizes = checkpoint_config(d)
     vision = (lambda hf: hf.startswith(VISION_PREFIXES)) if prefix else (lambda hf: False)
     tensors, vision_names = _read_safetensors(d, skip=vision)
     weights: dict[str, Any] = {}
@@ -108,6 +102,18 @@ def load_hf_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
     return cfg, weights, info
 
 
+def checkpoint_config(d: Path) -> tuple[ModelConfig, str, Any, set[int]]:
+    """(the text model's config, its tensors' name prefix, quantization_config or None, its group sizes)
+    of checkpoint folder ``d``, from config.json alone."""
+    raw = _read_json(d / "config.json")
+    text, prefix = _text_config(raw)
+    cfg = ModelConfig.from_hf_dict(text)
+    if text.get(_LABEL) in ("kimi_k2", "deepseek_v3"):  # written by save_hf_checkpoint, see there
+        cfg = cfg.replace(model_type=text[_LABEL])
+    qcfg = text.get("quantization_config")
+    return cfg, prefix, qcfg, (_parse_quant_config(qcfg) if qcfg is not None else set())
+
+
 def _text_config(raw: Any) -> tuple[dict[str, Any], str]:
     """(the text model's config dict, the prefix of its tensor names): raw itself and "" for a
     DeepseekV3 / Kimi-K2 config.json; text_config and TEXT_PREFIX for the K2.5 / K2.6 layout."""
@@ -120,9 +126,9 @@ def _text_config(raw: Any) -> tuple[dict[str, Any], str]:
     if missing:
         raise InputError(f"config.json: text_config lacks {', '.join(missing)}")
     text = {"model_type": "kimi_k2", **text}
-    if "quantization_config" in raw:
-        if "quantization_config" in text:
-            raise InputError("config.json: quantization_config both at the top level and in text_config")
+    if "quantization_config" in raw:            # K2.6 may carry it in both places: then they must agree
+        if "quantization_config" in text and text["quantization_config"] != raw["quantization_config"]:
+            raise InputError("config.json: quantization_config differs between the top level and text_config")
         text["quantization_config"] = raw["quantization_config"]
     return text, TEXT_PREFIX
 

@@ -19,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..bundle import write_bundle
-    from ..weights import load_hf_checkpoint
+    from ..hf_checkpoint import load_hf_checkpoint
 
     check_out_file(args.out)
     cfg, weights, info = load_hf_checkpoint(args.ckpt_dir)
