@@ -117,8 +117,9 @@ def _unprefix(path):
     (lambda p: _edit(p, lambda c: c["text_config"].pop("hidden_size")), "text_config lacks hidden_size"),
     (lambda p: _edit(p, lambda c: c["text_config"].pop("n_routed_experts")), "lacks n_routed_experts"),
     (lambda p: _edit(p, lambda c: c.update(text_config=[1])), "text_config must be a JSON object"),
-    (lambda p: _edit(p, lambda c: c["text_config"].update(quantization_config=c["quantization_config"])),
-     "both at the top level and in text_config"),
+    (lambda p: _edit(p, lambda c: c["text_config"].update(quantization_config={**c["quantization_config"],
+                                                                               "format": "other"})),
+     "differs between the top level and text_config"),
     (_unprefix, "names its text tensors language_model"),
 ])
 def test_bad_k26_checkpoints_give_one_line_errors(tmp_path, breakage, match):

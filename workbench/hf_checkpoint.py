@@ -276,6 +276,7 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig, weights: dict[
     _check_dest(dest)
     tensors: list[tuple[str, Any]] = []  # (hf name, array) in canonical order
     fp_modules, quantized, groups = [], [], set()
+    dtype = _dtype_name(weights["embed"])
     for name, shape in expected_shapes(cfg).items():
         if name in weights:
             tensors.append((to_hf_name(name), weights[name]))
@@ -284,7 +285,7 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig, weights: dict[
             continue
         hf = to_hf_name(name)
         scale = weights[name + ".scale"]
-        tensors += [(hf + "_packed", weights[name + ".packed"]), (hf + "_scale", scale),
+        tensors += [(hf + "_packed", weights[name + ".packed"]), (hf + "_scale", _scale_as(scale, dtype)),
                     (hf + "_shape", np.asarray(shape, dtype=np.int64))]
         quantized.append(hf[: -len(".weight")])
         groups.add(shape[1] // tensor_shape(scale)[1])
@@ -293,7 +294,7 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig, weights: dict[
     # kimi_k2 label would load unfused experts silently, so keep the label in a side key.
     config["model_type"] = "deepseek_v3"
     config[_LABEL] = cfg.model_type
-    config["torch_dtype"] = _dtype_name(weights["embed"])
+    config["torch_dtype"] = dtype
     if quantized:
         if len(groups) > 1:
             raise InputError(f"INT4 linears use several group sizes {sorted(groups)}; one is supported")
@@ -308,6 +309,22 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig, weights: dict[
         shards[-1].append((hf, a))
         size += nbytes
     return _write_checkpoint(dest, config, shards)
+
+
+def _scale_as(scale: Any, dtype: str) -> Any:
+    """INT4 scales in the checkpoint's own float format, so transformers dequantizes them without a
+    float16 detour: bf16 in a bf16 checkpoint (K2-Thinking's layout) when bf16 holds them exactly,
+    float32 (exact) otherwise."""
+    from .quant.int4 import scales_to_float32
+    if dtype == "bfloat16" and is_bf16(scale):
+        return scale
+    s32 = scales_to_float32(scale)
+    if dtype == "bfloat16":
+        from .bundle import bf16
+        b = bf16(s32)
+        if np.array_equal(b.float32(), s32):
+            return b
+    return s32
 
 
 def _check_dest(dest: Path) -> None:

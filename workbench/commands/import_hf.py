@@ -13,6 +13,7 @@ reference's greedy tokens of that truncated model on a prompt: golden tokens for
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..cli import UserError, check_out_file
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         extra = {"prompt": np.asarray(prompt, np.int32), "golden": g.tokens.astype(np.int32),
                  "margins": g.margins.astype(np.float32)}
         meta["golden_reference"] = "float32 numpy reference, greedy (margins: its top-1 minus top-2 logits)"
-    write_bundle(args.out, config=cfg, tensors=ck, meta=meta, **extra)
+    write_bundle(args.out, config=cfg, tensors=Scales16(ck), meta=meta, **extra)
     if info["vision_skipped"]:
         print(f"note: {info['vision_skipped']} vision tensors (vision_tower, mm_projector) skipped: "
               "the bundle holds the text model only")
@@ -72,6 +73,35 @@ def run(args: argparse.Namespace) -> int:
           f" ({info['int4_linears']} INT4 linears, {len(info['skipped'])} checkpoint tensors skipped)"
           + (f", {golden} golden tokens" if golden else "") + (f", tokenizer {tok.kind}" if tok else ""))
     return 0
+
+
+class Scales16(Mapping):
+    """The checkpoint's tensors with float32 INT4 scales (a float32 export's) in the 16-bit form a bundle
+    stores: bf16 when it holds them exactly, else float16 when that does; InputError otherwise."""
+
+    def __init__(self, weights: Mapping) -> None:
+        self.w = weights
+
+    def __getitem__(self, key: str):
+        import numpy as np
+
+        from ..bundle import bf16
+        a = self.w[key]
+        if not key.endswith(".scale") or not isinstance(a, np.ndarray) or a.dtype != np.float32:
+            return a
+        b = bf16(a)
+        if np.array_equal(b.float32(), a):
+            return b
+        if np.array_equal(a.astype(np.float16).astype(np.float32), a):
+            return a.astype(np.float16)
+        raise UserError(f"{key}: float32 INT4 scales that neither bf16 nor float16 holds exactly "
+                        "(a bundle stores 16-bit scales)")
+
+    def __iter__(self):
+        return iter(self.w)
+
+    def __len__(self) -> int:
+        return len(self.w)
 
 
 def _ranges(layers: list[int]) -> str:
