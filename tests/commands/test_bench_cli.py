@@ -28,7 +28,8 @@ def test_k2_flags_reach_the_benchmark(monkeypatch, tmp_path):
             "--checkpoint", "ck"]
     assert main(argv) == 0
     assert seen == dict(layers=[0, 1], context=4096, reps=7, fp32_layer=None, bf16_layer=2,
-                        torch_baseline=False, do_check=True, workers=3, dense=("fp32", "bf16"), checkpoint="ck")
+                        torch_baseline=False, do_check=True, workers=3, dense=("fp32", "bf16"),
+                        checkpoint="ck")
 
 
 def test_k2_rejects_an_unknown_dense_kind(monkeypatch, tmp_path, capsys):
