@@ -12,10 +12,10 @@ from tests.test_weights import CFG  # 2 layers (1 dense + 1 MoE), widths 32
 from workbench.bundle import BF16Array, bf16
 from workbench.config import preset
 from workbench.errors import InputError
-from workbench.hf_checkpoint import K2_IGNORE, quantization_config
+from workbench.hf_checkpoint import K2_IGNORE, load_hf_checkpoint, quantization_config
 from workbench.reference.model import LatentCache, forward
 from workbench.seeded import seeded_weights
-from workbench.weights import expected_shapes, load_hf_checkpoint, to_hf_name
+from workbench.weights import expected_shapes, to_hf_name
 
 K26 = preset("k2_6").replace(**{k: getattr(CFG, k) for k in (
     "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
@@ -117,8 +117,9 @@ def _unprefix(path):
     (lambda p: _edit(p, lambda c: c["text_config"].pop("hidden_size")), "text_config lacks hidden_size"),
     (lambda p: _edit(p, lambda c: c["text_config"].pop("n_routed_experts")), "lacks n_routed_experts"),
     (lambda p: _edit(p, lambda c: c.update(text_config=[1])), "text_config must be a JSON object"),
-    (lambda p: _edit(p, lambda c: c["text_config"].update(quantization_config=c["quantization_config"])),
-     "both at the top level and in text_config"),
+    (lambda p: _edit(p, lambda c: c["text_config"].update(quantization_config={**c["quantization_config"],
+                                                                               "format": "other"})),
+     "differs between the top level and text_config"),
     (_unprefix, "names its text tensors language_model"),
 ])
 def test_bad_k26_checkpoints_give_one_line_errors(tmp_path, breakage, match):

@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 from workbench.bundle import BF16Array, bf16
 from workbench.config import ConfigError, ModelConfig, preset
 from workbench.errors import InputError
-from workbench.hf_checkpoint import K2_IGNORE
+from workbench.hf_checkpoint import K2_IGNORE, load_hf_checkpoint, save_hf_checkpoint
 from workbench.quant.int4 import pack_int4, quantize_int4, unpack_int4
 from workbench.reference.model import LatentCache, forward
 from workbench.weights import (
@@ -16,9 +16,7 @@ from workbench.weights import (
     expected_shapes,
     from_hf_name,
     is_linear_name,
-    load_hf_checkpoint,
     random_weights,
-    save_hf_checkpoint,
     to_hf_name,
 )
 

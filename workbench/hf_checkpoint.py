@@ -62,13 +62,7 @@ def load_hf_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
     d = Path(path)
     if not d.is_dir():
         raise InputError(f"{d}: not a checkpoint directory")
-    raw = _read_json(d / "config.json")
-    text, prefix = _text_config(raw)
-    cfg = ModelConfig.from_hf_dict(text)
-    if text.get(_LABEL) in ("kimi_k2", "deepseek_v3"):  # written by save_hf_checkpoint, see there
-        cfg = cfg.replace(model_type=text[_LABEL])
-    qcfg = text.get("quantization_config")
-    group_sizes = _parse_quant_config(qcfg) if qcfg is not None else set()
+    cfg, prefix, qcfg, group_sizes = checkpoint_config(d)
     vision = (lambda hf: hf.startswith(VISION_PREFIXES)) if prefix else (lambda hf: False)
     tensors, vision_names = _read_safetensors(d, skip=vision)
     weights: dict[str, Any] = {}
@@ -108,6 +102,18 @@ def load_hf_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
     return cfg, weights, info
 
 
+def checkpoint_config(d: Path) -> tuple[ModelConfig, str, Any, set[int]]:
+    """(the text model's config, its tensors' name prefix, quantization_config or None, its group sizes)
+    of checkpoint folder ``d``, from config.json alone."""
+    raw = _read_json(d / "config.json")
+    text, prefix = _text_config(raw)
+    cfg = ModelConfig.from_hf_dict(text)
+    if text.get(_LABEL) in ("kimi_k2", "deepseek_v3"):  # written by save_hf_checkpoint, see there
+        cfg = cfg.replace(model_type=text[_LABEL])
+    qcfg = text.get("quantization_config")
+    return cfg, prefix, qcfg, (_parse_quant_config(qcfg) if qcfg is not None else set())
+
+
 def _text_config(raw: Any) -> tuple[dict[str, Any], str]:
     """(the text model's config dict, the prefix of its tensor names): raw itself and "" for a
     DeepseekV3 / Kimi-K2 config.json; text_config and TEXT_PREFIX for the K2.5 / K2.6 layout."""
@@ -120,9 +126,9 @@ def _text_config(raw: Any) -> tuple[dict[str, Any], str]:
     if missing:
         raise InputError(f"config.json: text_config lacks {', '.join(missing)}")
     text = {"model_type": "kimi_k2", **text}
-    if "quantization_config" in raw:
-        if "quantization_config" in text:
-            raise InputError("config.json: quantization_config both at the top level and in text_config")
+    if "quantization_config" in raw:            # K2.6 may carry it in both places: then they must agree
+        if "quantization_config" in text and text["quantization_config"] != raw["quantization_config"]:
+            raise InputError("config.json: quantization_config differs between the top level and text_config")
         text["quantization_config"] = raw["quantization_config"]
     return text, TEXT_PREFIX
 
@@ -270,6 +276,7 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig, weights: dict[
     _check_dest(dest)
     tensors: list[tuple[str, Any]] = []  # (hf name, array) in canonical order
     fp_modules, quantized, groups = [], [], set()
+    dtype = _dtype_name(weights["embed"])
     for name, shape in expected_shapes(cfg).items():
         if name in weights:
             tensors.append((to_hf_name(name), weights[name]))
@@ -278,7 +285,7 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig, weights: dict[
             continue
         hf = to_hf_name(name)
         scale = weights[name + ".scale"]
-        tensors += [(hf + "_packed", weights[name + ".packed"]), (hf + "_scale", scale),
+        tensors += [(hf + "_packed", weights[name + ".packed"]), (hf + "_scale", _scale_as(scale, dtype)),
                     (hf + "_shape", np.asarray(shape, dtype=np.int64))]
         quantized.append(hf[: -len(".weight")])
         groups.add(shape[1] // tensor_shape(scale)[1])
@@ -287,7 +294,7 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig, weights: dict[
     # kimi_k2 label would load unfused experts silently, so keep the label in a side key.
     config["model_type"] = "deepseek_v3"
     config[_LABEL] = cfg.model_type
-    config["torch_dtype"] = _dtype_name(weights["embed"])
+    config["torch_dtype"] = dtype
     if quantized:
         if len(groups) > 1:
             raise InputError(f"INT4 linears use several group sizes {sorted(groups)}; one is supported")
@@ -302,6 +309,22 @@ def save_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig, weights: dict[
         shards[-1].append((hf, a))
         size += nbytes
     return _write_checkpoint(dest, config, shards)
+
+
+def _scale_as(scale: Any, dtype: str) -> Any:
+    """INT4 scales in the checkpoint's own float format, so transformers dequantizes them without a
+    float16 detour: bf16 in a bf16 checkpoint (K2-Thinking's layout) when bf16 holds them exactly,
+    float32 (exact) otherwise."""
+    from .quant.int4 import scales_to_float32
+    if dtype == "bfloat16" and is_bf16(scale):
+        return scale
+    s32 = scales_to_float32(scale)
+    if dtype == "bfloat16":
+        from .bundle import bf16
+        b = bf16(s32)
+        if np.array_equal(b.float32(), s32):
+            return b
+    return s32
 
 
 def _check_dest(dest: Path) -> None:

@@ -1,5 +1,6 @@
 """Model weights: the one internal <-> Hugging Face name map, expected shapes and checks, seeded random
-init, and the entry points of HF checkpoint import/export (the file I/O is in hf_checkpoint.py).
+init. HF checkpoint folders are read and written by hf_checkpoint.py (and opened lazily by
+workbench.checkpoint), which build on this module, never the other way round.
 
 A weights dict maps internal DeepSeek-style names (docs/conventions.md) to arrays: float ndarrays,
 bfloat16 arrays from ``workbench.bundle`` (``.bits`` uint16, ``.float32()``), and for INT4 W4A16
@@ -9,7 +10,6 @@ Names under ``drafter.`` belong to the engine and never go to HF checkpoints.
 
 from __future__ import annotations
 
-import os
 import re
 import zlib
 from typing import Any
@@ -240,18 +240,3 @@ def random_weights(cfg: ModelConfig, seed: int, dtype: Any = np.float32) -> dict
             a = z / np.sqrt(shape[1])
         out[name] = a.astype(dtype)
     return out
-
-
-# ---- HF checkpoints: the I/O lives in hf_checkpoint.py (torch and safetensors load on use) --------
-def load_hf_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any], dict[str, Any]]:
-    """Read a HF DeepseekV3 / Kimi-K2 checkpoint folder -> (cfg, weights, quant_info); see
-    ``workbench.hf_checkpoint.load_hf_checkpoint``."""
-    from .hf_checkpoint import load_hf_checkpoint as load
-    return load(path)
-
-
-def save_hf_checkpoint(path: str | os.PathLike, cfg: ModelConfig, weights: dict[str, Any],
-                       max_shard_bytes: int = 2 ** 30) -> list[str]:
-    """Write a HF checkpoint folder transformers loads; see ``workbench.hf_checkpoint.save_hf_checkpoint``."""
-    from .hf_checkpoint import save_hf_checkpoint as save
-    return save(path, cfg, weights, max_shard_bytes)

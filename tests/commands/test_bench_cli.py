@@ -24,10 +24,12 @@ def test_k2_flags_reach_the_benchmark(monkeypatch, tmp_path):
     monkeypatch.setattr(workbench.bench.k2_layer, "run", fake_run)
     monkeypatch.setattr(workbench.results, "retire_others", lambda rs: [])
     argv = ["bench", "k2", "--out", str(tmp_path), "--layers", "0,1", "--dense", "fp32,bf16",
-            "--fp32-layer", "-1", "--bf16-layer", "2", "--no-torch", "--reps", "7", "--workers", "3"]
+            "--fp32-layer", "-1", "--bf16-layer", "2", "--no-torch", "--reps", "7", "--workers", "3",
+            "--checkpoint", "ck"]
     assert main(argv) == 0
     assert seen == dict(layers=[0, 1], context=4096, reps=7, fp32_layer=None, bf16_layer=2,
-                        torch_baseline=False, do_check=True, workers=3, dense=("fp32", "bf16"))
+                        torch_baseline=False, do_check=True, workers=3, dense=("fp32", "bf16"),
+                        checkpoint="ck")
 
 
 def test_k2_rejects_an_unknown_dense_kind(monkeypatch, tmp_path, capsys):

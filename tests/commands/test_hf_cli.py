@@ -66,11 +66,44 @@ def test_int4_bundle_round_trips_bit_exactly(tmp_path, capsys):
     assert _cli(capsys, "export-hf", tmp_path / "q.kdtr", tmp_path / "hf")[0] == 0
     conf = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert conf["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] == 32
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), framework="pt") as st:   # float32 checkpoint:
+        assert st.get_tensor("model.layers.1.mlp.experts.0.gate_proj.weight_scale").dtype == torch.float32
     rc, out, _ = _cli(capsys, "import-hf", tmp_path / "hf", tmp_path / "back.kdtr")
     assert rc == 0 and "12 INT4 linears" in out
     b = read_bundle(tmp_path / "back.kdtr")
-    assert b.tensors.keys() == w.keys() and all(_same(w[k], b.tensors[k]) for k in w)
+    assert b.tensors.keys() == w.keys() and all(_same(w[k], b.tensors[k]) for k in w)    # 16-bit forms back
     assert len(b.int4) == 12 and b.meta["int4_linears"] == 12
+
+
+def test_a_bf16_export_writes_bf16_scales(tmp_path, capsys):
+    """K2-Thinking's layout: in a bf16 checkpoint the INT4 scales are bf16 (float16 ones that bf16 holds
+    exactly are written as bf16; others float32, never float16), so transformers never dequantizes the
+    routed experts through float16."""
+    from safetensors import safe_open
+    w = {k: bf16(v) for k, v in random_weights(CFG, 3).items()}
+    for e in range(CFG.n_routed_experts):
+        for p in ("w1", "w3", "w2"):
+            name = f"layers.1.ffn.experts.{e}.{p}"
+            codes, scale = quantize_int4(w.pop(name).float32(), 32)
+            w[name + ".packed"] = pack_int4(codes)
+            b16 = bf16(scale.astype(np.float32))       # expert 0 bf16, 1 f16 of bf16 values, others f16
+            w[name + ".scale"] = {0: b16, 1: b16.float32().astype(np.float16)}.get(e, scale)
+    write_bundle(tmp_path / "q.kdtr", config=CFG, tensors=w)
+    assert _cli(capsys, "export-hf", tmp_path / "q.kdtr", tmp_path / "hf")[0] == 0
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), framework="pt") as st:
+        dt = {e: st.get_tensor(f"model.layers.1.mlp.experts.{e}.gate_proj.weight_scale").dtype
+              for e in range(3)}
+        assert st.get_tensor("model.embed_tokens.weight").dtype == torch.bfloat16
+    assert dt == {0: torch.bfloat16, 1: torch.bfloat16, 2: torch.float32}
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    rc, _, err = _cli(capsys, "import-hf", tmp_path / "hf", tmp_path / "back.kdtr")
+    assert (rc, err) == (0, "")
+    b = read_bundle(tmp_path / "back.kdtr")
+    for e in range(3):
+        name = f"layers.1.ffn.experts.{e}.w1.scale"
+        got, want = np.asarray(b.tensors[name], np.float32), np.asarray(w[name], np.float32)
+        np.testing.assert_array_equal(got, want)
 
 
 def _exported(tmp_path, capsys):

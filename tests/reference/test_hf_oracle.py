@@ -16,9 +16,10 @@ import transformers
 from transformers import modeling_rope_utils
 from transformers.models.deepseek_v3 import modeling_deepseek_v3
 
+from workbench.hf_checkpoint import save_hf_checkpoint
 from workbench.reference.generate import greedy_generate
 from workbench.reference.model import LatentCache, forward
-from workbench.weights import random_weights, save_hf_checkpoint
+from workbench.weights import random_weights
 
 PROMPT = np.array([5, 17, 3, 88, 41, 0, 63])
 N_NEW = 5

@@ -79,7 +79,7 @@ def bench_hf(cfg, w, prompt, engine_tokens) -> tuple[float, bool]:
     import torch
     import transformers
 
-    from workbench.weights import save_hf_checkpoint
+    from workbench.hf_checkpoint import save_hf_checkpoint
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as d:
         target = {k: v for k, v in w.items() if not k.startswith("drafter.")}

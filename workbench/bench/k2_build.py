@@ -12,6 +12,7 @@ the chunks' arrays one after another (the expert index is the outermost dimensio
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -25,8 +26,10 @@ from numformats.bf16 import BF16Array
 
 from .. import seeded
 from ..config import ModelConfig
-from ..engine.weights import DeviceLayer, DeviceModel, stack_rows
+from ..engine.weights import DeviceLayer, DeviceModel, moe_router, stack_rows, swiglu, upload_layer
 from ..errors import InputError
+from ..quant.int4 import scales_to_float32
+from ..quant.w16a16 import w16a16
 
 EXPERT_KINDS = ("int4", "fp32", "bf16")   # routed experts: fused_moe, portable FFN, grouped GEMMs
 DENSE_KINDS = ("fp32", "bf16")     # dense projections widened to FP32, or W16A16 (workbench.quant.w16a16)
@@ -46,14 +49,28 @@ def _swiglu_fp(cfg: ModelConfig, seed: int, prefix: str, dense: str = "fp32") ->
     return tuple(_proj(cfg, seed, f"{prefix}.{p}", dense) for p in ("w1", "w3", "w2"))
 
 
-def _repack_chunk(cfg: ModelConfig, seed: int, layer: int, e0: int, e1: int) -> tuple[np.ndarray, ...]:
+def _expert_stack(cfg: ModelConfig, seed: int | Mapping, layer: int, proj: str, ids: range) -> tuple:
+    """(packed int32 [E, N, K/8], scale float16 [E, N, K/G]) of experts ``ids``: seeded, or read from a
+    weights mapping (bf16 scales must be float16 values: fused_moe's tile layout stores float16)."""
+    if not isinstance(seed, Mapping):
+        return seeded.expert_stack(cfg, seed, layer, proj, experts=ids)
+    names = [f"layers.{layer}.ffn.experts.{e}.{proj}" for e in ids]
+    packed = np.stack([np.asarray(seed[n + ".packed"]) for n in names])
+    s32 = np.stack([scales_to_float32(seed[n + ".scale"]) for n in names])
+    scale = s32.astype(np.float16)
+    if not np.array_equal(scale.astype(np.float32), s32):
+        raise InputError(f"layer {layer} {proj}: INT4 scales float16 cannot hold (fused_moe stores float16)")
+    return packed, scale
+
+
+def _repack_chunk(cfg: ModelConfig, seed: int | Mapping, layer: int, e0: int, e1: int) -> tuple:
     """Experts [e0, e1) of ``layer`` in the fused_moe tile layout: (w13 wq, w13 sq, w2 wq, w2 sq)."""
-    st = [seeded.expert_stack(cfg, seed, layer, p, experts=range(e0, e1)) for p in ("w1", "w3", "w2")]
+    st = [_expert_stack(cfg, seed, layer, p, range(e0, e1)) for p in ("w1", "w3", "w2")]
     w = prepare_moe(st[0][0], st[0][1], st[1][0], st[1][1], st[2][0], st[2][1])
     return w.w13.wq, w.w13.sq, w.w2.wq, w.w2.sq
 
 
-def int4_experts(cfg: ModelConfig, seed: int, layer: int, workers: int = 1, log=None,
+def int4_experts(cfg: ModelConfig, seed: int | Mapping, layer: int, workers: int = 1, log=None,
                  experts: range | None = None) -> MoEWeights:
     """The routed experts ``experts`` (default all) of ``layer`` repacked for fused_moe (host arrays,
     local ids 0.. in order), no shared expert inside."""
@@ -114,11 +131,13 @@ def router_and_shared(cfg: ModelConfig, seed: int, layer: int,
 
 
 def device_layer(
-    cfg: ModelConfig, seed: int, layer: int, experts: str = "int4", workers: int = 1, log=None,
+    cfg: ModelConfig, seed: int | Mapping, layer: int, experts: str = "int4", workers: int = 1, log=None,
     dense: str = "fp32",
 ) -> DeviceLayer:
     """Layer ``layer`` of the seeded model on the device, prepared as ``engine.weights`` prepares it;
-    ``dense="bf16"``: the attention projections, dense MLP and shared expert W16A16 (BLAS path)."""
+    ``dense="bf16"``: the attention projections, dense MLP and shared expert W16A16 (BLAS path).
+    ``seed`` may be a weights mapping instead (a lazy checkpoint, ``workbench.checkpoint``): the layer is
+    then ``engine.weights.upload_layer`` of it, with its INT4 experts repacked on ``workers`` processes."""
     if experts not in EXPERT_KINDS:
         raise InputError(f"experts must be one of {', '.join(EXPERT_KINDS)}, got {experts!r}")
     if dense not in DENSE_KINDS:
@@ -128,22 +147,33 @@ def device_layer(
     if cfg.q_lora_rank is None:
         raise InputError("the layer builder wants a q_lora model (K2's)")
     p, a = f"layers.{layer}.", f"layers.{layer}.attn."
-    a1 = stack_rows([_proj(cfg, seed, a + "wq_a", dense), _proj(cfg, seed, a + "wkv_a", dense)])  # [Q+C+R, D]
-    lay = DeviceLayer(
-        attn_norm=to_device(_fp(cfg, seed, p + "attn_norm")),
-        ffn_norm=to_device(_fp(cfg, seed, p + "ffn_norm")),
-        a1=ops.dense(a1),
-        q_norm=to_device(_fp(cfg, seed, a + "q_norm")),
-        kv_norm=to_device(_fp(cfg, seed, a + "kv_norm")),
-        wq_b=ops.dense(_proj(cfg, seed, a + "wq_b", dense)),
-        attn=ops.mla_weights(_proj(cfg, seed, a + "wkv_b", dense)),
-        wo=ops.dense(_proj(cfg, seed, a + "wo", dense)),
-    )
     f = p + "ffn"
-    if not cfg.is_moe_layer(layer):
-        lay.mlp = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f, dense))
-        return lay
-    rt, shared = router_and_shared(cfg, seed, layer, dense)
+    if isinstance(seed, Mapping):                  # a checkpoint's layer: the engine's own upload of it
+        if experts != "int4":
+            raise InputError(f"a checkpoint's layer runs the experts it holds (int4), not {experts}")
+        w = w16a16(cfg, seed) if dense == "bf16" else seed
+        lay = upload_layer(cfg, w, layer, experts=False)
+        if not cfg.is_moe_layer(layer):
+            return lay
+        rt = moe_router(cfg, w, f, True)           # the INT4 experts are repacked below, on ``workers``
+        shared = ops.swiglu_weights(*swiglu(w, f + ".shared")) if cfg.n_shared_experts else None
+    else:
+        a1 = stack_rows([_proj(cfg, seed, a + "wq_a", dense),
+                         _proj(cfg, seed, a + "wkv_a", dense)])                        # [Q+C+R, D]
+        lay = DeviceLayer(
+            attn_norm=to_device(_fp(cfg, seed, p + "attn_norm")),
+            ffn_norm=to_device(_fp(cfg, seed, p + "ffn_norm")),
+            a1=ops.dense(a1),
+            q_norm=to_device(_fp(cfg, seed, a + "q_norm")),
+            kv_norm=to_device(_fp(cfg, seed, a + "kv_norm")),
+            wq_b=ops.dense(_proj(cfg, seed, a + "wq_b", dense)),
+            attn=ops.mla_weights(_proj(cfg, seed, a + "wkv_b", dense)),
+            wo=ops.dense(_proj(cfg, seed, a + "wo", dense)),
+        )
+        if not cfg.is_moe_layer(layer):
+            lay.mlp = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f, dense))
+            return lay
+        rt, shared = router_and_shared(cfg, seed, layer, dense)
     d, i = cfg.hidden_size, cfg.moe_intermediate_size
     if experts == "int4":
         try:

@@ -368,8 +368,11 @@ def run(
     fp32_after_s: float = 260.0,
     start_before_s: float = 330.0,
     dense: tuple[str, ...] = ("fp32",),
+    checkpoint=None,
 ):
     """Check and time each layer of k2_slice; writes the result set ``k2_layer_<commit>`` into out_dir.
+    ``checkpoint``: a HF checkpoint folder whose ``layers`` are checked and timed instead (opened lazily,
+    ``workbench.checkpoint``; its own INT4 experts only, no torch baseline), with the host's RSS logged.
     ``dense``: the ways to hold the dense projections, each layer built and timed once per way
     ("fp32": widened, "bf16": W16A16 on the BLAS path); ``bf16_layer``: the MoE layer also run with
     BF16 experts (grouped GEMMs) and W16A16 dense projections where ``dense`` has them; ``fp32_layer``
@@ -381,11 +384,15 @@ def run(
     from ..results import result_set, write_csv
     from .common import copy_bandwidth, run_metadata
 
-    cfg = preset("k2_slice")
+    cfg, src, model = preset("k2_slice"), seed, "k2_slice"
+    if checkpoint is not None:                        # real layers: read from the mapped files when built
+        from ..checkpoint import open_checkpoint
+        src = open_checkpoint(checkpoint)
+        cfg, model, fp32_layer, bf16_layer, torch_baseline = src.cfg, str(checkpoint), None, None, False
     layers = list(range(cfg.num_hidden_layers)) if layers is None else list(layers)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = run_metadata(bench="k2_layer", model="k2_slice", context=context, reps=reps, rows=list(ROWS),
+    meta = run_metadata(bench="k2_layer", model=model, context=context, reps=reps, rows=list(ROWS),
                         dense=list(dense))
     rs = result_set(out, "k2_layer", meta["git_sha"])
     rows: list[dict] = []
@@ -423,7 +430,8 @@ def run(
         n_ref = min(4, len(checked))
         pool = ProcessPoolExecutor(n_ref, mp_context=mp.get_context("spawn"))
         with _blas_threads(max(1, (os.cpu_count() or 1) // (n_ref + 1))):   # spawned now, with this limit
-            refs = {key: pool.submit(reference_side, cfg, seed, *key) for key in checked}
+            refs = {key: pool.submit(reference_side, cfg, seed, *key, weights=src if checkpoint else None)
+                    for key in checked}
     engine_out: dict = {}
 
     def compare_ready(wait: bool) -> None:
@@ -449,13 +457,14 @@ def run(
         rig = None
         try:
             t = time.perf_counter()
-            lay = device_layer(cfg, seed, layer, experts if cfg.is_moe_layer(layer) else "int4", workers,
+            lay = device_layer(cfg, src, layer, experts if cfg.is_moe_layer(layer) else "int4", workers,
                                dense=dn)
             rig = LayerRig(cfg, layer, lay, max_rows, max_len)
             rig.sync()
             log(
                 f"layer {layer} ({kind}): built in {time.perf_counter() - t:.1f} s, "
                 f"paths {lay.moe.path if lay.moe is not None else lay.mlp.path}"
+                + (f"; {_rss()}" if checkpoint else "")
             )
             if pool is not None and (layer, experts, dn) in refs:
                 engine_out[(layer, experts, dn)] = engine_side(cfg, seed, rig)
@@ -499,6 +508,19 @@ def run(
         f"wrote {rs.csv}, {rs.meta}, {rs.plot}"
     )
     return rs
+
+
+def _rss() -> str:
+    """This process's host memory: peak RSS, and the RSS now split into anonymous and file-backed pages
+    (a mapped checkpoint's pages are file-backed: the kernel drops them under pressure)."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+        st = dict(line.split(":", 1) for line in lines if ":" in line)
+        gb = {k: int(st[k].split()[0]) / 2 ** 20 for k in ("VmHWM", "RssAnon", "RssFile")}
+    except (OSError, KeyError, ValueError):
+        return "host RSS unknown"
+    return (f"host RSS peak {gb['VmHWM']:.1f} GiB (now anonymous {gb['RssAnon']:.1f}, "
+            f"file {gb['RssFile']:.1f})")
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ def add_arguments(parser) -> None:
                              "pair: DDTree vs AR for the trained code pair)")
     parser.add_argument("--out", default="reports/bench", help="output folder (default reports/bench)")
     parser.add_argument("--layers", default=None, help="k2: comma-separated layers (default all)")
+    parser.add_argument("--checkpoint", default=None, help="k2: time these layers of a HF checkpoint folder")
     parser.add_argument("--context", type=int, default=4096, help="k2: cached rows before each step")
     parser.add_argument("--reps", type=int, default=30, help="k2: graph replays per part")
     parser.add_argument("--fp32-layer", type=int, default=1,
@@ -129,7 +130,7 @@ def run(args) -> int:
             rs = run_k2(out, layers, context=args.context, reps=args.reps, fp32_layer=fp32,
                         bf16_layer=None if args.bf16_layer < 0 else args.bf16_layer,
                         torch_baseline=not args.no_torch, do_check=not args.no_check,
-                        workers=args.workers, dense=_dense(args.dense))
+                        workers=args.workers, dense=_dense(args.dense), checkpoint=args.checkpoint)
         elif args.what == "pair":
             from workbench.bench.pair import BUNDLES
             from workbench.bench.pair import run as run_pair

@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..bundle import read_bundle
-    from ..weights import save_hf_checkpoint
+    from ..hf_checkpoint import save_hf_checkpoint
 
     if not args.max_shard_mb > 0:
         raise UserError(f"--max-shard-mb must be positive, got {args.max_shard_mb}")

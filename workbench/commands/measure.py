@@ -6,7 +6,9 @@ tau, accepted-length histogram, verify tokens, distinct experts per MoE layer ag
 curve, DDTree's best tau over the DFlash chain's, equality with greedy AR), DIR/acceptance.csv (the
 cells), and with --int4 BUNDLE... DIR/drift.json (first greedy divergence, teacher-forced KL) plus the
 INT4 bundles' own acceptance cells. Every file carries the labels: model, prompts, tokens, machine,
-commit.
+commit. With ``--checkpoint DIR --layers 0..N`` instead of a bundle: DIR/expert_union.json / .csv, the
+distinct routed experts per MoE layer that oracle DDTree trees along HumanEval's canonical solutions touch
+under the checkpoint's own router in its first N layers (``train.measure.union_sweep``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from pathlib import Path
 
 from ..cli import UserError
 
@@ -21,7 +24,14 @@ BUDGETS = "1,2,4,8,16,32,64,128,256"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", metavar="BUNDLE", help="a trained pair (meta.drafter, meta.tokenizer)")
+    p.add_argument("bundle", metavar="BUNDLE", nargs="?",
+                   help="a trained pair (meta.drafter, meta.tokenizer)")
+    p.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="instead of BUNDLE: a Kimi checkpoint folder (with tiktoken.model); measures the "
+                        "distinct experts oracle DDTree trees touch in --layers")
+    p.add_argument("--layers", default=None, help="--checkpoint: the layers to run, A..B (B excluded)")
+    p.add_argument("--oracle-p", type=float, default=0.8,
+                   help="--checkpoint: chance the oracle drafter puts the true token on top (default 0.8)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--int4", nargs="*", default=[], metavar="BUNDLE", help="INT4 copies to compare")
     p.add_argument("--prompts", type=int, default=64, help="first N HumanEval prompts (default 64)")
@@ -47,8 +57,6 @@ def _ints(text: str, what: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from ..fileio import write_json_atomic
     from ..results import write_csv
     from ..train.export import git_commit
@@ -64,7 +72,11 @@ def run(args: argparse.Namespace) -> int:
     for name in ("prompts", "tokens", "drift_prompts", "drift_tokens", "workers"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1")
+    if (args.bundle is None) == (args.checkpoint is None):
+        raise UserError("give a BUNDLE or --checkpoint DIR (one of them)")
     out = Path(args.out)
+    if args.checkpoint is not None:
+        return _checkpoint_union(args, budgets, out)
     out.mkdir(parents=True, exist_ok=True)
     pair = load_pair(args.bundle, Path(args.bundle).stem)
     if pair.tok is None:
@@ -99,4 +111,41 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{q.name} {task}: first divergence {r['first_divergence']}, "
                       f"KL mean {r['kl_mean']:.3g}")
         write_json_atomic(out / "drift.json", d)
+    return 0
+
+
+def _checkpoint_union(args: argparse.Namespace, budgets: list[int], out) -> int:
+    """measure --checkpoint: DIR/expert_union.json (rows and per-budget summary) and .csv (the cells)."""
+    from ..checkpoint import open_checkpoint
+    from ..fileio import write_json_atomic
+    from ..report.tables import write_csv
+    from ..tokenizers import checkpoint_tokenizer
+    from ..train.export import git_commit
+    from ..train.measure import humaneval_texts, summarize, union_sweep
+    if args.layers is None:
+        raise UserError("--checkpoint needs --layers (the first N layers: 0..N)")
+    if not 0.0 <= args.oracle_p <= 1.0:
+        raise UserError(f"--oracle-p must lie in [0, 1], got {args.oracle_p}")
+    ck = open_checkpoint(args.checkpoint, args.layers)
+    tok = checkpoint_tokenizer(args.checkpoint)
+    if tok is None:
+        raise UserError(f"{args.checkpoint} has no tiktoken.model: HumanEval prompts need the tokenizer")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = ck.cfg
+    name = f"{Path(args.checkpoint).name} layers {args.layers}"
+    texts = humaneval_texts(tok, args.prompts, args.wheels)
+    rows = union_sweep(cfg, ck, texts, args.tokens, budgets, args.oracle_p, args.seed, name)
+    s = summarize(rows, cfg.n_routed_experts, cfg.num_experts_per_tok)
+    cpu = " ".join(filter(None, (platform.machine(), platform.processor())))
+    labels = {"model": name, "checkpoint_layers": ck.layers, "prompts": f"HumanEval first {args.prompts}",
+              "new_tokens": args.tokens, "oracle_p": args.oracle_p, "machine": f"{cpu}, numpy reference",
+              "commit": git_commit()}
+    write_json_atomic(out / "expert_union.json", {"labels": labels, "rows": rows, "summary": s})
+    cells = [{"model": name, **{k: v for k, v in c.items() if k != "accepted_hist"},
+              "accepted_hist": json.dumps(c["accepted_hist"])} for c in s["cells"]]
+    write_csv(cells, out / "expert_union.csv")
+    for c in s["cells"]:
+        print(f"B={c['budget']}: verify {c['verify_tokens']:.1f} tokens, {c['experts']:.1f} distinct experts "
+              f"per MoE layer (uniform routing {c['experts_uniform']:.1f}, ratio {c['overlap_ratio']:.2f}), "
+              f"tau {c['tau']:.2f}")
     return 0

@@ -155,32 +155,37 @@ def upload_model(cfg: ModelConfig, weights: dict[str, Any], fast: bool = True,
         raise InputError(str(e)) from None
 
 
+def upload_layer(cfg: ModelConfig, weights: dict[str, Any], i: int, fast: bool = True,
+                 experts: bool = True) -> DeviceLayer:
+    """Layer ``i`` of the weights on the device, as ``upload_model`` prepares each layer (InputError from
+    the kernels' own checks left to the caller, see there)."""
+    p = f"layers.{i}."
+    a = p + "attn."
+    if cfg.q_lora_rank is not None:
+        first = dense_matrix(weights, a + "wq_a")
+        wq_b = ops.dense(dense_matrix(weights, a + "wq_b"), fast)
+        q_norm = to_device(_f32(weights, a + "q_norm"))
+    else:
+        first = dense_matrix(weights, a + "wq")
+        wq_b = None
+        q_norm = to_device(np.zeros(1, np.float32))
+    a1 = stack_rows([first, dense_matrix(weights, a + "wkv_a")])                      # [Q+C+R, D]
+    lay = DeviceLayer(attn_norm=to_device(_f32(weights, p + "attn_norm")),
+                      ffn_norm=to_device(_f32(weights, p + "ffn_norm")), a1=ops.dense(a1, fast),
+                      q_norm=q_norm, kv_norm=to_device(_f32(weights, a + "kv_norm")), wq_b=wq_b,
+                      attn=ops.mla_weights(dense_matrix(weights, a + "wkv_b"), fast),
+                      wo=ops.dense(dense_matrix(weights, a + "wo"), fast))
+    f = p + "ffn"
+    if cfg.is_moe_layer(i):
+        if experts:
+            lay.moe = _moe(cfg, weights, f, fast)
+    else:
+        lay.mlp = ops.swiglu_weights(*swiglu(weights, f), fast=fast)
+    return lay
+
+
 def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool, experts: bool) -> DeviceModel:
-    layers = []
-    for i in range(cfg.num_hidden_layers):
-        p = f"layers.{i}."
-        a = p + "attn."
-        if cfg.q_lora_rank is not None:
-            first = dense_matrix(weights, a + "wq_a")
-            wq_b = ops.dense(dense_matrix(weights, a + "wq_b"), fast)
-            q_norm = to_device(_f32(weights, a + "q_norm"))
-        else:
-            first = dense_matrix(weights, a + "wq")
-            wq_b = None
-            q_norm = to_device(np.zeros(1, np.float32))
-        a1 = stack_rows([first, dense_matrix(weights, a + "wkv_a")])                  # [Q+C+R, D]
-        lay = DeviceLayer(attn_norm=to_device(_f32(weights, p + "attn_norm")),
-                          ffn_norm=to_device(_f32(weights, p + "ffn_norm")), a1=ops.dense(a1, fast),
-                          q_norm=q_norm, kv_norm=to_device(_f32(weights, a + "kv_norm")), wq_b=wq_b,
-                          attn=ops.mla_weights(dense_matrix(weights, a + "wkv_b"), fast),
-                          wo=ops.dense(dense_matrix(weights, a + "wo"), fast))
-        f = p + "ffn"
-        if cfg.is_moe_layer(i):
-            if experts:
-                lay.moe = _moe(cfg, weights, f, fast)
-        else:
-            lay.mlp = ops.swiglu_weights(*swiglu(weights, f), fast=fast)
-        layers.append(lay)
+    layers = [upload_layer(cfg, weights, i, fast, experts) for i in range(cfg.num_hidden_layers)]
     return DeviceModel(cfg=cfg, embed=to_device(_f32(weights, "embed")),
                        norm=to_device(_f32(weights, "norm")),
                        head=ops.dense(dense_matrix(weights, "head"), fast), layers=layers,

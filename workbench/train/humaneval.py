@@ -32,6 +32,7 @@ class Problem:
     task_id: str           # "HumanEval/0" ...
     prompt: str            # signature + docstring, the text a model continues
     entry_point: str
+    solution: str = ""     # the canonical solution: the prompt's true continuation
 
 
 def _read_gz(wheels: str | Path | None) -> bytes:
@@ -51,7 +52,8 @@ def load_problems(wheels: str | Path | None = None) -> list[Problem]:
     """All 164 problems in task order; InputError if the file is missing or not the pinned one."""
     rows = [json.loads(line) for line in gzip.decompress(_read_gz(wheels)).decode("utf-8").splitlines()
             if line.strip()]
-    probs = [Problem(r["task_id"], r["prompt"], r["entry_point"]) for r in rows]
+    probs = [Problem(r["task_id"], r["prompt"], r["entry_point"], r.get("canonical_solution", ""))
+             for r in rows]
     if len(probs) != N_PROBLEMS or probs[0].task_id != "HumanEval/0":
         raise InputError(f"HumanEval data holds {len(probs)} problems, expected {N_PROBLEMS}")
     return probs

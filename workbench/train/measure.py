@@ -9,7 +9,9 @@ k experts per token, V vocabulary.
 - ``acceptance_sweep``: that over prompts x budgets (+ the chain), each run checked token for token
   against greedy AR;
 - ``analytic_union``: E (1 - (1 - k/E)^n), the distinct experts n uniformly routed tokens touch;
-- ``drift``: FP vs INT4 first greedy divergence and teacher-forced KL(FP || INT4) along the FP text.
+- ``drift``: FP vs INT4 first greedy divergence and teacher-forced KL(FP || INT4) along the FP text;
+- ``union_sweep``: on a checkpoint's first layers (a lazy mapping), the distinct experts that oracle
+  DDTree trees along the true continuation of HumanEval prompts touch under the real router.
 """
 
 from __future__ import annotations
@@ -24,15 +26,16 @@ from ..bundle import read_bundle
 from ..config import ModelConfig
 from ..ddtree.config import GREEDY, DrafterConfig, SamplingParams
 from ..ddtree.dflash import DFlashDrafter
+from ..ddtree.oracle import oracle_logits
 from ..ddtree.sampling import make_rng, sample_tokens
 from ..ddtree.speculative import SpecState, commit, features
 from ..ddtree.tree import Tree, build_tree, compile_tree, top_k_log_probs
 from ..ddtree.walk import walk
 from ..errors import InputError
 from ..reference.generate import greedy_generate
-from ..reference.layers import as_array, linear, rmsnorm, weight
+from ..reference.layers import as_array, gather_rows, linear, rmsnorm, weight
 from ..reference.mla import mla_absorbed
-from ..reference.model import ForwardOut, LatentCache
+from ..reference.model import ForwardOut, LatentCache, decoder_layer
 from ..reference.moe import dense_mlp, moe, moe_gate
 from .tokenizer import TextTokenizer, tokenizer_from_meta
 
@@ -186,6 +189,92 @@ def analytic_union(n_experts: int, k: int, n_tokens: Any) -> np.ndarray:
     return n_experts * (1.0 - (1.0 - k / n_experts) ** n)
 
 
+# ---- the expert union of oracle trees on a checkpoint's first layers ------------------------------
+DRAFTED = 15               # positions an oracle tree drafts: a DFlash block of 16 less its anchor
+
+
+def verify_routes(cfg: ModelConfig, weights: Any, tokens: Any, cache: LatentCache, positions: Any = None,
+                  visibility: np.ndarray | None = None) -> list[np.ndarray]:
+    """The routed expert ids [S, k] of every MoE layer for S new tokens (cache.length += S): the reference's
+    layers without the head, and of the last layer only attention and router (its output is never read),
+    so a truncated real model costs its layers, not its 163840-row head."""
+    toks = np.asarray(tokens, dtype=np.int64)
+    pos = cache.length + np.arange(toks.size) if positions is None else np.asarray(positions, dtype=np.int64)
+    h = gather_rows(weight(weights, "embed"), toks, np.float32)                 # [S, M]
+    routes: dict[int, np.ndarray] = {}
+    last = cfg.num_hidden_layers - 1
+    for layer in range(last):
+        h = decoder_layer(cfg, weights, layer, h, pos, cache, visibility, routes=routes)
+    if cfg.is_moe_layer(last):
+        p, eps = f"layers.{last}.", cfg.rms_norm_eps
+        a = rmsnorm(h, weight(weights, p + "attn_norm"), eps)                   # [S, M]
+        h = h + mla_absorbed(cfg, weights, last, a, pos, cache, visibility)
+        x = rmsnorm(h, weight(weights, p + "ffn_norm"), eps)                    # [S, M]
+        routes[last], _ = moe_gate(cfg, x, weight(weights, p + "ffn.gate"),
+                                   weight(weights, p + "ffn.gate_bias"))
+    cache.length += toks.size
+    return [routes[i] for i in sorted(routes)]
+
+
+def oracle_union(cfg: ModelConfig, weights: Any, prompt: Any, truth: Any, budget: int, p: float = 1.0,
+                 seed: int = 0, trace: list | None = None) -> SpecRun:
+    """DDTree rounds along a true text: after the prompt, each round verifies the best-first tree (budget
+    nodes) of the oracle drafter (``ddtree.oracle``: the true token on top with probability p) rooted at
+    the true token, accepts the true path through it, and records the distinct routed experts per MoE
+    layer of the verify forward under the model's own router. No full-depth model or drafter is needed:
+    the first N layers' routing of a text is the full model's. ``trace`` gets (positions, accepted, routes)
+    per round."""
+    if len(prompt) == 0 or len(truth) == 0:
+        raise InputError("oracle_union needs a non-empty prompt and continuation")
+    seq = np.concatenate([np.asarray(prompt, np.int64), np.asarray(truth, np.int64)])    # [P + T]
+    start = len(prompt)
+    cache = LatentCache.empty(cfg, len(seq) + budget + 1)
+    verify_routes(cfg, weights, seq[:start], cache)                             # prefill the prompt
+    run = SpecRun(tokens=seq[start:])
+    while start < len(seq) - 1:
+        t = build_tree(oracle_logits(seq, cfg.vocab_size, start, DRAFTED, p, seed), budget)
+        ids, positions, vis = compile_tree(t, int(seq[start]), start)
+        routes = verify_routes(cfg, weights, ids, cache, positions, vis)
+        nxt = positions + 1                                       # where the true token after each node sits
+        accepted, _ = walk(t, np.where(nxt < len(seq), seq[np.minimum(nxt, len(seq) - 1)], -1))
+        cache.gather_commit(start, accepted)
+        start += len(accepted)
+        if trace is not None:
+            trace.append((positions, accepted, routes))
+        run.accepted.append(len(accepted))
+        run.verify_tokens.append(int(ids.size))
+        run.experts.append([int(np.unique(r).size) for r in routes])
+    return run
+
+
+def union_sweep(cfg: ModelConfig, weights: Any, prompts: list[tuple[str, np.ndarray, np.ndarray]],
+                n_tokens: int, budgets: Iterable[int], p: float = 1.0, seed: int = 0, name: str = "",
+                progress: Any = None) -> list[dict[str, Any]]:
+    """``oracle_union`` over prompts (task, prompt ids, true continuation ids) x budgets: rows in the shape
+    ``acceptance_sweep`` writes (tree "ddtree", temperature 0, no AR comparison), plus ``oracle_p``."""
+    rows = []
+    for task, ids, truth in prompts:
+        for budget in budgets:
+            r = oracle_union(cfg, weights, ids, truth[:n_tokens], int(budget), p, seed)
+            rows.append({"model": name, "prompt": task, "prompt_tokens": int(ids.size), "tree": "ddtree",
+                         "budget": int(budget), "temperature": 0.0,
+                         "new_tokens": int(min(n_tokens, truth.size)),
+                         "oracle_p": p, "tau": r.tau, "rounds": len(r.accepted),
+                         "accepted_hist": np.bincount(r.accepted, minlength=DRAFTED + 2).tolist(),
+                         "verify_tokens": float(np.mean(r.verify_tokens)),
+                         "experts_per_layer": np.mean(r.experts, axis=0).tolist(),
+                         "equals_ar": None, "first_diff": None, "ar_margin_at_diff": None})
+            if progress is not None:
+                progress.update(1)
+    return rows
+
+
+def humaneval_texts(tok: Any, n: int, wheels: str | None = None) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """The first n HumanEval problems: (task_id, prompt ids, canonical solution ids)."""
+    from .humaneval import load_problems
+    return [(q.task_id, tok.encode(q.prompt), tok.encode(q.solution)) for q in load_problems(wheels)[:n]]
+
+
 # ---- FP vs INT4 drift ---------------------------------------------------------------------------
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
@@ -234,7 +323,8 @@ def summarize(rows: list[dict[str, Any]], n_experts: int, k: int) -> dict[str, A
                       "tau": float(np.mean([r["tau"] for r in rs])), "verify_tokens": verify,
                       "experts": experts, "experts_uniform": uniform, "overlap_ratio": experts / uniform,
                       "accepted_hist": hist.tolist(),
-                      "all_equal_ar": None if temp else all(r["equals_ar"] for r in rs)})
+                      "all_equal_ar": None if temp or any(r["equals_ar"] is None for r in rs)
+                      else all(r["equals_ar"] for r in rs)})
     best: dict[str, Any] = {}
     for temp in sorted({c["temperature"] for c in cells}):
         dd = [c for c in cells if c["temperature"] == temp and c["tree"] == "ddtree"]
@@ -243,7 +333,7 @@ def summarize(rows: list[dict[str, Any]], n_experts: int, k: int) -> dict[str, A
         best[f"T={temp:g}"] = {"best_budget": top and top["budget"], "best_tau": top and top["tau"],
                                "chain_tau": chain and chain["tau"],
                                "ddtree_over_chain": (top["tau"] / chain["tau"]) if top and chain else None}
-    greedy = [r["equals_ar"] for r in rows if r["temperature"] == 0]
+    greedy = [r["equals_ar"] for r in rows if r["temperature"] == 0 and r["equals_ar"] is not None]
     return {"cells": cells, "best": best, "all_equal_ar": all(greedy) if greedy else None}
 
 

@@ -106,11 +106,15 @@ def load_tokenizer(path: str | Path = TOKENIZER) -> TextTokenizer:
         raise InputError(f"tokenizer {path}: {e.strerror}") from None
 
 
-def tokenizer_from_meta(meta: Any) -> TextTokenizer | None:
-    """The tokenizer a bundle carries in ``meta["tokenizer"]``, or None; InputError if it is damaged."""
+def tokenizer_from_meta(meta: Any) -> Any:
+    """The tokenizer a bundle carries in ``meta["tokenizer"]`` (a ``TextTokenizer``, or a Kimi
+    ``workbench.tokenizers.KimiTokenizer``), or None; InputError if it is damaged."""
     t = meta.get("tokenizer") if isinstance(meta, dict) else None
     if t is None:
         return None
+    if isinstance(t, dict) and t.get("kind") == "tiktoken":      # a Kimi checkpoint's (workbench.tokenizers)
+        from ..tokenizers import KimiTokenizer
+        return KimiTokenizer.from_meta(t)
     if not isinstance(t, dict) or not isinstance(t.get("json"), str):
         raise InputError("bundle meta.tokenizer must be an object with a 'json' string")
     tok = TextTokenizer(t["json"])
