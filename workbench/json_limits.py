@@ -96,7 +96,7 @@ def loads(text: str | bytes, where: str) -> Any:
         raise InputError(f"{where}: nests too deep to parse") from None
     except ValueError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise InputError(f"{where}: not valid JSON ({msg[:120]})") from None
+        raise InputError(f"{where}: not readable JSON ({msg[:120]})") from None
     hit = _find_long_int(obj, [])
     if hit is not None:
         raise InputError(f"{where}: field {_path(hit[0])} is an integer of {len(hit[1].lstrip('-'))} digits "
