@@ -73,7 +73,7 @@ def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: i
     from .ddtree.drafter import make_drafter
     from .ddtree.inputs import check_budget
     from .engine.ddtree import engine_ddtree_generate
-    budget = check_budget(budget)
+    budget = check_budget(budget, cfg)
     draft = make_drafter(drafter, cfg, weights, toks, n_tokens, np.float32, **kw)
     eng = engine or engine_for(cfg, weights, len(toks), n_tokens, budget, taps=tuple(draft.capture))
     r = engine_ddtree_generate(eng, weights, toks, n_tokens, draft, budget, sampling, timing=timing)

@@ -116,7 +116,7 @@ def ddtree_generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_to
       to greedy AR), T > 0 lossless sampling with one seeded Generator. dtype: float32 or float64.
     """
     toks, n_tokens = check_run(cfg, prompt, n_tokens, sampling)
-    check_budget(budget)
+    check_budget(budget, cfg)
     draft = make_drafter(drafter, cfg, weights, toks, n_tokens, dtype, drafter_config=drafter_config,
                          oracle_p=oracle_p, oracle_seed=oracle_seed, continuation=continuation)
     rng = make_rng(sampling)
