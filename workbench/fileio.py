@@ -44,11 +44,12 @@ def check_destination(path: str | os.PathLike, folder: bool = False) -> None:
 
 
 def with_path(e: OSError, path: str | os.PathLike) -> OSError:
-    """``e`` itself if it names a path, else the same error naming ``path`` (ENOSPC from write() names none)."""
+    """``e`` itself if it names a path, else the same error naming ``path`` (write() ENOSPC names none)."""
     if e.filename is not None:
         return e
-    return type(e)(e.errno, e.strerror or str(e), os.fspath(path)) if e.errno else OSError(
-        errno.EIO, str(e) or type(e).__name__, os.fspath(path))
+    if e.errno:
+        return type(e)(e.errno, e.strerror or str(e), os.fspath(path))
+    return OSError(errno.EIO, str(e) or type(e).__name__, os.fspath(path))
 
 
 def temp_name(path: str | os.PathLike) -> Path:

@@ -193,8 +193,8 @@ def shard_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if dtype not in ST_DTYPES:
             raise bad(f"{where}: unknown dtype {dtype!r:.40}")
-        if (not isinstance(shape, list) or len(shape) > 8
-                or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_DIM for x in shape)):
+        if not isinstance(shape, list) or len(shape) > 8 or any(
+                isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_DIM for x in shape):
             raise bad(f"{where}: shape {shape!r:.80} (want at most 8 dims, each in [0, {MAX_DIM}])")
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in offsets)):
@@ -202,7 +202,8 @@ def shard_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         begin, end = offsets
         nbytes = math.prod(shape) * ST_DTYPES[dtype]                 # Python int: never wraps
         if end - begin != nbytes:
-            raise bad(f"{where}: data_offsets span {end - begin} bytes, {dtype} {shape} needs {nbytes}")
+            raise bad(f"{where}: data_offsets span {end - begin} bytes, {dtype} {shape} needs "
+                      f"{nbytes}")
         if end > data_bytes:
             raise bad(f"{where}: data ends at {end}, past the file's {data_bytes} data bytes")
         ranges.append((begin, end, name))
@@ -229,7 +230,8 @@ def _shard_paths(d: Path) -> list[Path]:
     return sorted(d.glob("*.safetensors"))
 
 
-def check_shards_against_config(d: Path, cfg: ModelConfig, prefix: str = "", skip: Any = lambda n: False) -> None:
+def check_shards_against_config(d: Path, cfg: ModelConfig, prefix: str = "",
+                                skip: Any = lambda n: False) -> None:
     """Every shard's header validated, and the config's implied tensors against them, before any data
     is read: a tiny config.json declaring 10^9 layers or 2^31 experts fails here within a second, and a
     tensor whose header shape disagrees with the config fails before its (maybe 64 GiB) data is read."""

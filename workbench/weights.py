@@ -128,8 +128,10 @@ def implied_tensor_count(cfg: ModelConfig) -> int:
 def implied_param_count(cfg: ModelConfig) -> int:
     """Parameters of the model ``cfg`` describes (Python int: never wraps), without listing tensors."""
     d, h, c, r = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    q = h * cfg.qk_head_dim * d if cfg.q_lora_rank is None else cfg.q_lora_rank * (d + 1 + h * cfg.qk_head_dim)
-    attn = 2 * d + q + (c + r) * d + c + h * (cfg.qk_nope_head_dim + cfg.v_head_dim) * c + d * h * cfg.v_head_dim
+    hq = h * cfg.qk_head_dim
+    q = hq * d if cfg.q_lora_rank is None else cfg.q_lora_rank * (d + 1 + hq)
+    attn = 2 * d + q + (c + r) * d + c + h * (cfg.qk_nope_head_dim + cfg.v_head_dim) * c \
+        + d * h * cfg.v_head_dim
     dense = cfg.first_k_dense_replace
     moe = cfg.num_hidden_layers - dense
     mi, e = cfg.moe_intermediate_size, cfg.n_routed_experts

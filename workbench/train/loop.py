@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +22,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from ..fileio import atomic_path
 
 CALIBRATE = 30          # steps timed before the plan is fixed (the first 5 are skipped: warm-up of kernels)
 
@@ -46,9 +47,10 @@ def adamw(params: list[tuple[str, nn.Parameter]], lr: float, weight_decay: float
 
 
 def save_checkpoint(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """torch.save through a per-process temp name (two runs into one folder never share one), renamed
+    onto ``path``; a failed or interrupted save leaves the previous checkpoint and no temp file."""
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 class JsonLog:
