@@ -7,7 +7,6 @@ wall-clock limit was hit, or the kernel died), 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -96,11 +95,10 @@ def _param_overrides(items: list[str], paths: list[Path]) -> dict[str, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from workbench.cli import check_out_dir
     from workbench.report import provenance
     from workbench.report.profiles import get_profile
     from workbench.report.runner import pick_kernel, run_report
-
-    from workbench.cli import check_out_dir
 
     profile = get_profile(args.profile)
     check_out_dir(args.out)

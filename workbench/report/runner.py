@@ -109,7 +109,8 @@ def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: s
             spec = {"notebook": str(path), "output": str(running), "parameters": parameters, "kernel": kernel,
                     "cell_timeout": cell_timeout, "cwd": str(cwd), "result": str(Path(tmp, "result.json"))}
             Path(tmp, "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-            with open(run_log, "x", encoding="utf-8") as logf:   # the kernel's progress lines join it
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND   # the kernel's progress lines join it
+            with os.fdopen(os.open(run_log, flags, 0o644), "a", encoding="utf-8") as logf:
                 cmd = [sys.executable, "-m", "workbench.report.execute", str(Path(tmp, "spec.json"))]
                 proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=cwd,
                                         env=_child_env(cwd, run_log))
