@@ -23,6 +23,7 @@ import numpy as np
 from . import json_limits
 from .config import ModelConfig
 from .errors import InputError
+from .fileio import with_path
 from .weights import (
     check_model_size,
     check_weights,
@@ -452,7 +453,7 @@ def _write_checkpoint(dest: Path, config: dict[str, Any], shards: list[list[tupl
         weight_map, total = {}, 0
         for i, shard in enumerate(shards):
             fname = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            save_file({hf: _to_torch(a) for hf, a in shard}, str(tmp / fname), metadata={"format": "pt"})
+            _save_shard(save_file, {hf: _to_torch(a) for hf, a in shard}, tmp / fname, dest / fname)
             _fsync(tmp / fname)
             files.append(fname)
             for hf, a in shard:
@@ -468,10 +469,25 @@ def _write_checkpoint(dest: Path, config: dict[str, Any], shards: list[list[tupl
             dest.rmdir()
         os.replace(tmp, dest)
         _fsync(dest.parent)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise with_path(e, dest) from None
         raise
     return files
+
+
+def _save_shard(save_file: Any, tensors: dict[str, Any], path: Path, shown: Path) -> None:
+    """safetensors' save_file with its Rust I/O errors (a full disk) as an OSError naming ``shown``."""
+    from safetensors import SafetensorError
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as e:
+        m = re.search(r"os error (\d+)", str(e))
+        if m is None:
+            raise
+        code = int(m.group(1))
+        raise OSError(code, os.strerror(code), str(shown)) from None
 
 
 def _write_text(p: Path, text: str) -> None:

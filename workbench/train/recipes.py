@@ -25,7 +25,7 @@ from .bodies import body_starts
 from .corpus import load_manifest, read_corpus
 from .drafter import TorchDrafter, anchor_labels, block_loss
 from .humaneval import load_problems
-from .loop import LoopConfig, adamw, run_loop
+from .loop import LoopConfig, adamw, run_loop, save_checkpoint
 from .model import TorchTarget, greedy, update_router_bias
 from .presets import Size
 from .tokenizer import TextTokenizer, encode_documents, load_tokenizer
@@ -286,8 +286,7 @@ def train_drafter(out: Path, size: Size, device: torch.device, progress: bool = 
             data[part] = continuations(target, stream, n, r.prompt_lens, length, batch, seed, device, bodies,
                                        r.body_fraction)
         data["seconds"] = time.time() - t0
-        with atomic_path(data_path) as tmp:
-            torch.save(data, tmp)
+        save_checkpoint(data_path, data)
     toks, plens, _ = data["train"]
     toks = toks.to(device)
     torch.manual_seed(r.seed)
