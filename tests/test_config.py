@@ -78,3 +78,22 @@ def test_unknown_fields_and_presets_are_rejected():
         preset("huge")
     with pytest.raises(ConfigError, match="model_type"):
         ModelConfig.from_hf_dict({**preset("tiny").to_hf_dict(), "model_type": "llama"})
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"rope_scaling": "yarn"}, "rope_scaling must be a JSON object or null"),
+    ({"rope_scaling": {"type": "yarn"}}, "rope_scaling of type yarn needs a factor"),
+    ({"rope_scaling": {"type": "yarn", "factor": "abc"}}, "rope_scaling.factor must be a number"),
+    ({"rope_scaling": {"type": "yarn", "factor": None}}, "needs a factor"),
+    ({"rope_scaling": {"type": "yarn", "factor": True}}, "rope_scaling.factor must be a number"),
+    ({"rope_scaling": None, "rope_parameters": {"rope_type": "yarn"}}, "rope_parameters of type yarn needs"),
+    ({"rope_scaling": None, "rope_parameters": [1]}, "rope_parameters must be a JSON object"),
+    ({"rope_scaling": {"type": "linear", "factor": 2}}, "unsupported rope_scaling type 'linear'"),
+    ({"rope_theta": 10**400}, "rope_theta must be a finite number"),
+    ({"n_routed_experts": 2**31}, "n_routed_experts is 2147483648, over the cap"),
+    ({"num_hidden_layers": 10**12}, "num_hidden_layers is .* over the cap"),
+])
+def test_malformed_hf_configs_are_config_errors(edit, match):
+    d = {**preset("tiny").to_hf_dict(), **edit}
+    with pytest.raises(ConfigError, match=match):
+        ModelConfig.from_hf_dict(d)

@@ -419,3 +419,33 @@ def test_export_needs_one_group_size(tmp_path):
     check_weights(cfg, q)
     with pytest.raises(InputError, match="group sizes"):
         save_hf_checkpoint(tmp_path / "mixed", cfg, q)
+
+
+@pytest.mark.parametrize("cfg", [CFG, CFG.replace(q_lora_rank=None, n_shared_experts=0), preset("tiny2"),
+                                 preset("k2")])
+def test_implied_counts_match_the_listed_shapes(cfg):
+    from workbench.weights import implied_param_count, implied_tensor_count
+    shapes = expected_shapes(cfg)
+    assert implied_tensor_count(cfg) == len(shapes)
+    assert implied_param_count(cfg) == sum(int(np.prod(s)) for s in shapes.values())
+
+
+def test_a_config_declaring_far_more_tensors_than_held_fails_before_listing_them():
+    """A few-byte config can declare 10^9 layers: the count is compared before any name is listed."""
+    import tracemalloc
+
+    from workbench.weights import MAX_MODEL_TENSORS, check_model_size
+    w = random_weights(CFG, 0)
+    huge = CFG.replace(n_routed_experts=100_000)                 # 300k expert tensors: listable, but not held
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match="declare 300029 weight tensors, the weights hold 41"):
+            check_weights(huge, w)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2_000_000                                      # listing 300k names would take ~100 MB
+    with pytest.raises(InputError, match=f"cap {MAX_MODEL_TENSORS}"):
+        check_model_size(CFG.replace(num_hidden_layers=10**9, n_routed_experts=2**31 - 1))
+    with pytest.raises(InputError, match="cap"):
+        expected_shapes(CFG.replace(num_hidden_layers=10**7))

@@ -17,6 +17,9 @@ class ConfigError(ValueError):
     """A configuration value is invalid or inconsistent (one-line message)."""
 
 
+MAX_SIZE = 2**31 - 1        # every size field of ModelConfig fits a 32-bit int
+
+
 def check_int(name: str, v: Any, lo: int) -> None:
     """ConfigError unless ``v`` is an int (a bool is not) >= lo; lo is 1 (positive) or 0 (non-negative)."""
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -93,6 +96,10 @@ class ModelConfig:
             check_int(name, getattr(self, name), 1)
         for name in ("n_shared_experts", "first_k_dense_replace"):
             check_int(name, getattr(self, name), 0)
+        for name in (*ints, "n_shared_experts", "first_k_dense_replace", "q_lora_rank"):
+            v = getattr(self, name)
+            if isinstance(v, int) and v > MAX_SIZE:      # kernels index with 32-bit ints
+                raise ConfigError(f"{name} is {v}, over the cap {MAX_SIZE}")
         if self.q_lora_rank is not None and (isinstance(self.q_lora_rank, bool)
                                              or not isinstance(self.q_lora_rank, int)
                                              or self.q_lora_rank < 1):
@@ -197,29 +204,36 @@ class ModelConfig:
         names = {f.name for f in dataclasses.fields(cls)} - _NOT_HF
         kw = {k: d[k] for k in names if k in d}
         kw["model_type"] = model_type
-        rope = d.get("rope_scaling") or None
+        rope = d.get("rope_scaling")
         params = d.get("rope_parameters")
-        if rope is None and isinstance(params, dict):
+        for key, v in (("rope_scaling", rope), ("rope_parameters", params)):
+            if v is not None and not isinstance(v, dict):
+                raise ConfigError(f"config.json: {key} must be a JSON object or null, got {v!r:.60}")
+        rope = rope or None
+        if rope is None and params:
             if "rope_theta" in params:
                 kw["rope_theta"] = params["rope_theta"]
             if params.get("rope_type", params.get("type")) not in (None, "default"):
                 rope = params
+        where = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
         if rope is None:
             kw["rope_scaling_type"] = None
         else:
             kind = rope.get("rope_type", rope.get("type"))
             if kind != "yarn":
-                raise ConfigError(f"unsupported rope scaling {kind!r} (only yarn)")
+                raise ConfigError(f"config.json: unsupported {where} type {kind!r:.40} (only yarn)")
+            if rope.get("factor") is None:
+                raise ConfigError(f"config.json: {where} of type yarn needs a factor")
             kw["rope_scaling_type"] = "yarn"
-            kw["rope_factor"] = float(rope["factor"])
+            kw["rope_factor"] = _hf_number(f"{where}.factor", rope["factor"])
             for k in ("original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
                       "mscale_all_dim"):
                 if rope.get(k) is not None:
                     kw[k] = rope[k]
         for k in ("rope_theta", "rope_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
                   "routed_scaling_factor", "rms_norm_eps"):
-            if k in kw and isinstance(kw[k], int) and not isinstance(kw[k], bool):
-                kw[k] = float(kw[k])
+            if k in kw:
+                kw[k] = _hf_number(k, kw[k])
         try:
             return cls(**kw)
         except TypeError as e:
@@ -232,6 +246,19 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         return config_from_dict(cls, d, "model config")
+
+
+def _hf_number(field: str, v: Any) -> float:
+    """A config.json float field as a finite float; ConfigError naming the field otherwise."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(f"config.json: {field} must be a number, got {v!r:.40}")
+    try:
+        f = float(v)
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f):
+        raise ConfigError(f"config.json: {field} must be a finite number, got {v!r:.40}")
+    return f
 
 
 _NOT_HF = {"rope_scaling_type", "rope_factor", "original_max_position_embeddings", "beta_fast",

@@ -57,7 +57,9 @@ def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: i
         raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "ddtree":
         from .ddtree.budget import tree_budget
+        from .ddtree.inputs import check_budget
         budget = tree_budget(budget, cost_curve)
+        check_budget(budget.max_nodes, cfg)
     t0 = time.perf_counter()
     kw = dict(drafter_config=drafter_config, oracle_p=oracle_p, oracle_seed=oracle_seed,
               continuation=continuation)

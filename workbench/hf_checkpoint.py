@@ -8,18 +8,24 @@ safetensors are imported on use.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
+import stat
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import json_limits
 from .config import ModelConfig
 from .errors import InputError
+from .fileio import with_path
 from .weights import (
+    check_model_size,
     check_weights,
     expected_shapes,
     from_hf_name,
@@ -64,6 +70,7 @@ def load_hf_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, 
         raise InputError(f"{d}: not a checkpoint directory")
     cfg, prefix, qcfg, group_sizes = checkpoint_config(d)
     vision = (lambda hf: hf.startswith(VISION_PREFIXES)) if prefix else (lambda hf: False)
+    check_shards_against_config(d, cfg, prefix, vision)
     tensors, vision_names = _read_safetensors(d, skip=vision)
     weights: dict[str, Any] = {}
     shape_tensors: dict[str, Any] = {}
@@ -134,12 +141,135 @@ def _text_config(raw: Any) -> tuple[dict[str, Any], str]:
 
 
 def _read_json(p: Path) -> Any:
-    if not p.is_file():
+    if not p.exists():
         raise InputError(f"{p.parent}: no {p.name}")
+    return json_limits.load_file(p, MAX_JSON_BYTES)
+
+
+# ---- shard validation: headers only, before any tensor data is read ------------------------------
+MAX_JSON_BYTES = 64 << 20             # config.json and the index (a K2 index is a few MB)
+MAX_HEADER_BYTES = 100 << 20          # safetensors' own cap on the JSON header
+MAX_DIM = 2**31 - 1                   # the bundle's cap on every dim
+# safetensors dtype -> bytes per element
+ST_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+             "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def shard_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{name: (dtype, shape)} of one safetensors file, validated from its header alone: a regular file
+    (a FIFO would hang the reader), header length within the file and the cap, JSON within
+    json_limits, known dtypes, dims non-negative ints <= MAX_DIM, and each tensor's byte range equal to
+    dtype size x numel, in order, without overlap, inside the file. InputError naming the file otherwise.
+    """
+    def bad(detail: str) -> InputError:
+        return InputError(f"{path}: not a readable safetensors file ({detail})")
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{p}: not readable JSON ({e})") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise bad(f"cannot open: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise bad("not a regular file")
+        head = os.pread(fd, 8, 0)
+        if len(head) < 8:
+            raise bad(f"{st.st_size} bytes")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(MAX_HEADER_BYTES, st.st_size - 8):
+            raise bad(f"header length {n} exceeds the file ({st.st_size} bytes) or the cap")
+        raw = os.pread(fd, n, 8)
+    except OSError as e:
+        raise bad(f"cannot read: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    try:
+        header = json_limits.loads(raw, "header")
+    except InputError as e:
+        raise bad(str(e)) from None
+    if not isinstance(header, dict):
+        raise bad("the header is not a JSON object")
+    data_bytes = st.st_size - 8 - n
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    ranges = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"tensor {name[:120]!r}"
+        if not isinstance(info, dict):
+            raise bad(f"{where}: header entry is not an object")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in ST_DTYPES:
+            raise bad(f"{where}: unknown dtype {dtype!r:.40}")
+        if not isinstance(shape, list) or len(shape) > 8 or any(
+                isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_DIM for x in shape):
+            raise bad(f"{where}: shape {shape!r:.80} (want at most 8 dims, each in [0, {MAX_DIM}])")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in offsets)):
+            raise bad(f"{where}: data_offsets {offsets!r:.80} are not two non-negative ints")
+        begin, end = offsets
+        nbytes = math.prod(shape) * ST_DTYPES[dtype]                 # Python int: never wraps
+        if end - begin != nbytes:
+            raise bad(f"{where}: data_offsets span {end - begin} bytes, {dtype} {shape} needs "
+                      f"{nbytes}")
+        if end > data_bytes:
+            raise bad(f"{where}: data ends at {end}, past the file's {data_bytes} data bytes")
+        ranges.append((begin, end, name))
+        out[name] = (dtype, tuple(shape))
+    ranges.sort()
+    for (_, e0, a), (b1, _, b) in zip(ranges, ranges[1:], strict=False):
+        if b1 < e0:
+            raise bad(f"tensors {a[:80]!r} and {b[:80]!r} overlap")
+    return out
+
+
+def _shard_paths(d: Path) -> list[Path]:
+    """The shard files: the index's (each a plain name of a regular file) or every *.safetensors."""
+    if (d / _INDEX).exists():
+        index = _read_json(d / _INDEX)
+        wm = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
+            raise InputError(f"{d / _INDEX}: weight_map missing or malformed")
+        names = sorted(set(wm.values()))
+        for f in names:
+            if Path(f).name != f or not (d / f).is_file():
+                raise InputError(f"{d / _INDEX}: shard {f!r} is missing or not a plain file name")
+        return [d / f for f in names]
+    return sorted(d.glob("*.safetensors"))
+
+
+def check_shards_against_config(d: Path, cfg: ModelConfig, prefix: str = "",
+                                skip: Any = lambda n: False) -> None:
+    """Every shard's header validated, and the config's implied tensors against them, before any data
+    is read: a tiny config.json declaring 10^9 layers or 2^31 experts fails here within a second, and a
+    tensor whose header shape disagrees with the config fails before its (maybe 64 GiB) data is read."""
+    headers: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for p in _shard_paths(d):
+        headers.update(shard_header(p))
+    model: dict[str, tuple[int, ...]] = {}
+    for hf, (_, shape) in headers.items():
+        name = hf[len(prefix):] if prefix and hf.startswith(prefix) else hf
+        m = re.match(r"model\.layers\.([0-9]+)\.", name)
+        if skip(hf) or (m is not None and int(m.group(1)) >= cfg.num_hidden_layers) \
+                or name.endswith(("rotary_emb.inv_freq", ".weight_shape")):
+            continue
+        try:
+            model[from_hf_name(name)] = shape
+        except InputError:
+            continue                     # reported with its name by the reading loop
+    check_model_size(cfg, len(model))
+    expected = expected_shapes(cfg)
+    for name, shape in model.items():
+        want = expected.get(name)
+        if want is not None and shape != want:
+            raise InputError(f"{name} has shape {list(shape)} ({to_hf_name(name)}), config.json implies "
+                             f"{list(want)}")
+        base = name.rsplit(".", 1)[0] if name.endswith((".packed", ".scale")) else None
+        want = expected.get(base) if base else None
+        if want is not None and (len(shape) != 2 or shape[0] != want[0]
+                                 or (name.endswith(".packed") and shape[1] * 8 != want[1])):
+            raise InputError(f"{name} has shape {list(shape)} ({to_hf_name(name)}), config.json implies rows "
+                             f"{want[0]}" + (f" and {want[1] // 8} packed columns" if name.endswith(".packed")
+                                             else ""))
 
 
 def _parse_quant_config(q: Any) -> set[int]:
@@ -179,7 +309,7 @@ def _read_safetensors(d: Path, skip: Any = lambda name: False) -> tuple[dict[str
     """(hf name -> array for every tensor of the checkpoint (bf16 -> bundle bfloat16 or float32) but
     those ``skip(name)`` picks, the names of those, left unread)."""
     from safetensors import SafetensorError, safe_open
-    if (d / _INDEX).is_file():
+    if (d / _INDEX).exists():
         index = _read_json(d / _INDEX)
         wm = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
@@ -346,7 +476,7 @@ def _write_checkpoint(dest: Path, config: dict[str, Any], shards: list[list[tupl
         weight_map, total = {}, 0
         for i, shard in enumerate(shards):
             fname = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            save_file({hf: _to_torch(a) for hf, a in shard}, str(tmp / fname), metadata={"format": "pt"})
+            _save_shard(save_file, {hf: _to_torch(a) for hf, a in shard}, tmp / fname, dest / fname)
             _fsync(tmp / fname)
             files.append(fname)
             for hf, a in shard:
@@ -362,10 +492,25 @@ def _write_checkpoint(dest: Path, config: dict[str, Any], shards: list[list[tupl
             dest.rmdir()
         os.replace(tmp, dest)
         _fsync(dest.parent)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise with_path(e, dest) from None
         raise
     return files
+
+
+def _save_shard(save_file: Any, tensors: dict[str, Any], path: Path, shown: Path) -> None:
+    """safetensors' save_file with its Rust I/O errors (a full disk) as an OSError naming ``shown``."""
+    from safetensors import SafetensorError
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as e:
+        m = re.search(r"os error (\d+)", str(e))
+        if m is None:
+            raise
+        code = int(m.group(1))
+        raise OSError(code, os.strerror(code), str(shown)) from None
 
 
 def _write_text(p: Path, text: str) -> None:

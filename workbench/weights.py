@@ -112,8 +112,51 @@ def is_linear_name(name: str) -> bool:
 
 
 # ---- shapes and checks -----------------------------------------------------------------------
+MAX_MODEL_TENSORS = 1 << 20    # K2 has ~71k; a config implying more is refused before listing them
+MISSING_SLACK = 1024           # more missing tensors than this: refused by count, without listing them
+
+
+def implied_tensor_count(cfg: ModelConfig) -> int:
+    """How many FP tensors ``expected_shapes(cfg)`` lists, computed without listing them."""
+    attn = 5 + (1 if cfg.q_lora_rank is None else 3)          # norms, kv_a, kv_norm, kv_b, o (+ q)
+    dense = cfg.first_k_dense_replace
+    moe = cfg.num_hidden_layers - dense
+    per_moe = 2 + 3 * cfg.n_routed_experts + (3 if cfg.n_shared_experts else 0)
+    return 3 + cfg.num_hidden_layers * (attn + 1) + dense * 3 + moe * per_moe
+
+
+def implied_param_count(cfg: ModelConfig) -> int:
+    """Parameters of the model ``cfg`` describes (Python int: never wraps), without listing tensors."""
+    d, h, c, r = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    hq = h * cfg.qk_head_dim
+    q = hq * d if cfg.q_lora_rank is None else cfg.q_lora_rank * (d + 1 + hq)
+    attn = 2 * d + q + (c + r) * d + c + h * (cfg.qk_nope_head_dim + cfg.v_head_dim) * c \
+        + d * h * cfg.v_head_dim
+    dense = cfg.first_k_dense_replace
+    moe = cfg.num_hidden_layers - dense
+    mi, e = cfg.moe_intermediate_size, cfg.n_routed_experts
+    per_moe = e * d + e + 3 * d * mi * (e + cfg.n_shared_experts)
+    return 2 * cfg.vocab_size * d + d + cfg.num_hidden_layers * attn + dense * 3 * d * cfg.intermediate_size \
+        + moe * per_moe
+
+
+def check_model_size(cfg: ModelConfig, tensors_held: int | None = None) -> None:
+    """InputError when ``cfg`` implies more tensors than MAX_MODEL_TENSORS, or far more than the
+    ``tensors_held`` a file actually holds (each expected tensor is one entry, or two when INT4):
+    checked before anything is listed or allocated from the config's sizes. A few missing tensors
+    are left to the caller, which names the first one."""
+    n = implied_tensor_count(cfg)
+    what = (f"{cfg.num_hidden_layers} layers x {cfg.n_routed_experts} experts declare {n} weight tensors")
+    if n > MAX_MODEL_TENSORS:
+        raise InputError(f"model config: {what} (cap {MAX_MODEL_TENSORS})")
+    if tensors_held is not None and n > tensors_held + MISSING_SLACK:
+        raise InputError(f"model config: {what}, the weights hold {tensors_held}")
+
+
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every FP tensor of the model with its shape, in canonical (checkpoint) order."""
+    """Every FP tensor of the model with its shape, in canonical (checkpoint) order (InputError for a
+    config implying more than MAX_MODEL_TENSORS)."""
+    check_model_size(cfg)
     d, h, c, r = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     out: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab_size, d)}
     for i in range(cfg.num_hidden_layers):
@@ -161,8 +204,9 @@ def _is_float(a: Any) -> bool:
     return is_bf16(a) or (isinstance(a, np.ndarray) and a.dtype.kind == "f")
 
 
-def check_int4(name: str, shape: tuple[int, ...], packed: Any, scale: Any) -> int:
-    """Validate INT4 linear ``name`` of logical [N, K] shape; returns the group size G = K / scale columns."""
+def check_int4(name: str, shape: tuple[int, ...], packed: Any, scale: Any, values: bool = True) -> int:
+    """Validate INT4 linear ``name`` of logical [N, K] shape; returns the group size G = K / scale columns.
+    ``values`` False checks dtypes and shapes only (no data read)."""
     n, k = shape
     if k % 8:
         raise InputError(f"{name}: INT4 needs K divisible by 8, got K={k}")
@@ -174,14 +218,29 @@ def check_int4(name: str, shape: tuple[int, ...], packed: Any, scale: Any) -> in
     ss = tensor_shape(scale)
     if not _is_float(scale) or len(ss) != 2 or ss[0] != n or ss[1] < 1 or k % ss[1]:
         raise InputError(f"{name}.scale must be float [{n}, K/G] (K={k} a multiple of its columns), got {ss}")
+    if not values:
+        return k // ss[1]
     s = scale.float32() if is_bf16(scale) else np.asarray(scale)
     if not (np.isfinite(s).all() and (s > 0).all()):
         raise InputError(f"{name}.scale must be finite and > 0")
     return k // ss[1]
 
 
-def check_weights(cfg: ModelConfig, weights: dict[str, Any]) -> None:
-    """One-line InputError on a missing, extra, wrong-dtype or wrong-shape tensor (``drafter.*`` skipped)."""
+def is_model_name(name: str) -> bool:
+    """True for a name of the model's weights (plain, or ``X.packed`` / ``X.scale`` of a linear)."""
+    base = name[: -len(".packed")] if name.endswith(".packed") else (
+        name[: -len(".scale")] if name.endswith(".scale") else name)
+    return _base_to_hf(base) is not None
+
+
+def check_weights(cfg: ModelConfig, weights: dict[str, Any], values: bool = True) -> None:
+    """One-line InputError on a missing, extra, wrong-dtype or wrong-shape tensor (``drafter.*`` skipped).
+
+    The config's implied tensor count is compared with the tensors present first, so a tiny config
+    declaring 10^9 layers fails at once instead of listing them. ``values`` False: dtypes and shapes
+    only, no tensor data read (a bundle's table check).
+    """
+    check_model_size(cfg, sum(1 for k in weights if not k.startswith("drafter.")))
     allowed: set[str] = set()
     for name, shape in expected_shapes(cfg).items():
         allowed.update((name, name + ".packed", name + ".scale"))
@@ -197,7 +256,7 @@ def check_weights(cfg: ModelConfig, weights: dict[str, Any]) -> None:
         elif name + ".packed" in weights:
             if not is_linear_name(name):
                 raise InputError(f"{name} is not a linear and cannot be INT4-packed")
-            check_int4(name, shape, weights[name + ".packed"], weights.get(name + ".scale"))
+            check_int4(name, shape, weights[name + ".packed"], weights.get(name + ".scale"), values)
         else:
             raise InputError(f"missing weight tensor {name!r}")
     extra = sorted(k for k in weights if k not in allowed and not k.startswith("drafter."))

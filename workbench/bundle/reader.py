@@ -21,6 +21,8 @@ import numpy as np
 from numformats.bf16 import BF16Array
 
 from ..config import ConfigError, ModelConfig
+from ..errors import InputError
+from ..weights import check_weights, is_model_name
 from .format import BF16_CODE, DTYPES, FIXED, FOOTER, MARGINS, PROMPT, SECTIONS, BundleFormatError, align_up
 from .format import GOLDEN as GOLDEN_NAME
 from .header import Entry, Fixed, check_footer, check_layout, parse_config, parse_fixed, parse_table
@@ -109,8 +111,18 @@ def _view(data: np.ndarray | None, e: Entry) -> np.ndarray | BF16Array:
     return BF16Array(arr) if e.code == BF16_CODE else arr
 
 
+def check_model(config: ModelConfig, tensors: dict[str, np.ndarray | BF16Array]) -> None:
+    """The table's tensors against the shapes ``config`` implies (dtypes and shapes only, no data read):
+    every model tensor present once (FP or INT4), none extra but ``drafter.*``. A config declaring
+    more tensors than the table holds fails before any list of names is built."""
+    try:
+        check_weights(config, tensors, values=False)
+    except InputError as e:
+        raise _E("model_mismatch", f"tensors disagree with the model config: {e}") from None
+
+
 def _build(fixed: Fixed, entries: list[Entry], cfg: dict[str, Any], data: np.ndarray | None,
-           verify: bool, path: str | None) -> Bundle:
+           verify: bool, path: str | None, model: bool | None = None) -> Bundle:
     config = model_config_from_dict(cfg["model"])
     for e in entries:
         end = e.offset + e.nbytes
@@ -133,14 +145,20 @@ def _build(fixed: Fixed, entries: list[Entry], cfg: dict[str, Any], data: np.nda
     if verify:                          # corrupted data reads as corruption, not as a payload rule
         _verify_crcs(tuple(entries), data, path)
     int4 = check_payload(config.vocab_size, tensors, prompt, golden, margins)
+    if model or (model is None and any(is_model_name(k) for k in tensors)):
+        check_model(config, tensors)
     return Bundle(config, tensors, prompt, golden, margins, cfg["meta"], cfg["provenance"], tuple(entries),
                   tuple(int4), fixed.version, fixed.file_bytes, path, data)
 
 
-def read_bundle(path: str | os.PathLike[str], verify_checksums: bool = True) -> Bundle:
+def read_bundle(path: str | os.PathLike[str], verify_checksums: bool = True,
+                model: bool | None = None) -> Bundle:
     """Open, validate and memory-map a bundle. Any problem raises BundleFormatError (reason io_error
     for an unreadable path, not_a_file for a directory, FIFO or device). With verify_checksums=False
     the per-tensor CRCs are skipped (call Bundle.verify() later); the header CRC is always checked.
+    ``model``: check the tensors against the config's shapes (reason model_mismatch); None (default)
+    checks whenever the bundle holds any model weight name, True always (commands that run the model),
+    False never (bundles used as plain tensor containers).
     """
     where = os.fspath(path)
     try:
@@ -153,7 +171,7 @@ def read_bundle(path: str | os.PathLike[str], verify_checksums: bool = True) -> 
             raise _E("not_a_file", "not a regular file")
         fixed, entries, cfg = _parse(lambda off, n: _pread(fd, n, off), st.st_size)
         data = _map(fd, fixed) if fixed.data_nbytes else None
-        return _build(fixed, entries, cfg, data, verify_checksums, where)
+        return _build(fixed, entries, cfg, data, verify_checksums, where, model)
     except BundleFormatError as e:
         raise (e if e.path else e.with_path(where)) from None
     finally:
@@ -180,7 +198,8 @@ def _map(fd: int, fixed: Fixed) -> np.ndarray:
         raise _E("io_error", f"cannot map the data section: {e}") from None
 
 
-def read_bundle_bytes(data: bytes | bytearray | memoryview, verify_checksums: bool = True) -> Bundle:
+def read_bundle_bytes(data: bytes | bytearray | memoryview, verify_checksums: bool = True,
+                      model: bool | None = None) -> Bundle:
     """Validate and load a bundle held in memory (same rules as read_bundle; arrays are read-only
     views of ``data``, which must stay unchanged). Used by the tests and fuzzers."""
     buf = memoryview(data).cast("B")
@@ -190,4 +209,4 @@ def read_bundle_bytes(data: bytes | bytearray | memoryview, verify_checksums: bo
     if fixed.data_nbytes:
         arr = np.frombuffer(buf, dtype=np.uint8, count=fixed.data_nbytes, offset=fixed.header_bytes)
         arr.flags.writeable = False
-    return _build(fixed, entries, cfg, arr, verify_checksums, None)
+    return _build(fixed, entries, cfg, arr, verify_checksums, None, model)

@@ -26,6 +26,7 @@ from numformats.bf16 import BF16Array
 
 from .. import __version__
 from ..config import ModelConfig
+from ..fileio import check_destination, with_path
 from .format import (
     BF16_CODE,
     CODE_BY_NAME,
@@ -181,13 +182,19 @@ def _write_chunks(f: Any, chunks: Iterable[bytes | memoryview]) -> None:
 
 
 def _atomic_write(path: str, chunks: Iterable[bytes | memoryview]) -> None:
+    """Temp file -> fsync -> rename; a destination that exists but is not a regular file (a FIFO,
+    /dev/null) is refused, and every OSError (a full disk's ENOSPC from write() too) names ``path``."""
     folder = os.path.dirname(os.path.abspath(path))
+    check_destination(path)
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
         mode = None
     tmp = os.path.join(folder, f".{os.path.basename(path)[:200]}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as e:
+        raise with_path(e, path) from None
     try:
         with open(fd, "wb") as f:
             if mode is not None:
@@ -196,9 +203,11 @@ def _atomic_write(path: str, chunks: Iterable[bytes | memoryview]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise with_path(e, path) from None
         raise
     dfd = os.open(folder, os.O_RDONLY)
     try:

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.max_shard_mb > 0:
         raise UserError(f"--max-shard-mb must be positive, got {args.max_shard_mb}")
-    b = read_bundle(args.bundle)
+    b = read_bundle(args.bundle, model=True)
     tensors = dict(b.tensors)                            # bf16 stays bf16 (weights() would widen it)
     dropped = sorted(k for k in tensors if k.startswith("drafter."))
     files = save_hf_checkpoint(args.out_dir, b.config, {k: v for k, v in tensors.items() if k not in dropped},

@@ -62,6 +62,15 @@ def parse_prompt(text: str) -> list[int]:
         raise UserError(f"--prompt must be comma-separated integers like 1,2,3, got {text!r}") from None
 
 
+def check_text(option: str, text: str) -> None:
+    """UserError when ``text`` is not valid Unicode (invalid UTF-8 bytes in argv arrive as lone
+    surrogates, which no tokenizer accepts)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(f"{option} is not valid UTF-8 (bad byte at character {e.start})") from None
+
+
 def use_simulator_without_gpu() -> None:
     """Select numba's CUDA simulator when no GPU is present; must run before numba.cuda is imported."""
     if "NUMBA_ENABLE_CUDASIM" in os.environ:
@@ -95,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from ..ddtree.config import SamplingParams
     from ..generate import generate
 
-    b = read_bundle(args.bundle)
+    b = read_bundle(args.bundle, model=True)
     tok, prompt = text_prompt(args, b.meta, prompt)
     weights = b.weights()
     toks = prompt if prompt is not None else [int(t) for t in b.prompt]
@@ -119,6 +128,7 @@ def text_prompt(args, meta: Any, prompt: list[int] | None):
         return None, prompt
     if prompt is not None:
         raise UserError("give either --prompt or --text, not both")
+    check_text("--text", args.text)
     from ..train.tokenizer import tokenizer_from_meta
     tok = tokenizer_from_meta(meta)
     if tok is None:

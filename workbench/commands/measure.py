@@ -18,7 +18,7 @@ import json
 import platform
 from pathlib import Path
 
-from ..cli import UserError
+from ..cli import UserError, check_out_dir
 
 BUDGETS = "1,2,4,8,16,32,64,128,256"
 
@@ -46,14 +46,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=1, help="processes sharing the prompts (default 1)")
 
 
-def _ints(text: str, what: str) -> list[int]:
+def _numbers(text: str, what: str, kind: type, lo: float, hi: float) -> list:
+    """Comma-separated ints or finite floats within [lo, hi] (the CLI's parse_number on each item)."""
+    from ..cli import parse_number
     try:
-        vals = [int(t) for t in text.split(",")]
-    except ValueError:
-        raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise UserError(f"{what} must be integers >= 1, got {text!r}")
+        vals = [parse_number(t, kind, lo, hi) for t in text.split(",")]
+    except ValueError as e:
+        raise UserError(f"{what} must be comma-separated {kind.__name__}s in [{lo:g}, {hi:g}]: {e}") from None
     return vals
+
+
+def _ints(text: str, what: str) -> list[int]:
+    from ..cli import MAX_BUDGET
+    return _numbers(text, what, int, 1, MAX_BUDGET)
+
+
+def _check_context(pair, prompts, extra: int, what: str) -> None:
+    """UserError when the longest prompt plus ``extra`` positions passes the model's context."""
+    longest = max((len(ids) for _, ids in prompts), default=0)
+    limit = pair.cfg.max_position_embeddings
+    if longest + extra > limit:
+        raise UserError(f"{pair.name}: the longest prompt ({longest} tokens) + {what} ({extra}) = "
+                        f"{longest + extra} positions exceed max_position_embeddings {limit}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,33 +76,38 @@ def run(args: argparse.Namespace) -> int:
     from ..train.export import git_commit
     from ..train.measure import drift, humaneval_prompts, load_pair, summarize, sweep
     budgets = _ints(args.budgets, "--budgets")
-    try:
-        temps = [float(t) for t in args.temperatures.split(",")]
-    except ValueError:
-        raise UserError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") \
-            from None
-    if any(not t >= 0 for t in temps) or args.seed < 0:
-        raise UserError("--temperatures must be >= 0 and --seed >= 0")
+    temps = _numbers(args.temperatures, "--temperatures", float, 0.0, 1e6)
+    if args.seed < 0:
+        raise UserError("--seed must be >= 0")
     for name in ("prompts", "tokens", "drift_prompts", "drift_tokens", "workers"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1")
     if (args.bundle is None) == (args.checkpoint is None):
         raise UserError("give a BUNDLE or --checkpoint DIR (one of them)")
     out = Path(args.out)
+    check_out_dir(out)
     if args.checkpoint is not None:
         return _checkpoint_union(args, budgets, out)
-    out.mkdir(parents=True, exist_ok=True)
     pair = load_pair(args.bundle, Path(args.bundle).stem)
     if pair.tok is None:
         raise UserError(f"{args.bundle} carries no tokenizer: HumanEval prompts need one")
+    pairs = {path: load_pair(path, Path(path).stem) for path in args.int4}
     cpu = " ".join(filter(None, (platform.machine(), platform.processor())))
     labels = {"model": pair.name, "prompts": f"HumanEval first {args.prompts}", "new_tokens": args.tokens,
               "machine": f"{cpu}, numpy reference", "commit": git_commit()}
     prompts = humaneval_prompts(pair.tok, args.prompts, args.wheels)
+    for p in (pair, *pairs.values()):       # like generate: every position stays inside the context
+        _check_context(p, prompts, args.tokens, "--tokens")
+        if max(budgets) >= p.cfg.max_position_embeddings:
+            raise UserError(f"{p.name}: --budgets {max(budgets)} does not fit the context "
+                            f"(max_position_embeddings {p.cfg.max_position_embeddings})")
+        if args.int4:
+            _check_context(p, prompts[:args.drift_prompts], args.drift_tokens, "--drift-tokens")
+    out.mkdir(parents=True, exist_ok=True)
     result = {"labels": labels, "models": {}}
     cells = []
     for path in [args.bundle, *args.int4]:
-        p = pair if path == args.bundle else load_pair(path, Path(path).stem)
+        p = pair if path == args.bundle else pairs[path]
         rows = [r for t in temps for r in sweep(path, p.name, prompts, args.tokens, budgets,
                                                 not args.no_chain, t, args.seed, args.workers)]
         s = summarize(rows, p.cfg.n_routed_experts, p.cfg.num_experts_per_tok)
@@ -104,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         d = {"labels": {**labels, "prompts": f"HumanEval first {args.drift_prompts}",
                         "new_tokens": args.drift_tokens}, "runs": []}
         for path in args.int4:
-            q = load_pair(path, Path(path).stem)
+            q = pairs[path]
             for task, ids in prompts[:args.drift_prompts]:
                 r = drift(pair.cfg, pair.weights, q.weights, ids, args.drift_tokens)
                 d["runs"].append({"model": q.name, "prompt": task, **r})

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from ..reference.generate import greedy_generate
 
     check_out_file(args.out)
-    b = read_bundle(args.bundle)
+    b = read_bundle(args.bundle, model=True)
     if b.int4 or "quant" in b.meta:
         raise UserError(f"{args.bundle} is already quantized ({len(b.int4)} INT4 linears); "
                         "quantize an FP bundle")

@@ -7,7 +7,6 @@ wall-clock limit was hit, or the kernel died), 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -54,7 +53,10 @@ def _select(folder: Path, only: list[str]) -> list[Path]:
             raise InputError(f"no notebooks (*.py) in {folder}")
         return paths
     chosen: list[Path] = []
-    for want in (w.strip() for arg in only for w in arg.split(",") if w.strip()):
+    wants = [w.strip() for arg in only for w in arg.split(",") if w.strip()]
+    if not wants:
+        raise InputError(f"--only names no notebook (got {only!r}); give names such as 01,02")
+    for want in wants:
         hits = [p for p in paths if p.stem == want] or [p for p in paths if p.stem.startswith(want)]
         if len(hits) != 1:
             names = ", ".join(p.stem for p in paths)
@@ -65,6 +67,7 @@ def _select(folder: Path, only: list[str]) -> list[Path]:
 
 
 def _param_overrides(items: list[str], paths: list[Path]) -> dict[str, dict]:
+    from workbench import json_limits
     from workbench.errors import InputError
     from workbench.report.params import default_parameters, read_notebook
 
@@ -72,11 +75,17 @@ def _param_overrides(items: list[str], paths: list[Path]) -> dict[str, dict]:
     for item in items:
         name, sep, raw = item.partition("=")
         if not sep or not name.strip():
-            raise InputError(f"--param wants NAME=JSON, got {item!r}")
+            raise InputError(f"--param wants NAME=JSON, got {item[:80]!r}")
         try:
-            given[name.strip()] = json.loads(raw)
-        except ValueError:
-            raise InputError(f"--param {name}: value is not JSON: {raw!r} "
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(f"--param {name[:40]!r}: not valid UTF-8") from None
+        try:
+            given[name.strip()] = json_limits.loads(raw, f"--param {name.strip()[:40]}")
+        except InputError as e:
+            if "not readable JSON" not in str(e):
+                raise                 # too deep, a huge integer: json_limits' own line
+            raise InputError(f"--param {name}: value is not JSON: {raw[:80]!r} "
                              "(quote strings: '\"cpu\"')") from None
     declared = {p.stem: default_parameters(read_notebook(p), p.stem) for p in paths}
     for name in given:
@@ -86,11 +95,13 @@ def _param_overrides(items: list[str], paths: list[Path]) -> dict[str, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from workbench.cli import check_out_dir
     from workbench.report import provenance
     from workbench.report.profiles import get_profile
     from workbench.report.runner import pick_kernel, run_report
 
     profile = get_profile(args.profile)
+    check_out_dir(args.out)
     paths = _select(args.notebooks, args.only)
     cli = _param_overrides(args.param, paths)
     overrides = {p.stem: {**profile.overrides.get(p.stem, {}), **cli.get(p.stem, {})} for p in paths}

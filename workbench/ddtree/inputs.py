@@ -24,3 +24,15 @@ def check_run(cfg: ModelConfig, prompt: Any, n_tokens: Any, sampling: Any) -> tu
                          f"{cfg.max_position_embeddings}")
     return toks, int(n_tokens)
 
+
+MAX_BUDGET = 1024       # tree nodes per round; a verify step's memory grows with budget x context
+
+
+def check_budget(budget: Any, cfg: ModelConfig | None = None) -> int:
+    """budget as an int in [1, MAX_BUDGET] and (given ``cfg``) below max_position_embeddings."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or not 1 <= budget <= MAX_BUDGET:
+        raise InputError(f"budget must be an int in [1, {MAX_BUDGET}], got {budget!r}")
+    if cfg is not None and budget >= cfg.max_position_embeddings:
+        raise InputError(f"budget {budget} does not fit the model's context (max_position_embeddings "
+                         f"{cfg.max_position_embeddings})")
+    return int(budget)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InputError
 from .config import SamplingParams
 
 
@@ -16,10 +17,17 @@ def make_rng(sampling: SamplingParams) -> np.random.Generator:
 
 
 def softmax_t(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """softmax(logits / T) over the last axis in float64: [N, V] -> [N, V] (T > 0)."""
-    z = np.asarray(logits, dtype=np.float64) / temperature                # [N, V]
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
+    """softmax(logits / T) over the last axis in float64: [N, V] -> [N, V] (T > 0).
+
+    The max is subtracted before dividing, so (x - max) / T <= 0 never overflows: a subnormal T gives
+    the one-hot of the argmax (exactly the T -> 0 limit), never NaN. Non-finite logits raise InputError.
+    """
+    x = np.asarray(logits, dtype=np.float64)                              # [N, V]
+    if not np.isfinite(x).all():
+        raise InputError("logits hold NaN or inf: cannot sample")
+    with np.errstate(over="ignore", under="ignore"):                     # -inf / 0 are the intended limits
+        z = (x - x.max(axis=-1, keepdims=True)) / temperature             # [N, V], <= 0
+        e = np.exp(z)                                                     # the max entry is exactly 1
     return e / e.sum(axis=-1, keepdims=True)
 
 

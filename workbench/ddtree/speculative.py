@@ -24,7 +24,7 @@ from ..reference.model import LatentCache, forward
 from .budget import TreeBudget, tree_budget
 from .config import GREEDY, SamplingParams
 from .drafter import Drafter, make_drafter
-from .inputs import check_run
+from .inputs import check_budget, check_run
 from .sampling import make_rng, sample_tokens
 from .tree import Tree, build_tree, compile_tree
 from .walk import walk
@@ -133,6 +133,7 @@ def ddtree_generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_to
     """
     toks, n_tokens = check_run(cfg, prompt, n_tokens, sampling)
     budget = tree_budget(budget)
+    check_budget(budget.max_nodes, cfg)
     draft = make_drafter(drafter, cfg, weights, toks, n_tokens, dtype, drafter_config=drafter_config,
                          oracle_p=oracle_p, oracle_seed=oracle_seed, continuation=continuation)
     rng = make_rng(sampling)

@@ -18,8 +18,10 @@ from ..fileio import write_json_atomic, write_text_atomic
 
 
 def _atomic_local_writes() -> None:
-    """papermill rewrites the output notebook at every cell start; a wall-limit kill during a plain
-    write leaves it empty, so each save goes to a temporary file and is renamed over the old one."""
+    """papermill rewrites the output notebook at every cell start; a kill during a plain write
+    (open with O_TRUNC, then write) leaves it empty or cut, so each save goes to a temporary file
+    renamed over the old one. papermill resolves the *last* registered "local" handler, so the stock
+    one is replaced rather than shadowed; RuntimeError if papermill would still pick another."""
     from papermill.iorw import LocalHandler, papermill_io
     from papermill.utils import chdir
 
@@ -28,7 +30,11 @@ def _atomic_local_writes() -> None:
             with chdir(self._cwd):
                 write_text_atomic(path, buf)
 
-    papermill_io.register("local", AtomicLocalHandler())
+    handler = AtomicLocalHandler()
+    papermill_io._handlers = [(s, h) for s, h in papermill_io._handlers if s != "local"]
+    papermill_io.register("local", handler)
+    if papermill_io.get_handler("x.ipynb") is not handler:
+        raise RuntimeError("papermill does not use the atomic notebook writer")
 
 
 def execute(spec: dict[str, Any]) -> dict[str, Any]:

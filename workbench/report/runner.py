@@ -7,8 +7,11 @@ notebooks write), ``manifest.json`` and ``index.html``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -86,53 +89,96 @@ def _cells_started(ipynb: Path) -> str:
 def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: str,
                  cell_timeout: float, wall_timeout: float, cwd: Path,
                  progress: TextIO | None = None, label: str = "") -> NotebookRun:
-    """Execute ``path`` into ``out/<stem>.ipynb`` and ``.html``; never raises for notebook failures."""
+    """Execute ``path`` into ``out/<stem>.ipynb`` and ``.html``; never raises for notebook failures.
+
+    The run writes a hidden ``.<stem>.<hex>.run.ipynb`` and log; only a finished run (ok or failed)
+    replaces the previous notebook, HTML and log. A signal, a full disk or any other exception kills
+    the child and its kernel, removes the run's files (and the /tmp spec folder) and leaves the
+    previous results as they were.
+    """
     name = path.stem
     ipynb, html, log = out / f"{name}.ipynb", out / f"{name}.html", out / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    for stale in (ipynb, html):
-        stale.unlink(missing_ok=True)
+    tag = secrets.token_hex(6)
+    running, run_log = out / f".{name}.{tag}.run.ipynb", log.with_name(f".{log.name}.{tag}.tmp")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="wb-report-") as tmp:
-        spec = {"notebook": str(path), "output": str(ipynb), "parameters": parameters, "kernel": kernel,
-                "cell_timeout": cell_timeout, "cwd": str(cwd), "result": str(Path(tmp, "result.json"))}
-        Path(tmp, "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-        log.write_text("", encoding="utf-8")
-        with open(log, "a", encoding="utf-8") as logf:     # append mode: the kernel's progress lines join it
-            cmd = [sys.executable, "-m", "workbench.report.execute", str(Path(tmp, "spec.json"))]
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=cwd,
-                                    env=_child_env(cwd, log))
-            result = None
-            while result is None:
+    proc = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="wb-report-") as tmp:
+            spec = {"notebook": str(path), "output": str(running), "parameters": parameters, "kernel": kernel,
+                    "cell_timeout": cell_timeout, "cwd": str(cwd), "result": str(Path(tmp, "result.json"))}
+            Path(tmp, "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND   # the kernel's progress lines join it
+            with os.fdopen(os.open(run_log, flags, 0o644), "a", encoding="utf-8") as logf:
+                cmd = [sys.executable, "-m", "workbench.report.execute", str(Path(tmp, "spec.json"))]
+                proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=cwd,
+                                        env=_child_env(cwd, run_log))
+                def tick() -> None:
+                    if progress is not None and progress.isatty():
+                        _status(progress, f"{label} {name}: {_cells_started(running)}  "
+                                          f"{time.monotonic() - t0:5.0f} s  {bars.last_line(run_log)}")
                 try:
-                    proc.wait(timeout=1.0)
-                    result = _read_result(Path(spec["result"]), proc.returncode)
-                except subprocess.TimeoutExpired:
-                    if time.monotonic() - t0 > wall_timeout:
+                    result = _wait(proc, Path(spec["result"]), t0, wall_timeout, tick)
+                finally:                   # a signal or an error: the child and kernel end before /tmp does
+                    if proc.poll() is None:
                         _kill_tree(proc)
-                        for partial in out.glob(f".{ipynb.name}.*.tmp"):  # a save the kill cut short
-                            partial.unlink(missing_ok=True)
-                        result = {"status": "wall_timeout"}
-                    elif progress is not None and progress.isatty():
-                        _status(progress, f"{label} {name}: {_cells_started(ipynb)}  "
-                                          f"{time.monotonic() - t0:5.0f} s  {bars.last_line(log)}")
-    duration = time.monotonic() - t0
-    status, reason = result["status"], outcome.describe(result, ipynb, cell_timeout, wall_timeout)
-    has_nb = ipynb.is_file()
-    if has_nb:
-        try:
-            strip_stderr(ipynb, log)
-        except Exception:  # a notebook cut off mid-write: rendering below says why there is no HTML
-            pass
-        try:
-            render_html(ipynb, html, status=status, reason=reason)
-        except Exception as e:  # a notebook cut off mid-write by a kill: keep the status, say why no HTML
-            status = status if status != "ok" else "runner_error"
-            reason = f"{reason}; no HTML: {type(e).__name__}: {e}".lstrip("; ")
+                if result["status"] == "wall_timeout":
+                    _remove_partial_saves(out, running)
+        duration = time.monotonic() - t0
+        status, reason = result["status"], outcome.describe(result, running, cell_timeout, wall_timeout)
+        has_nb = running.is_file()
+        if has_nb:
+            try:
+                strip_stderr(running, run_log)
+            except OSError:
+                raise
+            except Exception:  # a notebook cut off mid-write: rendering below says why there is no HTML
+                pass
+        os.replace(run_log, log)
+        if has_nb:
+            try:
+                render_html(running, html, status=status, reason=reason)
+            except OSError:
+                raise
+            except Exception as e:  # a notebook cut off mid-write by a kill: keep the status, say why no HTML
+                status = status if status != "ok" else "runner_error"
+                reason = f"{reason}; no HTML: {type(e).__name__}: {e}".lstrip("; ")
+                html.unlink(missing_ok=True)
+            os.replace(running, ipynb)
+        else:                              # this finished run made no notebook: drop the previous run's
+            ipynb.unlink(missing_ok=True)
+            html.unlink(missing_ok=True)
+    except BaseException:
+        if proc is not None and proc.poll() is None:
+            _kill_tree(proc)
+        for p in (running, run_log):
+            p.unlink(missing_ok=True)
+        _remove_partial_saves(out, running)
+        raise
     return NotebookRun(name=name, status=status, reason=reason, duration_s=round(duration, 2),
                        parameters=parameters, ipynb=ipynb.name if has_nb else None,
                        html=html.name if html.is_file() else None, log=f"logs/{log.name}", started=started)
+
+
+def _wait(proc: subprocess.Popen, result_path: Path, t0: float, wall_timeout: float,
+          tick: Any) -> dict[str, Any]:
+    """The child's result, or {"status": "wall_timeout"} after killing it past the wall limit."""
+    while True:
+        try:
+            proc.wait(timeout=1.0)
+            return _read_result(result_path, proc.returncode)
+        except subprocess.TimeoutExpired:
+            if time.monotonic() - t0 > wall_timeout:
+                _kill_tree(proc)
+                return {"status": "wall_timeout"}
+            tick()
+
+
+def _remove_partial_saves(out: Path, running: Path) -> None:
+    """Temp files of a notebook save that a kill cut short (the atomic writer's ``.<name>.<x>.tmp``)."""
+    for partial in out.glob(f".{running.name}.*.tmp"):
+        partial.unlink(missing_ok=True)
 
 
 def _status(console: TextIO, text: str, end: str = "") -> None:
@@ -170,8 +216,39 @@ def resolve_parameters(path: Path, overrides: dict[str, Any], standard: dict[str
 def run_report(paths: list[Path], out: Path, *, profile: str, overrides: dict[str, dict[str, Any]],
                kernel: str, cell_timeout: float, wall_timeout: float, cwd: Path,
                provenance: dict[str, Any], progress: TextIO | None = None) -> list[NotebookRun]:
-    """Run every notebook in order, then write ``manifest.json`` and ``index.html`` under ``out``."""
+    """Run every notebook in order, then write ``manifest.json`` and ``index.html`` under ``out``.
+
+    One run at a time per folder: a second ``report`` into the same ``out`` is refused (InputError)
+    while the first holds ``out/.report.lock``.
+    """
     out.mkdir(parents=True, exist_ok=True)
+    with _folder_lock(out):
+        return _run_all(paths, out, profile=profile, overrides=overrides, kernel=kernel,
+                        cell_timeout=cell_timeout, wall_timeout=wall_timeout, cwd=cwd,
+                        provenance=provenance, progress=progress)
+
+
+LOCK = ".report.lock"
+
+
+@contextlib.contextmanager
+def _folder_lock(out: Path):
+    """An exclusive flock on ``out/.report.lock`` for the run (released by the kernel if we die)."""
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"another report is running into {out} (it holds {out / LOCK}); "
+                             "wait for it or pick another --out") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _run_all(paths: list[Path], out: Path, *, profile: str, overrides: dict[str, dict[str, Any]],
+             kernel: str, cell_timeout: float, wall_timeout: float, cwd: Path,
+             provenance: dict[str, Any], progress: TextIO | None = None) -> list[NotebookRun]:
     out_abs, root = out.resolve(), cwd.resolve()
     # relative to the kernel's working directory when inside it, so committed reports name no machine path
     out_param = str(out_abs.relative_to(root)) if out_abs.is_relative_to(root) else str(out_abs)

@@ -11,9 +11,9 @@ log is appended line by line.
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from ..fileio import with_path, write_bytes_atomic
 
 CALIBRATE = 30          # steps timed before the plan is fixed (the first 5 are skipped: warm-up of kernels)
 
@@ -46,9 +48,11 @@ def adamw(params: list[tuple[str, nn.Parameter]], lr: float, weight_decay: float
 
 
 def save_checkpoint(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """torch.save through a per-process temp name (two runs into one folder never share one), renamed
+    onto ``path``; a failed or interrupted save leaves the previous checkpoint and no temp file."""
+    buf = io.BytesIO()                  # in memory first: torch.save reports a full disk as a RuntimeError
+    torch.save(obj, buf)
+    write_bytes_atomic(path, buf.getvalue())
 
 
 class JsonLog:
@@ -59,8 +63,11 @@ class JsonLog:
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, **record: Any) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+        except OSError as e:
+            raise with_path(e, self.path) from None
 
 
 @dataclass

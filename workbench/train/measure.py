@@ -53,7 +53,7 @@ class Pair:
 
 
 def load_pair(path: str, name: str | None = None) -> Pair:
-    b = read_bundle(path)
+    b = read_bundle(path, model=True)
     if not isinstance(b.meta.get("drafter"), dict):
         raise InputError(f"{path} has no drafter config (meta.drafter)")
     weights = {k: (v if k.endswith(".packed") else as_array(v, np.float32)) for k, v in b.weights().items()}

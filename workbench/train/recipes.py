@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import InputError
-from ..fileio import write_json_atomic
+from ..fileio import atomic_path, write_json_atomic
 from .bodies import body_starts
 from .corpus import load_manifest, read_corpus
 from .drafter import TorchDrafter, anchor_labels, block_loss
 from .humaneval import load_problems
-from .loop import LoopConfig, adamw, run_loop
+from .loop import LoopConfig, adamw, run_loop, save_checkpoint
 from .model import TorchTarget, greedy, update_router_bias
 from .presets import Size
 from .tokenizer import TextTokenizer, encode_documents, load_tokenizer
@@ -60,9 +60,8 @@ def corpus_tokens(out: Path, tok: TextTokenizer, max_files: int | None, wheels: 
         texts = [text for _, text in read_corpus(manifest, wheels, split)]
         streams[split] = encode_documents(tok, texts[:max_files] if max_files else texts)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".corpus_tokens.tmp.npz"
-    np.savez(tmp, key=json.dumps(key), **streams)
-    tmp.replace(cache)
+    with atomic_path(cache) as tmp, open(tmp, "wb") as f:   # a file object: savez would append .npz
+        np.savez(f, key=json.dumps(key), **streams)
     return {**streams, **key}
 
 
@@ -287,9 +286,7 @@ def train_drafter(out: Path, size: Size, device: torch.device, progress: bool = 
             data[part] = continuations(target, stream, n, r.prompt_lens, length, batch, seed, device, bodies,
                                        r.body_fraction)
         data["seconds"] = time.time() - t0
-        tmp = ddir / ".data.pt.tmp"
-        torch.save(data, tmp)
-        tmp.replace(data_path)
+        save_checkpoint(data_path, data)
     toks, plens, _ = data["train"]
     toks = toks.to(device)
     torch.manual_seed(r.seed)
