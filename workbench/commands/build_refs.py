@@ -8,8 +8,9 @@ from ..cli import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="refs", help="output folder (default: refs)")
-    p.add_argument("--only", nargs="+", metavar="NAME", help="build only these bundles (e.g. tiny int4_tiny)")
+    p.add_argument("--out", default="refs", help="output folder")
+    p.add_argument("--only", nargs="+", metavar="NAME",
+                   help="build only these bundles, e.g. tiny int4_tiny (default: all four)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,24 +16,28 @@ import os
 import sys
 from typing import Any
 
-from ..cli import UserError
+from ..cli import UserError, existing_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", metavar="BUNDLE", help="path to a .kdtr bundle")
+    p.add_argument("bundle", metavar="BUNDLE", type=existing_file, help="path to a .kdtr bundle")
     p.add_argument("--prompt", default=None, help="comma-separated token ids (default: the bundle's prompt)")
     p.add_argument("--tokens", type=int, default=None,
                    help="tokens to generate (default: the bundle's golden length, or 24)")
-    p.add_argument("--backend", choices=("reference", "numba"), default="reference")
-    p.add_argument("--mode", choices=("ar", "ddtree"), default="ar")
-    p.add_argument("--budget", type=int, default=16, help="DDTree node budget B >= 1 (default 16)")
-    p.add_argument("--drafter", choices=("dflash", "oracle"), default="dflash")
+    p.add_argument("--backend", choices=("reference", "numba"), default="reference",
+                   help="numpy reference, or the numba engine (in the CUDA simulator without a GPU)")
+    p.add_argument("--mode", choices=("ar", "ddtree"), default="ar",
+                   help="ar: one token per step; ddtree: speculative, a draft tree verified per round")
+    p.add_argument("--budget", type=int, default=16, help="DDTree node budget B >= 1")
+    p.add_argument("--drafter", choices=("dflash", "oracle"), default="dflash",
+                   help="DDTree's drafter: the bundle's DFlash drafter, or an oracle that knows AR's tokens")
     p.add_argument("--oracle-p", type=float, default=1.0, help="oracle drafter hit probability in [0, 1]")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler and the oracle drafter")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--text", default=None,
-                   help="text prompt, encoded with the bundle's tokenizer; prints the decoded continuation")
+                   help="text prompt, encoded with the bundle's tokenizer; prints the decoded continuation "
+                        "(default: none, token ids)")
 
 
 def parse_prompt(text: str) -> list[int]:

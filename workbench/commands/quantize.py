@@ -15,17 +15,18 @@ import argparse
 
 import numpy as np
 
-from ..cli import UserError, check_out_file
+from ..cli import UserError, check_out_file, existing_file
 from ..quant.int4 import GROUP_SIZES
 from ..quant.policy import POLICIES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", metavar="BUNDLE", help="FP32 (or bf16) input bundle")
+    p.add_argument("bundle", metavar="BUNDLE", type=existing_file, help="FP32 (or bf16) input bundle")
     p.add_argument("out", metavar="OUT", help="output bundle path (written atomically)")
-    p.add_argument("--group", type=int, default=32, choices=GROUP_SIZES, help="group size (default 32)")
+    p.add_argument("--group", type=int, default=32, choices=GROUP_SIZES,
+                   help="INT4 group size: input channels sharing one scale")
     p.add_argument("--policy", default="mlp", choices=POLICIES,
-                   help="mlp: every MLP/expert projection (default); experts: routed experts only")
+                   help="mlp: every MLP/expert projection; experts: routed experts only")
 
 
 def run(args: argparse.Namespace) -> int:
