@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
               f"out {args.out}", file=progress)
     runs = run_report(paths, args.out, profile=args.profile, overrides=overrides, kernel=kernel,
                       cell_timeout=cell, wall_timeout=wall, cwd=ROOT,
-                      provenance=provenance.collect(ROOT), progress=progress)
+                      provenance=provenance.collect(ROOT, args.out), progress=progress)
     failed = [r for r in runs if r.status != "ok"]
     if progress:
         print(f"report: {len(runs) - len(failed)}/{len(runs)} ok; index: {args.out / 'index.html'}",
