@@ -16,6 +16,9 @@ from pathlib import Path
 from IPython.display import Markdown, display
 
 from workbench.report import benchdata, plots, provenance, tables
+from workbench.report.paths import enter_repo
+
+enter_repo()  # relative paths below name the repository's files, wherever the kernel started
 
 # %% tags=["parameters"]
 bench_dir = "reports/bench"

@@ -29,8 +29,11 @@ from workbench.bench.pair import summarize as pair_summary
 from workbench.config import preset
 from workbench.generate import generate
 from workbench.report import k2proj, pairdata, plots, provenance, tables
+from workbench.report.paths import enter_repo
 from workbench.train.export import golden_prompt
 from workbench.train.measure import analytic_union, load_pair
+
+enter_repo()  # relative paths below name the repository's files, wherever the kernel started
 
 # %% tags=["parameters"]
 bundle = "models/code.kdtr"
