@@ -245,6 +245,7 @@ else:
         f"tokens, commit {meta.get('git_sha', '?')[:7]} ({path})."))
     fig, ax = plots.plt.subplots(figsize=(6.5, 3.8))
     draw_pair(ax, summary)
+    plots.plain_ticks(ax.xaxis)
     plots.finish(fig, "06_engine_pair", out_dir, plots.caption_text(
         "Best DDTree budget per bundle: " + "; ".join(
             f"{m} {c['speedup']:.2f}x AR at B = {c['budget']}" for m, c in pair_best(summary).items()) + ".",

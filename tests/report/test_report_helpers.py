@@ -170,3 +170,9 @@ def test_the_index_links_no_file_a_clone_lacks(tmp_path):
     page = render_index({"profile": "smoke", "kernel": "python3", "cell_timeout_s": 1, "wall_timeout_s": 2,
                          "provenance": {}, "notebooks": [vars(committed)], "pending": []})
     assert 'href="a.html"' in page and ".ipynb" not in page
+
+
+def test_quant_text_reads_as_words():
+    meta = {"quant": {"group_size": 32, "n_quantized": 84, "policy": "mlp"}}
+    assert bundles.quant_text(meta) == "INT4 policy mlp, group size 32, 84 matrices"
+    assert bundles.quant_text({}) == "not quantized"

@@ -47,7 +47,8 @@ def summarize(b: Bundle) -> dict[str, Any]:
         by_dtype[e.dtype_name] += e.nbytes
         count_by_dtype[e.dtype_name] += 1
     largest = sorted(rows, key=lambda e: (-e.nbytes, e.name))[:_LARGEST]
-    table = [{"name": e.name, "dtype": e.dtype_name, "shape": list(e.shape), "nbytes": e.nbytes} for e in rows]
+    table = [{"name": e.name, "dtype": e.dtype_name, "shape": list(e.shape), "nbytes": e.nbytes}
+             for e in rows]
     margins = [float(m) for m in b.margins]
     out: dict[str, Any] = {
         "path": b.path, "format_version": f"{b.version[0]}.{b.version[1]}", "file_bytes": b.file_bytes,

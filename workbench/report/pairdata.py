@@ -141,13 +141,14 @@ def near_tie(cfg: Any, weights: dict[str, Any], drafter_config: Any, ids: Any, n
 def near_tie_text(d: dict[str, Any], run: dict[str, Any]) -> str:
     """One Markdown line explaining ``departures``' entry ``d`` with its ``near_tie`` measurement."""
     budgets = ", ".join(map(str, d["budgets"]))
-    where = (f"here DDTree at B = {run['budget']} parts from AR at step {run['parted_at']}, where AR's top-1 "
+    where = (f"DDTree at B = {run['budget']} parts from AR at step {run['parted_at']}, where AR's top-1 "
              f"minus top-2 logit margin is **{run['margin_there']:.2g}**" if run["parted_at"] is not None else
-             f"here DDTree at B = {run['budget']} gives AR's tokens; AR's smallest top-1 minus top-2 logit "
+             f"DDTree at B = {run['budget']} gives AR's tokens; AR's smallest top-1 minus top-2 logit "
              f"margin is **{run['min_margin']:.2g}** (step {run['min_step']})")
-    return (f"`{d['model']}` {d['prompt']} (B = {budgets}) is not equal to AR: {where}, against a median "
-            f"margin of {run['median_margin']:.2g}. A near-tie: the tree's verify sums in another order, "
-            "and float32 rounding there decides which of the two tokens wins.")
+    return (f"`{d['model']}` {d['prompt']} is not equal to AR at B = {budgets}. Measured here on the numpy "
+            f"reference: {where}, against a median margin of {run['median_margin']:.2g}. A near-tie: the "
+            "tree's verify sums in another order, and float32 rounding there decides which of the two "
+            "tokens wins.")
 
 
 def departure_notes(rows: list[dict[str, Any]], n_tokens: int, models_dir: str | Path,

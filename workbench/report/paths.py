@@ -9,8 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def enter_repo() -> Path:
-    """Make the repository root the working directory and return it: a notebook's relative paths
-    (``refs/``, ``models/``, ``reports/``) then name the repository's files wherever its kernel started."""
+def enter_repo() -> None:
+    """Make the repository root the working directory: a notebook's relative paths (``refs/``,
+    ``models/``, ``reports/``) then name the repository's files wherever its kernel started."""
     os.chdir(ROOT)
-    return ROOT
