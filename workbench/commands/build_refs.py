@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..cli import UserError
+from . import progress
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,6 +22,12 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.only or ()) - set(known))
     if unknown:
         raise UserError(f"unknown bundle(s) {', '.join(unknown)} (choose from {', '.join(known)})")
-    for path in build_refs(args.out, tuple(args.only) if args.only else None):
-        print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    names = [n for n in known if not args.only or n in args.only]
+    bar = progress.bar(len(names), "build-refs", unit="bundle")
+    for name in names:                                  # one at a time, for the progress bar
+        bar.set_postfix_str(name)
+        for path in build_refs(args.out, (name,)):
+            bar.write(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)", file=sys.stdout)
+        bar.update(1)
+    bar.close()
     return 0

@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 
 from ..cli import UserError, existing_file
+from . import progress
 
 BUDGETS = "1,2,4,8,16,32,64,128,256"
 
@@ -51,13 +53,18 @@ def _ints(text: str, what: str) -> list[int]:
     return vals
 
 
+def _tau(v: float | None) -> str:
+    """Every tau of the summary lines to 3 decimals."""
+    return "none" if v is None else f"{v:.3f}"
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..fileio import write_json_atomic
     from ..report.tables import write_csv
     from ..train.export import git_commit
-    from ..train.measure import drift, humaneval_prompts, load_pair, summarize, sweep
+    from ..train.measure import acceptance_sweep, drift, humaneval_prompts, load_pair, summarize, sweep
     budgets = _ints(args.budgets, "--budgets")
     try:
         temps = [float(t) for t in args.temperatures.split(",")]
@@ -80,28 +87,42 @@ def run(args: argparse.Namespace) -> int:
     prompts = humaneval_prompts(pair.tok, args.prompts, args.wheels)
     result = {"labels": labels, "models": {}}
     cells = []
+    runs = len(prompts) * (len(budgets) + (not args.no_chain))        # speculative runs per model and T
+    bar = progress.bar(runs * len(temps) * (1 + len(args.int4)), "measure", unit="run")
     for path in [args.bundle, *args.int4]:
         p = pair if path == args.bundle else load_pair(path, Path(path).stem)
-        rows = [r for t in temps for r in sweep(path, p.name, prompts, args.tokens, budgets,
-                                                not args.no_chain, t, args.seed, args.workers)]
+        rows = []
+        for t in temps:
+            bar.set_postfix_str(f"{p.name} T={t:g}")
+            if args.workers <= 1:                                    # run by run on the bar
+                rows += acceptance_sweep(p, prompts, args.tokens, budgets, not args.no_chain, t, args.seed,
+                                         progress=bar)
+            else:
+                rows += sweep(path, p.name, prompts, args.tokens, budgets, not args.no_chain, t, args.seed,
+                              args.workers)
+                bar.update(runs)
         s = summarize(rows, p.cfg.n_routed_experts, p.cfg.num_experts_per_tok)
         result["models"][p.name] = {"rows": rows, "summary": s}
         cells += [{"model": p.name, **{k: v for k, v in c.items() if k != "accepted_hist"},
                    "accepted_hist": json.dumps(c["accepted_hist"])} for c in s["cells"]]
         for temp, b in s["best"].items():
-            print(f"{p.name} {temp}: best tau {b['best_tau']:.3f} at B={b['best_budget']}, chain tau "
-                  f"{b['chain_tau']}; greedy equal to AR: {s['all_equal_ar']}")
+            bar.write(f"{p.name} {temp}: best tau {_tau(b['best_tau'])} at B={b['best_budget']}, chain tau "
+                      f"{_tau(b['chain_tau'])}; greedy equal to AR: {s['all_equal_ar']}", file=sys.stdout)
+    bar.close()
     write_json_atomic(out / "acceptance.json", result)
     write_csv(cells, out / "acceptance.csv")
     if args.int4:
         d = {"labels": {**labels, "prompts": f"HumanEval first {args.drift_prompts}",
                         "new_tokens": args.drift_tokens}, "runs": []}
+        bar = progress.bar(len(args.int4) * len(prompts[:args.drift_prompts]), "drift", unit="prompt")
         for path in args.int4:
             q = load_pair(path, Path(path).stem)
             for task, ids in prompts[:args.drift_prompts]:
                 r = drift(pair.cfg, pair.weights, q.weights, ids, args.drift_tokens)
                 d["runs"].append({"model": q.name, "prompt": task, **r})
-                print(f"{q.name} {task}: first divergence {r['first_divergence']}, "
-                      f"KL mean {r['kl_mean']:.3g}")
+                bar.write(f"{q.name} {task}: first divergence {r['first_divergence']}, "
+                          f"KL mean {r['kl_mean']:.3g}", file=sys.stdout)
+                bar.update(1)
+        bar.close()
         write_json_atomic(out / "drift.json", d)
     return 0

@@ -18,6 +18,7 @@ import numpy as np
 from ..cli import UserError, check_out_file, existing_file
 from ..quant.int4 import GROUP_SIZES
 from ..quant.policy import POLICIES
+from . import progress
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,9 +41,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.bundle} is already quantized ({len(b.int4)} INT4 linears); "
                         "quantize an FP bundle")
     cfg = b.config
+    progress.status(f"quantize: {args.bundle}, policy {args.policy}, group size {args.group} ...")
     weights, info = quantize_weights(cfg, b.weights(), policy=args.policy, group_size=args.group)
     n = int(b.golden.size)
     if n:
+        progress.status(f"quantize: {info['n_quantized']} INT4 linears; INT4 golden, {n} greedy tokens ...")
         res = greedy_generate(cfg, weights, b.prompt, n, dtype=np.float32)
         golden, margins = res.tokens.astype(np.int32), res.margins.astype(np.float32)
     else:
