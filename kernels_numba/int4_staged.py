@@ -131,6 +131,10 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
         for i in range(NACC):
             acc[i] = ZERO
             prt[i] = ZERO
+        if SIMULATED:                                         # the simulator's shared memory is np.empty:
+            for i in range(tid, SMW, NTHR):                   # x rows past M (never copied) feed NaN to mma
+                sm[i] = 0
+            cuda.syncthreads()
 
         def fetch_w(c):                                       # chunk c of this warp's tile and its scales
             b = c % PW

@@ -12,7 +12,10 @@
 from IPython.display import Markdown, display
 
 from workbench.report import bundles, plots, provenance, tables
+from workbench.report.paths import enter_repo
 from workbench.report.progress import progress
+
+enter_repo()  # relative paths below name the repository's files, wherever the kernel started
 
 # %% tags=["parameters"]
 bundle_names = ["tiny", "tiny2", "int4_tiny", "int4_tiny2"]
@@ -91,7 +94,7 @@ for q, f in int4_pairs.items():
         continue
     rows, first = bundles.golden_side_by_side(refs[f], refs[q])
     where = "identical over all steps" if first is None else f"first divergence at step {first}"
-    display(Markdown(f"**{f} vs {q}** ({refs[q].meta.get('quant', {})}): {where}."))
+    display(Markdown(f"**{f} vs {q}** ({bundles.quant_text(refs[q].meta)}): {where}."))
     side = tables.frame(rows)
     fig, ax = plots.plt.subplots(figsize=(7, 3.2))
     plots.lines(ax, {f"{f} (FP32)": (side["step"], side["fp32_margin"]),

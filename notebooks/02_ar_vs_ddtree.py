@@ -19,7 +19,10 @@ from IPython.display import Markdown, display
 from workbench.ddtree import DrafterConfig
 from workbench.generate import generate
 from workbench.report import bundles, plots, provenance, spec, tables
+from workbench.report.paths import enter_repo
 from workbench.report.progress import progress
+
+enter_repo()  # relative paths below name the repository's files, wherever the kernel started
 
 # %% tags=["parameters"]
 bundle_names = ["tiny", "tiny2", "int4_tiny", "int4_tiny2"]

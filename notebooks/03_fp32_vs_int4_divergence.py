@@ -20,7 +20,10 @@ from IPython.display import Markdown, display
 from workbench.quant.policy import quantize_weights
 from workbench.reference.generate import greedy_generate
 from workbench.report import analysis, bundles, plots, provenance, tables
+from workbench.report.paths import enter_repo
 from workbench.report.progress import progress
+
+enter_repo()  # relative paths below name the repository's files, wherever the kernel started
 
 # %% tags=["parameters"]
 models = [{"bundle": "tiny"}, {"bundle": "tiny2"},

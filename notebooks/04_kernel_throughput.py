@@ -16,6 +16,9 @@ from pathlib import Path
 from IPython.display import Markdown, display
 
 from workbench.report import benchdata, plots, provenance, tables
+from workbench.report.paths import enter_repo
+
+enter_repo()  # relative paths below name the repository's files, wherever the kernel started
 
 # %% tags=["parameters"]
 bench_dir = "reports/bench"
@@ -96,7 +99,7 @@ for path, meta in results:
              f"commit {meta.get('git_sha', 'unknown')}")
     display(Markdown(f"### `{path.name}`: measured on {where}"))
     groups = benchdata.families(rows, case)
-    fig, axes = plots.plt.subplots(len(groups), 1, figsize=(8, 3.6 * len(groups)), squeeze=False)
+    fig, axes = plots.plt.subplots(len(groups), 1, figsize=(11, 3.6 * len(groups)), squeeze=False)
     for ax, (fam, fam_rows) in zip(axes[:, 0], groups.items(), strict=True):
         tokens = benchdata.column(fam_rows, "T", "tokens")
         if tokens and any(isinstance(r.get(tokens), int) for r in fam_rows):   # a MoE layer: time per call
@@ -107,6 +110,7 @@ for path, meta in results:
                     benchdata.series(fam_rows, tokens, floor, impl).values()), ([], []))
             plots.lines(ax, lines, f"{tokens} (tokens per call)", "median time per call (µs)", fam, logx=True,
                         logy=True)
+            plots.legend_outside(ax)
             continue
         x = benchdata.column(fam_rows, "M", "m")
         body = [r for r in fam_rows if not benchdata.is_ceiling(r, case)] if case else fam_rows
@@ -119,7 +123,7 @@ for path, meta in results:
         if run_copy:
             ax.axhline(run_copy, color="gray", ls="-.", lw=0.8, label=f"copy, big buffer {run_copy:.0f} GB/s")
         ax.axhline(peak_gbps, color="gray", ls=":", lw=0.8, label=f"datasheet peak {peak_gbps:.0f} GB/s")
-        ax.legend(fontsize=7)
+        plots.legend_outside(ax)
     plots.finish(fig, "04_kernels", out_dir, plots.caption_text(
         f"{path.name}, commit {meta.get('git_sha', 'unknown')}.",
         hardware=str(meta.get("gpu", "unknown GPU")), date=str(meta.get("time_utc", "unknown date"))))

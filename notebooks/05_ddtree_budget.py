@@ -24,7 +24,10 @@ from IPython.display import Markdown, display
 from workbench.config import preset
 from workbench.ddtree import DrafterConfig, ddtree_generate
 from workbench.report import benchdata, bundles, enginedata, k2proj, plots, provenance, spec, tables
+from workbench.report.paths import enter_repo
 from workbench.report.progress import progress
+
+enter_repo()  # relative paths below name the repository's files, wherever the kernel started
 
 # %% tags=["parameters"]
 bundle_name = "tiny"

@@ -34,8 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("generate", "greedy (or sampled) decoding of a bundle"),
     "import-hf": ("import_hf", "convert a HF DeepseekV3 / Kimi-K2 checkpoint directory to a bundle"),
     "export-hf": ("export_hf", "write a bundle as a HF checkpoint directory transformers loads"),
-    "quantize": ("quantize", "quantize a bundle's MLP weights to INT4 W4A16"),
-    "bench": ("bench", "GPU benchmarks (kernels, engine)"),
+    "quantize": ("quantize", "quantize a bundle's MLP or routed-expert weights to INT4 W4A16 (--policy)"),
+    "bench": ("bench", "GPU benchmarks: kernels, engine, k2, ep, pair (bench NAME --help)"),
     "report": ("report", "run the notebooks with papermill into HTML reports"),
     "train": ("train", "train the small code model and its DFlash drafter, export their bundles"),
     "measure": ("measure", "acceptance (tau vs budget, DFlash chain, expert union) and INT4 drift of a pair"),
@@ -135,7 +135,30 @@ def numeric(kind: type, lo: float | None = None, hi: float | None = None,
     return parse
 
 
+def existing_file(path: str) -> str:
+    """argparse ``type`` of an input file: "no such file: PATH" (exit 2) before any work starts."""
+    if not os.path.lexists(path):
+        raise UserError(f"no such file: {path}")
+    return path
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already names one (options whose
+    default is None say in words what happens without them; on/off flags need none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or not action.option_strings or action.nargs == 0
+                or action.default in (None, argparse.SUPPRESS)):
+            return text
+        return text + " (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kw) -> None:
+        kw.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kw)
+
     def error(self, message: str) -> None:  # argparse's default prints usage; keep it one line
         raise UserError(f"{self.prog}: {message}")
 
@@ -148,6 +171,30 @@ class _Parser(argparse.ArgumentParser):
         return super().add_argument(*names, **kw)
 
 
+def version_text() -> str:
+    """'kdtree-workbench 0.1.0 (git abc1234)': the package version and, in a git checkout, its commit."""
+    import subprocess
+
+    from . import __version__
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"kdtree-workbench {__version__}" + (f" (git {sha})" if sha else "")
+
+
+class _Version(argparse.Action):
+    """--version: computed when asked (it runs git), not each time the parser is built."""
+
+    def __init__(self, option_strings, dest, **kw) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     from .bundle import BundleFormatError
     from .config import ConfigError
@@ -158,6 +205,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported (commands pull in heavy libraries)."""
     parser = _Parser(prog="python -m workbench", description="kdtree-workbench command line")
+    parser.add_argument("--version", action=_Version, help="print the package version and git commit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():

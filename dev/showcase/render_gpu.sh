@@ -5,11 +5,22 @@
 # .whl/ (fetch_wheels.sh), installed offline into $SITE. Notebooks 04 and 05 show the committed
 # benchmark results of reports/bench/ (RERUN=1 re-runs both benchmarks into it first: about 6 more
 # minutes). The last showcase is replaced whole (reports/bench/ stays). With $OUT set (the device
-# tool), the rendered showcase also goes to $OUT/showcase.tgz.
+# tool), the rendered showcase also goes to $OUT/showcase.tgz. A tree sent without its .git names its
+# commit in WORKBENCH_COMMIT (e.g. WORKBENCH_COMMIT=$(git rev-parse HEAD), run where the checkout is),
+# so that the index and every page say which commit they show; with git, a tree that differs from
+# HEAD outside reports/ is refused: the showcase must show a commit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 SITE=${SITE:-/tmp/site}
+if git rev-parse HEAD >/dev/null 2>&1; then
+  [ -z "$(git status --porcelain -- . ':(exclude)reports')" ] || {
+    echo "render_gpu: uncommitted changes outside reports/ (commit them first):" >&2
+    git status --short -- . ':(exclude)reports' >&2; exit 2; }
+elif [ -z "${WORKBENCH_COMMIT:-}" ]; then
+  echo "render_gpu: no git here: set WORKBENCH_COMMIT to the commit of the tree sent" >&2; exit 2
+fi
+export WORKBENCH_COMMIT=${WORKBENCH_COMMIT:-}
 ls .whl/*.whl >/dev/null || { echo "render_gpu: no wheels in .whl/ (run dev/showcase/fetch_wheels.sh)" >&2; exit 2; }
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"

@@ -3,6 +3,7 @@ validator contract (exit 0 valid, exit 2 with one ``error:`` line for a bad bund
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workbench import cli
-from workbench.bundle import write_bundle
+from workbench.bundle import read_bundle, write_bundle
 from workbench.reference.generate import divergence
 
 from .kdtr_corpus import small_inputs
@@ -28,7 +29,9 @@ def test_text_summary(tmp_path, capsys):
     p = _bundle(tmp_path, fp32_golden=[5, 6, 9, 8])
     assert cli.main(["inspect", str(p)]) == 0
     out = capsys.readouterr().out
-    assert "valid" in out and "vocab_size=512" in out and "8 tensors" in out
+    assert "valid" in out and re.search(r"^  vocab_size +512$", out, re.M) and "8 tensors" in out
+    names = [e.name for e in read_bundle(p).entries if e.name in read_bundle(p).tensors]
+    assert all(re.search(rf"^  {re.escape(n)} +\w+ +\S+ ", out, re.M) for n in names)  # every tensor
     assert "1 quantized matrices, group size 32" in out
     assert "prompt      3 tokens: [1, 2, 3]" in out
     min_line = next(line for line in out.splitlines() if "<-- min margin" in line)
@@ -44,6 +47,7 @@ def test_json_summary(tmp_path, capsys):
     assert s["min_margin"] == {"step": 1, "value": 0.25} and s["fp32_golden_divergence"] is None
     assert s["int4"] == {"matrices": 1, "group_sizes": [32]} and s["tensors"]["count"] == 8
     assert s["tensors"]["largest"][0]["name"] == "a" and s["config"]["vocab_size"] == 512
+    assert len(s["tensors"]["table"]) == s["tensors"]["count"] == 8
     assert s["tensors"]["total_bytes"] == sum(s["tensors"]["bytes_by_dtype"].values())
     assert s["provenance"]["format_version"] == "1.0"
 
@@ -69,7 +73,8 @@ def test_bad_bundles_exit_2_with_one_line(tmp_path, capsys, damage):
     assert cli.main(["inspect", str(p)]) == 2
     cap = capsys.readouterr()
     assert cap.out == "" and cap.err.startswith("error: ") and cap.err.count("\n") == 1, cap.err
-    assert "invalid KDTR bundle [" in cap.err
+    want = f"no such file: {p}" if damage == "missing" else "invalid KDTR bundle ["
+    assert want in cap.err
 
 
 def test_real_entry_point(tmp_path):

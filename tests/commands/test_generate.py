@@ -4,6 +4,7 @@ vocab, bad prompt syntax, dflash without drafter weights); --budget auto with a 
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,8 +78,10 @@ def test_numba_backend_samples_like_the_reference(capsys, mode):
     argv = [TINY, "--prompt", "5,6,7", "--tokens", "3", "--temperature", "1.0", "--seed", "4", *mode]
     rc, out, err = _run(capsys, *argv, "--backend", "numba")
     assert rc == 0, err
+    assert "numba engine in numba's CUDA simulator" in err                 # says where the kernels ran
     rc, ref, err = _run(capsys, *argv, "--backend", "reference")
     assert rc == 0, err
+    assert "numpy reference" in err
     assert out.split() == ref.split() and len(ref.split()) == 3
 
 
@@ -109,3 +112,33 @@ def test_dflash_without_drafter_weights_is_exit_2(capsys, tmp_path):
                  meta=dict(b.meta))
     rc, out, err = _run(capsys, str(path), "--mode", "ddtree", "--drafter", "dflash")
     assert rc == 2 and "drafter" in err and err.count("\n") == 1
+
+
+def test_ddtree_summary_line(capsys):
+    rc, out, err = _run(capsys, TINY, "--mode", "ddtree", "--drafter", "oracle", "--budget", "4",
+                        "--tokens", "12")
+    assert rc == 0
+    line = next(ln for ln in err.splitlines() if ln.startswith("ddtree on the numpy reference"))
+    assert re.search(r"12 tokens in [\d.]+ s, [\d.]+ tokens/s; \d+ rounds, tau \d+\.\d\d tokens per", line)
+
+
+def test_check_ar_passes_and_fails_with_one_line(capsys, monkeypatch):
+    argv = [TINY, "--mode", "ddtree", "--drafter", "oracle", "--budget", "4", "--tokens", "10", "--check-ar"]
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 0 and "check-ar: equal to greedy AR" in err
+    import workbench.generate
+    real = workbench.generate.generate
+
+    def off_by_one_at_3(*a, **kw):                                        # a DDTree that parts from AR
+        res = real(*a, **kw)
+        if kw.get("mode") == "ddtree":
+            res.tokens[3] = (res.tokens[3] + 1) % 512
+        return res
+
+    monkeypatch.setattr(workbench.generate, "generate", off_by_one_at_3)
+    rc, out, err = _run(capsys, *argv)
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]   # after the summary, one line
+    assert rc == 1 and len(errors) == 1 and errors[0].startswith("error: not equal to greedy AR")
+    assert "first difference at step 3" in errors[0] and "margin there" in errors[0]
+    rc, out, err = _run(capsys, TINY, "--check-ar", "--temperature", "1")
+    assert rc == 2 and "--check-ar" in err

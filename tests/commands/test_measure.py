@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -39,7 +40,10 @@ def test_measure_writes_acceptance_and_drift(toy_run, tmp_path, capsys):
         assert len(list(csv.DictReader(f))) == 2 * 2 * 3
     d = json.loads((tmp_path / "drift.json").read_text())
     assert len(d["runs"]) == 1 and len(d["runs"][0]["kl"]) == 12
-    assert "best tau" in capsys.readouterr().out
+    cap = capsys.readouterr()
+    taus = re.findall(r"tau (\S+?)[ ;]", cap.out)
+    assert len(taus) == 8 and all(re.fullmatch(r"\d+\.\d{3}", t) for t in taus), cap.out  # one rounding
+    assert "%|" not in cap.err and "measure:" not in cap.err            # no bar off a terminal
 
 
 @pytest.mark.parametrize("extra, msg", [(["--budgets", "1,x"], "comma-separated"),

@@ -67,3 +67,32 @@ def test_committed_engine_run_accepts_as_the_reference():
     off = [abs(e["tau"] - m["tau"]) for e, m in both if abs(e["tau"] - m["tau"]) > 1e-12]
     assert len(both) >= 1000
     assert len(off) <= 0.005 * len(both) and all(d < 0.1 for d in off), off
+
+
+def test_departures_from_measure_and_bench_rows():
+    measure = [{"model": "m", "prompt": "HumanEval/12", "budget": b, "temperature": 0.0, "equals_ar": b != 2}
+               for b in (1, 2, 4)]
+    measure += [{"model": "m", "prompt": "HumanEval/12", "budget": 64,
+                 "temperature": 1.0, "equals_ar": False},
+                {"model": "m", "prompt": "HumanEval/3", "budget": 4, "temperature": 0.0, "equals_ar": None}]
+    assert pairdata.departures(measure) == [{"model": "m", "prompt": "HumanEval/12", "budgets": [2]}]
+    bench = [{"model": "models/q.kdtr", "prompt": "HumanEval/12", "budget": b, "tokens_equal_ar": b == 8}
+             for b in (4, 8, 64)]
+    assert pairdata.departures(bench) == [{"model": "q", "prompt": "HumanEval/12", "budgets": [4, 64]}]
+
+
+def test_near_tie_measures_ars_margins():
+    """On the tiny golden bundle DDTree gives AR's tokens; the margins are the golden's (same reference)."""
+    import numpy as np
+
+    from workbench.bundle import read_bundle
+    from workbench.ddtree import DrafterConfig
+    b = read_bundle(ROOT / "refs" / "tiny.kdtr")
+    n = 12
+    r = pairdata.near_tie(b.config, b.weights(), DrafterConfig.from_dict(b.meta["drafter"]), b.prompt, n, 4)
+    margins = np.asarray(b.margins[:n], np.float64)
+    assert r["parted_at"] is None and r["margin_there"] is None and r["min_step"] == int(np.argmin(margins))
+    assert abs(r["min_margin"] - margins.min()) < 1e-4
+    text = pairdata.near_tie_text({"model": "m", "prompt": "HumanEval/12", "budgets": [4, 64]},
+                                  {**r, "parted_at": 3, "margin_there": 2.5e-4})
+    assert "B = 4, 64" in text and "step 3" in text and "0.00025" in text and "near-tie" in text

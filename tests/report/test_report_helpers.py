@@ -108,3 +108,71 @@ def test_index_escapes_and_lists_pending():
     assert "x &lt;script&gt;" in page and "<script>" not in page and 'data-status="pending"' in page
     assert "1 of 2 notebooks" not in page and "0 of 2 notebooks ok, 1 failed, 1 not run yet" in page
     assert "abc (uncommitted changes)" in page
+
+
+def _git_repo(path: Path) -> Path:
+    import subprocess
+    path.mkdir(parents=True, exist_ok=True)
+    for cmd in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
+        subprocess.run(["git", *cmd], cwd=path, check=True)
+    (path / ".gitignore").write_text("out/*.ipynb\nlocal/\n")
+    (path / "code.py").write_text("x = 1\n")
+    (path / "out").mkdir()
+    (path / "out" / "a.html").write_text("old")
+    subprocess.run(["git", "add", "-A"], cwd=path, check=True)
+    subprocess.run(["git", "commit", "-qm", "c"], cwd=path, check=True)
+    return path
+
+
+def test_git_state_leaves_out_the_report_folder_and_falls_back_to_the_env(tmp_path, monkeypatch):
+    repo = _git_repo(tmp_path / "repo")
+    (repo / "out" / "a.html").write_text("re-rendered")
+    assert provenance.git_state(repo, repo / "out")["dirty"] is False      # the report's own output
+    assert provenance.git_state(repo)["dirty"] is True
+    (repo / "code.py").write_text("x = 2\n")
+    assert provenance.git_state(repo, repo / "out")["dirty"] is True       # code is not
+    plain = tmp_path / "copy"                                              # a tree sent without .git
+    plain.mkdir()
+    monkeypatch.setenv(provenance.COMMIT_ENV, "0123456789abcdef")
+    assert provenance.git_state(plain) == {"sha": "0123456789abcdef", "dirty": None}
+    monkeypatch.delenv(provenance.COMMIT_ENV)
+    assert provenance.git_state(plain)["sha"] is None
+
+
+def test_run_line_names_the_runs_gpu_driver_and_commit(monkeypatch):
+    import json
+    run = {"git": {"sha": "feedface" * 5, "dirty": False},
+           "gpus": [{"name": "NVIDIA H200", "driver": "570.86.15", "memory": "143771 MiB"}]}
+    monkeypatch.setenv(provenance.RUN_ENV, json.dumps(run))
+    line = provenance.run_line("full", "cpu")
+    assert "GPU **NVIDIA H200 (driver 570.86.15)" in line and "git `feedfacefeed`" in line
+    assert "uncommitted" not in line
+    run["git"]["dirty"], run["gpus"] = True, []
+    monkeypatch.setenv(provenance.RUN_ENV, json.dumps(run))
+    line = provenance.run_line("full", "cpu")
+    assert "GPU **none" in line and "(uncommitted changes)" in line
+
+
+def test_the_index_links_no_file_a_clone_lacks(tmp_path):
+    from workbench.report.runner import NotebookRun, _unlink_ignored
+    repo = _git_repo(tmp_path / "repo")
+
+    def run() -> NotebookRun:
+        return NotebookRun("a", "ok", "", 1.0, {}, ipynb="a.ipynb", html="a.html", log="logs/a.log")
+
+    committed = run()
+    _unlink_ignored(committed, repo / "out", repo.resolve())
+    assert (committed.ipynb, committed.html, committed.log) == (None, "a.html", "logs/a.log")
+    local = run()                                                         # a git-ignored folder: all kept
+    (repo / "local").mkdir()
+    _unlink_ignored(local, repo / "local", repo.resolve())
+    assert (local.ipynb, local.html) == ("a.ipynb", "a.html")
+    page = render_index({"profile": "smoke", "kernel": "python3", "cell_timeout_s": 1, "wall_timeout_s": 2,
+                         "provenance": {}, "notebooks": [vars(committed)], "pending": []})
+    assert 'href="a.html"' in page and ".ipynb" not in page
+
+
+def test_quant_text_reads_as_words():
+    meta = {"quant": {"group_size": 32, "n_quantized": 84, "policy": "mlp"}}
+    assert bundles.quant_text(meta) == "INT4 policy mlp, group size 32, 84 matrices"
+    assert bundles.quant_text({}) == "not quantized"

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..cli import UserError
+from . import progress
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="refs", help="output folder (default: refs)")
-    p.add_argument("--only", nargs="+", metavar="NAME", help="build only these bundles (e.g. tiny int4_tiny)")
+    p.add_argument("--out", default="refs", help="output folder")
+    p.add_argument("--only", nargs="+", metavar="NAME",
+                   help="build only these bundles, e.g. tiny int4_tiny (default: all four)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -19,6 +22,12 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.only or ()) - set(known))
     if unknown:
         raise UserError(f"unknown bundle(s) {', '.join(unknown)} (choose from {', '.join(known)})")
-    for path in build_refs(args.out, tuple(args.only) if args.only else None):
-        print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    names = [n for n in known if not args.only or n in args.only]
+    bar = progress.bar(len(names), "build-refs", unit="bundle")
+    for name in names:                                  # one at a time, for the progress bar
+        bar.set_postfix_str(name)
+        for path in build_refs(args.out, (name,)):
+            bar.write(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)", file=sys.stdout)
+        bar.update(1)
+    bar.close()
     return 0

@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..cli import UserError
+from ..cli import UserError, existing_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", type=Path, help="bundle file (.kdtr)")
+    p.add_argument("bundle", type=existing_file, help="bundle file (.kdtr)")
     p.add_argument("out_dir", type=Path, help="checkpoint folder to create")
     p.add_argument("--max-shard-mb", type=float, default=1024.0,
-                   help="largest safetensors shard in MB (default 1024)")
+                   help="largest safetensors shard in MB")
 
 
 def run(args: argparse.Namespace) -> int:

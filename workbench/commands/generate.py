@@ -18,29 +18,36 @@ import os
 import sys
 from typing import Any
 
-from ..cli import UserError
+from ..cli import UserError, existing_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", metavar="BUNDLE", help="path to a .kdtr bundle")
+    p.add_argument("bundle", metavar="BUNDLE", type=existing_file, help="path to a .kdtr bundle")
     p.add_argument("--prompt", default=None, help="comma-separated token ids (default: the bundle's prompt)")
     p.add_argument("--tokens", type=int, default=None,
                    help="tokens to generate (default: the bundle's golden length, or 24)")
-    p.add_argument("--backend", choices=("reference", "numba"), default="reference")
-    p.add_argument("--mode", choices=("ar", "ddtree"), default="ar")
+    p.add_argument("--backend", choices=("reference", "numba"), default="reference",
+                   help="numpy reference, or the numba engine (in the CUDA simulator without a GPU)")
+    p.add_argument("--mode", choices=("ar", "ddtree"), default="ar",
+                   help="ar: one token per step; ddtree: speculative, a draft tree verified per round")
     p.add_argument("--budget", type=budget_arg, default=16,
-                   help="DDTree node budget B >= 1 (default 16), or auto: with --cost-curve, each round "
+                   help="DDTree node budget B >= 1, or auto: with --cost-curve, each round "
                         "verifies the prefix of the tree with the most expected tokens per microsecond")
     p.add_argument("--cost-curve", default=None, metavar="FILE",
                    help="the target's measured verify cost for --budget auto: a JSON curve "
                         "{rows, verify_us, round_us}, or a bench pair result set as RESULTS.json:MODEL")
-    p.add_argument("--drafter", choices=("dflash", "oracle"), default="dflash")
+    p.add_argument("--drafter", choices=("dflash", "oracle"), default="dflash",
+                   help="DDTree's drafter: the bundle's DFlash drafter, or an oracle that knows AR's tokens")
     p.add_argument("--oracle-p", type=float, default=1.0, help="oracle drafter hit probability in [0, 1]")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler and the oracle drafter")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--check-ar", action="store_true",
+                   help="also decode greedy AR (DDTree: on the same backend; AR on numba: on the reference) "
+                        "and exit 1 with a one-line message unless the tokens are equal")
     p.add_argument("--text", default=None,
-                   help="text prompt, encoded with the bundle's tokenizer; prints the decoded continuation")
+                   help="text prompt, encoded with the bundle's tokenizer; prints the decoded continuation "
+                        "(default: none, token ids)")
 
 
 def budget_arg(text: str) -> int | str:
@@ -96,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--oracle-p must lie in [0, 1], got {args.oracle_p}")
     if args.seed < 0:
         raise UserError(f"--seed must be >= 0, got {args.seed}")
+    if args.check_ar and args.temperature > 0:
+        raise UserError("--check-ar compares greedy tokens: use it with --temperature 0")
     prompt = parse_prompt(args.prompt) if args.prompt is not None else None
     if args.backend == "numba":
         use_simulator_without_gpu()
@@ -119,7 +128,50 @@ def run(args: argparse.Namespace) -> int:
         rounds = [{"tree_size": r.tree_size, "accepted_len": r.accepted_len, "depth": r.depth}
                   for r in res.rounds]
     (_print if tok is None else _print_text(tok))(args, [int(t) for t in res.tokens], rounds)
+    print(summary(args, res, n), file=sys.stderr)
+    if args.check_ar:
+        return check_ar(args, b.config, weights, toks, n, res.tokens)
     return 0
+
+
+def _backend_text(backend: str) -> str:
+    if backend == "reference":
+        return "numpy reference (CPU)"
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return "numba engine in numba's CUDA simulator (CPU: for checking, not for speed)"
+    return "numba engine on the GPU"
+
+
+def summary(args: argparse.Namespace, res: Any, n: int) -> str:
+    """One line for stderr: backend, tokens/s, and for DDTree rounds and tau (mean accepted length)."""
+    line = (f"{args.mode} on the {_backend_text(args.backend)}: {n} tokens in {res.seconds:.2f} s, "
+            f"{n / max(res.seconds, 1e-9):.1f} tokens/s")
+    if args.mode == "ddtree":
+        line += (f"; {len(res.rounds)} rounds, tau {res.mean_accepted:.2f} tokens per round "
+                 f"(B = {args.budget}, drafter {args.drafter})")
+    return line
+
+
+def check_ar(args: argparse.Namespace, cfg: Any, weights: Any, prompt: list[int], n: int, tokens: Any) -> int:
+    """Greedy AR on the same prompt: 0 and a note when ``tokens`` equal it, else 1 and a one-line error
+    naming the first step that differs and AR's top-1 minus top-2 logit margin there (reference)."""
+    import numpy as np
+
+    from ..generate import generate
+    from ..reference.generate import greedy_generate
+    backend = args.backend if args.mode == "ddtree" else "reference"
+    ar = generate(cfg, weights, prompt, n, backend=backend, mode="ar").tokens
+    differ = np.flatnonzero(np.asarray(tokens) != np.asarray(ar))
+    if not differ.size:
+        print(f"check-ar: equal to greedy AR on the {_backend_text(backend)} over {n} tokens",
+              file=sys.stderr)
+        return 0
+    k = int(differ[0])
+    margin = float(greedy_generate(cfg, weights, prompt, k + 1).margins[k])
+    print(f"error: not equal to greedy AR ({_backend_text(backend)}): first difference at step {k} "
+          f"(token {int(tokens[k])}, AR {int(ar[k])}; AR's top-1 minus top-2 logit margin there "
+          f"{margin:.3g})", file=sys.stderr)
+    return 1
 
 
 def text_prompt(args, meta: Any, prompt: list[int] | None):
@@ -148,8 +200,7 @@ def _print_text(tok):
         else:
             print(text)
             if rounds is not None:
-                print(f"rounds {len(rounds)}, accepted lengths {[r['accepted_len'] for r in rounds]}",
-                      file=sys.stderr)
+                print(f"accepted lengths {[r['accepted_len'] for r in rounds]}", file=sys.stderr)
     return show
 
 
@@ -163,5 +214,4 @@ def _print(args, tokens: list[int], rounds: list[dict] | None) -> None:
     else:
         print(" ".join(str(t) for t in tokens))
         if rounds is not None:
-            acc = [r["accepted_len"] for r in rounds]
-            print(f"rounds {len(rounds)}, accepted lengths {acc}", file=sys.stderr)
+            print(f"accepted lengths {[r['accepted_len'] for r in rounds]}", file=sys.stderr)

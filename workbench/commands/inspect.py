@@ -1,6 +1,7 @@
 """``python -m workbench inspect BUNDLE [--json]``: validate a bundle and summarise it.
 
-Prints the key config fields, a tensor table summary (count, bytes by dtype, largest tensors), the
+Prints the key config fields (one per line), the tensor table (count and bytes by dtype, then every
+tensor in file order with dtype, shape and size; ``largest`` in the JSON keeps the five largest), the
 INT4 matrices and their group sizes, prompt, golden tokens with their margins (the smallest
 marked), where the golden first departs from ``meta["fp32_golden"]`` if present, and provenance.
 A bad bundle raises BundleFormatError, which the CLI reports as one line with exit code 2.
@@ -15,6 +16,7 @@ from collections import Counter
 from typing import Any
 
 from ..bundle import Bundle, BundleFormatError, read_bundle
+from ..cli import existing_file
 from ..reference.generate import divergence
 
 _CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "first_k_dense_replace",
@@ -25,7 +27,7 @@ _LARGEST = 5
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", metavar="BUNDLE", help="path to a .kdtr bundle")
+    p.add_argument("bundle", metavar="BUNDLE", type=existing_file, help="path to a .kdtr bundle")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -38,6 +40,8 @@ def summarize(b: Bundle) -> dict[str, Any]:
         by_dtype[e.dtype_name] += e.nbytes
         count_by_dtype[e.dtype_name] += 1
     largest = sorted(rows, key=lambda e: (-e.nbytes, e.name))[:_LARGEST]
+    table = [{"name": e.name, "dtype": e.dtype_name, "shape": list(e.shape), "nbytes": e.nbytes}
+             for e in rows]
     margins = [float(m) for m in b.margins]
     out: dict[str, Any] = {
         "path": b.path, "format_version": f"{b.version[0]}.{b.version[1]}", "file_bytes": b.file_bytes,
@@ -46,7 +50,8 @@ def summarize(b: Bundle) -> dict[str, Any]:
                     "bytes_by_dtype": dict(sorted(by_dtype.items())),
                     "count_by_dtype": dict(sorted(count_by_dtype.items())),
                     "largest": [{"name": e.name, "dtype": e.dtype_name, "shape": list(e.shape),
-                                 "nbytes": e.nbytes} for e in largest]},
+                                 "nbytes": e.nbytes} for e in largest],
+                    "table": table},
         "int4": {"matrices": len(b.int4), "group_sizes": sorted({m.group_size for m in b.int4})},
         "prompt": b.prompt.tolist(), "golden": b.golden.tolist(), "margins": margins,
         "min_margin": None, "meta_keys": sorted(b.meta), "provenance": b.provenance,
@@ -69,12 +74,18 @@ def _mb(n: int) -> str:
 def _text(s: dict[str, Any]) -> str:
     c, t = s["config"], s["tensors"]
     lines = [f"bundle      {s['path']}  (KDTR {s['format_version']}, {s['file_bytes']} bytes): valid",
-             "config      " + " ".join(f"{k}={v}" for k, v in c.items()),
-             f"tensors     {t['count']} tensors, {_mb(t['total_bytes'])}"]
+             "config"]
+    width = max(map(len, c))
+    lines += [f"  {k:<{width}}  {v}" for k, v in c.items()]
+    lines.append(f"tensors     {t['count']} tensors, {_mb(t['total_bytes'])}")
     for d, n in t["bytes_by_dtype"].items():
         lines.append(f"  {d:<9} {t['count_by_dtype'][d]:>6} tensors  {_mb(n)}")
-    for e in t["largest"]:
-        lines.append(f"  largest   {e['name']} {e['dtype']} {e['shape']} {_mb(e['nbytes'])}")
+    if t["table"]:
+        shapes = ["x".join(map(str, e["shape"])) or "scalar" for e in t["table"]]
+        nw, sw = max(len(e["name"]) for e in t["table"]), max(map(len, shapes))
+        lines.append(f"  {'name':<{nw}}  {'dtype':<9} {'shape':>{sw}}  {'size':>10}")
+        lines += [f"  {e['name']:<{nw}}  {e['dtype']:<9} {sh:>{sw}}  {_mb(e['nbytes']):>10}"
+                  for e, sh in zip(t["table"], shapes, strict=True)]
     q = s["int4"]
     lines.append(f"int4        {q['matrices']} quantized matrices"
                  + (f", group size {', '.join(map(str, q['group_sizes']))}" if q["matrices"] else ""))

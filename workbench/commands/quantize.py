@@ -15,17 +15,19 @@ import argparse
 
 import numpy as np
 
-from ..cli import UserError, check_out_file
+from ..cli import UserError, check_out_file, existing_file
 from ..quant.int4 import GROUP_SIZES
 from ..quant.policy import POLICIES
+from . import progress
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundle", metavar="BUNDLE", help="FP32 (or bf16) input bundle")
+    p.add_argument("bundle", metavar="BUNDLE", type=existing_file, help="FP32 (or bf16) input bundle")
     p.add_argument("out", metavar="OUT", help="output bundle path (written atomically)")
-    p.add_argument("--group", type=int, default=32, choices=GROUP_SIZES, help="group size (default 32)")
+    p.add_argument("--group", type=int, default=32, choices=GROUP_SIZES,
+                   help="INT4 group size: input channels sharing one scale")
     p.add_argument("--policy", default="mlp", choices=POLICIES,
-                   help="mlp: every MLP/expert projection (default); experts: routed experts only")
+                   help="mlp: every MLP/expert projection; experts: routed experts only")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,9 +41,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.bundle} is already quantized ({len(b.int4)} INT4 linears); "
                         "quantize an FP bundle")
     cfg = b.config
+    progress.status(f"quantize: {args.bundle}, policy {args.policy}, group size {args.group} ...")
     weights, info = quantize_weights(cfg, b.weights(), policy=args.policy, group_size=args.group)
     n = int(b.golden.size)
     if n:
+        progress.status(f"quantize: {info['n_quantized']} INT4 linears; INT4 golden, {n} greedy tokens ...")
         res = greedy_generate(cfg, weights, b.prompt, n, dtype=np.float32)
         golden, margins = res.tokens.astype(np.int32), res.margins.astype(np.float32)
     else:

@@ -25,20 +25,22 @@ def seconds(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", default="full", help="parameter set: smoke or full (default full)")
+    p.add_argument("--profile", default="full", help="parameter set: smoke or full (default: full)")
     p.add_argument("--only", action="append", default=[], metavar="NAMES",
-                   help="comma-separated notebook names (stems, or a unique prefix such as 02); repeatable")
+                   help="comma-separated notebook names (stems, or a unique prefix such as 02); repeatable "
+                        "(default: every notebook)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help="output folder (default reports/local/, git-ignored; reports/ holds the committed "
+                   help="output folder (default: reports/local/, git-ignored; reports/ holds the committed "
                         "showcase)")
     p.add_argument("--notebooks", type=Path, default=ROOT / "notebooks",
-                   help="folder of py:percent notebooks (default notebooks/)")
+                   help="folder of py:percent notebooks (default: notebooks/)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=JSON",
-                   help="override a parameter in every selected notebook that declares it; repeatable")
+                   help="override a parameter in every selected notebook that declares it; repeatable "
+                        "(default: the profile's values)")
     p.add_argument("--kernel", default=None,
                    help="Jupyter kernel name (default: kdtree-workbench if installed, else python3)")
-    p.add_argument("--cell-timeout", type=seconds, help="seconds per cell (profile default)")
-    p.add_argument("--wall-timeout", type=seconds, help="seconds per notebook (profile default)")
+    p.add_argument("--cell-timeout", type=seconds, help="seconds per cell (default: the profile's)")
+    p.add_argument("--wall-timeout", type=seconds, help="seconds per notebook (default: the profile's)")
     p.add_argument("--quiet", action="store_true", help="no per-notebook progress lines")
 
 
@@ -119,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
               f"out {args.out}", file=progress)
     runs = run_report(paths, args.out, profile=args.profile, overrides=overrides, kernel=kernel,
                       cell_timeout=cell, wall_timeout=wall, cwd=ROOT,
-                      provenance=provenance.collect(ROOT), progress=progress)
+                      provenance=provenance.collect(ROOT, args.out), progress=progress)
     failed = [r for r in runs if r.status != "ok"]
     if progress:
         print(f"report: {len(runs) - len(failed)}/{len(runs)} ok; index: {args.out / 'index.html'}",

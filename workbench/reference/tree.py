@@ -37,6 +37,16 @@ class Tree:
     def depth(self) -> int:                   # deepest node's depth (0 for a root-only tree)
         return int(self.depths.max()) if self.n_nodes else 0
 
+    def prefix(self, n: int) -> Tree:
+        """The first n nodes in pop order: a tree again, since parents[i] < i (the best tree of n nodes)."""
+        if n == self.n_nodes:
+            return self
+        if not 0 <= n <= self.n_nodes:
+            raise InputError(f"a prefix of a {self.n_nodes}-node tree has 0..{self.n_nodes} nodes, got {n}")
+        maps = tuple({t: c for t, c in m.items() if c <= n} for m in self.child_maps[:n + 1])
+        return Tree(tokens=self.tokens[:n], depths=self.depths[:n], parents=self.parents[:n + 1],
+                    scores=self.scores[:n], child_maps=maps)
+
 
 def visibility_from_parents(parents: np.ndarray) -> np.ndarray:
     """Ancestor-or-self matrix [N+1, N+1] bool from parents [N+1] (parents[0] = -1, parents[i] < i).

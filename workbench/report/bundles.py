@@ -126,3 +126,12 @@ def load_model(spec: dict[str, Any], refs_dir: str | Path) -> tuple[str, Any, di
     cfg = preset(spec["preset"]).replace(**spec.get("overrides", {}))
     name = spec.get("name", spec["preset"])
     return name, cfg, random_weights(cfg, int(spec.get("seed", 0))), np.asarray(PROMPT, dtype=np.int64)
+
+
+def quant_text(meta: dict[str, Any]) -> str:
+    """meta["quant"] in words: 'INT4 policy mlp, group size 32, 84 matrices'; 'not quantized' without it."""
+    q = meta.get("quant") or {}
+    if not q:
+        return "not quantized"
+    return (f"INT4 policy {q.get('policy', '?')}, group size {q.get('group_size', '?')}, "
+            f"{q.get('n_quantized', '?')} matrices")

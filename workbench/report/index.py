@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fileio import write_text_atomic
+from .provenance import git_text
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -42,12 +43,9 @@ def _row(r: dict[str, Any]) -> str:
 
 def _provenance(m: dict[str, Any]) -> str:
     p = m["provenance"]
-    git = p.get("git", {})
-    sha = git.get("sha") or "unknown"
-    dirty = " (uncommitted changes)" if git.get("dirty") else ""
     gpus = ", ".join(f"{g['name']} (driver {g['driver']}, {g['memory']})" for g in p.get("gpus", []))
     versions = ", ".join(f"{k} {v}" for k, v in p.get("versions", {}).items() if v)
-    rows = [("run started", p.get("time_utc")), ("git", f"{sha}{dirty}"), ("host", p.get("host")),
+    rows = [("run started", p.get("time_utc")), ("git", git_text(p.get("git", {}))), ("host", p.get("host")),
             ("CPU", f"{p.get('cpu')} x{p.get('cpu_count')}"), ("GPU", gpus or "none"),
             ("device='auto' means", "gpu" if p.get("gpus") and not p.get("cuda_simulator")
              else "cpu (reference; the numba engine runs in its CUDA simulator)"),

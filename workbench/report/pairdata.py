@@ -102,3 +102,65 @@ def load_pair_bench(bench_dir: str | Path) -> tuple[list[dict[str, Any]], dict[s
         return None
     rows = [{k: cell(v) for k, v in r.items() if v != ""} for r in read_csv(rs.csv)]
     return rows, rs.read_meta(), rs.csv
+
+
+def departures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Greedy DDTree / chain runs whose tokens are not greedy AR's, one entry per (model, prompt):
+    {"model", "prompt", "budgets"}. ``rows``: ``measure``'s rows (``equals_ar``) or ``bench pair``'s
+    (``tokens_equal_ar``, ``model`` the bundle path)."""
+    out: dict[tuple[str, str], list[int]] = {}
+    for r in rows:
+        same = r.get("equals_ar", r.get("tokens_equal_ar"))
+        if same is False and float(r.get("temperature", 0.0)) == 0.0:
+            out.setdefault((Path(str(r["model"])).stem, r["prompt"]), []).append(int(r.get("budget") or 0))
+    return [{"model": m, "prompt": p, "budgets": sorted(b)} for (m, p), b in out.items()]
+
+
+def near_tie(cfg: Any, weights: dict[str, Any], drafter_config: Any, ids: Any, n_tokens: int,
+             budget: int) -> dict[str, Any]:
+    """Why a greedy DDTree run can part from greedy AR, measured on the numpy reference (float32):
+    AR's top-1 minus top-2 logit margin per step, the step where DDTree at ``budget`` parts from AR
+    here (None when it does not on this machine) and the margin there, AR's smallest margin and its
+    step, and the median margin for scale. A margin near float32 rounding of the logits means the
+    verify's other summation order may pick the runner-up: a near-tie, not a wrong token."""
+    import numpy as np
+
+    from ..generate import generate
+    from ..reference.generate import greedy_generate
+    ar = greedy_generate(cfg, weights, ids, n_tokens)
+    dd = generate(cfg, weights, ids, n_tokens, mode="ddtree", budget=budget, drafter_config=drafter_config)
+    differ = np.flatnonzero(np.asarray(dd.tokens) != np.asarray(ar.tokens))
+    step = int(differ[0]) if differ.size else None
+    low = int(np.argmin(ar.margins))
+    return {"budget": budget, "parted_at": step, "margin_there": None if step is None else
+            float(ar.margins[step]), "min_margin": float(ar.margins[low]), "min_step": low,
+            "median_margin": float(np.median(ar.margins))}
+
+
+def near_tie_text(d: dict[str, Any], run: dict[str, Any]) -> str:
+    """One Markdown line explaining ``departures``' entry ``d`` with its ``near_tie`` measurement."""
+    budgets = ", ".join(map(str, d["budgets"]))
+    where = (f"DDTree at B = {run['budget']} parts from AR at step {run['parted_at']}, where AR's top-1 "
+             f"minus top-2 logit margin is **{run['margin_there']:.2g}**" if run["parted_at"] is not None else
+             f"DDTree at B = {run['budget']} gives AR's tokens; AR's smallest top-1 minus top-2 logit "
+             f"margin is **{run['min_margin']:.2g}** (step {run['min_step']})")
+    return (f"`{d['model']}` {d['prompt']} is not equal to AR at B = {budgets}. Measured here on the numpy "
+            f"reference: {where}, against a median margin of {run['median_margin']:.2g}. A near-tie: the "
+            "tree's verify sums in another order, and float32 rounding there decides which of the two "
+            "tokens wins.")
+
+
+def departure_notes(rows: list[dict[str, Any]], n_tokens: int, models_dir: str | Path,
+                    cache: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    """A ``near_tie_text`` line per (model, prompt) of ``rows`` not equal to AR, measured on the bundle
+    ``models_dir/<model>.kdtr`` at the first budget that parted (once per key, kept in ``cache``)."""
+    from ..train.measure import humaneval_prompts, load_pair
+    notes = []
+    for d in departures(rows):
+        key = d["model"], d["prompt"]
+        if key not in cache:
+            p = load_pair(str(Path(models_dir) / f"{d['model']}.kdtr"), d["model"])
+            ids = dict(humaneval_prompts(p.tok, int(d["prompt"].split("/")[1]) + 1))[d["prompt"]]
+            cache[key] = near_tie(p.cfg, p.weights, p.dcfg, ids, n_tokens, d["budgets"][0])
+        notes.append(near_tie_text(d, cache[key]))
+    return notes

@@ -6,6 +6,7 @@ Each figure is shown inline (PNG) and saved as ``out_dir/figures/<name>.png``.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from ..fileio import save_figure_atomic
 from .provenance import cpu_line
@@ -29,11 +30,17 @@ def caption_text(what: str = "", hardware: str | None = None, date: str | None =
 
 
 def finish(fig: Any, name: str, out_dir: str | Path, caption: str) -> None:
-    """Put ``caption`` under the figure, save it as PNG under out_dir/figures, show it, close it."""
+    """Put ``caption`` under the figure, save it as PNG under out_dir/figures, show it, close it.
+
+    The caption is wrapped to the figure's width and the axes are laid out above all of its lines, so
+    it never overlaps an axis label."""
     from IPython.display import display
 
-    fig.text(0.01, 0.005, caption, fontsize=8, ha="left", va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    width_in, height_in = fig.get_size_inches()
+    wrapped = textwrap.wrap(caption, max(20, int(width_in * 72 / (8 * 0.56)))) or [""]   # 8 pt characters
+    bottom = (len(wrapped) * 8 * 1.25 / 72 + 0.1) / height_in                          # its lines, in inches
+    fig.text(0.01, 0.005, "\n".join(wrapped), fontsize=8, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, min(bottom, 0.5), 1, 1))
     save_figure_atomic(fig, Path(out_dir) / "figures" / f"{name}.png", dpi=100)
     display(fig)
     plt.close(fig)
@@ -42,9 +49,19 @@ def finish(fig: Any, name: str, out_dir: str | Path, caption: str) -> None:
 def lines(ax: Any, series: dict[str, tuple[Iterable[float], Iterable[float]]], xlabel: str, ylabel: str,
           title: str = "", logx: bool = False, logy: bool = False, marker: str = "o",
           integer_x: bool = False) -> Any:
-    """One line per label: series[label] = (x, y). Axis labels should carry units."""
+    """One line per label: series[label] = (x, y). Axis labels should carry units. A series equal to an
+    earlier one is drawn dashed with another marker and labelled "(= that one)", so no line hides another."""
+    drawn: list[tuple[str, list, list]] = []
     for label, (x, y) in series.items():
-        ax.plot(list(x), list(y), marker=marker, ms=3, label=label)
+        x, y = list(x), list(y)
+        same = next((lb for lb, sx, sy in drawn if _equal(sx, x) and _equal(sy, y)), None)
+        if same is None:
+            ax.plot(x, y, marker=marker, ms=3, label=label)
+        else:
+            k = sum(1 for _, sx, sy in drawn if _equal(sx, x) and _equal(sy, y))
+            ax.plot(x, y, marker="^v<>sD"[k % 6], ms=5, ls=("--", ":", "-.")[k % 3], lw=1.2,
+                    label=f"{label} (= {same})")
+        drawn.append((label, x, y))
     if integer_x:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
@@ -53,12 +70,31 @@ def lines(ax: Any, series: dict[str, tuple[Iterable[float], Iterable[float]]], x
         ax.set_title(title, fontsize=10)
     if logx:
         ax.set_xscale("log", base=2)
+        plain_ticks(ax.xaxis)
     if logy:
         ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
     if len(series) > 1:
         ax.legend(fontsize=8)
     return ax
+
+
+def _equal(a: list, b: list) -> bool:
+    try:
+        return len(a) == len(b) and bool(np.allclose(np.asarray(a, float), np.asarray(b, float),
+                                                     equal_nan=True))
+    except (TypeError, ValueError):
+        return False
+
+
+def plain_ticks(axis: Any) -> None:
+    """Tick labels as plain numbers (1, 2, 4, ..., 256) rather than powers (2^0 ... 2^8) on a log axis."""
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def legend_outside(ax: Any, fontsize: float = 7) -> Any:
+    """The legend to the right of the axes, where it covers no line (give the figure room for it)."""
+    return ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
 def histogram(ax: Any, counts: np.ndarray, title: str) -> Any:

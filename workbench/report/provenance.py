@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -15,6 +16,8 @@ from typing import Any
 
 from ..errors import InputError
 
+COMMIT_ENV = "WORKBENCH_COMMIT"   # the commit of a tree sent without its .git (dev/showcase/render_gpu.sh)
+RUN_ENV = "WORKBENCH_RUN"         # the runner's provenance, so every page names the index's commit and GPU
 PACKAGES = ("numpy", "torch", "numba", "numba-cuda", "transformers", "safetensors", "matplotlib",
             "papermill", "jupytext", "nbconvert", "ipykernel")
 
@@ -27,10 +30,30 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def git_state(root: Path) -> dict[str, Any]:
+def git_state(root: Path, exclude: Path | None = None) -> dict[str, Any]:
+    """{"sha", "dirty"}: HEAD and whether the tree differs from it, leaving out ``exclude`` (the report's
+    own output folder, which a run rewrites). Without git (a copy of the tree sent to another machine)
+    the sha is $WORKBENCH_COMMIT, if set, and dirty is None: not known."""
     sha = _run(["git", "rev-parse", "HEAD"], root)
-    dirty = _run(["git", "status", "--porcelain"], root)
+    if sha is None:
+        return {"sha": os.environ.get(COMMIT_ENV) or None, "dirty": None}
+    spec = ["--", "."]
+    if exclude is not None and Path(exclude).resolve().is_relative_to(Path(root).resolve()):
+        spec.append(f":(exclude){Path(exclude).resolve().relative_to(Path(root).resolve())}")
+    dirty = _run(["git", "status", "--porcelain", *spec], root)
     return {"sha": sha, "dirty": None if dirty is None else bool(dirty)}
+
+
+def ignored(root: Path, paths: list[Path]) -> set[Path]:
+    """Those of ``paths`` git ignores (so no clone has them); empty without git."""
+    if not paths:
+        return set()
+    try:
+        r = subprocess.run(["git", "check-ignore", "--", *map(str, paths)], cwd=root, capture_output=True,
+                           text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return {Path(line) for line in r.stdout.splitlines() if line}
 
 
 def tracked_files(root: Path, folder: Path) -> list[str]:
@@ -95,11 +118,26 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def collect(root: Path) -> dict[str, Any]:
-    """Everything the index page shows about the run."""
+def gpu_text(gpu_rows: list[dict[str, str]], simulated: bool) -> str:
+    """'NVIDIA H200 (driver 570.86.15)' for the report headers; says so when there is none or it is unused."""
+    if not gpu_rows:
+        return "none (the numba engine runs in numba's CUDA simulator)"
+    g = gpu_rows[0]
+    text = f"{g['name']} (driver {g['driver']})" + (f" x{len(gpu_rows)}" if len(gpu_rows) > 1 else "")
+    return text + (", not used: NUMBA_ENABLE_CUDASIM=1" if simulated else "")
+
+
+def git_text(git: dict[str, Any]) -> str:
+    """'abc123def456', with '(uncommitted changes)' when the tree differed from it."""
+    sha = (git.get("sha") or "unknown")[:12]
+    return sha + (" (uncommitted changes)" if git.get("dirty") else "")
+
+
+def collect(root: Path, out: Path | None = None) -> dict[str, Any]:
+    """Everything the index page shows about the run (``out``: the report's folder, left out of dirty)."""
     return {
         "time_utc": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "git": git_state(root),
+        "git": git_state(root, out),
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu": cpu_name(), "cpu_count": os.cpu_count(),
@@ -111,11 +149,16 @@ def collect(root: Path) -> dict[str, Any]:
 
 
 def run_line(profile: str, device: str, root: str | Path = ".") -> str:
-    """One line for the top of a report: profile, resolved device, hardware, git SHA, date."""
-    sha = (git_state(Path(root))["sha"] or "unknown")[:12]
+    """One line for the top of a report: profile, resolved device, GPU and driver, CPU, commit, date.
+
+    Under the report runner GPU and commit are the run's (WORKBENCH_RUN), the same as on its index."""
+    run = json.loads(os.environ.get(RUN_ENV) or "null")
+    git = run["git"] if run else git_state(Path(root))
+    simulated = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+    gpu = gpu_text(run["gpus"] if run else gpus(), simulated)
     day = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    return (f"Profile **{profile}**, device **{resolve_device(device)}** ({hardware_line()}), "
-            f"git `{sha}`, run {day}.")
+    return (f"Profile **{profile}**, device **{resolve_device(device)}**, GPU **{gpu}**, {cpu_line()}, "
+            f"git `{git_text(git)}`, run {day}.")
 
 
 def use_device(device: str) -> str:

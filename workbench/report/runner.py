@@ -30,6 +30,8 @@ from . import progress as bars
 from .clean import strip_stderr
 from .index import write_index
 from .params import check_overrides, default_parameters, read_notebook
+from .provenance import RUN_ENV
+from .provenance import ignored as provenance_ignored
 from .render import render_html
 
 FALLBACK_KERNEL = "python3"
@@ -88,7 +90,8 @@ def _cells_started(ipynb: Path) -> str:
 
 def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: str,
                  cell_timeout: float, wall_timeout: float, cwd: Path,
-                 progress: TextIO | None = None, label: str = "") -> NotebookRun:
+                 progress: TextIO | None = None, label: str = "",
+                 run_info: dict[str, Any] | None = None) -> NotebookRun:
     """Execute ``path`` into ``out/<stem>.ipynb`` and ``.html``; never raises for notebook failures.
 
     The run writes a hidden ``.<stem>.<hex>.run.ipynb`` and log; only a finished run (ok or failed)
@@ -113,7 +116,7 @@ def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: s
             with os.fdopen(os.open(run_log, flags, 0o644), "a", encoding="utf-8") as logf:
                 cmd = [sys.executable, "-m", "workbench.report.execute", str(Path(tmp, "spec.json"))]
                 proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=cwd,
-                                        env=_child_env(cwd, run_log))
+                                        env=_child_env(cwd, run_log, run_info))
                 def tick() -> None:
                     if progress is not None and progress.isatty():
                         _status(progress, f"{label} {name}: {_cells_started(running)}  "
@@ -188,8 +191,10 @@ def _status(console: TextIO, text: str, end: str = "") -> None:
     console.flush()
 
 
-def _child_env(cwd: Path, log: Path) -> dict[str, str]:
+def _child_env(cwd: Path, log: Path, run_info: dict[str, Any] | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if run_info is not None:                                            # the header line of every page
+        env[RUN_ENV] = json.dumps(run_info)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), env.get("PYTHONPATH", "")) if p)
     env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # inline PNGs, even if Agg is set
     env[bars.ENV] = str(log.resolve())                                 # progress bars into the log
@@ -211,6 +216,16 @@ def resolve_parameters(path: Path, overrides: dict[str, Any], standard: dict[str
     params = {**defaults, **overrides}
     params.update({k: v for k, v in standard.items() if k in defaults})
     return params
+
+
+def _unlink_ignored(run: NotebookRun, out: Path, root: Path) -> None:
+    """In a committed folder (the showcase), drop the links to files git ignores: no clone has them."""
+    if not out.resolve().is_relative_to(root) or provenance_ignored(root, [out.resolve()]):
+        return
+    for field in ("ipynb", "html", "log"):
+        rel = getattr(run, field)
+        if rel and provenance_ignored(root, [out.resolve() / rel]):
+            setattr(run, field, None)
 
 
 def run_report(paths: list[Path], out: Path, *, profile: str, overrides: dict[str, dict[str, Any]],
@@ -258,7 +273,9 @@ def _run_all(paths: list[Path], out: Path, *, profile: str, overrides: dict[str,
     for i, (path, params) in enumerate(plans, 1):
         label = f"[{i}/{len(plans)}]"
         run = run_notebook(path, out, params, kernel=kernel, cell_timeout=cell_timeout,
-                           wall_timeout=wall_timeout, cwd=cwd, progress=progress, label=label)
+                           wall_timeout=wall_timeout, cwd=cwd, progress=progress, label=label,
+                           run_info={k: provenance.get(k) for k in ("git", "gpus")})
+        _unlink_ignored(run, out, root)
         runs.append(run)
         if progress is not None:
             mark = "ok" if run.status == "ok" else f"FAILED ({run.status}: {run.reason})"
