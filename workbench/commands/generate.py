@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "verifies the prefix of the tree with the most expected tokens per microsecond")
     p.add_argument("--cost-curve", default=None, metavar="FILE",
                    help="the target's measured verify cost for --budget auto: a JSON curve "
-                        "{rows, verify_us, round_us}, or a bench pair result set as RESULTS.json:MODEL")
+                        "{rows, verify_us, round_us}, or a bench pair result set as RESULTS.json:MODEL "
+                        "(default: none)")
     p.add_argument("--drafter", choices=("dflash", "oracle"), default="dflash",
                    help="DDTree's drafter: the bundle's DFlash drafter, or an oracle that knows AR's tokens")
     p.add_argument("--oracle-p", type=float, default=1.0, help="oracle drafter hit probability in [0, 1]")

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", type=Path, help="bundle file to write (.kdtr)")
     p.add_argument("--layers", default=None,
                    help="keep these layers only: A..B (B excluded), or a comma list such as 0,1,30; "
-                        "the bundle then holds the reference's golden tokens of that model")
+                        "the bundle then holds the reference's golden tokens of that model (default: all)")
     p.add_argument("--golden", type=int, default=None,
                    help="golden tokens to store (default 32 with --layers, none without)")
     p.add_argument("--prompt", default=GOLDEN_PROMPT, help=f"golden prompt ids (default {GOLDEN_PROMPT})")

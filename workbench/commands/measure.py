@@ -30,8 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a trained pair (meta.drafter, meta.tokenizer)")
     p.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="instead of BUNDLE: a Kimi checkpoint folder (with tiktoken.model); measures the "
-                        "distinct experts oracle DDTree trees touch in --layers")
-    p.add_argument("--layers", default=None, help="--checkpoint: the layers to run, A..B (B excluded)")
+                        "distinct experts oracle DDTree trees touch in --layers (default: none, BUNDLE)")
+    p.add_argument("--layers", default=None,
+                   help="--checkpoint: the layers to run, A..B (B excluded; default: none)")
     p.add_argument("--oracle-p", type=float, default=0.8,
                    help="--checkpoint: chance the oracle drafter puts the true token on top (default 0.8)")
     p.add_argument("--out", required=True, help="output folder")
