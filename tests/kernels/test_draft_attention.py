@@ -13,7 +13,7 @@ import pytest
 from kernels_numba._validate import KernelInputError
 from kernels_numba.draft_attention import draft_attention, gather_rows, head_norm_rope
 from workbench.ddtree.config import DrafterConfig
-from workbench.ddtree.dflash import rope_plain
+from workbench.ddtree.dflash import drafter_rope
 from workbench.reference.layers import rmsnorm
 from workbench.reference.rope import apply_rope
 
@@ -50,13 +50,13 @@ def test_head_norm_rope_matches_reference(norm):
     n, h, d, row0, pos0 = 3, 2, 8, 2, 5
     y = rng.standard_normal((4, h * d)).astype(np.float32)
     w = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
-    cos, sin = rope_plain(dcfg, np.arange(16))
+    cos, sin = drafter_rope(dcfg, np.arange(16))
     out = np.zeros((7, h * d), np.float32)
     c32, s32 = cos.astype(np.float32), sin.astype(np.float32)
     head_norm_rope(out, y, w, c32, s32, row0, pos0, _meta(n), 1e-6, n, h, norm)
     x = y[:n].reshape(n, h, d)
     if norm:
-        c, s = rope_plain(dcfg, np.arange(pos0, pos0 + n))
+        c, s = drafter_rope(dcfg, np.arange(pos0, pos0 + n))
         x = apply_rope(rmsnorm(x, w, 1e-6).transpose(1, 0, 2), c, s).transpose(1, 0, 2)
     np.testing.assert_allclose(out[row0:row0 + n], x.reshape(n, h * d), rtol=1e-5, atol=1e-5)
     assert not out[:row0].any() and not out[row0 + n:].any()
@@ -105,8 +105,9 @@ f2, f3, f1, i1 = T.float32[:, ::1], T.float32[:, :, ::1], T.float32[::1], T.int3
 out = {}
 for name, k, sig in [
         ("gather", gather_rows_kernel, (f2, f3, i1, i1, i1)),
-        ("norm_rope", head_norm_rope_kernel, (f2, f2, f1, f2, f2, T.int32, T.int32, i1, T.float32, T.int32)),
-        ("attention", make_draft_attention(128, 4104), (f2,) * 6 + (T.int32, i1, T.float32))]:
+        ("norm_rope", head_norm_rope_kernel, (f2, f2, f1, f2, f2, T.int32, T.int32, i1, T.float32, T.int32,
+                                              T.int32)),
+        ("attention", make_draft_attention(128, 4104), (f2,) * 6 + (T.int32, i1, T.float32, T.int32))]:
     ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0))
     out[name] = {"bar": ptx.count("bar.sync"), "local": ptx.count(".local")}
 json.dump(out, sys.stdout)
