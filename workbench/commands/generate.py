@@ -3,11 +3,13 @@
 Backends: ``reference`` (numpy) and ``numba`` (the engine; under numba's CUDA simulator when no GPU
 is present; at --temperature > 0 it samples on the host from the copied-back logits with the
 reference's Generator, so both backends give the same tokens for the same --seed). Modes: ``ar``
-(one token per step) and ``ddtree`` (speculative, drafter dflash or oracle). Output: the tokens on
-one line, or with --json a JSON list (ar) or an object with the tokens and per-round statistics
-(ddtree: tree size, accepted length, depth). ``--budget auto --cost-curve FILE``: each round verifies
-the prefix of the tree with the most expected tokens per microsecond (docs/ddtree.md). The decoding
-itself, and the one check of the budget, is ``workbench.generate.generate``.
+(one token per step), ``ddtree`` (speculative, drafter dflash or oracle) and ``chain`` (the plain
+DFlash chain: the same drafter, its L argmax tokens verified as one path; --budget unused). Output:
+the tokens on one line, or with --json a JSON list (ar) or an object with the tokens and per-round
+statistics (ddtree, chain: tree size, accepted length, depth). ``--budget auto --cost-curve FILE``:
+each round verifies the prefix of the tree with the most expected tokens per microsecond
+(docs/ddtree.md). The decoding itself, and the one check of the budget, is
+``workbench.generate.generate``.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens to generate (default: the bundle's golden length, or 24)")
     p.add_argument("--backend", choices=("reference", "numba"), default="reference",
                    help="numpy reference, or the numba engine (in the CUDA simulator without a GPU)")
-    p.add_argument("--mode", choices=("ar", "ddtree"), default="ar",
-                   help="ar: one token per step; ddtree: speculative, a draft tree verified per round")
+    p.add_argument("--mode", choices=("ar", "ddtree", "chain"), default="ar",
+                   help="ar: one token per step; ddtree: speculative, a draft tree verified per round; "
+                        "chain: the plain DFlash chain, its drafted block verified as one path")
     p.add_argument("--budget", type=budget_arg, default=16,
                    help="DDTree node budget B >= 1, or auto: with --cost-curve, each round "
                         "verifies the prefix of the tree with the most expected tokens per microsecond")
@@ -125,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
                    budget=args.budget, cost_curve=args.cost_curve, sampling=sampling, drafter_config=dcfg,
                    oracle_p=args.oracle_p, oracle_seed=args.seed)
     rounds = None
-    if args.mode == "ddtree":
+    if args.mode in ("ddtree", "chain"):
         rounds = [{"tree_size": r.tree_size, "accepted_len": r.accepted_len, "depth": r.depth}
                   for r in res.rounds]
     (_print if tok is None else _print_text(tok))(args, [int(t) for t in res.tokens], rounds)

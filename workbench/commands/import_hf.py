@@ -8,11 +8,14 @@ dequantized). The checkpoint's quantization_config and skipped tensors go into t
 ``tiktoken.model`` (with tokenizer_config.json's special tokens) goes with the bundle as its tokenizer.
 ``--layers`` keeps the chosen layers (renumbered, with embed, final norm and head) and stores the
 reference's greedy tokens of that truncated model on a prompt: golden tokens for native engines' tests.
+``--drafter DIR`` adds a public DFlash drafter folder (``workbench.dflash_checkpoint``): its tensors as
+``drafter.*`` and its config as ``meta["drafter"]``.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections import ChainMap
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -30,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--golden", type=int, default=None,
                    help="golden tokens to store (default 32 with --layers, none without)")
     p.add_argument("--prompt", default=GOLDEN_PROMPT, help=f"golden prompt ids (default {GOLDEN_PROMPT})")
+    p.add_argument("--drafter", type=Path, default=None, metavar="DFLASH_DIR",
+                   help="a DFlash drafter folder (config.json + safetensors) to add as drafter.*")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,7 +69,13 @@ def run(args: argparse.Namespace) -> int:
         extra = {"prompt": np.asarray(prompt, np.int32), "golden": g.tokens.astype(np.int32),
                  "margins": g.margins.astype(np.float32)}
         meta["golden_reference"] = "float32 numpy reference, greedy (margins: its top-1 minus top-2 logits)"
-    write_bundle(args.out, config=cfg, tensors=Scales16(ck), meta=meta, **extra)
+        tensors: Mapping = Scales16(ck)
+    if args.drafter is not None:
+        from ..dflash_checkpoint import load_dflash_drafter
+        dcfg, drafter = load_dflash_drafter(args.drafter, cfg)
+        tensors = ChainMap(drafter, tensors)
+        meta.update(drafter=dcfg.to_dict(), drafter_checkpoint=str(args.drafter))
+    write_bundle(args.out, config=cfg, tensors=tensors, meta=meta, **extra)
     if info["vision_skipped"]:
         print(f"note: {info['vision_skipped']} vision tensors (vision_tower, mm_projector) skipped: "
               "the bundle holds the text model only")
