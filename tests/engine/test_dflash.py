@@ -11,9 +11,9 @@ import functools
 
 import numpy as np
 import pytest
-from workbench.bundle.bf16 import bf16
 
 from kernels_numba.sim import sim_speed
+from numformats.bf16 import bf16
 from tests.ddtree.common import dflash_layout
 from tests.engine.common import GPU, blas_on, bundle, engine, reference_greedy
 from workbench.ddtree.dflash import (

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..bundle.bf16 import BF16Array
+from numformats.bf16 import BF16Array
+
 from ..config import ModelConfig
 from ..errors import InputError
 from ..weights import expected_shapes, from_hf_name, is_linear_name

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..bundle.bf16 import BF16Array
+from numformats.bf16 import BF16Array
+
 from ..errors import InputError
 
 # safetensors dtype name -> numpy little-endian dtype (BF16 as its uint16 bits)

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..bundle.bf16 import bf16
+from numformats.bf16 import bf16
+
 from ..config import ModelConfig
 from ..errors import InputError
 from ..hf_checkpoint import K2_IGNORE, quantization_config

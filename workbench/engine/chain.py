@@ -15,23 +15,27 @@ import numpy as np
 from kernels_numba.device import Mirror, zeros
 from kernels_numba.sim import sim_speed
 
+from ..ddtree.budget import TreeBudget
 from ..ddtree.config import GREEDY, SamplingParams
 from ..ddtree.drafter import make_drafter
 from ..ddtree.inputs import check_run
 from ..ddtree.speculative import SpecResult
 from ..errors import InputError
-from .rounds import EngineSpecState
+from .rounds import PHASES, EngineSpecState, timed
 from .runtime import Engine
 
 
 class ChainState(EngineSpecState):
     """``EngineSpecState`` at budget L whose tree is the chain: top-1 only from the device, one path."""
 
-    def __init__(self, engine: Engine, drafter: Any, sampling: SamplingParams, device_drafter: bool) -> None:
-        super().__init__(engine, drafter, drafter.block_size - 1, sampling, device_drafter)
+    def __init__(self, engine: Engine, drafter: Any, sampling: SamplingParams, prompt: np.ndarray,
+                 device_drafter: bool, clock: dict | None = None) -> None:
+        super().__init__(engine, drafter, TreeBudget(drafter.block_size - 1), sampling, prompt,
+                         device_drafter, clock)
         self.k = 1                                                        # the argmax per position
         self.lpk = Mirror(zeros((2, self.n_pos, 1), np.float64))          # [2, L, 1] top-1 log-prob, id
 
+    @timed("build_s")
     def build_tree(self) -> int:
         """The chain into ctl rows 0-2: node d (1..L) holds position d's top-1 token under node d - 1."""
         n, ctl = self.n_pos, self.ctl
@@ -59,9 +63,9 @@ def engine_chain_generate(engine: Engine, weights: dict[str, Any], prompt: Any, 
     n_pos = draft.block_size - 1
     if len(toks) + n_tokens + n_pos + 1 > engine.buf.max_len or n_pos + 1 > engine.buf.max_rows:
         raise InputError("the engine is too small for this request (see engine.ar.engine_for)")
-    state = ChainState(engine, draft, sampling, device_drafter)
+    clock = dict.fromkeys(PHASES, 0.0) if timing is not None else None      # host wall time per step
     with sim_speed():
-        state.prefill(toks)
+        state = ChainState(engine, draft, sampling, toks, device_drafter, clock)
         t0 = time.perf_counter()
         while len(state.tokens) < n_tokens:
             state.draft()                                    # drafter + top-1 + copy back
@@ -70,5 +74,5 @@ def engine_chain_generate(engine: Engine, weights: dict[str, Any], prompt: Any, 
             accepted, bonus = state.walk(n, post)
             state.commit(n, accepted, bonus)
         if timing is not None:
-            timing["decode_s"] = time.perf_counter() - t0
+            timing.update(clock, decode_s=time.perf_counter() - t0)
     return SpecResult(tokens=np.asarray(state.tokens[:n_tokens], dtype=np.int64), rounds=state.rounds)
