@@ -181,3 +181,17 @@ def test_a_bad_scale_is_refused_when_read(ck, tmp_path):
     u = open_checkpoint(d)                                       # headers are fine: opens
     with pytest.raises(InputError, match="scales must be finite and > 0"):
         u[key]
+
+
+def test_shards_without_an_index_are_checked_for_repeats_and_unknown_names(ck, tmp_path):
+    from safetensors.numpy import save_file
+    d = _damage(ck, tmp_path, lambda raw: raw)
+    (d / "model.safetensors.index.json").unlink()                # every *.safetensors is a shard then
+    assert open_checkpoint(d, "0..2").cfg.num_hidden_layers == 2
+    stray = {"language_model.model.layers.7.mlp.gate.foo": np.zeros(2, np.float32)}
+    save_file(stray, str(d / "x.safetensors"))
+    with pytest.raises(InputError, match="unknown checkpoint tensor"):
+        open_checkpoint(d, "0..2")                               # even in a layer not chosen
+    (d / "x.safetensors").write_bytes(sorted(d.glob("model-*.safetensors"))[0].read_bytes())
+    with pytest.raises(InputError, match="appears in more than one shard"):
+        open_checkpoint(d, "0..2")
