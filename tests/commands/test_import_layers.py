@@ -93,3 +93,10 @@ def test_bad_layer_options_exit_2(ck, tmp_path, capsys, argv, match):
     rc, _, err = _cli(capsys, "import-hf", ck, tmp_path / "x.kdtr", *argv)
     assert rc == 2 and err.count("\n") == 1 and match in err
     assert not (tmp_path / "x.kdtr").exists()
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, capsys):
+    d = write_k26_checkpoint(tmp_path / "k", CFG8.replace(num_hidden_layers=2, vocab_size=512), seed=1)
+    tiktoken_files(d)                                            # 264 ranks + 256 specials = 520 ids
+    rc, _, err = _cli(capsys, "import-hf", d, tmp_path / "x.kdtr")
+    assert rc == 2 and "make 520 ids, more than the model's vocab_size 512" in err
