@@ -67,6 +67,11 @@ def test_a_layer_selection_is_a_consistent_truncated_model(ck):
     assert truncated_config(CFG8, [0]).first_k_dense_replace == 1
 
 
+def test_layer_selections_read_as_ranges_and_lists():
+    assert parse_layers("0..4", 8) == [0, 1, 2, 3] and parse_layers("5, 0,2..4", 8) == [0, 2, 3, 5]
+    assert parse_layers("7", 8) == [7]
+
+
 @pytest.mark.parametrize("text, match", [("8", "outside the checkpoint's 8 layers"), ("3..3", "empty range"),
                                          ("a", "A..B"), ("0-3", "A..B")])
 def test_bad_layer_selections_are_one_line_errors(text, match):
