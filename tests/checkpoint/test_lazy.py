@@ -67,6 +67,11 @@ def test_a_layer_selection_is_a_consistent_truncated_model(ck):
     assert truncated_config(CFG8, [0]).first_k_dense_replace == 1
 
 
+def test_layer_selections_read_as_ranges_and_lists():
+    assert parse_layers("0..4", 8) == [0, 1, 2, 3] and parse_layers("5, 0,2..4", 8) == [0, 2, 3, 5]
+    assert parse_layers("7", 8) == [7]
+
+
 @pytest.mark.parametrize("text, match", [("8", "outside the checkpoint's 8 layers"), ("3..3", "empty range"),
                                          ("a", "A..B"), ("0-3", "A..B")])
 def test_bad_layer_selections_are_one_line_errors(text, match):
@@ -181,3 +186,17 @@ def test_a_bad_scale_is_refused_when_read(ck, tmp_path):
     u = open_checkpoint(d)                                       # headers are fine: opens
     with pytest.raises(InputError, match="scales must be finite and > 0"):
         u[key]
+
+
+def test_shards_without_an_index_are_checked_for_repeats_and_unknown_names(ck, tmp_path):
+    from safetensors.numpy import save_file
+    d = _damage(ck, tmp_path, lambda raw: raw)
+    (d / "model.safetensors.index.json").unlink()                # every *.safetensors is a shard then
+    assert open_checkpoint(d, "0..2").cfg.num_hidden_layers == 2
+    stray = {"language_model.model.layers.7.mlp.gate.foo": np.zeros(2, np.float32)}
+    save_file(stray, str(d / "x.safetensors"))
+    with pytest.raises(InputError, match="unknown checkpoint tensor"):
+        open_checkpoint(d, "0..2")                               # even in a layer not chosen
+    (d / "x.safetensors").write_bytes(sorted(d.glob("model-*.safetensors"))[0].read_bytes())
+    with pytest.raises(InputError, match="appears in more than one shard"):
+        open_checkpoint(d, "0..2")

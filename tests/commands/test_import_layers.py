@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.checkpoint.common import CFG8, SPECIALS, tiktoken_files
-from workbench.bundle import BF16Array, read_bundle
+from workbench.bundle import BF16Array, read_bundle, write_bundle
 from workbench.checkpoint.synthetic import write_k26_checkpoint
 from workbench.cli import main
 from workbench.hf_checkpoint import load_hf_checkpoint
@@ -39,6 +39,8 @@ def test_lazy_import_writes_the_tensors_of_the_eager_loader(ck, tmp_path, capsys
     assert all(np.array_equal(_bits(b.tensors[k]), _bits(eager[k])) and
                isinstance(b.tensors[k], BF16Array) == isinstance(eager[k], BF16Array) for k in eager)
     assert b.golden is None or len(b.golden) == 0
+    write_bundle(tmp_path / "eager.kdtr", config=cfg, tensors=eager, meta=dict(b.meta))   # the same bundle
+    assert (tmp_path / "eager.kdtr").read_bytes() == (tmp_path / "all.kdtr").read_bytes()
 
 
 def test_truncated_import_holds_the_reference_golden_of_the_truncated_model(ck, tmp_path, capsys):
@@ -91,3 +93,10 @@ def test_bad_layer_options_exit_2(ck, tmp_path, capsys, argv, match):
     rc, _, err = _cli(capsys, "import-hf", ck, tmp_path / "x.kdtr", *argv)
     assert rc == 2 and err.count("\n") == 1 and match in err
     assert not (tmp_path / "x.kdtr").exists()
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, capsys):
+    d = write_k26_checkpoint(tmp_path / "k", CFG8.replace(num_hidden_layers=2, vocab_size=512), seed=1)
+    tiktoken_files(d)                                            # 264 ranks + 256 specials = 520 ids
+    rc, _, err = _cli(capsys, "import-hf", d, tmp_path / "x.kdtr")
+    assert rc == 2 and "make 520 ids, more than the model's vocab_size 512" in err

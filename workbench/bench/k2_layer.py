@@ -512,15 +512,16 @@ def run(
 
 def _rss() -> str:
     """This process's host memory: peak RSS, and the RSS now split into anonymous and file-backed pages
-    (a mapped checkpoint's pages are file-backed: the kernel drops them under pressure)."""
+    (a mapped checkpoint's pages are file-backed, or shmem on tmpfs: the kernel drops the former under
+    pressure)."""
     try:
         lines = Path("/proc/self/status").read_text().splitlines()
         st = dict(line.split(":", 1) for line in lines if ":" in line)
-        gb = {k: int(st[k].split()[0]) / 2 ** 20 for k in ("VmHWM", "RssAnon", "RssFile")}
+        gb = {k: int(st[k].split()[0]) / 2 ** 20 for k in ("VmHWM", "RssAnon", "RssFile", "RssShmem")}
     except (OSError, KeyError, ValueError):
         return "host RSS unknown"
     return (f"host RSS peak {gb['VmHWM']:.1f} GiB (now anonymous {gb['RssAnon']:.1f}, "
-            f"file {gb['RssFile']:.1f})")
+            f"file-backed {gb['RssFile'] + gb['RssShmem']:.1f})")
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from ..errors import InputError
 from ..weights import expected_shapes, from_hf_name, is_linear_name
 from .safetensors import INDEX, MappedFiles, TensorInfo, read_header, shard_files
 
-_LAYER = re.compile(r"(model\.layers\.)(0|[1-9][0-9]*)(\..+)")
+_LAYER = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\..+")
 _FLOAT = ("BF16", "F16", "F32", "F64")
 _TABLES = ("embed", "head")
 
@@ -71,7 +71,7 @@ class LazyCheckpoint(Mapping):
     """
 
     def __init__(self, path: str | Path, layers: Iterable[int] | None = None) -> None:
-        from ..hf_checkpoint import checkpoint_config
+        from ..hf_checkpoint import VISION_PREFIXES, checkpoint_config
         d = Path(path)
         if not d.is_dir():
             raise InputError(f"{d}: not a checkpoint directory")
@@ -86,22 +86,23 @@ class LazyCheckpoint(Mapping):
         self._files = MappedFiles()
         self._entries: dict[str, TensorInfo] = {}
         shapes: dict[str, TensorInfo] = {}
-        skipped, vision = [], []
+        skipped, vision, seen = [], [], set()
         for f, names in shard_files(d):
             header = read_header(d / f)
             if names is not None and set(header) != names:
                 raise InputError(f"{d / f}: tensors do not match {INDEX}")
             for hf, t in header.items():
-                if hf in self._entries or hf in skipped or hf in vision:
+                if hf in seen:
                     raise InputError(f"{hf} appears in more than one shard")
-                if prefix and hf.startswith(("vision_tower.", "mm_projector.")):
+                seen.add(hf)
+                if prefix and hf.startswith(VISION_PREFIXES):
                     vision.append(hf)
                     continue
                 if prefix and not hf.startswith(prefix):
                     raise InputError(f"{hf}: a text_config checkpoint names its text tensors {prefix}*")
                 name = hf[len(prefix):]
                 m = _LAYER.fullmatch(name)
-                layer = int(m.group(2)) if m else None
+                layer = int(m.group(1)) if m else None
                 past = layer is not None and layer >= full.num_hidden_layers
                 if name.endswith("rotary_emb.inv_freq") or past:
                     skipped.append(hf)                                   # e.g. DeepSeek-V3's MTP layer
@@ -109,17 +110,17 @@ class LazyCheckpoint(Mapping):
                 if name.endswith((".weight_zero_point", ".weight_g_idx")):
                     raise InputError(f"{hf}: asymmetric or act-order INT4 is not supported "
                                      "(symmetric group only)")
+                shape_of = name.endswith(".weight_shape")
+                internal = from_hf_name(name[: -len("shape")] + "packed" if shape_of else name)  # known name
                 if layer is not None:
                     if layer not in renumber:
                         continue                                         # a layer not chosen: never read
-                    name = f"{m.group(1)}{renumber[layer]}{m.group(3)}"
-                if name.endswith(".weight_shape"):
-                    key = from_hf_name(name[: -len("shape")] + "packed")[: -len(".packed")]
-                    shapes[key] = t
+                    internal = internal.replace(f"layers.{layer}.", f"layers.{renumber[layer]}.", 1)
+                if shape_of:
+                    shapes[internal[: -len(".packed")]] = t
                 else:
-                    self._entries[from_hf_name(name)] = t
+                    self._entries[internal] = t
         self._check(shapes, qcfg, group_sizes)
-        self.skipped_layers = sorted(set(range(full.num_hidden_layers)) - set(self.layers))
         n_int4 = sum(k.endswith(".packed") for k in self._entries)
         self.info = {"quantization_config": qcfg, "group_sizes": sorted(group_sizes), "int4_linears": n_int4,
                      "skipped": sorted(skipped + vision), "vision_skipped": len(vision)}

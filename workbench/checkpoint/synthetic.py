@@ -17,11 +17,14 @@ Kimi's experts) with group-32 scales around ``seeded.expert_scale_mean``.
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import shutil
 import tempfile
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +66,28 @@ def k26_tensors(cfg: ModelConfig) -> list[Item]:
     return out
 
 
-def _tables() -> tuple[np.ndarray, np.ndarray]:
-    """(uniform [-1, 1] float32 of a 16-bit word, 16-bit word with zero nibbles set to 8)."""
+_UNIT = ((2 * np.arange(65536, dtype=np.float32) - 65535) / 65535).astype(np.float32)   # u16 -> [-1, 1]
+
+
+@lru_cache(maxsize=1)
+def _nibbles() -> np.ndarray:
+    """16-bit word -> the same word with each zero nibble (q = -8) set to 8 (q = 0)."""
     u = np.arange(65536, dtype=np.uint32)
-    nib = u.copy()
+    out = u.copy()
     for shift in (0, 4, 8, 12):
-        nib[((u >> shift) & 0xF) == 0] |= np.uint32(8 << shift)
-    return ((2 * u.astype(np.float32) - 65535) / 65535).astype(np.float32), nib.astype("<u2")
+        out[((u >> shift) & 0xF) == 0] |= np.uint32(8 << shift)
+    return out.astype("<u2")
+
+
+@lru_cache(maxsize=256)
+def _bf16_table(m: float, a: float) -> np.ndarray:
+    """u16 -> bf16 bits of m + a * unit(u): a tensor's values by one lookup per value."""
+    return bf16(np.float32(m) + np.float32(a) * _UNIT).bits.astype("<u2")
+
+
+@lru_cache(maxsize=4)
+def _shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    return expected_shapes(cfg)
 
 
 def _values(cfg: ModelConfig, seed: int, hf: str, dtype: str, shape: tuple[int, ...],
@@ -78,30 +96,33 @@ def _values(cfg: ModelConfig, seed: int, hf: str, dtype: str, shape: tuple[int, 
     if hf.endswith("_shape"):
         yield np.asarray(_logical(cfg, hf), "<i4")
         return
-    unit, nib = _tables()
+    if hf.endswith("_packed"):
+        table = _nibbles()
+    elif hf.endswith("_scale"):                                  # group scales s0 +- 50 %
+        s0 = expert_scale_mean(_shapes(cfg)[name[: -len(".scale")]][1])
+        table = _bf16_table(s0, 0.5 * s0)
+    elif not name:                                               # a vision tensor
+        table = _bf16_table(0.0, 0.02)
+    else:
+        m, a = fp_kind(cfg, name)
+        table = None if dtype == "F32" else _bf16_table(m, a)
     rng = np.random.default_rng([seed, zlib.crc32(hf.encode())])
     rows = shape[0] if len(shape) > 1 else 1
     per = int(np.prod(shape)) // rows
     step = max(1, (64 << 20) // (per * 2))
     for lo in range(0, rows, step):
         n = (min(rows, lo + step) - lo) * per
-        words = rng.integers(0, 65536, size=n * (2 if dtype == "I32" else 1), dtype=np.uint16)
-        if hf.endswith("_packed"):
-            yield nib[words].view("<i4")
-        elif hf.endswith("_scale"):
-            k = expected_shapes(cfg)[name[: -len(".scale")]][1]
-            yield bf16(expert_scale_mean(k) * (1.0 + 0.5 * unit[words])).bits.astype("<u2")   # s0 +- 50 %
-        elif not name:                                                            # a vision tensor
-            yield bf16(0.02 * unit[words]).bits.astype("<u2")
+        words = np.frombuffer(rng.bytes(n * (4 if dtype == "I32" else 2)), "<u2")
+        if table is None:                                        # the float32 router bias
+            yield (np.float32(m) + np.float32(a) * _UNIT[words]).astype("<f4")
         else:
-            m, a = fp_kind(cfg, name)
-            v = np.float32(m) + np.float32(a) * unit[words]
-            yield v.astype("<f4") if dtype == "F32" else bf16(v).bits.astype("<u2")
+            v = table[words]
+            yield v.view("<i4") if dtype == "I32" else v
 
 
 def _logical(cfg: ModelConfig, hf: str) -> tuple[int, ...]:
     """[N, K] of the INT4 linear whose ``weight_shape`` is ``hf``."""
-    return expected_shapes(cfg)[from_hf_name(hf[len(PREFIX):-len("shape")] + "packed")[: -len(".packed")]]
+    return _shapes(cfg)[from_hf_name(hf[len(PREFIX):-len("shape")] + "packed")[: -len(".packed")]]
 
 
 def _write_shard(path: Path, cfg: ModelConfig, seed: int, items: list[Item]) -> int:
@@ -125,27 +146,42 @@ def _write_shard(path: Path, cfg: ModelConfig, seed: int, items: list[Item]) -> 
     return off
 
 
+def _nbytes(item: Item) -> int:
+    return int(np.prod(item[2])) * np.dtype(_DT[item[1]]).itemsize
+
+
 def write_k26_checkpoint(path: str | Path, cfg: ModelConfig, seed: int = 0, shards: int = 2,
-                         quant_in_text: bool = True) -> Path:
-    """Write the K2.6-layout checkpoint of ``cfg`` (routed experts INT4, group 32) into new folder ``path``;
-    ``quant_in_text``: quantization_config also inside text_config, as K2.6 ships it."""
+                         quant_in_text: bool = True, workers: int = 1) -> Path:
+    """Write the K2.6-layout checkpoint of ``cfg`` (routed experts INT4, group 32) into new folder ``path``:
+    ``shards`` files of about equal size, written by ``workers`` processes; ``quant_in_text``:
+    quantization_config also inside text_config, as K2.6 ships it."""
     dest = Path(path)
     if dest.exists():
         raise InputError(f"{dest} exists")
     if cfg.moe_intermediate_size % EXPERT_GROUP or cfg.hidden_size % EXPERT_GROUP:
         raise InputError(f"expert widths must be multiples of {EXPERT_GROUP}")
     items = k26_tensors(cfg)
-    per = -(-len(items) // shards)
-    groups = [items[i:i + per] for i in range(0, len(items), per)]
+    target = sum(map(_nbytes, items)) / shards
+    groups: list[list[Item]] = [[]]
+    size = 0
+    for it in items:                                              # in order, a new shard past each target
+        if groups[-1] and size >= target * len(groups) and len(groups) < shards:
+            groups.append([])
+        groups[-1].append(it)
+        size += _nbytes(it)
+    names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        weight_map, total = {}, 0
-        for i, group in enumerate(groups):
-            f = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-            total += _write_shard(tmp / f, cfg, seed, group)
-            weight_map.update({hf: f for hf, *_ in group})
-        (tmp / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+        jobs = [(tmp / f, cfg, seed, g) for f, g in zip(names, groups, strict=True)]
+        if workers > 1:
+            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
+                sizes = list(pool.map(_write_shard, *zip(*jobs, strict=True)))
+        else:
+            sizes = [_write_shard(*j) for j in jobs]
+        weight_map = {hf: f for f, g in zip(names, groups, strict=True) for hf, *_ in g}
+        index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
+        (tmp / INDEX).write_text(json.dumps(index))
         q = quantization_config(EXPERT_GROUP, IGNORE)
         text = {**cfg.to_hf_dict(), "model_type": "kimi_k2", "torch_dtype": "bfloat16"}
         if quant_in_text:

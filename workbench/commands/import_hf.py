@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
         meta.update(checkpoint_layers=ck.layers, checkpoint_num_hidden_layers=ck.full_cfg.num_hidden_layers)
     tok = checkpoint_tokenizer(args.ckpt_dir)
     if tok is not None:
+        if tok.vocab_size > cfg.vocab_size:
+            raise UserError(f"{args.ckpt_dir}: tiktoken.model and its specials make {tok.vocab_size} ids, "
+                            f"more than the model's vocab_size {cfg.vocab_size}")
         meta["tokenizer"] = tok.meta()
     extra = {}
     if golden:
