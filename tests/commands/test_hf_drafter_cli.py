@@ -12,7 +12,7 @@ from tests.test_dflash_checkpoint import published_config, write_folder
 from workbench.bundle import read_bundle
 from workbench.cli import main
 from workbench.ddtree.dflash import drafter_shapes
-from workbench.weights import save_hf_checkpoint
+from workbench.hf_checkpoint import save_hf_checkpoint
 
 
 def _cli(capsys, *argv):

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="golden tokens to store (default 32 with --layers, none without)")
     p.add_argument("--prompt", default=GOLDEN_PROMPT, help=f"golden prompt ids (default {GOLDEN_PROMPT})")
     p.add_argument("--drafter", type=Path, default=None, metavar="DFLASH_DIR",
-                   help="a DFlash drafter folder (config.json + safetensors) to add as drafter.*")
+                   help="a DFlash drafter folder (config.json + safetensors) to add as drafter.* (default: none)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         extra = {"prompt": np.asarray(prompt, np.int32), "golden": g.tokens.astype(np.int32),
                  "margins": g.margins.astype(np.float32)}
         meta["golden_reference"] = "float32 numpy reference, greedy (margins: its top-1 minus top-2 logits)"
-        tensors: Mapping = Scales16(ck)
+    tensors: Mapping = Scales16(ck)
     if args.drafter is not None:
         from ..dflash_checkpoint import load_dflash_drafter
         dcfg, drafter = load_dflash_drafter(args.drafter, cfg)
