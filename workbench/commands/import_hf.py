@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="golden tokens to store (default 32 with --layers, none without)")
     p.add_argument("--prompt", default=GOLDEN_PROMPT, help=f"golden prompt ids (default {GOLDEN_PROMPT})")
     p.add_argument("--drafter", type=Path, default=None, metavar="DFLASH_DIR",
-                   help="a DFlash drafter folder (config.json + safetensors) to add as drafter.* (default: none)")
+                   help="a DFlash drafter folder (config.json + safetensors) to add as drafter.* "
+                        "(default: none)")
 
 
 def run(args: argparse.Namespace) -> int:
