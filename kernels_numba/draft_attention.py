@@ -1,18 +1,19 @@
 """Kernels of the DFlash drafter on the device, mirroring ``workbench.ddtree.dflash.dflash_propose``.
 
-Legend: T buffer rows, n = meta[1] live rows, F tapped target layers, D model width, H drafter heads,
-d drafter head dim (even), S drafter cache rows, Bs block rows, P context rows in the cache,
-MK = most keys one attention launch may see (P + Bs).
+Legend: T buffer rows, n = meta[1] live rows, F tapped target layers, D model width, H drafter query
+heads, Hkv KV heads, G = H / Hkv, d drafter head dim (even), S drafter cache rows, Bs block rows,
+P context rows in the cache, MK = most keys one attention launch may see (P + Bs).
 
 - ``gather_rows``: the context input [n, F*D] = the tapped target features of the committed rows,
   concatenated in the drafter's layer order (``speculative.features``), read in place from the
   engine's tap buffer [F', T', D].
-- ``head_norm_rope``: per (row, head), RMSNorm over d (weight [d], like ``dflash._heads``) then plain
-  RoPE at position pos0 + meta[3] + row on interleaved pairs, written to rows out_row0 + meta[2] + row
+- ``head_norm_rope``: per (row, head), RMSNorm over d (weight [d], like ``dflash._heads``) then RoPE
+  (the cos / sin table's, YaRN included) at position pos0 + meta[3] + row on interleaved pairs
+  (2i, 2i+1) or, with ``half``, rotate-half pairs (i, i + d/2), written to rows out_row0 + meta[2] + row
   of out (a projection buffer in place, or the drafter cache); with ``norm`` False a plain copy (values).
 - ``draft_attention``: non-causal attention of the block's queries over [cache K/V rows 0..P) ||
-  block K/V (Bs rows), P = n_ctx + meta[4], softmax(q.k * scale) per head in float32, every block row
-  sees every key.
+  block K/V (Bs rows), P = n_ctx + meta[4], softmax(q.k * scale) per query head in float32, every
+  block row sees every key; query head h reads KV head h // G (GQA).
 
 The meta parts of the offsets let one captured launch sequence (a CUDA graph) follow the drafter's
 position from round to round; the host parts are checked at launch, the meta parts by the caller.
@@ -49,8 +50,9 @@ def gather_rows_kernel(out, feats, rows, taps, meta):
 
 
 @cuda.jit
-def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm):
-    """y [T, H*d] -> out [S, H*d] rows out_row0 + meta[2] + row; grid (T, H), block (32,). In-place ok."""
+def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm, half):
+    """y [T, H*d] -> out [S, H*d] rows out_row0 + meta[2] + row; grid (T, H), block (32,). In-place ok.
+    half: 0 pairs (2i, 2i+1), 1 pairs (i, i + d/2)."""
     row = cuda.blockIdx.x
     h = cuda.blockIdx.y
     if row >= meta[1]:
@@ -66,12 +68,15 @@ def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm):
     sh = cuda.shared.array(TPB, np.float32)
     r = row_rms_scale(sh, y, row, off, d, eps)               # ends with a barrier: reads done
     pos = pos0 + meta[3] + row
-    for i in range(tid, d // 2, TPB):
-        x0 = w[2 * i] * (y[row, off + 2 * i] * r)
-        x1 = w[2 * i + 1] * (y[row, off + 2 * i + 1] * r)
+    h2 = d // 2
+    for i in range(tid, h2, TPB):
+        j0 = i if half else 2 * i                            # the pair's two dims
+        j1 = i + h2 if half else 2 * i + 1
+        x0 = w[j0] * (y[row, off + j0] * r)
+        x1 = w[j1] * (y[row, off + j1] * r)
         a, b = rope_pair(x0, x1, cos, sin, pos, i)
-        out[dst, off + 2 * i] = a
-        out[dst, off + 2 * i + 1] = b
+        out[dst, off + j0] = a
+        out[dst, off + j1] = b
 
 
 _ATTN: dict = {}
@@ -79,16 +84,16 @@ MAX_KEYS = 11_264               # p[] in static shared memory: 4 * (MAX_KEYS + d
 
 
 def make_draft_attention(head_dim: int, max_keys: int):
-    """kernel(o [Bs, H*d], q [Bs, H*d], kc [S, H*d], vc [S, H*d], kb [Bs, H*d], vb [Bs, H*d],
-    n_ctx int32, meta, scale float32); grid (Bs, H), block (32,); keys n_ctx + meta[4] + meta[1] <= max_keys.
-    Shared memory: 4 * (max_keys + d + 32) bytes."""
+    """kernel(o [Bs, H*d], q [Bs, H*d], kc [S, Hkv*d], vc [S, Hkv*d], kb [Bs, Hkv*d], vb [Bs, Hkv*d],
+    n_ctx int32, meta, scale float32, group int32 = G); grid (Bs, H), block (32,); keys
+    n_ctx + meta[4] + meta[1] <= max_keys. Shared memory: 4 * (max_keys + d + 32) bytes."""
     key = (head_dim, max_keys)
     if key in _ATTN:
         return _ATTN[key]
     HD, MK = head_dim, max_keys
 
     @cuda.jit
-    def draft_attention_kernel(o, q, kc, vc, kb, vb, n_ctx0, meta, scale):
+    def draft_attention_kernel(o, q, kc, vc, kb, vb, n_ctx0, meta, scale, group):
         row = cuda.blockIdx.x
         h = cuda.blockIdx.y
         nb = meta[1]
@@ -96,7 +101,8 @@ def make_draft_attention(head_dim: int, max_keys: int):
             return
         n_ctx = n_ctx0 + meta[4]
         tid = cuda.threadIdx.x
-        off = h * HD
+        off = h * HD                                         # this query head's columns of q / o
+        kv = (h // group) * HD                               # its KV head's columns of the keys / values
         nk = n_ctx + nb
         sh = cuda.shared.array(TPB, np.float32)
         qs = cuda.shared.array(HD, np.float32)
@@ -109,10 +115,10 @@ def make_draft_attention(head_dim: int, max_keys: int):
             acc = np.float32(0.0)
             if j < n_ctx:
                 for c in range(HD):
-                    acc += qs[c] * kc[j, off + c]
+                    acc += qs[c] * kc[j, kv + c]
             else:
                 for c in range(HD):
-                    acc += qs[c] * kb[j - n_ctx, off + c]
+                    acc += qs[c] * kb[j - n_ctx, kv + c]
             s = acc * scale
             p[j] = s
             m = max(m, s)
@@ -127,9 +133,9 @@ def make_draft_attention(head_dim: int, max_keys: int):
         for c in range(tid, HD, TPB):                        # o = softmax @ [vc || vb]
             acc = np.float32(0.0)
             for j in range(n_ctx):
-                acc += p[j] * vc[j, off + c]
+                acc += p[j] * vc[j, kv + c]
             for j in range(nb):
-                acc += p[n_ctx + j] * vb[j, off + c]
+                acc += p[n_ctx + j] * vb[j, kv + c]
             o[row, off + c] = acc * inv
 
     _ATTN[key] = draft_attention_kernel
@@ -167,10 +173,11 @@ def gather_rows(out, feats, rows, taps, meta, n: int, stream=0) -> None:
 
 
 def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: float, n: int, n_heads: int,
-                   norm: bool = True, stream=0) -> None:
-    """Launch ``head_norm_rope_kernel`` over (n, n_heads) blocks: y [T, H*d] float32, out [S, H*d]
+                   norm: bool = True, stream=0, half: bool = False) -> None:
+    """Launch ``head_norm_rope_kernel`` over (n, n_heads) blocks: y [T, h*d] float32, out [S, h*d]
     float32 (rows out_row0 + meta[2] + 0 .. n-1 written, at positions pos0 + meta[3] + 0 .. n-1), w [d],
-    cos / sin [>= pos0 + n, d/2] float32; the meta parts are the caller's to keep in range."""
+    cos / sin [>= pos0 + n, d/2] float32; ``half``: rotate-half pairs. The meta parts are the caller's
+    to keep in range."""
     ys = _want(y, "y", np.float32, 2)
     os_ = _want(out, "out", np.float32, 2)
     (d,) = _want(w, "w", np.float32, 1)
@@ -184,20 +191,25 @@ def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: flo
         raise KernelInputError(f"head_norm_rope: rows {n} at out row {out_row0} / position {pos0} exceed "
                                f"y {ys}, out {os_} or the rope table {cs}")
     head_norm_rope_kernel[(n, n_heads), TPB, stream](out, y, w, cos, sin, np.int32(out_row0), np.int32(pos0),
-                                                     meta, np.float32(eps), np.int32(1 if norm else 0))
+                                                     meta, np.float32(eps), np.int32(1 if norm else 0),
+                                                     np.int32(1 if half else 0))
 
 
 def draft_attention(o, q, kc, vc, kb, vb, n_ctx: int, meta, scale: float, n: int, n_heads: int,
-                    head_dim: int, max_keys: int, stream=0) -> None:
-    """Launch the attention for n block rows (= meta[1]) and n_heads heads over n_ctx + meta[4] cache rows
-    (the meta part is the caller's to keep in range):
-    o, q, kb, vb [>= n, H*d] float32, kc, vc [S >= n_ctx, H*d] float32, n_ctx + n <= max_keys <= MAX_KEYS
-    (the drafter cache of one generation must stay under ~11k rows)."""
-    hd = n_heads * head_dim
+                    head_dim: int, max_keys: int, stream=0, n_kv_heads: int | None = None) -> None:
+    """Launch the attention for n block rows (= meta[1]) and n_heads query heads over n_ctx + meta[4]
+    cache rows (the meta part is the caller's to keep in range): o, q [>= n, H*d] float32, kb, vb
+    [>= n, Hkv*d] float32, kc, vc [S >= n_ctx, Hkv*d] float32 (Hkv = n_kv_heads, default H, dividing H),
+    n_ctx + n <= max_keys <= MAX_KEYS (the drafter cache of one generation must stay under ~11k rows)."""
+    hkv = n_heads if n_kv_heads is None else n_kv_heads
+    if hkv < 1 or n_heads % hkv:
+        raise KernelInputError(f"draft_attention: {n_heads} query heads are not a multiple of {hkv} KV heads")
     shapes = {name: _want(a, name, np.float32, 2)
               for name, a in (("o", o), ("q", q), ("kc", kc), ("vc", vc), ("kb", kb), ("vb", vb))}
-    if any(s[1] != hd for s in shapes.values()):
-        raise KernelInputError(f"draft_attention: widths {shapes} differ from H*d = {hd}")
+    widths = {"o": n_heads, "q": n_heads, "kc": hkv, "vc": hkv, "kb": hkv, "vb": hkv}
+    if any(shapes[k][1] != widths[k] * head_dim for k in shapes):
+        raise KernelInputError(f"draft_attention: widths {shapes} differ from H*d = {n_heads * head_dim} "
+                               f"(o, q) and Hkv*d = {hkv * head_dim} (keys, values)")
     if not 0 < n <= min(shapes[k][0] for k in ("o", "q", "kb", "vb")):
         raise KernelInputError(f"draft_attention: {n} block rows exceed the buffers {shapes}")
     if not 0 < max_keys <= MAX_KEYS or head_dim > 512:
@@ -207,4 +219,4 @@ def draft_attention(o, q, kc, vc, kb, vb, n_ctx: int, meta, scale: float, n: int
         raise KernelInputError(f"draft_attention: {n_ctx} context rows + {n} block rows exceed the cache "
                                f"{shapes['kc']} or max_keys {max_keys}")
     make_draft_attention(head_dim, max_keys)[(n, n_heads), TPB, stream](
-        o, q, kc, vc, kb, vb, np.int32(n_ctx), meta, np.float32(scale))
+        o, q, kc, vc, kb, vb, np.int32(n_ctx), meta, np.float32(scale), np.int32(n_heads // hkv))

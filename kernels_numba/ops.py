@@ -44,6 +44,9 @@ from . import blas, ffn
 from ._validate import KernelInputError, flat
 from .blockops import KS, TPB, col_blocks, row_slices
 from .device import SIMULATED, head_rows, kernel_array, on_gpu, rows_view, to_device, zeros
+from .draft_attention import draft_attention  # the dflash drafter's attention (GQA), draft_attention.py
+from .draft_attention import gather_rows as draft_gather_rows  # its context input from the tap buffer
+from .draft_attention import head_norm_rope as draft_head_norm_rope  # per-head q/k norm + RoPE (2 layouts)
 from .int4_layout import Int4Weight, LayoutError, repack_int4
 from .int4_matmul import GemmWorkspace, gemm_workspace, int4_matmul
 from .kv import kv_compact_kernel
@@ -551,7 +554,8 @@ def tree_compile(ids, depth, vis, meta, ctl, stream=0) -> None:
 
 __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Dense", "FUSED_MOE", "GROUPED_MM", "INT4_MATMUL",
            "Int4Host", "MLA", "MoE", "PORTABLE", "Router", "Scratch", "SwiGLU", "advance", "argmax",
-           "attention_rows", "attention_rows_buffers", "copy_rows", "dense", "embed", "experts_fused",
+           "attention_rows", "attention_rows_buffers", "copy_rows", "dense", "draft_attention",
+           "draft_gather_rows", "draft_head_norm_rope", "embed", "experts_fused",
            "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep", "mla_weights",
            "moe", "route", "moe_weights", "portable_stack", "rmsnorm", "router", "swiglu", "swiglu_weights",
            "topk_logprobs", "tree_compile"]

@@ -1,10 +1,12 @@
-"""The one generation entry point: AR or DDTree decoding on the numpy reference or on the engine.
+"""The one generation entry point: AR, DDTree or DFlash-chain decoding on the numpy reference or on the
+engine.
 
 The command line (``generate``), the notebooks and the benchmarks call ``generate``; the backend x mode
 dispatch lives only here. backend "reference" is the spec (``workbench.ddtree.ar_generate`` /
-``ddtree_generate``); "numba" is the engine (``workbench.engine``) on the GPU, or in numba's CUDA
-simulator without one. The engine is built for the request (``engine.ar.engine_for``) unless one is
-passed in (a benchmark reuses its engine and its captured steps across calls).
+``ddtree_generate`` / ``chain.chain_generate``); "numba" is the engine (``workbench.engine``) on the
+GPU, or in numba's CUDA simulator without one. The engine is built for the request
+(``engine.ar.engine_for``) unless one is passed in (a benchmark reuses its engine and its captured
+steps across calls).
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ from .ddtree.speculative import RoundStats
 from .errors import InputError
 
 BACKENDS = ("reference", "numba")
-MODES = ("ar", "ddtree")
+MODES = ("ar", "ddtree", "chain")
 
 
 @dataclass
 class Generation:
     tokens: np.ndarray                                      # [n] int64 generated ids
     seconds: float                                          # wall time of the call (engine set-up included)
-    rounds: list[RoundStats] = field(default_factory=list)  # DDTree rounds; empty for AR
+    rounds: list[RoundStats] = field(default_factory=list)  # DDTree / chain rounds; empty for AR
 
     @property
     def mean_accepted(self) -> float:                       # tau: tokens per round, bonus included (AR: 1)
@@ -44,7 +46,8 @@ def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: i
     run's one Generator (both backends draw the same tokens for the same seed).
 
     mode "ddtree": ``drafter`` ("dflash", "oracle" or a Drafter), ``budget`` nodes per tree, and the
-    drafter options of ``workbench.ddtree.drafter.make_drafter``. backend "numba": ``engine`` (a
+    drafter options of ``workbench.ddtree.drafter.make_drafter``; mode "chain": the same drafter verified
+    as the chain of its L argmax tokens (no budget). backend "numba": ``engine`` (a
     ``workbench.engine.runtime.Engine`` big enough for the request) or None; ``timing`` receives the
     engine's decode-phase wall times (``engine_ar_generate`` / ``engine_ddtree_generate``).
     """
@@ -60,6 +63,10 @@ def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: i
             from .ddtree.ar import ar_generate
             return Generation(ar_generate(cfg, weights, prompt, n_tokens, sampling).tokens,
                               time.perf_counter() - t0)
+        if mode == "chain":
+            from .ddtree.chain import chain_generate
+            r = chain_generate(cfg, weights, prompt, n_tokens, drafter, sampling, **kw)
+            return Generation(r.tokens, time.perf_counter() - t0, r.rounds)
         from .ddtree.speculative import ddtree_generate
         r = ddtree_generate(cfg, weights, prompt, n_tokens, drafter, budget, sampling, **kw)
         return Generation(r.tokens, time.perf_counter() - t0, r.rounds)
@@ -75,6 +82,12 @@ def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: i
     from .engine.ddtree import engine_ddtree_generate
     budget = check_budget(budget)
     draft = make_drafter(drafter, cfg, weights, toks, n_tokens, np.float32, **kw)
+    if mode == "chain":
+        from .engine.chain import engine_chain_generate
+        n_pos = draft.block_size - 1
+        eng = engine or engine_for(cfg, weights, len(toks), n_tokens, n_pos, taps=tuple(draft.capture))
+        r = engine_chain_generate(eng, weights, toks, n_tokens, draft, sampling, timing=timing)
+        return Generation(r.tokens, time.perf_counter() - t0, r.rounds)
     eng = engine or engine_for(cfg, weights, len(toks), n_tokens, budget, taps=tuple(draft.capture))
     r = engine_ddtree_generate(eng, weights, toks, n_tokens, draft, budget, sampling, timing=timing)
     return Generation(r.tokens, time.perf_counter() - t0, r.rounds)

@@ -2,22 +2,48 @@
 logits of two consecutive calls (the second appends context to the device cache) from random tapped
 features written into the engine's tap buffer, so no target forward runs; eagerly and through the
 launch sequence ``prepare`` captures (on the simulator: the same sequence, run eagerly), which reads
-every position from the control block."""
+every position from the control block. Both layouts: the golden bundles' first one and the public
+DFlash one (GQA, rotate-half RoPE with YaRN, own final norm; fresh random weights), the latter also
+with W16A16 (bf16) drafter linears on the BLAS path; and greedy DDTree with the public drafter on the
+engine equals greedy AR."""
+
+import functools
 
 import numpy as np
 import pytest
 
 from kernels_numba.sim import sim_speed
-from tests.engine.common import bundle, engine
-from workbench.ddtree.dflash import DraftCache, dflash_propose
+from tests.ddtree.common import dflash_layout
+from tests.engine.common import GPU, blas_on, bundle, engine, reference_greedy
+from workbench.bundle.bf16 import bf16
+from workbench.ddtree.dflash import (
+    DraftCache,
+    dflash_propose,
+    drafter_linear_names,
+    random_drafter_weights,
+    w16a16_drafter,
+)
+from workbench.ddtree.speculative import ddtree_generate
+from workbench.engine.ddtree import engine_ddtree_generate
 from workbench.engine.dflash import DeviceDFlash
 from workbench.errors import InputError
 
 
-@pytest.mark.parametrize("prepared", [False, True])
-def test_device_dflash_matches_reference_logits(prepared):
-    name = "tiny"
-    b, w, dcfg = bundle(name)
+@functools.cache
+def public_model(name: str, w16: bool = False):
+    """(bundle, weights, drafter config): the golden bundle's target with a fresh random drafter in the
+    public DFlash layout; ``w16``: its linears rounded to bf16 and marked W16A16."""
+    b, w, _ = bundle(name)
+    dcfg = dflash_layout(b.config)
+    out = {k: v for k, v in w.items() if not k.startswith("drafter.")}
+    out.update(random_drafter_weights(b.config, dcfg, 7))
+    if w16:
+        out.update({n: bf16(out[n]) for n in drafter_linear_names(dcfg)})
+        out = w16a16_drafter(out, dcfg)
+    return b, out, dcfg
+
+
+def _check_logits(name, b, w, dcfg, prepared, atol):
     eng = engine(name)
     rng = np.random.default_rng(11)
     feats = rng.standard_normal(eng.buf.feats.shape).astype(np.float32)     # [F, T, D]
@@ -34,8 +60,43 @@ def test_device_dflash_matches_reference_logits(prepared):
             got = eng.fetch(dev.logits)                                       # [L, V]
             new = np.concatenate([feats[i][rows] for i in tap], axis=-1)
             want = dflash_propose(b.config, dcfg, w, cache, bonus, start, new)
-            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+            np.testing.assert_allclose(got, want, rtol=0, atol=atol)
             np.testing.assert_array_equal(np.argsort(-got, axis=1, kind="stable")[:, :4],
                                           np.argsort(-want, axis=1, kind="stable")[:, :4])
         with pytest.raises(InputError):                                      # cache length mismatch
             dev.propose(1, 9, np.array([0]), 1)
+
+
+@pytest.mark.parametrize("layout", ["first", "public"])
+@pytest.mark.parametrize("prepared", [False, True])
+def test_device_dflash_matches_reference_logits(layout, prepared):
+    name = "tiny"
+    b, w, dcfg = bundle(name) if layout == "first" else public_model(name)
+    _check_logits(name, b, w, dcfg, prepared, 1e-4)
+
+
+def test_device_dflash_w16a16_matches_reference_logits():
+    # bf16 weights and activations (BLAS path): a bf16 rounding of an input may flip where the two sides'
+    # float32 values straddle a rounding boundary, hence a wider tolerance (measured 5e-6 on the CPU; the
+    # same drafter without the activation rounding is 4e-2 away)
+    name = "tiny"
+    b, w, dcfg = public_model(name, w16=True)
+    with blas_on():
+        _check_logits(name, b, w, dcfg, True, 5e-3)
+        dev = DeviceDFlash(engine(name), w, dcfg)
+        assert dev.fc.path == dev.layers[0]["attn.wq"].path == dev.layers[0]["mlp"].path == "blas"
+
+
+@pytest.mark.slow
+def test_engine_ddtree_with_the_public_drafter_equals_greedy_ar():
+    name, budget = "tiny", 4
+    b, w, dcfg = public_model(name)
+    p = len(b.prompt) if GPU else 3
+    n = len(b.golden) if GPU else 6
+    prompt = np.asarray(b.prompt[:p], np.int64)
+    got = engine_ddtree_generate(engine(name), w, prompt, n, "dflash", budget, drafter_config=dcfg)
+    want = ddtree_generate(b.config, w, prompt, n, "dflash", budget, drafter_config=dcfg)
+    np.testing.assert_array_equal(got.tokens, reference_greedy(name, n, p).tokens)
+    np.testing.assert_array_equal(want.tokens, got.tokens)
+    assert [(r.tree_size, r.accepted_len, r.depth) for r in got.rounds] == \
+        [(r.tree_size, r.accepted_len, r.depth) for r in want.rounds]

@@ -13,7 +13,7 @@ import pytest
 from kernels_numba._validate import KernelInputError
 from kernels_numba.draft_attention import draft_attention, gather_rows, head_norm_rope
 from workbench.ddtree.config import DrafterConfig
-from workbench.ddtree.dflash import rope_plain
+from workbench.ddtree.dflash import apply_rope_half, drafter_rope
 from workbench.reference.layers import rmsnorm
 from workbench.reference.rope import apply_rope
 
@@ -43,53 +43,60 @@ def test_gather_rows_concatenates_taps_in_order():
         gather_rows(out, feats, rows.astype(np.int64), taps, _meta(3), 3)
 
 
-@pytest.mark.parametrize("norm", [True, False])
-def test_head_norm_rope_matches_reference(norm):
+@pytest.mark.parametrize("norm,half", [(True, False), (False, False), (True, True)])
+def test_head_norm_rope_matches_reference(norm, half):
     rng = np.random.default_rng(2)
-    dcfg = DrafterConfig(n_heads=2, head_dim=8)
+    dcfg = DrafterConfig(n_heads=2, head_dim=8, rope_scaling_type="yarn", rope_factor=4.0,
+                         original_max_position_embeddings=8, rope_attention_factor=1.2)
     n, h, d, row0, pos0 = 3, 2, 8, 2, 5
     y = rng.standard_normal((4, h * d)).astype(np.float32)
     w = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
-    cos, sin = rope_plain(dcfg, np.arange(16))
+    cos, sin = drafter_rope(dcfg, np.arange(16))
     out = np.zeros((7, h * d), np.float32)
     c32, s32 = cos.astype(np.float32), sin.astype(np.float32)
-    head_norm_rope(out, y, w, c32, s32, row0, pos0, _meta(n), 1e-6, n, h, norm)
+    head_norm_rope(out, y, w, c32, s32, row0, pos0, _meta(n), 1e-6, n, h, norm, half=half)
     x = y[:n].reshape(n, h, d)
     if norm:
-        c, s = rope_plain(dcfg, np.arange(pos0, pos0 + n))
-        x = apply_rope(rmsnorm(x, w, 1e-6).transpose(1, 0, 2), c, s).transpose(1, 0, 2)
+        c, s = drafter_rope(dcfg, np.arange(pos0, pos0 + n))
+        rope = apply_rope_half if half else apply_rope
+        x = rope(rmsnorm(x, w, 1e-6).transpose(1, 0, 2), c, s).transpose(1, 0, 2)
     np.testing.assert_allclose(out[row0:row0 + n], x.reshape(n, h * d), rtol=1e-5, atol=1e-5)
     assert not out[:row0].any() and not out[row0 + n:].any()
     with pytest.raises(KernelInputError):                                 # past the rope table
         head_norm_rope(out, y, w, cos[:6].astype(np.float32), sin[:6].astype(np.float32), row0, pos0,
                        _meta(n), 1e-6, n, h, norm)
     split = np.zeros_like(out)                                            # offsets split host / device
-    head_norm_rope(split, y, w, c32, s32, 1, 2, _meta(n, row0 - 1, pos0 - 2), 1e-6, n, h, norm)
+    head_norm_rope(split, y, w, c32, s32, 1, 2, _meta(n, row0 - 1, pos0 - 2), 1e-6, n, h, norm, half=half)
     np.testing.assert_array_equal(split, out)
 
 
-def test_draft_attention_matches_numpy():
+@pytest.mark.parametrize("hkv", [4, 2, 1])
+def test_draft_attention_matches_numpy(hkv):
     rng = np.random.default_rng(3)
-    h, d, n_ctx, bs = 2, 8, 5, 4
-    q, kb, vb = (rng.standard_normal((bs, h * d)).astype(np.float32) for _ in range(3))
-    kc, vc = (rng.standard_normal((9, h * d)).astype(np.float32) for _ in range(2))
+    h, d, n_ctx, bs = 4, 8, 5, 4
+    q = rng.standard_normal((bs, h * d)).astype(np.float32)
+    kb, vb = (rng.standard_normal((bs, hkv * d)).astype(np.float32) for _ in range(2))
+    kc, vc = (rng.standard_normal((9, hkv * d)).astype(np.float32) for _ in range(2))
     o = np.zeros((bs, h * d), np.float32)
     scale = d ** -0.5
-    draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, 16)
-    k = np.concatenate([kc[:n_ctx], kb]).reshape(-1, h, d)                # [T, H, d]
-    v = np.concatenate([vc[:n_ctx], vb]).reshape(-1, h, d)
+    draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, 16, n_kv_heads=hkv)
+    k = np.concatenate([kc[:n_ctx], kb]).reshape(-1, hkv, d).repeat(h // hkv, axis=1)   # [T, H, d]: h // G
+    v = np.concatenate([vc[:n_ctx], vb]).reshape(-1, hkv, d).repeat(h // hkv, axis=1)
     s = np.einsum("shd,thd->hst", q.reshape(bs, h, d), k) * scale
     a = np.exp(s - s.max(-1, keepdims=True))
     a /= a.sum(-1, keepdims=True)
     want = np.einsum("hst,thd->shd", a, v).reshape(bs, h * d)
     np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
     split = np.zeros_like(o)                                              # context rows from the meta
-    draft_attention(split, q, kc, vc, kb, vb, 2, _meta(bs, n_ctx=n_ctx - 2), scale, bs, h, d, 16)
+    draft_attention(split, q, kc, vc, kb, vb, 2, _meta(bs, n_ctx=n_ctx - 2), scale, bs, h, d, 16,
+                    n_kv_heads=hkv)
     np.testing.assert_array_equal(split, o)
     with pytest.raises(KernelInputError):                                 # more keys than max_keys
-        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, 8)
+        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, 8, n_kv_heads=hkv)
     with pytest.raises(KernelInputError):                                 # H*d disagrees
-        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d + 2, 16)
+        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d + 2, 16, n_kv_heads=hkv)
+    with pytest.raises(KernelInputError):                                 # KV heads do not divide H
+        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, 16, n_kv_heads=3)
 
 
 PROBE = """
@@ -105,8 +112,9 @@ f2, f3, f1, i1 = T.float32[:, ::1], T.float32[:, :, ::1], T.float32[::1], T.int3
 out = {}
 for name, k, sig in [
         ("gather", gather_rows_kernel, (f2, f3, i1, i1, i1)),
-        ("norm_rope", head_norm_rope_kernel, (f2, f2, f1, f2, f2, T.int32, T.int32, i1, T.float32, T.int32)),
-        ("attention", make_draft_attention(128, 4104), (f2,) * 6 + (T.int32, i1, T.float32))]:
+        ("norm_rope", head_norm_rope_kernel, (f2, f2, f1, f2, f2, T.int32, T.int32, i1, T.float32, T.int32,
+                                              T.int32)),
+        ("attention", make_draft_attention(128, 4104), (f2,) * 6 + (T.int32, i1, T.float32, T.int32))]:
     ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0))
     out[name] = {"bar": ptx.count("bar.sync"), "local": ptx.count(".local")}
 json.dump(out, sys.stdout)

@@ -1,7 +1,9 @@
 """python -m workbench export-hf BUNDLE OUT_DIR: a bundle -> a HF checkpoint folder transformers loads.
 
 Writes config.json (+ quantization_config for INT4 linears) and safetensors shards with an index;
-drafter.* tensors are not part of HF checkpoints and are left out. OUT_DIR must not exist or be empty.
+a drafter (drafter.* tensors with ``meta["drafter"]``) goes to OUT_DIR/drafter/ as a public DFlash
+drafter folder (``workbench.dflash_checkpoint``; drafter.* without a config are left out). OUT_DIR must
+not exist or be empty.
 """
 
 from __future__ import annotations
@@ -28,8 +30,29 @@ def run(args: argparse.Namespace) -> int:
     b = read_bundle(args.bundle)
     tensors = dict(b.tensors)                            # bf16 stays bf16 (weights() would widen it)
     dropped = sorted(k for k in tensors if k.startswith("drafter."))
+    dmeta = b.meta.get("drafter") if isinstance(b.meta, dict) else None
+    folder = None
+    if dropped and dmeta is not None:                    # checked before anything is written
+        from ..dflash_checkpoint import dflash_folder, write_dflash_folder
+        folder = dflash_folder(b.config, drafter_config(b.config, dmeta), tensors)
     files = save_hf_checkpoint(args.out_dir, b.config, {k: v for k, v in tensors.items() if k not in dropped},
                                max_shard_bytes=max(1, int(args.max_shard_mb * 1e6)))
-    print(f"wrote {args.out_dir}: {', '.join(files)}"
-          + (f" ({len(dropped)} drafter tensors left out)" if dropped else ""))
+    note = f" ({len(dropped)} drafter tensors left out: no meta.drafter)" if dropped and not folder else ""
+    print(f"wrote {args.out_dir}: {', '.join(files)}{note}")
+    if folder is not None:
+        out = args.out_dir / "drafter"
+        print(f"wrote {out}: {', '.join(write_dflash_folder(out, folder))}")
     return 0
+
+
+def drafter_config(cfg, d):
+    """The bundle's DrafterConfig (meta.drafter), checked against the target; InputError otherwise."""
+    from ..config import ConfigError
+    from ..ddtree.config import DrafterConfig
+    from ..errors import InputError
+    try:
+        dcfg = DrafterConfig.from_dict(d)
+        dcfg.check_target(cfg)
+    except ConfigError as e:
+        raise InputError(f"meta.drafter: {e}") from None
+    return dcfg

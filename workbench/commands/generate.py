@@ -3,9 +3,11 @@
 Backends: ``reference`` (numpy) and ``numba`` (the engine; under numba's CUDA simulator when no GPU
 is present; at --temperature > 0 it samples on the host from the copied-back logits with the
 reference's Generator, so both backends give the same tokens for the same --seed). Modes: ``ar``
-(one token per step) and ``ddtree`` (speculative, drafter dflash or oracle). Output: the tokens on
-one line, or with --json a JSON list (ar) or an object with the tokens and per-round statistics
-(ddtree: tree size, accepted length, depth). The decoding itself is ``workbench.generate.generate``.
+(one token per step), ``ddtree`` (speculative, drafter dflash or oracle) and ``chain`` (the plain
+DFlash chain: the same drafter, its L argmax tokens verified as one path; --budget unused). Output:
+the tokens on one line, or with --json a JSON list (ar) or an object with the tokens and per-round
+statistics (ddtree, chain: tree size, accepted length, depth). The decoding itself is
+``workbench.generate.generate``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=None,
                    help="tokens to generate (default: the bundle's golden length, or 24)")
     p.add_argument("--backend", choices=("reference", "numba"), default="reference")
-    p.add_argument("--mode", choices=("ar", "ddtree"), default="ar")
+    p.add_argument("--mode", choices=("ar", "ddtree", "chain"), default="ar",
+                   help="ar, ddtree (draft tree) or chain (the plain DFlash chain)")
     p.add_argument("--budget", type=int, default=16, help="DDTree node budget B >= 1 (default 16)")
     p.add_argument("--drafter", choices=("dflash", "oracle"), default="dflash")
     p.add_argument("--oracle-p", type=float, default=1.0, help="oracle drafter hit probability in [0, 1]")
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                    budget=args.budget, sampling=sampling, drafter_config=dcfg, oracle_p=args.oracle_p,
                    oracle_seed=args.seed)
     rounds = None
-    if args.mode == "ddtree":
+    if args.mode in ("ddtree", "chain"):
         rounds = [{"tree_size": r.tree_size, "accepted_len": r.accepted_len, "depth": r.depth}
                   for r in res.rounds]
     (_print if tok is None else _print_text(tok))(args, [int(t) for t in res.tokens], rounds)

@@ -2,6 +2,8 @@
 
 Tensors keep their stored form: bf16 stays bfloat16, INT4 compressed-tensors linears stay packed
 (never dequantized). The checkpoint's quantization_config and skipped tensors go into the meta.
+``--drafter DIR`` adds a public DFlash drafter folder (``workbench.dflash_checkpoint``): its tensors as
+``drafter.*`` and its config as ``meta["drafter"]``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from ..cli import check_out_file
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("ckpt_dir", type=Path, help="checkpoint folder: config.json + *.safetensors (+ index)")
     p.add_argument("out", type=Path, help="bundle file to write (.kdtr)")
+    p.add_argument("--drafter", type=Path, default=None, metavar="DFLASH_DIR",
+                   help="a DFlash drafter folder (config.json + safetensors) to add as drafter.*")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,6 +30,11 @@ def run(args: argparse.Namespace) -> int:
     meta = {"source": "import-hf", "checkpoint": str(args.ckpt_dir),
             "quantization_config": info["quantization_config"], "int4_linears": info["int4_linears"],
             "skipped_tensors": info["skipped"]}
+    if args.drafter is not None:
+        from ..dflash_checkpoint import load_dflash_drafter
+        dcfg, drafter = load_dflash_drafter(args.drafter, cfg)
+        weights.update(drafter)
+        meta.update(drafter=dcfg.to_dict(), drafter_checkpoint=str(args.drafter))
     write_bundle(args.out, config=cfg, tensors=weights, meta=meta)
     if info["vision_skipped"]:
         print(f"note: {info['vision_skipped']} vision tensors (vision_tower, mm_projector) skipped: "

@@ -14,6 +14,7 @@ from typing import Any
 from ..config import ConfigError, ModelConfig, check_int, check_number, config_from_dict
 
 DRAFTERS = ("dflash", "oracle")
+ROPE_LAYOUTS = ("interleaved", "rotate_half")
 
 
 @dataclass(frozen=True)
@@ -21,9 +22,21 @@ class DrafterConfig:
     """Shape of the DFlash-style block drafter (hidden size = the target's D, no embed/head of its own).
 
     block_size: B_s, the block [bonus, MASK x (B_s - 1)]; L = B_s - 1 drafted positions (>= 2).
-    target_layer_ids: target decoder layers whose outputs feed ``fc`` (id k = output of layer k).
+    target_layer_ids: target decoder layers whose outputs feed ``fc`` (id k = output of layer k, which
+      HF's ``output_hidden_states`` list holds at index k + 1, after the embedding).
     mask_token_id: a real row of the target's embedding table used for the MASK positions.
-    rope_theta: plain RoPE (no YaRN) on interleaved pairs, like the target's rope layout.
+    n_kv_heads: KV heads shared by n_heads / n_kv_heads query heads each (GQA); None = n_heads.
+    rope_layout: "interleaved" pairs dims (2i, 2i+1) (the target's layout); "rotate_half" pairs
+      (i, i + d/2) (Qwen3 / HF ``rotate_half``).
+    rope_scaling_type: None (plain theta^(-2i/d)) or "yarn" with rope_factor,
+      original_max_position_embeddings, beta_fast / beta_slow (the ramp) and rope_attention_factor
+      (the factor on cos and sin, HF's resolved ``attention_factor``).
+    own_norm: the drafter's own final RMSNorm (``drafter.norm``, rms_norm_eps) before the target head,
+      instead of the target's final norm.
+
+    The defaults of the fields from n_kv_heads on are the workbench's first drafter layout (no GQA,
+    interleaved plain RoPE, target norm); ``to_dict`` leaves them out when they hold those defaults, so
+    older bundles' ``meta["drafter"]`` read back, and write, unchanged.
     """
     block_size: int = 8
     n_layers: int = 1
@@ -34,14 +47,28 @@ class DrafterConfig:
     mask_token_id: int = 0
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
+    n_kv_heads: int | None = None
+    rope_layout: str = "interleaved"
+    rope_scaling_type: str | None = None
+    rope_factor: float = 1.0
+    original_max_position_embeddings: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    rope_attention_factor: float = 1.0
+    own_norm: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "n_layers", "n_heads", "head_dim", "intermediate_size"):
+        for name in ("block_size", "n_layers", "n_heads", "head_dim", "intermediate_size",
+                     "original_max_position_embeddings"):
             check_int(name, getattr(self, name), 1)
         if self.block_size < 2:
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even (RoPE pairs), got {self.head_dim}")
+        if self.n_kv_heads is not None:
+            check_int("n_kv_heads", self.n_kv_heads, 1)
+            if self.n_heads % self.n_kv_heads:
+                raise ConfigError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         ids = self.target_layer_ids
         if not isinstance(ids, tuple) or not ids:
             raise ConfigError(f"target_layer_ids must be a non-empty tuple, got {ids!r}")
@@ -51,8 +78,28 @@ class DrafterConfig:
         if len(set(ids)) != len(ids):
             raise ConfigError(f"target_layer_ids must be distinct, got {ids!r}")
         check_int("mask_token_id", self.mask_token_id, 0)
-        for name in ("rope_theta", "rms_norm_eps"):
+        for name in ("rope_theta", "rms_norm_eps", "rope_factor", "beta_fast", "beta_slow",
+                     "rope_attention_factor"):
             check_number(name, getattr(self, name))
+        if self.rope_layout not in ROPE_LAYOUTS:
+            raise ConfigError(f"rope_layout must be one of {', '.join(ROPE_LAYOUTS)}, "
+                              f"got {self.rope_layout!r}")
+        if self.rope_scaling_type not in (None, "yarn"):
+            raise ConfigError(f"rope_scaling_type must be None or 'yarn', got {self.rope_scaling_type!r}")
+        if self.rope_scaling_type is None and (self.rope_factor, self.rope_attention_factor) != (1.0, 1.0):
+            raise ConfigError("rope_factor and rope_attention_factor need rope_scaling_type 'yarn'")
+        if self.rope_factor < 1:
+            raise ConfigError(f"rope_factor must be >= 1, got {self.rope_factor}")
+        if not isinstance(self.own_norm, bool):
+            raise ConfigError(f"own_norm must be true or false, got {self.own_norm!r}")
+
+    @property
+    def kv_heads(self) -> int:                # Hkv: KV heads (n_heads without GQA)
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def group(self) -> int:                   # query heads per KV head; query head h reads KV head h // group
+        return self.n_heads // self.kv_heads
 
     @property
     def n_drafted(self) -> int:               # L: positions 1..B_s-1 of the block get logits
@@ -73,8 +120,14 @@ class DrafterConfig:
                               f"{cfg.vocab_size}")
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields; those after rms_norm_eps only where they differ from their defaults."""
         d = dataclasses.asdict(self)
         d["target_layer_ids"] = list(self.target_layer_ids)    # JSON has no tuples
+        fields = dataclasses.fields(self)
+        first = [f.name for f in fields].index("n_kv_heads")
+        for f in fields[first:]:                                # the first layout's values: left out
+            if d[f.name] == f.default and type(d[f.name]) is type(f.default):
+                del d[f.name]
         return d
 
     @classmethod

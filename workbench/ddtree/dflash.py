@@ -1,28 +1,34 @@
-"""DFlash-style block drafter (docs/ddtree.md): a few non-causal layers in the target's width D that
+"""DFlash-style block drafter (docs/drafter.md): a few non-causal layers in the target's width D that
 turn [bonus, MASK x L] into per-position draft logits, conditioned on the target's own hidden states.
 
 Legend: D target hidden size, V vocabulary, Bs block size, L = Bs - 1 drafted positions,
-F tapped target layers, H drafter heads, d drafter head dim, I drafter MLP width,
-P context rows already in the drafter cache, n new context rows this call, T = P + n + Bs keys.
+F tapped target layers, H query heads, Hkv KV heads, G = H / Hkv query heads per KV head, d head dim,
+I drafter MLP width, P context rows already in the drafter cache, n new context rows this call,
+T = P + n + Bs keys. Einsum letters: s block rows, t keys, k KV heads, g query heads of one KV head.
 
 Weights (``drafter.*``; stored [out, in], applied ``x @ W.T`` through the one ``linear`` dispatch):
-  fc [D, F*D], hidden_norm [D];
-  layers.{l}.attn_norm [D], layers.{l}.attn.wq / wk / wv [H*d, D], .wo [D, H*d], .q_norm / .k_norm [d],
-  layers.{l}.ffn_norm [D], layers.{l}.mlp.w1 / w3 [I, D], .w2 [D, I].
+  fc [D, F*D], hidden_norm [D], norm [D] (``own_norm`` only);
+  layers.{l}.attn_norm [D], layers.{l}.attn.wq [H*d, D], .wk / .wv [Hkv*d, D], .wo [D, H*d],
+  .q_norm / .k_norm [d], layers.{l}.ffn_norm [D], layers.{l}.mlp.w1 / w3 [I, D], .w2 [D, I].
 No embedding or head of its own: the block is embedded with the target ``embed`` and the logits are
-the target ``head(rmsnorm(h, target norm))``.
+the target ``head`` of the final norm (the drafter's own ``norm``, or the target's).
 
 Attention (KV injection): queries come from the block only; keys/values are the drafter cache (one
-entry per committed token: context features -> fc -> hidden_norm -> this layer's wk/wv, k_norm, RoPE at
-the token's absolute position) followed by the block's own K/V. Non-causal: every block row sees every
-key. RoPE is plain (theta^(-2i/d), no YaRN) on interleaved pairs (2i, 2i+1), the target's layout,
-applied to q and k after q_norm / k_norm. Scale d^-0.5.
+entry per committed token: the tapped target features of layers ``target_layer_ids`` concatenated,
+-> fc -> hidden_norm -> this layer's wk/wv, k_norm, RoPE at the token's absolute position) followed
+by the block's own K/V. Non-causal: every block row sees every key. Query head h reads KV head
+h // G (GQA). q_norm / k_norm are RMSNorms over d per head (values are not normalised), applied before
+RoPE. RoPE pairs dims (2i, 2i+1) ("interleaved", the target's layout) or (i, i + d/2) ("rotate_half",
+Qwen3's), with frequencies theta^(-2i/d), YaRN-blended when configured. Scale d^-0.5.
+The layer is Qwen3's: x += wo(attn(attn_norm(x))); x += SwiGLU(ffn_norm(x)).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +36,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import InputError
+from ..quant.w16a16 import w16a16_marked
 from ..reference.layers import as_array, linear, rmsnorm, swiglu, weight
 from ..reference.rope import apply_rope
 from .config import DrafterConfig
@@ -59,19 +66,50 @@ def default_drafter_config(cfg: ModelConfig) -> DrafterConfig:
     return base
 
 
+def kimi_k26_dflash(cfg: ModelConfig) -> DrafterConfig:
+    """The shape of the public Kimi-K2.5 / K2.6 DFlash drafter for the target ``cfg``: 6 Qwen3 layers,
+    64 query / 8 KV heads of 128, MLP 18,432, block 8, taps [1, 12, 24, 35, 47, 58], mask id 163838,
+    rotate-half RoPE theta 5e4 with YaRN factor 64 over 4,096 positions (HF's attention factor for
+    mscale = mscale_all_dim = 1: 1.0), eps 1e-6, its own final norm. ConfigError where ``cfg`` lacks
+    those layers or that mask row."""
+    dcfg = DrafterConfig(block_size=8, n_layers=6, n_heads=64, n_kv_heads=8, head_dim=128,
+                         intermediate_size=18432, target_layer_ids=(1, 12, 24, 35, 47, 58),
+                         mask_token_id=163838, rope_theta=50000.0, rms_norm_eps=1e-6,
+                         rope_layout="rotate_half", rope_scaling_type="yarn", rope_factor=64.0,
+                         original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0,
+                         rope_attention_factor=1.0, own_norm=True)
+    dcfg.check_target(cfg)
+    return dcfg
+
+
 def drafter_shapes(cfg: ModelConfig, dcfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every ``drafter.*`` tensor."""
-    dm, hd, i = cfg.hidden_size, dcfg.n_heads * dcfg.head_dim, dcfg.intermediate_size
+    dm, i = cfg.hidden_size, dcfg.intermediate_size
+    hq, hkv = dcfg.n_heads * dcfg.head_dim, dcfg.kv_heads * dcfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {"drafter.fc": (dm, dcfg.n_features * dm),
                                           "drafter.hidden_norm": (dm,)}
     for layer in range(dcfg.n_layers):
         p = f"drafter.layers.{layer}."
         hdim = (dcfg.head_dim,)
-        shapes.update({p + "attn_norm": (dm,), p + "attn.wq": (hd, dm), p + "attn.wk": (hd, dm),
-                       p + "attn.wv": (hd, dm), p + "attn.wo": (dm, hd), p + "attn.q_norm": hdim,
+        shapes.update({p + "attn_norm": (dm,), p + "attn.wq": (hq, dm), p + "attn.wk": (hkv, dm),
+                       p + "attn.wv": (hkv, dm), p + "attn.wo": (dm, hq), p + "attn.q_norm": hdim,
                        p + "attn.k_norm": hdim, p + "ffn_norm": (dm,), p + "mlp.w1": (i, dm),
                        p + "mlp.w3": (i, dm), p + "mlp.w2": (dm, i)})
+    if dcfg.own_norm:
+        shapes["drafter.norm"] = (dm,)
     return shapes
+
+
+def drafter_linear_names(dcfg: DrafterConfig) -> list[str]:
+    """The drafter's linears (fc and every layer's projections): what W16A16 marks."""
+    proj = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.w1", "mlp.w3", "mlp.w2")
+    return ["drafter.fc"] + [f"drafter.layers.{i}.{p}" for i in range(dcfg.n_layers) for p in proj]
+
+
+def w16a16_drafter(weights: Mapping[str, Any], dcfg: DrafterConfig) -> Mapping[str, Any]:
+    """``weights`` with the drafter's linears marked W16A16 (bf16 weights and activations,
+    ``workbench.quant.w16a16``): a read-only view; InputError on access where a value is not bf16."""
+    return w16a16_marked(weights, [n for n in drafter_linear_names(dcfg) if n in weights])
 
 
 def drafter_param_count(cfg: ModelConfig, dcfg: DrafterConfig) -> int:
@@ -116,7 +154,7 @@ def check_drafter_weights(cfg: ModelConfig, dcfg: DrafterConfig, weights: dict[s
 class DraftCache:
     """Per drafter layer, the rotated keys and the values of every committed token's context feature.
 
-    k, v: [n_layers, max_len, H, d] in the compute dtype; rows [0, length) are valid, row p holds the
+    k, v: [n_layers, max_len, Hkv, d] in the compute dtype; rows [0, length) are valid, row p holds the
     token at absolute position p.
     """
     k: np.ndarray
@@ -125,25 +163,54 @@ class DraftCache:
 
     @classmethod
     def empty(cls, dcfg: DrafterConfig, max_len: int, dtype: Any) -> DraftCache:
-        shape = (dcfg.n_layers, max_len, dcfg.n_heads, dcfg.head_dim)
+        shape = (dcfg.n_layers, max_len, dcfg.kv_heads, dcfg.head_dim)
         return cls(k=np.zeros(shape, dtype=dtype), v=np.zeros(shape, dtype=dtype))
 
 
-def rope_plain(dcfg: DrafterConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin [S, d/2] float64 for the drafter's plain RoPE at integer positions [S]."""
-    inv = dcfg.rope_theta ** (-np.arange(0, dcfg.head_dim, 2, dtype=np.float64) / dcfg.head_dim)  # [d/2]
-    ang = np.asarray(positions, dtype=np.float64)[:, None] * inv[None, :]                         # [S, d/2]
-    return np.cos(ang), np.sin(ang)
+def drafter_inv_freq(dcfg: DrafterConfig) -> np.ndarray:
+    """Per-pair angular frequency [d/2] float64: theta^(-2i/d); with YaRN, pairs below the correction
+    range keep it, pairs above use it / factor, a linear ramp in between (range floored / ceiled on
+    the original context, as HF computes it)."""
+    d = dcfg.head_dim
+    freq = dcfg.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)                 # [d/2]
+    if dcfg.rope_scaling_type is None:
+        return freq
+
+    def pair(n_rotations: float) -> float:   # the pair whose wavelength fits n_rotations times
+        return d * math.log(dcfg.original_max_position_embeddings / (n_rotations * 2 * math.pi)) / (
+            2 * math.log(dcfg.rope_theta))
+    low = max(math.floor(pair(dcfg.beta_fast)), 0)
+    high = min(math.ceil(pair(dcfg.beta_slow)), d - 1)
+    span = (high - low) if high != low else 0.001                                         # no 0/0
+    ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / span, 0.0, 1.0)          # [d/2] 1 = interp.
+    return freq / dcfg.rope_factor * ramp + freq * (1.0 - ramp)
 
 
-def _heads(dcfg: DrafterConfig, weights: dict[str, Any], name: str, x: np.ndarray,
+def drafter_rope(dcfg: DrafterConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [S, d/2] float64 for the drafter's RoPE at integer positions [S] (times the YaRN
+    attention factor)."""
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * drafter_inv_freq(dcfg)[None, :]  # [S, d/2]
+    return np.cos(ang) * dcfg.rope_attention_factor, np.sin(ang) * dcfg.rope_attention_factor
+
+
+def apply_rope_half(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate pairs (i, i + d/2) of x [..., S, d] by cos/sin [S, d/2] (HF ``rotate_half``); x's dtype."""
+    c = cos.astype(x.dtype, copy=False)                                         # [S, d/2]
+    s = sin.astype(x.dtype, copy=False)
+    h = x.shape[-1] // 2
+    x0, x1 = x[..., :h], x[..., h:]                                             # [..., S, d/2] each
+    return np.concatenate([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1)          # [..., S, d]
+
+
+def _heads(dcfg: DrafterConfig, weights: dict[str, Any], name: str, x: np.ndarray, n_heads: int,
            norm: str | None, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Project x [S, D] -> [S, H, d]; with ``norm``, per-head RMSNorm then RoPE at the rows' positions."""
-    y = linear(weights, name, x).reshape(x.shape[0], dcfg.n_heads, dcfg.head_dim)    # [S, H, d]
+    """Project x [S, D] -> [S, h, d]; with ``norm``, per-head RMSNorm then RoPE at the rows' positions."""
+    y = linear(weights, name, x).reshape(x.shape[0], n_heads, dcfg.head_dim)          # [S, h, d]
     if norm is None:
         return y
-    y = rmsnorm(y, weights[norm], dcfg.rms_norm_eps)                                 # [S, H, d]
-    return apply_rope(y.transpose(1, 0, 2), cos, sin).transpose(1, 0, 2)             # [S, H, d]
+    y = rmsnorm(y, weights[norm], dcfg.rms_norm_eps)                                  # [S, h, d]
+    rope = apply_rope_half if dcfg.rope_layout == "rotate_half" else apply_rope
+    return rope(y.transpose(1, 0, 2), cos, sin).transpose(1, 0, 2)                    # [S, h, d]
 
 
 def dflash_propose(cfg: ModelConfig, dcfg: DrafterConfig, weights: dict[str, Any], cache: DraftCache,
@@ -161,35 +228,41 @@ def dflash_propose(cfg: ModelConfig, dcfg: DrafterConfig, weights: dict[str, Any
     if start > cache.k.shape[1]:
         raise InputError(f"drafter cache full: {start} rows exceed max_len {cache.k.shape[1]}")
     p0 = cache.length
+    hq, hkv, g, hd = dcfg.n_heads, dcfg.kv_heads, dcfg.group, dcfg.head_dim
     ctx = linear(weights, "drafter.fc", feats)                                       # [n, D]
     ctx = rmsnorm(ctx, weights["drafter.hidden_norm"], dcfg.rms_norm_eps)            # [n, D]
-    cos_c, sin_c = rope_plain(dcfg, np.arange(p0, start))                            # [n, d/2]
+    cos_c, sin_c = drafter_rope(dcfg, np.arange(p0, start))                          # [n, d/2]
     pos_b = start + np.arange(dcfg.block_size)                                       # [Bs]
-    cos_b, sin_b = rope_plain(dcfg, pos_b)                                           # [Bs, d/2]
+    cos_b, sin_b = drafter_rope(dcfg, pos_b)                                         # [Bs, d/2]
     block = np.full(dcfg.block_size, dcfg.mask_token_id, dtype=np.int64)
     block[0] = bonus
     emb = weight(weights, "embed")                                                   # [V, D]
     rows = emb[block] if isinstance(emb, np.ndarray) else as_array(emb, np.float32)[block]
     x = as_array(rows, dtype)                                                        # [Bs, D]
-    scale = x.dtype.type(dcfg.head_dim ** -0.5)
+    scale = x.dtype.type(hd ** -0.5)
     for layer in range(dcfg.n_layers):
         p = f"drafter.layers.{layer}."
-        cache.k[layer, p0:start] = _heads(dcfg, weights, p + "attn.wk", ctx, p + "attn.k_norm", cos_c, sin_c)
-        cache.v[layer, p0:start] = _heads(dcfg, weights, p + "attn.wv", ctx, None, cos_c, sin_c)
+        cache.k[layer, p0:start] = _heads(dcfg, weights, p + "attn.wk", ctx, hkv, p + "attn.k_norm",
+                                          cos_c, sin_c)                              # [n, Hkv, d]
+        cache.v[layer, p0:start] = _heads(dcfg, weights, p + "attn.wv", ctx, hkv, None, cos_c, sin_c)
         h = rmsnorm(x, weights[p + "attn_norm"], dcfg.rms_norm_eps)                  # [Bs, D]
-        q = _heads(dcfg, weights, p + "attn.wq", h, p + "attn.q_norm", cos_b, sin_b)  # [Bs, H, d]
-        k_b = _heads(dcfg, weights, p + "attn.wk", h, p + "attn.k_norm", cos_b, sin_b)  # [Bs, H, d]
-        v_b = _heads(dcfg, weights, p + "attn.wv", h, None, cos_b, sin_b)            # [Bs, H, d]
-        k = np.concatenate([cache.k[layer, :start], k_b])                           # [T, H, d]
-        v = np.concatenate([cache.v[layer, :start], v_b])                           # [T, H, d]
-        s = np.einsum("shd,thd->hst", q, k) * scale                                 # [H, Bs, T]
+        q = _heads(dcfg, weights, p + "attn.wq", h, hq, p + "attn.q_norm", cos_b, sin_b)   # [Bs, H, d]
+        k_b = _heads(dcfg, weights, p + "attn.wk", h, hkv, p + "attn.k_norm", cos_b, sin_b)  # [Bs, Hkv, d]
+        v_b = _heads(dcfg, weights, p + "attn.wv", h, hkv, None, cos_b, sin_b)       # [Bs, Hkv, d]
+        k = np.concatenate([cache.k[layer, :start], k_b])                           # [T, Hkv, d]
+        v = np.concatenate([cache.v[layer, :start], v_b])                           # [T, Hkv, d]
+        qg = q.reshape(dcfg.block_size, hkv, g, hd)                       # [Bs, Hkv, G, d]: head h = k*G + g
+        s = np.einsum("skgd,tkd->kgst", qg, k) * scale                              # [Hkv, G, Bs, T]
         s = np.exp(s - s.max(axis=-1, keepdims=True))
-        a = s / s.sum(axis=-1, keepdims=True)                                       # [H, Bs, T] non-causal
-        o = np.einsum("hst,thd->shd", a, v).reshape(dcfg.block_size, -1)            # [Bs, H*d]
+        a = s / s.sum(axis=-1, keepdims=True)                                       # [Hkv, G, Bs, T], no mask
+        o = np.einsum("kgst,tkd->skgd", a, v).reshape(dcfg.block_size, hq * hd)     # [Bs, H*d]
         x = x + linear(weights, p + "attn.wo", o)                                   # [Bs, D]
         x = x + swiglu(weights, p + "mlp", rmsnorm(x, weights[p + "ffn_norm"], dcfg.rms_norm_eps))  # [Bs, D]
     cache.length = start
-    h = rmsnorm(x[1:], weights["norm"], cfg.rms_norm_eps)                           # [L, D]
+    if dcfg.own_norm:                                                               # the drafter's own
+        h = rmsnorm(x[1:], weights["drafter.norm"], dcfg.rms_norm_eps)              # [L, D]
+    else:                                                                           # the target's
+        h = rmsnorm(x[1:], weights["norm"], cfg.rms_norm_eps)                       # [L, D]
     return linear(weights, "head", h)                                               # [L, V]
 
 

@@ -1,18 +1,21 @@
 """The DFlash drafter on the device (mirrors ``workbench.ddtree.dflash.dflash_propose`` name for name).
 
 Legend: D model width, V vocabulary, Bs block size, L = Bs - 1 drafted positions, F tapped layers,
-H drafter heads, d head dim, I drafter MLP width, T engine rows (max_rows), S cache rows (max_len).
+H drafter query heads, Hkv KV heads, d head dim, I drafter MLP width, T engine rows (max_rows),
+S cache rows (max_len).
 
 Per call: the committed rows' tapped features are gathered from the engine's tap buffer (no host
 copy) -> fc -> hidden_norm -> per layer wk (k_norm, RoPE) / wv appended to the device drafter cache
 at rows P .. start-1; the block [bonus, MASK x L] is embedded with the target table and runs the
-layers (attn_norm, wq/wk/wv, q_norm/k_norm + RoPE, non-causal attention over cache || block, wo,
-ffn_norm, SwiGLU) -> target norm -> target head of block rows 1..L into ``logits`` [L, V] (the
-bonus row gets no head), which the top-k kernel reads in place. All through ``kernels_numba.ops`` on the
-engine's stream: the launch sequence of a round is captured once in a CUDA graph (``prepare``) and
-replayed, since every position and row count it needs is in one control block uploaded per call
-(the prompt's call, with more rows than a round's, runs eagerly). Dense (FP32) drafter projections
-only; the SwiGLU may be FP32 or W4A16 (``ops.swiglu``).
+layers (attn_norm, wq/wk/wv, q_norm/k_norm + RoPE in the config's layout, non-causal GQA attention
+over cache || block, wo, ffn_norm, SwiGLU) -> final norm (the drafter's own or the target's) ->
+target head of block rows 1..L into ``logits`` [L, V] (the bonus row gets no head), which the top-k
+kernel reads in place. All through ``kernels_numba.ops`` on the engine's stream: the launch sequence
+of a round is captured once in a CUDA graph (``prepare``) and replayed, since every position and row
+count it needs is in one control block uploaded per call (the prompt's call, with more rows than a
+round's, runs eagerly). Drafter projections are dense: FP32, or bf16 on the BLAS path where the
+weights mark them W16A16 (``workbench.ddtree.dflash.w16a16_drafter``); the SwiGLU may also be W4A16
+(``ops.swiglu``).
 """
 
 from __future__ import annotations
@@ -21,21 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from kernels_numba import ops
+from kernels_numba import KernelInputError, ops
 from kernels_numba.device import Mirror, sub, tail_rows, to_device, zeros
-from kernels_numba.draft_attention import draft_attention, gather_rows, head_norm_rope
 
 from ..ddtree.config import DrafterConfig
-from ..ddtree.dflash import check_drafter_weights, rope_plain
+from ..ddtree.dflash import check_drafter_weights, drafter_rope
 from ..errors import InputError
 from .graphs import StepGraph
-from .weights import _f32, swiglu
+from .weights import _f32, dense_matrix, swiglu
 
 PROJ = ("attn.wq", "attn.wk", "attn.wv", "attn.wo")
 
 
 def device_dflash_supported(weights: dict[str, Any], dcfg: DrafterConfig) -> bool:
-    """True when every drafter projection is dense (the device path's linears are FP32)."""
+    """True when every drafter projection is dense (FP32 or W16A16; the device path runs no INT4 there)."""
     names = ["drafter.fc"] + [f"drafter.layers.{i}.{p}" for i in range(dcfg.n_layers) for p in PROJ]
     return all(n in weights for n in names)
 
@@ -65,24 +67,22 @@ class DeviceDFlash:
         dcfg.check_target(cfg)
         check_drafter_weights(cfg, dcfg, weights)
         if not device_dflash_supported(weights, dcfg):
-            raise InputError("the device dflash drafter needs dense (FP32) drafter projections")
+            raise InputError("the device dflash drafter needs dense (FP32 or W16A16) drafter projections")
         missing = [k for k in dcfg.target_layer_ids if k not in engine.taps]
         if missing:
             raise InputError(f"the engine does not tap layers {missing} that the drafter reads")
         self.eng, self.dcfg, self.weights = engine, dcfg, weights
         b = engine.buf
         t, s, bs = b.max_rows, b.max_len, dcfg.block_size
-        dm, hd = cfg.hidden_size, dcfg.n_heads * dcfg.head_dim
-        self.fc = ops.dense(_f32(weights, "drafter.fc"))                            # [D, F*D]
-        self.hidden_norm = to_device(_f32(weights, "drafter.hidden_norm"))
-        self.layers = []
-        for i in range(dcfg.n_layers):
-            p = f"drafter.layers.{i}."
-            lay = {k: to_device(_f32(weights, p + k)) for k in ("attn_norm", "ffn_norm", "attn.q_norm",
-                                                                 "attn.k_norm")}
-            lay.update({k: ops.dense(_f32(weights, p + k)) for k in PROJ})
-            lay["mlp"] = ops.swiglu_weights(*swiglu(weights, p + "mlp"))
-            self.layers.append(lay)
+        dm, hd, kvd = cfg.hidden_size, dcfg.n_heads * dcfg.head_dim, dcfg.kv_heads * dcfg.head_dim
+        try:
+            self._upload_weights(weights)
+        except KernelInputError as e:
+            raise InputError(str(e)) from None
+        if dcfg.own_norm:                                    # final norm: the drafter's, or the target's
+            self.norm, self.norm_eps = to_device(_f32(weights, "drafter.norm")), dcfg.rms_norm_eps
+        else:
+            self.norm, self.norm_eps = engine.model.norm, cfg.rms_norm_eps
         self.taps = to_device(np.array([engine.taps.index(k) for k in dcfg.target_layer_ids], np.int32))
         # one control block, uploaded once per call: committed rows [T] | context meta [8] | block meta [8]
         # | drafted-rows meta [8] | block ids [Bs]. Context meta: [P, n, P, P]; block meta: [0, Bs, 0,
@@ -94,25 +94,37 @@ class DeviceDFlash:
         self.cap = min(bs, t)                                # context rows of a captured call (a round's)
         self.cin = zeros((t, dcfg.n_features * dm))          # [T, F*D] gathered features
         self.ctx = zeros((t, dm))                            # [T, D] fc -> hidden_norm
-        self.proj = zeros((t, hd))                           # [T, H*d] context wk / wv projection
-        self.k = zeros((dcfg.n_layers, s, hd))               # drafter cache (RoPE'd keys), row = position
-        self.v = zeros((dcfg.n_layers, s, hd))
+        self.proj = zeros((t, kvd))                          # [T, Hkv*d] context wk / wv projection
+        self.k = zeros((dcfg.n_layers, s, kvd))              # drafter cache (RoPE'd keys), row = position
+        self.v = zeros((dcfg.n_layers, s, kvd))
         self.k_views = [sub(self.k, i) for i in range(dcfg.n_layers)]
         self.v_views = [sub(self.v, i) for i in range(dcfg.n_layers)]
         self.x = zeros((bs, dm))
         self.x_tail = tail_rows(self.x, 1)                   # [L, D] view: block rows 1..L
         self.hn = zeros((bs, dm))
-        self.q = zeros((bs, hd))
-        self.kb = zeros((bs, hd))
-        self.vb = zeros((bs, hd))
+        self.q = zeros((bs, hd))                             # [Bs, H*d]
+        self.kb = zeros((bs, kvd))                           # [Bs, Hkv*d]
+        self.vb = zeros((bs, kvd))
         self.o = zeros((bs, hd))
         self.scratch = ops.Scratch(bs, [lay["mlp"] for lay in self.layers], [])
         self.logits = zeros((bs - 1, cfg.vocab_size))        # [L, V] draft logits
-        cos, sin = rope_plain(dcfg, np.arange(s + bs))
+        cos, sin = drafter_rope(dcfg, np.arange(s + bs))
         self.cos = to_device(cos.astype(np.float32))         # [S + Bs, d/2]
         self.sin = to_device(sin.astype(np.float32))
         self.length = 0
         self.graph: StepGraph | None = None
+
+    def _upload_weights(self, weights: dict[str, Any]) -> None:
+        self.fc = ops.dense(dense_matrix(weights, "drafter.fc"))                    # [D, F*D]
+        self.hidden_norm = to_device(_f32(weights, "drafter.hidden_norm"))
+        self.layers = []
+        for i in range(self.dcfg.n_layers):
+            p = f"drafter.layers.{i}."
+            lay = {k: to_device(_f32(weights, p + k)) for k in ("attn_norm", "ffn_norm", "attn.q_norm",
+                                                                 "attn.k_norm")}
+            lay.update({k: ops.dense(dense_matrix(weights, p + k)) for k in PROJ})
+            lay["mlp"] = ops.swiglu_weights(*swiglu(weights, p + "mlp"))
+            self.layers.append(lay)
 
     def prepare(self) -> None:
         """Capture the launch sequence of a round (at most ``cap`` new context rows) in a CUDA graph; its
@@ -154,37 +166,39 @@ class DeviceDFlash:
     def _launch(self, s, n: int) -> None:
         """The drafter's launches: n context rows (0: none) appended to its cache, then the block and the
         head. Every position and row count is read from the control block on the device."""
-        dcfg, cfg = self.dcfg, self.eng.cfg
+        dcfg = self.dcfg
         eps = dcfg.rms_norm_eps
-        h, hdim, bs = dcfg.n_heads, dcfg.head_dim, dcfg.block_size
+        h, hkv, hdim, bs = dcfg.n_heads, dcfg.kv_heads, dcfg.head_dim, dcfg.block_size
+        half = dcfg.rope_layout == "rotate_half"
         mc, mb = self.meta_c, self.meta_b
 
-        def rope(out, y, w, meta, rows, norm=True):              # positions and rows from the meta
-            head_norm_rope(out, y, w, self.cos, self.sin, 0, 0, meta, eps, rows, h, norm, s)
+        def rope(out, y, w, meta, rows, heads, norm=True):       # positions and rows from the meta
+            ops.draft_head_norm_rope(out, y, w, self.cos, self.sin, 0, 0, meta, eps, rows, heads, norm, s,
+                                     half)
 
         if n:
-            gather_rows(self.cin, self.eng.buf.feats, self.rows, self.taps, mc, n, s)
+            ops.draft_gather_rows(self.cin, self.eng.buf.feats, self.rows, self.taps, mc, n, s)
             ops.linear(self.ctx, self.cin, self.fc, mc, n, s)
             ops.rmsnorm(self.ctx, self.ctx, self.hidden_norm, eps, mc, n, s)
             for i, lay in enumerate(self.layers):
                 ops.linear(self.proj, self.ctx, lay["attn.wk"], mc, n, s)
-                rope(self.k_views[i], self.proj, lay["attn.k_norm"], mc, n)
+                rope(self.k_views[i], self.proj, lay["attn.k_norm"], mc, n, hkv)
                 ops.linear(self.proj, self.ctx, lay["attn.wv"], mc, n, s)
-                rope(self.v_views[i], self.proj, lay["attn.k_norm"], mc, n, norm=False)
+                rope(self.v_views[i], self.proj, lay["attn.k_norm"], mc, n, hkv, norm=False)
         ops.embed(self.x, self.eng.model.embed, self.ids, mb, bs, s)
         scale = np.float32(hdim ** -0.5)
         max_keys = self.k.shape[1] + bs
         for i, lay in enumerate(self.layers):
             ops.rmsnorm(self.hn, self.x, lay["attn_norm"], eps, mb, bs, s)
             ops.linear(self.q, self.hn, lay["attn.wq"], mb, bs, s)
-            rope(self.q, self.q, lay["attn.q_norm"], mb, bs)
+            rope(self.q, self.q, lay["attn.q_norm"], mb, bs, h)
             ops.linear(self.kb, self.hn, lay["attn.wk"], mb, bs, s)
-            rope(self.kb, self.kb, lay["attn.k_norm"], mb, bs)
+            rope(self.kb, self.kb, lay["attn.k_norm"], mb, bs, hkv)
             ops.linear(self.vb, self.hn, lay["attn.wv"], mb, bs, s)
-            draft_attention(self.o, self.q, self.k_views[i], self.v_views[i], self.kb, self.vb, 0, mb, scale,
-                            bs, h, hdim, max_keys, s)
+            ops.draft_attention(self.o, self.q, self.k_views[i], self.v_views[i], self.kb, self.vb, 0, mb,
+                                scale, bs, h, hdim, max_keys, s, hkv)
             ops.linear(self.x, self.o, lay["attn.wo"], mb, bs, s, accumulate=True)
             ops.rmsnorm(self.hn, self.x, lay["ffn_norm"], eps, mb, bs, s)
             ops.swiglu(self.x, self.hn, lay["mlp"], self.scratch, mb, bs, s)
-        ops.rmsnorm(self.hn, self.x_tail, self.eng.model.norm, cfg.rms_norm_eps, self.meta_l, bs - 1, s)
+        ops.rmsnorm(self.hn, self.x_tail, self.norm, self.norm_eps, self.meta_l, bs - 1, s)
         ops.linear(self.logits, self.hn, self.eng.model.head, self.meta_l, bs - 1, s)

@@ -127,3 +127,9 @@ def w16a16(cfg: ModelConfig, weights: Mapping[str, Any], dense: bool = True,
     bf16 values exactly (a BF16Array, or floats bf16 represents): InputError on access otherwise."""
     return _Marked(weights, w16a16_names(cfg, weights) if dense else [],
                    expert_names(cfg, weights) if experts else [])
+
+
+def w16a16_marked(weights: Mapping[str, Any], names: list[str]) -> Mapping[str, Any]:
+    """``weights`` with the tensors ``names`` marked W16A16 (a read-only view, as ``w16a16``): the
+    drafter's linears (``workbench.ddtree.dflash.w16a16_drafter``)."""
+    return _Marked(weights, names)

@@ -22,11 +22,12 @@ import numpy as np
 
 from ..bundle import read_bundle
 from ..config import ModelConfig
+from ..ddtree.chain import chain_tree
 from ..ddtree.config import GREEDY, DrafterConfig, SamplingParams
 from ..ddtree.dflash import DFlashDrafter
 from ..ddtree.sampling import make_rng, sample_tokens
 from ..ddtree.speculative import SpecState, commit, features
-from ..ddtree.tree import Tree, build_tree, compile_tree, top_k_log_probs
+from ..ddtree.tree import build_tree, compile_tree
 from ..ddtree.walk import walk
 from ..errors import InputError
 from ..reference.generate import greedy_generate
@@ -88,15 +89,6 @@ def forward_routed(cfg: ModelConfig, weights: dict[str, Any], tokens: Any, cache
     cache.length += toks.size
     logits = linear(weights, "head", rmsnorm(h, weights["norm"], cfg.rms_norm_eps))
     return ForwardOut(logits=logits, hidden=hidden), routes
-
-
-def chain_tree(draft_logits: np.ndarray) -> Tree:
-    """The plain DFlash chain as a tree: the argmax token at every drafted position, one path of depth L."""
-    lp, ids = top_k_log_probs(draft_logits, 1)                                  # [L, 1]
-    n = ids.shape[0]
-    return Tree(tokens=ids[:, 0].copy(), depths=np.arange(1, n + 1, dtype=np.int64),
-                parents=np.arange(-1, n, dtype=np.int64), scores=np.cumsum(lp[:, 0]),
-                child_maps=tuple({int(ids[i, 0]): i + 1} for i in range(n)) + ({},))
 
 
 # ---- speculative runs ---------------------------------------------------------------------------
