@@ -98,6 +98,7 @@ class RandomSource:
                                        "which is off here")
         self.cfg, self.seed = cfg, int(seed)
         self.dev = "cpu" if SIMULATED else "cuda"
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False   # W16A16: float32 sums
         self.gen = torch.Generator(device=self.dev)
         self.gen.manual_seed(self.seed)
         self.host = np.random.default_rng(self.seed)
