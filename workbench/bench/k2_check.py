@@ -55,14 +55,16 @@ def _inputs(cfg: ModelConfig, seed: int, layer: int, prefix: int, tree_nodes: in
 def reference_side(cfg: ModelConfig, seed: int, layer: int, experts: str, dense: str, prefix: int = 16,
                    tree_nodes: int = 16, weights: Any = None) -> dict[str, Any]:
     """The reference layer on the check's inputs (seeded weights, W4A16; W16A16 for ``dense`` "bf16";
-    ``experts`` "bf16": the bf16 layout's experts, W16A16 with bf16 outputs):
+    ``experts`` "bf16": the bf16 layout's experts, W16A16 with bf16 outputs; or ``weights``, the layer's
+    own, e.g. ``engine.build.layer_weights`` of a random stand-in layer):
     the prefix's latent rows, and per step the output y, latent rows, routes [T, K] and selection
     scores [T, E] (MoE layer). ``weights``: a weights mapping to use instead of the seeded model's."""
     from ..seeded import SeededWeights
 
-    ref = weights if weights is not None else (                 # a checkpoint's, or the seeded model
+    ref = weights if weights is not None else (                 # given weights, or the seeded model
         SeededWeights(cfg, seed, {"int4": "experts", "bf16": "bf16"}.get(experts, "fp32")))
-    if dense == "bf16" or experts == "bf16":
+    marked = hasattr(ref.get(f"layers.{layer}.attn.wo"), "round_input")   # W16A16 marks already on
+    if (dense == "bf16" or experts == "bf16") and not marked:
         from ..quant.w16a16 import w16a16
         ref = w16a16(cfg, ref, dense=dense == "bf16", experts=experts == "bf16")
     x_pre, cases = _inputs(cfg, seed, layer, prefix, tree_nodes)

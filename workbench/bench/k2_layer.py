@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from kernels_numba import blas, ffn, ops
-from kernels_numba.blockops import KS, TPB
 from kernels_numba.device import (
     SIMULATED,
     download,
@@ -132,9 +131,7 @@ class LayerRig:
         else:
             m = lay.moe
             r = m.router
-            out["router"] = lambda s: r.kernel[n, (TPB, KS), s](
-                sc.rids, sc.rwts, b.x, r.gate_t, r.bias, b.meta
-            )
+            out["router"] = lambda s: ops.route(sc.rids, sc.rwts, b.x, r, sc, b.meta, n, s)
             ids, wts = (sc.rids, sc.rwts) if own_routing else (self.ids, self.wts)
             if m.path == ops.FUSED_MOE:
                 x16 = kernel_array(rows_view(sc.x16, n, m.dim), np.float16)

@@ -8,6 +8,10 @@ one GPU; ``ep --dry-run`` prints its split and byte counts per P without a GPU; 
 does not pass its check makes the exit status 1. ``pair`` (workbench/bench/pair.py): DDTree vs AR on
 the engine for the trained code pair on HumanEval.
 
+``depth`` (workbench/bench/k2_depth.py): AR and DDTree end to end on a 61-layer K2.6-shape
+stand-in with random weights; ``depth --dry-run`` runs its code path at a tiny config under the CUDA
+simulator; a failed check makes the exit status 1.
+
 Each benchmark is a ``Bench`` in BENCHES: its help, the function adding its options and the function
 running it (returning its result set); ``--out`` is common to all. Each run writes one result set
 ``<bench>_<commit>.csv / .json / .png / .log`` into DIR (the log is the run's console output) and then
@@ -181,6 +185,18 @@ def run_pair(args: argparse.Namespace, out: Path):
                args.cost_aware)
 
 
+# ---- depth --------------------------------------------------------------------------------------
+
+def depth_arguments(p: argparse.ArgumentParser) -> None:
+    from workbench.bench.k2_depth import add_arguments
+    add_arguments(p)
+
+
+def run_depth(args: argparse.Namespace, out: Path):
+    from workbench.bench.k2_depth import run_set
+    return run_set(args)
+
+
 BENCHES: dict[str, Bench] = {
     "kernels": Bench("W4A16 GEMV/GEMM against cuBLAS bf16 and tinygemm, fused MoE against its floor",
                      kernels_arguments, run_kernels),
@@ -192,6 +208,8 @@ BENCHES: dict[str, Bench] = {
                 "rank on one GPU", ep_arguments, run_ep),
     "pair": Bench("DDTree against AR on the engine for the trained code pair on HumanEval prompts",
                   pair_arguments, run_pair),
+    "depth": Bench("AR and DDTree end to end on a 61-layer K2.6-shape stand-in with random weights, per part",
+                   depth_arguments, run_depth),
 }
 
 
@@ -209,6 +227,10 @@ def run(args) -> int:
     from workbench.cli import UserError
     if args.what == "ep" and check_ep(args):
         return 0
+    if args.what == "depth" and args.dry_run:              # the simulator's run of its code path: no GPU
+        from workbench.bench.k2_depth import run as run_depth
+        return run_depth(args)
+        return 0
     require_gpu()
     from kernels_numba.device import SIMULATED
     if SIMULATED:
@@ -225,6 +247,8 @@ def run(args) -> int:
     for p in retire_others(rs):
         print(f"removed the earlier result file {p}")
     failed = rs.read_meta().get("failed") if args.what == "ep" else None
+    if args.what == "depth" and not rs.read_meta().get("checks_passed"):
+        failed = ["a layer check or a DDTree == AR check (see the metadata's checks)"]
     if failed:
         print(f"bench {args.what}: {len(failed)} part(s) failed: {'; '.join(failed)}", file=sys.stderr)
         return 1

@@ -93,8 +93,7 @@ class EngineSpecState:
         if self.device is not None:
             self.table = self.device.logits                                   # [L, V], written in place
         elif isinstance(drafter, OracleDrafter):                              # [S + L + 1, V], row = position
-            self.table = to_device(oracle_logits(drafter.sequence, cfg.vocab_size, -1,
-                                                 buf.max_len + n_pos + 1, drafter.p, drafter.seed))
+            self.table = oracle_table(engine, drafter, buf.max_len + n_pos + 1)
         else:
             self.table = zeros((n_pos, cfg.vocab_size), np.float32)          # [L, V], uploaded per round
         self.ctl[...] = 0
@@ -183,3 +182,16 @@ class EngineSpecState:
         self.prev_start = self.start
         self.start += accepted.size
         self.bonus = bonus
+
+
+def oracle_table(engine: Engine, drafter: OracleDrafter, rows: int):
+    """The oracle's logits for positions 0 .. rows-1 [rows, V] on the device, kept on the engine (one table
+    at a time) for the next generation with the same oracle: at K2's vocabulary a table takes seconds
+    of host time."""
+    key = (drafter.p, drafter.seed, drafter.vocab, rows, drafter.sequence.tobytes())
+    hit = engine.drafters.get("oracle")
+    if hit is None or hit[0] != key:
+        engine.drafters.pop("oracle", None)                                  # free the old one first
+        table = oracle_logits(drafter.sequence, drafter.vocab, -1, rows, drafter.p, drafter.seed)
+        engine.drafters["oracle"] = (key, to_device(table))
+    return engine.drafters["oracle"][1]

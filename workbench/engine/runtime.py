@@ -54,7 +54,8 @@ class Engine:
         self.stream = default_stream()
         self._decode: StepGraph | None = None
         self._verify: dict[int, StepGraph] = {}
-        self.drafters: dict[int, Any] = {}                   # device drafters by weights (engine.dflash)
+        self.drafters: dict[Any, Any] = {}                   # device drafters by weights id (engine.dflash),
+        #                                                      "oracle": the oracle's table (engine.rounds)
 
     # ---- host <-> device control ------------------------------------------------------------
     def set_meta(self, start: int, n: int, emitted: int = 0) -> None:

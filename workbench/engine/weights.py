@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from kernels_numba import KernelInputError, ops
-from kernels_numba.device import to_device
 
 from ..config import ModelConfig
 from ..errors import InputError
@@ -137,12 +136,6 @@ def moe_router(cfg: ModelConfig, weights: dict[str, Any], f: str, fast: bool) ->
                       cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor, fast)
 
 
-def _moe(cfg: ModelConfig, weights: dict[str, Any], f: str, fast: bool) -> ops.MoE:
-    experts = moe_experts(weights, f, range(cfg.n_routed_experts))
-    shared = swiglu(weights, f + ".shared") if cfg.n_shared_experts > 0 else None
-    return ops.moe_weights(moe_router(cfg, weights, f, fast), experts, shared, fast)
-
-
 def upload_model(cfg: ModelConfig, weights: dict[str, Any], fast: bool = True,
                  experts: bool = True) -> DeviceModel:
     """All target weights on the device (drafter.* weights are uploaded per generation by
@@ -159,34 +152,10 @@ def upload_layer(cfg: ModelConfig, weights: dict[str, Any], i: int, fast: bool =
                  experts: bool = True) -> DeviceLayer:
     """Layer ``i`` of the weights on the device, as ``upload_model`` prepares each layer (InputError from
     the kernels' own checks left to the caller, see there)."""
-    p = f"layers.{i}."
-    a = p + "attn."
-    if cfg.q_lora_rank is not None:
-        first = dense_matrix(weights, a + "wq_a")
-        wq_b = ops.dense(dense_matrix(weights, a + "wq_b"), fast)
-        q_norm = to_device(_f32(weights, a + "q_norm"))
-    else:
-        first = dense_matrix(weights, a + "wq")
-        wq_b = None
-        q_norm = to_device(np.zeros(1, np.float32))
-    a1 = stack_rows([first, dense_matrix(weights, a + "wkv_a")])                      # [Q+C+R, D]
-    lay = DeviceLayer(attn_norm=to_device(_f32(weights, p + "attn_norm")),
-                      ffn_norm=to_device(_f32(weights, p + "ffn_norm")), a1=ops.dense(a1, fast),
-                      q_norm=q_norm, kv_norm=to_device(_f32(weights, a + "kv_norm")), wq_b=wq_b,
-                      attn=ops.mla_weights(dense_matrix(weights, a + "wkv_b"), fast),
-                      wo=ops.dense(dense_matrix(weights, a + "wo"), fast))
-    f = p + "ffn"
-    if cfg.is_moe_layer(i):
-        if experts:
-            lay.moe = _moe(cfg, weights, f, fast)
-    else:
-        lay.mlp = ops.swiglu_weights(*swiglu(weights, f), fast=fast)
-    return lay
+    from .build import MappingSource, build_layer
+    return build_layer(cfg, MappingSource(cfg, weights, fast, experts), i)
 
 
 def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool, experts: bool) -> DeviceModel:
-    layers = [upload_layer(cfg, weights, i, fast, experts) for i in range(cfg.num_hidden_layers)]
-    return DeviceModel(cfg=cfg, embed=to_device(_f32(weights, "embed")),
-                       norm=to_device(_f32(weights, "norm")),
-                       head=ops.dense(dense_matrix(weights, "head"), fast), layers=layers,
-                       a1_width=int(layers[0].a1.wt.shape[1]))                  # a1 W.T [D, A1]
+    from .build import MappingSource, build_model
+    return build_model(cfg, MappingSource(cfg, weights, fast, experts))

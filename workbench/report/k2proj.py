@@ -6,9 +6,12 @@ B-node tree plus its root), from the current ``bench k2`` result set (``k2_layer
 tokens per round, from a DDTree run. PROJECTED: one K2 step = ``first_k_dense_replace`` dense layers
 + the rest MoE layers, each at the measured time of its kind; AR tokens/s = 1 / decode step, DDTree
 tokens/s = tau(B) / verify step; the step's once-per-step attention rows (``part = step_rows``) are
-added once. Left out: embedding, final norm and the lm_head (163,840 x 7,168),
-the drafter's forward, tree building and the host loop, and that the 61 layers (about 595 GB in
-INT4) do not fit one H200: it is one GPU's bandwidth applied to the whole model, not a run.
+added once. Left out unless given as
+``terms`` (measured by ``bench depth``): embedding, final norm and the lm_head (163,840 x 7,168), the
+drafter's forward, tree building and the host loop; and the 61 layers (about 595 GB in INT4) do not fit
+one H200: it is one GPU's bandwidth applied to the whole model, not a run. ``bench depth`` runs a 61-layer
+stand-in with random weights instead (``depth_side_by_side``: its projection from its own parts beside
+its measured per-token times).
 
 With ``overlap`` (per budget, distinct experts a real tree touched over the uniform-routing count at the
 same verify size, from a trained pair) the MoE layer's routed-experts part (``part = routed_experts``,
@@ -66,17 +69,28 @@ def load_layers(bench_dir: str | Path,
 
 
 def project(cfg: ModelConfig, times: dict[str, dict[int, float]], tau: dict[int, float],
-            overlap: dict[int, float] | None = None) -> list[dict[str, Any]]:
+            overlap: dict[int, float] | None = None,
+            terms: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One row per budget B whose B + 1 rows were measured (B = 0: AR decode, tau 1): the projected
     step time of the whole model, tokens/s and the speed-up over AR; with ``overlap`` {B: ratio} the
-    MoE layers' routed-experts part at B + 1 rows scaled by the ratio (budgets without one are left out)."""
+    MoE layers' routed-experts part at B + 1 rows scaled by the ratio (budgets without one are left out).
+    ``terms`` adds what the layers leave out, each measured: "embed", "head" (final norm + lm_head +
+    argmax) and "tree" (a verify's KV compaction + tree compile) as {rows: us}; "drafter" (us per round,
+    verify steps only); "host" {B: us per round} (tree build, walk and commit on the host; B = 0: AR)."""
     dense, moe = cfg.first_k_dense_replace, cfg.num_hidden_layers - cfg.first_k_dense_replace
+    terms = terms or {}
+
+    def extra(rows: int) -> float:
+        us = sum(terms.get(k, {}).get(rows, 0.0) for k in ("embed", "head", "tree"))
+        us += terms.get("host", {}).get(rows - 1, 0.0)
+        return us + (terms.get("drafter", 0.0) if rows > 1 else 0.0)
 
     def step_us(rows: int) -> float:
         moe_us = times["moe"][rows]
         if overlap is not None and rows > 1:
             moe_us -= (1.0 - overlap[rows - 1]) * times["experts"][rows]
-        return times.get("step", {}).get(rows, 0.0) + dense * times["dense"][rows] + moe * moe_us
+        layers = dense * times["dense"][rows] + moe * moe_us
+        return times.get("step", {}).get(rows, 0.0) + layers + extra(rows)
 
     ar_us = step_us(1)
     out = [{"budget": 0, "rows": 1, "tau": 1.0, "step_ms": ar_us / 1e3, "tok_s": 1e6 / ar_us, "speedup": 1.0}]
@@ -158,3 +172,70 @@ def best_budgets(rows: list[dict[str, Any]], key: str = "drafter") -> str:
     ar = {r[key]: r["tok_s"] for r in rows if r["budget"] == 0}
     return "; ".join(f"{r[key]}: **{r['speedup']:.2f}×** AR at B = {r['budget']} ({r['tok_s']:.0f} tok/s, "
                      f"AR {ar[r[key]]:.0f})" for r in best)
+
+
+# ---- bench depth: the projection from the stand-in's own parts beside its measured runs --------------
+
+def depth_parts(rows: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """{part: {rows: us}} of a ``k2_depth`` set's part rows ("embed", "head", "tree", "drafter",
+    "dense.layer", "moe.attention", ...)."""
+    out: dict[str, dict[int, float]] = {}
+    for r in rows:
+        if r.get("table") == "part" and r.get("us") is not None:
+            out.setdefault(str(r["part"]), {})[int(r["rows"])] = float(r["us"])
+    return out
+
+
+def project_depth(cfg: ModelConfig, parts: dict[str, dict[int, float]],
+                  runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per measured run (AR and every DDTree source and budget): ``project`` from the stand-in's own parts
+    (its dense and MoE layer times, the step's rows, embedding, lm_head, tree compile, the drafter's
+    round) and the run's measured host phases (tree build, walk and commit), at the run's tau; beside it
+    the measured ms per token, their ratio, and the named rest: ``gap_ms_per_round``, the measured round
+    less the projected one (the round's copies back, synchronisations and graph launches, as measured)."""
+    times = {"dense": parts["dense.layer"], "moe": parts["moe.layer"], "step": parts.get("moe.step_rows", {})}
+    out = []
+    for r in runs:
+        b = int(r["budget"])
+        if b + 1 not in times["moe"]:
+            continue
+        host = 0.0
+        if b:
+            host = (_num(r.get("build_us_per_round")) + _num(r.get("walk_us_per_round"))) if \
+                r.get("build_us_per_round") is not None else _host_of(runs, b)
+        terms = {"embed": parts.get("embed", {}), "head": parts.get("head", {}),
+                 "tree": parts.get("tree", {}),
+                 "drafter": next(iter(parts.get("drafter", {}).values()), 0.0), "host": {b: host}}
+        tau = float(r["tau"])
+        row = project(cfg, times, {b: tau} if b else {}, terms=terms)[-1]
+        proj_round = row["step_ms"]
+        proj_tok = proj_round / tau
+        meas_tok = float(r["ms_per_token"])
+        out.append({"source": r["source"], "budget": b, "tau": tau, "measured_ms_per_token": meas_tok,
+                    "projected_ms_per_token": proj_tok, "ratio": meas_tok / proj_tok,
+                    "projected_round_ms": proj_round, "host_us_per_round": host,
+                    "gap_ms_per_round": (meas_tok - proj_tok) * tau})
+    return out
+
+
+def _num(v: Any) -> float:
+    return 0.0 if v is None or v != v else float(v)
+
+
+def _host_of(runs: list[dict[str, Any]], b: int) -> float:
+    """The mean measured host phases per round of the oracle runs at budget b (for replayed sources)."""
+    hs = [_num(r.get("build_us_per_round")) + _num(r.get("walk_us_per_round")) for r in runs
+          if int(r["budget"]) == b and r.get("build_us_per_round") is not None]
+    return float(np.mean(hs)) if hs else 0.0
+
+
+def depth_side_by_side(bench_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """(``project_depth`` rows of the current ``k2_depth`` set, its metadata), or None without one: for the
+    notebooks, the projection and the measurement side by side."""
+    from ..config import preset
+    rs = current_set(bench_dir, "k2_depth")
+    if rs is None:
+        return None
+    rows = read_csv(rs.csv)
+    runs = [r for r in rows if r.get("table") == "run"]
+    return project_depth(preset("k2_6"), depth_parts(rows), runs), rs.read_meta()

@@ -1,0 +1,87 @@
+"""``bench depth``'s drafter: the engine's device DFlash drafter (``engine.dflash.DeviceDFlash``) at the
+Kimi-K2.6-DFlash shape (``ddtree.dflash.kimi_k26_dflash``: 6 layers, hidden 7,168, 64 query / 8 KV heads
+of 128, MLP 18,432, block 8, taps [1, 12, 24, 35, 47, 58]) with random bf16 W16A16 weights drawn on the
+device (``engine.build.RandomSource``'s draws), run every DDTree round on the tapped features the verify
+left: its context update, its block and the target head over its 7 drafted rows. A random drafter on a
+random target accepts nothing, so its logits are not used: the oracle's decide the tree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kernels_numba import ops
+
+from ..ddtree.config import DrafterConfig
+from ..ddtree.dflash import drafter_shapes, kimi_k26_dflash
+from ..engine.build import RandomSource
+from ..engine.dflash import PROJ, DeviceDFlash
+
+
+def drafter_config(cfg, taps: tuple[int, ...]) -> DrafterConfig:
+    """Kimi-K2.6-DFlash's shape for a K2-width target; a small GQA drafter of the same layout otherwise
+    (the simulator's dry run)."""
+    if cfg.hidden_size == 7168:
+        return kimi_k26_dflash(cfg)
+    return DrafterConfig(block_size=8, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=32,
+                         intermediate_size=64, target_layer_ids=tuple(taps), mask_token_id=0,
+                         rope_layout="rotate_half", own_norm=True)
+
+
+class RandomDFlash(DeviceDFlash):
+    """The device drafter with random weights from ``src`` (no host copy of its ~6.9 GB)."""
+
+    def __init__(self, engine, dcfg: DrafterConfig, src: RandomSource) -> None:
+        self.src = src
+        shapes = drafter_shapes(engine.cfg, dcfg)                             # the shape checks see zeros
+        super().__init__(engine, {k: np.broadcast_to(np.float32(0), s) for k, s in shapes.items()}, dcfg)
+        if dcfg.own_norm:
+            self.norm = src.vector("drafter.norm", engine.cfg.hidden_size)
+
+    def _upload_weights(self, weights: dict[str, Any]) -> None:
+        src, dcfg, d = self.src, self.dcfg, self.eng.cfg.hidden_size
+        shapes = drafter_shapes(self.eng.cfg, dcfg)
+        self.fc = src.dense([("drafter.fc", shapes["drafter.fc"])])                         # [D, F*D]
+        self.hidden_norm = src.vector("drafter.hidden_norm", d)
+        self.layers = []
+        for i in range(dcfg.n_layers):
+            p = f"drafter.layers.{i}."
+            lay: dict[str, Any] = {k: src.vector(p + k, shapes[p + k][0])
+                                   for k in ("attn_norm", "ffn_norm", "attn.q_norm", "attn.k_norm")}
+            lay.update({k: src.dense([(p + k, shapes[p + k])]) for k in PROJ})
+            lay["mlp"] = src.mlp(p + "mlp", dcfg.intermediate_size)
+            self.layers.append(lay)
+
+
+class RoundDrafter:
+    """``start(state)`` empties the drafter's cache for a generation; ``drafter(state)`` runs its forward for
+    the round at ``state`` (the prompt's call eager, a round's the captured graph), on the engine's stream."""
+
+    def __init__(self, dev: RandomDFlash) -> None:
+        self.dev = dev
+
+    def start(self, state) -> None:
+        self.dev.length = 0
+
+    def __call__(self, state) -> None:
+        self.dev.propose(state.bonus, state.start, state.new_rows, state.new_rows.size)
+
+
+def random_drafter(engine, seed: int, log) -> tuple[RoundDrafter | None, str, Any]:
+    """(the round callable, its description, a function timing its captured round with a ``Timer``)."""
+    if not ops.BLAS:
+        return None, "not run: the W16A16 drafter needs the BLAS path", None
+    dcfg = drafter_config(engine.cfg, engine.taps)
+    dev = RandomDFlash(engine, dcfg, RandomSource(engine.cfg, seed + 1))
+    dev.prepare()
+    how = (f"the engine's device DFlash drafter (engine.dflash.DeviceDFlash) at {dcfg.n_layers} layers, "
+           f"hidden {engine.cfg.hidden_size}, {dcfg.n_heads} query / {dcfg.kv_heads} KV heads of "
+           f"{dcfg.head_dim}, MLP {dcfg.intermediate_size}, block {dcfg.block_size}, taps "
+           f"{list(dcfg.target_layer_ids)}; random bf16 W16A16 weights; run every round, its proposals "
+           "unused (the oracle's decide the tree)")
+
+    def timed(timer) -> float:
+        return timer(lambda s: dev._launch(s, dev.cap))
+    return RoundDrafter(dev), how, timed

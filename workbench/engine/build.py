@@ -1,0 +1,383 @@
+"""The one builder of the engine's device layers (``DeviceLayer`` / ``DeviceModel``) from a source.
+
+Legend: D model width, H heads, N qk_nope, R rope, V v_head, C kv_lora_rank, Q q_lora_rank,
+E routed experts, I expert width, Vo vocabulary, G INT4 group size, S distinct MoE weight sets.
+
+A source hands out each part in the form the ops prepare (``kernels_numba.ops``):
+- ``MappingSource(weights)``: a weights mapping (bundle weights, ``SeededWeights``, a dict), FP32 or
+  W16A16 where the mapping marks it, INT4 experts repacked for fused_moe (``upload_model`` uses it);
+- ``RandomSource(cfg, seed)``: random weights drawn where the kernels read them, already in their
+  layouts, as serving engines' "dummy" load formats do: K2's layout (routed experts INT4 G = 32 in
+  fused_moe's tile layout, random words = uniform INT4 codes in [-8, 7] with float16 group scales;
+  attention, shared expert, dense MLP and lm_head bf16 W16A16; router and norms float32), with the
+  magnitudes of ``workbench.seeded`` (linears RMS 1 / sqrt(in), norms 1 +- 0.1, embedding RMS 1, head
+  logits of RMS ~3). A random model: its tokens mean nothing and its routing is near uniform.
+
+``build_model(cfg, src, sets=S)`` lets the MoE layers cycle over S distinct layers (position i holds
+source layer ``source_layer(cfg, i, S)``): the same ``DeviceLayer`` at several positions, each position
+with its own latent cache rows in the engine. Every set is far beyond the L2 at K2 size, so each
+position reads its weights from HBM as distinct layers would. ``layer_weights`` downloads a built
+layer back into a weights mapping (the numpy reference's names) for checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from kernels_numba import ops
+from kernels_numba.device import SIMULATED, download, to_device
+from kernels_numba.int4_layout import Int4Weight, unrepack_int4
+from kernels_numba.moe import MoEWeights
+
+from ..config import ModelConfig
+from ..weights import HEAD_LOGIT_STD
+from .weights import DeviceLayer, DeviceModel, _f32, dense_matrix, moe_experts, moe_router, stack_rows, swiglu
+
+GROUP = 32                                 # K2's INT4 group size (routed experts)
+_CODE_POWER = 21.5 * 13.0 / 12.0           # E[(u - 8)^2] of uniform nibbles x E[(1/2 + v)^2], v ~ U[0, 1)
+
+
+def source_layer(cfg: ModelConfig, i: int, sets: int | None) -> int:
+    """The source layer position i holds: itself, or with ``sets`` the MoE layers' (i - k) mod S + k
+    (k = first_k_dense_replace)."""
+    k = cfg.first_k_dense_replace
+    return i if sets is None or i < k else k + (i - k) % sets
+
+
+# ---- sources ----------------------------------------------------------------------------------------
+
+class MappingSource:
+    """Parts from a weights mapping through ``engine.weights``' helpers; ``fast`` as ``upload_model``;
+    ``experts=False``: no MoE layer's FFN (the caller sets ``moe_block``)."""
+
+    def __init__(self, cfg: ModelConfig, weights: Mapping[str, Any], fast: bool = True,
+                 experts: bool = True) -> None:
+        self.cfg, self.w, self.fast, self.experts = cfg, weights, fast, experts
+
+    def vector(self, name: str, n: int):
+        return to_device(_f32(self.w, name))
+
+    def dense(self, parts: list[tuple[str, tuple[int, int]]]) -> ops.Dense:
+        """The rows of ``parts`` [(name, (N, K))] stacked into one projection."""
+        mats = [dense_matrix(self.w, name) for name, _ in parts]
+        return ops.dense(mats[0] if len(mats) == 1 else stack_rows(mats), self.fast)
+
+    def mla(self, name: str, shape: tuple[int, int]) -> ops.MLA:
+        return ops.mla_weights(dense_matrix(self.w, name), self.fast)
+
+    def mlp(self, prefix: str, width: int) -> ops.SwiGLU:
+        return ops.swiglu_weights(*swiglu(self.w, prefix), fast=self.fast)
+
+    def moe(self, prefix: str) -> ops.MoE | None:
+        if not self.experts:
+            return None
+        cfg = self.cfg
+        experts = moe_experts(self.w, prefix, range(cfg.n_routed_experts))
+        shared = swiglu(self.w, prefix + ".shared") if cfg.n_shared_experts > 0 else None
+        return ops.moe_weights(moe_router(cfg, self.w, prefix, self.fast), experts, shared, self.fast)
+
+    def embed(self):
+        return to_device(_f32(self.w, "embed"))
+
+    def head(self) -> ops.Dense:
+        return ops.dense(dense_matrix(self.w, "head"), self.fast)
+
+
+class RandomSource:
+    """Random K2-layout parts drawn on the device (torch's generator; the host's under the simulator),
+    one independent stream per call. ``describe()`` says what it is."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0) -> None:
+        import torch
+        if not ops.BLAS:
+            raise ops.KernelInputError("the random source's W16A16 parts run on the BLAS path (torch), "
+                                       "which is off here")
+        self.cfg, self.seed = cfg, int(seed)
+        self.dev = "cpu" if SIMULATED else "cuda"
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False   # W16A16: float32 sums
+        self.gen = torch.Generator(device=self.dev)
+        self.gen.manual_seed(self.seed)
+        self.host = np.random.default_rng(self.seed)
+        self.tensors: list[Any] = []                  # torch tensors the numba views read (kept alive)
+
+    def describe(self) -> str:
+        return ("random weights drawn on the device in the kernels' layouts (K2's layout: routed experts "
+                f"INT4 G={GROUP}, the rest bf16 W16A16, router and norms float32), seed {self.seed}")
+
+    def _uniform(self, shape, half: float, dtype=None, mean: float = 0.0):
+        import torch
+        t = torch.empty(shape, dtype=dtype or torch.bfloat16, device=self.dev)
+        return t.uniform_(mean - half, mean + half, generator=self.gen)
+
+    def _linear_t(self, k: int, n: int):
+        """W.T [K, N] bf16 of a linear with K inputs: uniform with RMS 1 / sqrt(K)."""
+        return self._uniform((k, n), math.sqrt(3.0 / k))
+
+    def vector(self, name: str, n: int):
+        return to_device(self.host.uniform(0.9, 1.1, n).astype(np.float32))          # norms: 1 +- 0.1
+
+    def dense(self, parts: list[tuple[str, tuple[int, int]]]) -> ops.Dense:
+        k = parts[0][1][1]
+        return ops.Dense(ops.BLAS_PATH, self._linear_t(k, sum(s[0] for _, s in parts)))
+
+    def mla(self, name: str, shape: tuple[int, int]) -> ops.MLA:
+        n, c = shape
+        return ops.MLA(ops.BLAS_PATH, self._linear_t(c, n).T.contiguous(), a16=True)     # [H*(N+V), C]
+
+    def mlp(self, prefix: str, width: int) -> ops.SwiGLU:
+        d = self.cfg.hidden_size
+        return ops.SwiGLU(ops.BLAS_PATH, width, d, w13=self._linear_t(d, 2 * width),
+                          w2=self._linear_t(width, d))
+
+    def _words(self, count: int):
+        """``count`` uint32 words of random bytes where the kernels read them."""
+        import torch
+        t = torch.empty(4 * count, dtype=torch.uint8, device=self.dev).random_(generator=self.gen)
+        return self._u32(t)
+
+    def _scales(self, count: int, k: int):
+        """``count`` uint32 words, each two float16 group scales s0 (1/2 + v), v ~ U[0, 1): weights of RMS
+        1 / sqrt(K) with uniform codes."""
+        import torch
+        s0 = 1.0 / math.sqrt(_CODE_POWER * k)
+        t = self._uniform(2 * count, 0.5 * s0, torch.float16, mean=s0)
+        return self._u32(t.view(torch.uint8))
+
+    def _u32(self, t):
+        self.tensors.append(t)
+        if SIMULATED:
+            return t.numpy().view(np.uint32)
+        from numba import cuda
+        return cuda.as_cuda_array(t).view(np.uint32)
+
+    def experts(self) -> MoEWeights:
+        """E routed experts in fused_moe's tile layout (int4_layout.py, moe.prepare_moe): w13 [E, I16, 2,
+        D/64, 32, 4] words and [E, I16, 2, D/G, 8] scale words, w2 [E, D16, I/64, 32, 4] and [E, D16, I/G,
+        8]."""
+        cfg = self.cfg
+        e, d, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        if d % 64 or i % 64 or d % 16 or i % 16:
+            raise ops.KernelInputError(f"fused_moe's tile layout wants D and I multiples of 64, got {d}, {i}")
+        w13 = Int4Weight(self._words(e * (i // 16) * 2 * (d // 64) * 128),
+                         self._scales(e * (i // 16) * 2 * (d // GROUP) * 8, d), i, d, GROUP, e, pair=True)
+        w2 = Int4Weight(self._words(e * (d // 16) * (i // 64) * 128),
+                        self._scales(e * (d // 16) * (i // GROUP) * 8, i), d, i, GROUP, e)
+        return MoEWeights(w13, w2, e, 0)
+
+    def moe(self, prefix: str) -> ops.MoE:
+        cfg = self.cfg
+        d, e = cfg.hidden_size, cfg.n_routed_experts
+        a = math.sqrt(3.0 / d)
+        gate = self.host.uniform(-a, a, (e, d)).astype(np.float32)                           # [E, D]
+        bias = self.host.uniform(-0.01, 0.01, e).astype(np.float32)
+        rt = ops.router(gate, bias, cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group, cfg.norm_topk_prob,
+                        cfg.routed_scaling_factor)
+        shared = self.mlp(prefix + ".shared", cfg.n_shared_experts * cfg.moe_intermediate_size) \
+            if cfg.n_shared_experts else None
+        return ops.MoE(ops.FUSED_MOE, rt, cfg.moe_intermediate_size, d, fused=self.experts(), shared=shared)
+
+    def embed(self):
+        import torch
+        t = self._uniform((self.cfg.vocab_size, self.cfg.hidden_size), math.sqrt(3.0), torch.float32)
+        self.tensors.append(t)
+        if SIMULATED:
+            return memoryview(t.numpy())
+        from numba import cuda
+        return cuda.as_cuda_array(t)
+
+    def head(self) -> ops.Dense:
+        d = self.cfg.hidden_size
+        half = math.sqrt(3.0) * HEAD_LOGIT_STD / math.sqrt(d)                         # logits RMS ~3
+        return ops.Dense(ops.BLAS_PATH, self._uniform((d, self.cfg.vocab_size), half))
+
+
+# ---- the builder ------------------------------------------------------------------------------------
+
+def build_layer(cfg: ModelConfig, src, i: int) -> DeviceLayer:
+    """Layer i from ``src`` as ``engine.model.launch_layer`` runs it."""
+    d, h = cfg.hidden_size, cfg.num_attention_heads
+    c, r = cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    p, a = f"layers.{i}.", f"layers.{i}.attn."
+    if cfg.q_lora_rank is not None:
+        q = cfg.q_lora_rank
+        first = (a + "wq_a", (q, d))
+        wq_b = src.dense([(a + "wq_b", (h * cfg.qk_head_dim, q))])
+        q_norm = src.vector(a + "q_norm", q)
+    else:
+        first = (a + "wq", (h * cfg.qk_head_dim, d))
+        wq_b = None
+        q_norm = to_device(np.zeros(1, np.float32))
+    lay = DeviceLayer(attn_norm=src.vector(p + "attn_norm", d), ffn_norm=src.vector(p + "ffn_norm", d),
+                      a1=src.dense([first, (a + "wkv_a", (c + r, d))]),                 # [Q+C+R, D]
+                      q_norm=q_norm, kv_norm=src.vector(a + "kv_norm", c), wq_b=wq_b,
+                      attn=src.mla(a + "wkv_b", (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), c)),
+                      wo=src.dense([(a + "wo", (d, h * cfg.v_head_dim))]))
+    if cfg.is_moe_layer(i):
+        lay.moe = src.moe(p + "ffn")
+    else:
+        lay.mlp = src.mlp(p + "ffn", cfg.intermediate_size)
+    return lay
+
+
+def build_model(cfg: ModelConfig, src, sets: int | None = None, log=None) -> DeviceModel:
+    """Every layer from ``src`` (with ``sets``: the MoE layers cycling over that many distinct ones), the
+    embedding, final norm and head."""
+    if sets is not None and sets < 1:
+        raise ops.KernelInputError(f"sets must be >= 1, got {sets}")
+    built: dict[int, DeviceLayer] = {}
+    layers = []
+    for i in range(cfg.num_hidden_layers):
+        j = source_layer(cfg, i, sets)
+        if j not in built:
+            built[j] = build_layer(cfg, src, j)
+            if log is not None:
+                log(f"  built layer {j}")
+        layers.append(built[j])
+    return DeviceModel(cfg=cfg, embed=src.embed(), norm=src.vector("norm", cfg.hidden_size), head=src.head(),
+                       layers=layers, a1_width=int(layers[0].a1.wt.shape[1]))           # a1 W.T [D, A1]
+
+
+# ---- back to the host (checks) ----------------------------------------------------------------------
+
+def _host(x) -> np.ndarray:
+    """A device array, memoryview or torch tensor as a host array."""
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy() if str(x.dtype) != "torch.bfloat16" else \
+            x.detach().cpu().view(__import__("torch").int16).numpy().view(np.uint16)
+    return np.asarray(x) if SIMULATED or isinstance(x, (np.ndarray, memoryview)) else download(x)
+
+
+def _w16(bits: np.ndarray) -> Any:
+    from ..bundle.bf16 import BF16Array
+    from ..quant.w16a16 import W16A16
+    return W16A16(BF16Array(np.ascontiguousarray(bits)))
+
+
+def _matrix(w_t) -> Any:
+    """A projection's W.T [K, N] (device) as the reference's [N, K]: W16A16 for bf16, else float32."""
+    a = _host(w_t)
+    if a.dtype == np.uint16:
+        return _w16(a.T)
+    return np.ascontiguousarray(a.T, np.float32)
+
+
+def _rows_of(m: Any, lo: int, hi: int) -> Any:
+    from ..bundle.bf16 import BF16Array
+    from ..quant.w16a16 import W16A16
+    if isinstance(m, W16A16):
+        return W16A16(BF16Array(np.ascontiguousarray(m.w.bits[lo:hi])), m.out16)
+    return m[lo:hi]
+
+
+def fused_expert(fw: MoEWeights, e: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(packed int32 [N, K/8], scale float16 [N, K/G]) of w1, w3, w2 of expert ``e`` of a fused stack
+    (downloads that expert's words only)."""
+    out = []
+    x = fw.w13.experts
+    q13, s13 = len(fw.w13.wq) // x, len(fw.w13.sq) // x
+    wq = _host(fw.w13.wq[e * q13:(e + 1) * q13]).reshape(fw.w13.n16, 2, -1)
+    sq = _host(fw.w13.sq[e * s13:(e + 1) * s13]).reshape(fw.w13.n16, 2, -1)
+    for half in (0, 1):
+        out.append(unrepack_int4(Int4Weight(np.ascontiguousarray(wq[:, half]).reshape(-1),
+                                            np.ascontiguousarray(sq[:, half]).reshape(-1),
+                                            fw.w13.n, fw.w13.k, fw.w13.group_size)))
+    q2, s2 = len(fw.w2.wq) // x, len(fw.w2.sq) // x
+    out.append(unrepack_int4(Int4Weight(_host(fw.w2.wq[e * q2:(e + 1) * q2]),
+                                        _host(fw.w2.sq[e * s2:(e + 1) * s2]),
+                                        fw.w2.n, fw.w2.k, fw.w2.group_size)))
+    return out
+
+
+def layer_weights(cfg: ModelConfig, lay: DeviceLayer, i: int, experts=None) -> dict[str, Any]:
+    """A built layer (RandomSource's or MappingSource's W16A16 / FP32 projections, fused INT4 experts)
+    downloaded under the reference's names for layer i; ``experts``: the routed experts to include
+    (default all)."""
+    p, a = f"layers.{i}.", f"layers.{i}.attn."
+    q = cfg.q_lora_rank
+    a1 = _matrix(lay.a1.wt)                                                           # [Q+C+R, D]
+    w: dict[str, Any] = {p + "attn_norm": _host(lay.attn_norm), p + "ffn_norm": _host(lay.ffn_norm),
+                         a + "kv_norm": _host(lay.kv_norm), a + "wo": _matrix(lay.wo.wt)}
+    if q is not None:
+        w.update({a + "wq_a": _rows_of(a1, 0, q), a + "wkv_a": _rows_of(a1, q, None),
+                  a + "q_norm": _host(lay.q_norm), a + "wq_b": _matrix(lay.wq_b.wt)})
+    else:
+        w.update({a + "wq": _rows_of(a1, 0, cfg.num_attention_heads * cfg.qk_head_dim),
+                  a + "wkv_a": _rows_of(a1, cfg.num_attention_heads * cfg.qk_head_dim, None)})
+    kvb = _host(lay.attn.wkv_b)                                                       # [H*(N+V), C]
+    w[a + "wkv_b"] = _w16(kvb) if kvb.dtype == np.uint16 else np.asarray(kvb, np.float32)
+    f = p + "ffn"
+    if lay.mlp is not None:
+        w.update(_swiglu_weights(lay.mlp, f))
+        return w
+    m = lay.moe
+    gate_t = _host(m.router.gate_t)                                                   # [D, E]
+    w[f + ".gate"] = np.ascontiguousarray(gate_t.T, np.float32)
+    w[f + ".gate_bias"] = _host(m.router.bias)
+    if m.shared is not None:
+        w.update(_swiglu_weights(m.shared, f + ".shared"))
+    if m.path != ops.FUSED_MOE or m.fused.n_shared:
+        raise ops.KernelInputError("layer_weights reads fused_moe experts without a shared expert inside")
+    for e in range(cfg.n_routed_experts) if experts is None else experts:
+        for proj, (packed, scale) in zip(("w1", "w3", "w2"), fused_expert(m.fused, int(e)), strict=True):
+            w[f"{f}.experts.{e}.{proj}.packed"] = packed
+            w[f"{f}.experts.{e}.{proj}.scale"] = scale
+    return w
+
+
+def _swiglu_weights(s: ops.SwiGLU, prefix: str) -> dict[str, Any]:
+    if s.path != ops.BLAS_PATH:
+        raise ops.KernelInputError(f"layer_weights reads BLAS-path SwiGLUs, got {s.path}")
+    w13 = _matrix(s.w13)                                                              # [2I, D]
+    return {prefix + ".w1": _rows_of(w13, 0, s.width), prefix + ".w3": _rows_of(w13, s.width, None),
+            prefix + ".w2": _matrix(s.w2)}
+
+
+def model_weights(model: DeviceModel, sets: int | None = None) -> dict[str, Any]:
+    """A whole built model downloaded as a weights mapping of its source layers (small models: every
+    expert), for ``cycled``."""
+    cfg = model.cfg
+    w: dict[str, Any] = {"embed": _host(model.embed), "norm": _host(model.norm),
+                         "head": _matrix(model.head.wt)}
+    for i, lay in enumerate(model.layers):
+        j = source_layer(cfg, i, sets)
+        if j == i:
+            w.update(layer_weights(cfg, lay, i))
+    return w
+
+
+class Cycled(Mapping):
+    """``weights`` of the source layers seen as the whole model's: ``layers.i.*`` reads
+    ``layers.source_layer(i).*`` (the reference's view of ``build_model(..., sets)``)."""
+
+    def __init__(self, cfg: ModelConfig, weights: Mapping[str, Any], sets: int) -> None:
+        self.cfg, self.w, self.sets = cfg, weights, sets
+
+    def _name(self, name: str) -> str:
+        if name.startswith("layers."):
+            i, rest = name[7:].split(".", 1)
+            return f"layers.{source_layer(self.cfg, int(i), self.sets)}.{rest}"
+        return name
+
+    def __getitem__(self, name: str) -> Any:
+        return self.w[self._name(name)]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._name(name) in self.w
+
+    def __iter__(self) -> Iterator[str]:
+        for name in self.w:
+            if not name.startswith("layers."):
+                yield name
+        for i in range(self.cfg.num_hidden_layers):
+            j = source_layer(self.cfg, i, self.sets)
+            pre = f"layers.{j}."
+            for name in self.w:
+                if name.startswith(pre):
+                    yield f"layers.{i}." + name[len(pre):]
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
