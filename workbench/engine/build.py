@@ -252,7 +252,8 @@ def _host(x) -> np.ndarray:
 
 
 def _w16(bits: np.ndarray) -> Any:
-    from ..bundle.bf16 import BF16Array
+    from numformats.bf16 import BF16Array
+
     from ..quant.w16a16 import W16A16
     return W16A16(BF16Array(np.ascontiguousarray(bits)))
 
@@ -266,7 +267,8 @@ def _matrix(w_t) -> Any:
 
 
 def _rows_of(m: Any, lo: int, hi: int) -> Any:
-    from ..bundle.bf16 import BF16Array
+    from numformats.bf16 import BF16Array
+
     from ..quant.w16a16 import W16A16
     if isinstance(m, W16A16):
         return W16A16(BF16Array(np.ascontiguousarray(m.w.bits[lo:hi])), m.out16)
