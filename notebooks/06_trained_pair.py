@@ -112,7 +112,7 @@ verdict = "identical to AR" if same else "DIFFERS FROM AR"
 display(Markdown(f"DDTree B = {live_budget}: **{verdict}** over {live_tokens} tokens, "
                  f"τ = {dd.mean_accepted:.2f} tokens per round, {len(dd.rounds)} rounds."))
 if not same:
-    live = {"model": "code", "prompt": live_prompt, "budgets": [live_budget]}
+    live = {"model": "code", "prompt": live_prompt, "budgets": [live_budget], "chain": False}
     display(Markdown(pairdata.near_tie_text(live, pairdata.near_tie(cfg, pair.weights, dcfg, prompt,
                                                                     live_tokens, live_budget))))
 display(Markdown("```python\n" + pair.tok.decode(prompt.tolist()).rstrip()[-300:] + "\n# --- generated ---\n"

@@ -87,6 +87,7 @@ REPORTS = ROOT / "reports"
 def _text(path: Path) -> str:
     """A page's visible text, tags dropped, whitespace collapsed."""
     page = re.sub(r"<(style|script)\b.*?</\1>", " ", path.read_text(encoding="utf-8"), flags=re.S)
+    page = re.sub(r"</?(strong|code|em|b|i|span|a)\b[^>]*>", "", page)      # inline: no space added
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
 
 

@@ -67,3 +67,30 @@ def test_ep_flags_reach_the_benchmark_and_a_failed_part_exits_1(monkeypatch, tmp
     failed.append("expert parallel P=8: check")
     assert main(argv) == 1
     assert "1 part(s) failed: expert parallel P=8: check" in capsys.readouterr().err
+
+
+def test_low_occupancy_warnings_are_silenced_and_others_kept(monkeypatch, tmp_path):
+    """Decode-sized grids make numba warn "Grid size N will likely result in GPU under-utilization" on
+    every launch; the bench command drops exactly those."""
+    import warnings
+
+    import kernels_numba.device
+    import workbench.bench.common
+    import workbench.bench.engine
+    import workbench.bench.results
+
+    def fake_run(out_dir):
+        for n in (1, 8, 64):
+            warnings.warn(f"Grid size {n} will likely result in GPU under-utilization due to low occupancy.",
+                          RuntimeWarning, stacklevel=1)
+        warnings.warn("something else", RuntimeWarning, stacklevel=1)
+        return SimpleNamespace(log=tmp_path / "engine.log")
+
+    monkeypatch.setattr(workbench.bench.common, "require_gpu", lambda: None)
+    monkeypatch.setattr(kernels_numba.device, "SIMULATED", False)
+    monkeypatch.setattr(workbench.bench.engine, "run_engine_bench", fake_run)
+    monkeypatch.setattr(workbench.bench.results, "retire_others", lambda rs: [])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert main(["bench", "engine", "--out", str(tmp_path)]) == 0
+    assert [str(w.message) for w in seen] == ["something else"]

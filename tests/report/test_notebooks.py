@@ -194,3 +194,13 @@ def test_a_notebook_run_from_another_folder_finds_the_repository(tmp_path):
     text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/markdown", "")) for o in outs)
     assert "No benchmark results" not in text and "measured on" in text
     assert (tmp_path / "out" / "data" / "04_kernels.csv").is_file()
+
+
+def test_every_notebook_enters_the_repository_first():
+    """Relative paths in a notebook mean the repository's files only after enter_repo() (first code cell)."""
+    from workbench.report.params import read_notebook
+    root = Path(__file__).resolve().parents[2]
+    for name in NOTEBOOKS:
+        nb = read_notebook(root / "notebooks" / f"{name}.py")
+        first = next(c for c in nb.cells if c.cell_type == "code")
+        assert "enter_repo()" in first.source and "parameters" not in first.metadata.get("tags", []), name

@@ -75,10 +75,14 @@ def test_departures_from_measure_and_bench_rows():
     measure += [{"model": "m", "prompt": "HumanEval/12", "budget": 64,
                  "temperature": 1.0, "equals_ar": False},
                 {"model": "m", "prompt": "HumanEval/3", "budget": 4, "temperature": 0.0, "equals_ar": None}]
-    assert pairdata.departures(measure) == [{"model": "m", "prompt": "HumanEval/12", "budgets": [2]}]
+    measure.append({"model": "m", "prompt": "HumanEval/12", "tree": "chain", "budget": 15, "temperature": 0.0,
+                    "equals_ar": False})
+    assert pairdata.departures(measure) == [{"model": "m", "prompt": "HumanEval/12", "budgets": [2],
+                                             "chain": True}]
     bench = [{"model": "models/q.kdtr", "prompt": "HumanEval/12", "budget": b, "tokens_equal_ar": b == 8}
              for b in (4, 8, 64)]
-    assert pairdata.departures(bench) == [{"model": "q", "prompt": "HumanEval/12", "budgets": [4, 64]}]
+    assert pairdata.departures(bench) == [{"model": "q", "prompt": "HumanEval/12", "budgets": [4, 64],
+                                           "chain": False}]
 
 
 def test_near_tie_measures_ars_margins():
@@ -93,6 +97,7 @@ def test_near_tie_measures_ars_margins():
     margins = np.asarray(b.margins[:n], np.float64)
     assert r["parted_at"] is None and r["margin_there"] is None and r["min_step"] == int(np.argmin(margins))
     assert abs(r["min_margin"] - margins.min()) < 1e-4
-    text = pairdata.near_tie_text({"model": "m", "prompt": "HumanEval/12", "budgets": [4, 64]},
+    text = pairdata.near_tie_text({"model": "m", "prompt": "HumanEval/12", "budgets": [4, 64], "chain": True},
                                   {**r, "parted_at": 3, "margin_there": 2.5e-4})
-    assert "B = 4, 64" in text and "step 3" in text and "0.00025" in text and "near-tie" in text
+    assert "at B = 4, 64 and the DFlash chain" in text and "step 3" in text
+    assert "0.00025" in text and "near-tie" in text

@@ -176,3 +176,10 @@ def test_quant_text_reads_as_words():
     meta = {"quant": {"group_size": 32, "n_quantized": 84, "policy": "mlp"}}
     assert bundles.quant_text(meta) == "INT4 policy mlp, group size 32, 84 matrices"
     assert bundles.quant_text({}) == "not quantized"
+
+
+def test_ignored_files_without_git_come_from_the_gitignore(tmp_path):
+    """A tree sent without .git (the GPU machine): the root's .gitignore still decides."""
+    (tmp_path / ".gitignore").write_text("# comment\nout/*.ipynb\n/local/\n__pycache__/\n")
+    paths = [tmp_path / p for p in ("out/a.ipynb", "out/a.html", "local/x.html", "pkg/__pycache__/m.pyc")]
+    assert provenance.ignored(tmp_path, paths) == {paths[0], paths[2], paths[3]}

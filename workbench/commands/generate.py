@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from ..cli import UserError, existing_file
+from . import progress
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -124,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     n = args.tokens if args.tokens is not None else (len(b.golden) or 24)
     sampling = SamplingParams(temperature=float(args.temperature), seed=int(args.seed))
     dcfg = b.meta.get("drafter") if isinstance(b.meta, dict) else None
+    progress.status(f"generate: {n} tokens, {args.mode} on the {_backend_text(args.backend)} ...")
     res = generate(b.config, weights, toks, n, backend=args.backend, mode=args.mode, drafter=args.drafter,
                    budget=args.budget, cost_curve=args.cost_curve, sampling=sampling, drafter_config=dcfg,
                    oracle_p=args.oracle_p, oracle_seed=args.seed)

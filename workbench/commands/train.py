@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..cli import UserError
+from .progress import on_console
 
 STAGES = ("manifest", "tokenizer", "target", "drafter", "export", "all")
 
@@ -45,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's own choice)")
     p.add_argument("--write", action="store_true", help="manifest / tokenizer: replace the committed file")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (there are none when stderr is not a terminal)")
 
 
 def _size(args: argparse.Namespace):
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
-    progress = not args.no_progress
+    progress = not args.no_progress and on_console()               # bars on a terminal, never into a log
     summary = {}
     if args.stage in ("target", "all"):
         rep = train_target(out, s, load_tokenizer(), device, args.wheels, progress)

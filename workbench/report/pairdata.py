@@ -106,14 +106,19 @@ def load_pair_bench(bench_dir: str | Path) -> tuple[list[dict[str, Any]], dict[s
 
 def departures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Greedy DDTree / chain runs whose tokens are not greedy AR's, one entry per (model, prompt):
-    {"model", "prompt", "budgets"}. ``rows``: ``measure``'s rows (``equals_ar``) or ``bench pair``'s
-    (``tokens_equal_ar``, ``model`` the bundle path)."""
-    out: dict[tuple[str, str], list[int]] = {}
+    {"model", "prompt", "budgets" (DDTree's), "chain" (the DFlash chain's too)}. ``rows``: ``measure``'s
+    rows (``equals_ar``, ``tree``) or ``bench pair``'s (``tokens_equal_ar``, ``model`` the bundle path)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
         same = r.get("equals_ar", r.get("tokens_equal_ar"))
         if same is False and float(r.get("temperature", 0.0)) == 0.0:
-            out.setdefault((Path(str(r["model"])).stem, r["prompt"]), []).append(int(r.get("budget") or 0))
-    return [{"model": m, "prompt": p, "budgets": sorted(b)} for (m, p), b in out.items()]
+            d = out.setdefault((Path(str(r["model"])).stem, r["prompt"]), {"budgets": [], "chain": False})
+            if r.get("tree") == "chain":
+                d["chain"] = True
+            else:
+                d["budgets"].append(int(r.get("budget") or 0))
+    return [{"model": m, "prompt": p, "budgets": sorted(d["budgets"]), "chain": d["chain"]}
+            for (m, p), d in out.items()]
 
 
 def near_tie(cfg: Any, weights: dict[str, Any], drafter_config: Any, ids: Any, n_tokens: int,
@@ -139,12 +144,13 @@ def near_tie(cfg: Any, weights: dict[str, Any], drafter_config: Any, ids: Any, n
 
 def near_tie_text(d: dict[str, Any], run: dict[str, Any]) -> str:
     """One Markdown line explaining ``departures``' entry ``d`` with its ``near_tie`` measurement."""
-    budgets = ", ".join(map(str, d["budgets"]))
+    budgets = " and ".join(filter(None, [("B = " + ", ".join(map(str, d["budgets"]))) if d["budgets"] else "",
+                                         "the DFlash chain" if d.get("chain") else ""]))
     where = (f"DDTree at B = {run['budget']} parts from AR at step {run['parted_at']}, where AR's top-1 "
              f"minus top-2 logit margin is **{run['margin_there']:.2g}**" if run["parted_at"] is not None else
              f"DDTree at B = {run['budget']} gives AR's tokens; AR's smallest top-1 minus top-2 logit "
              f"margin is **{run['min_margin']:.2g}** (step {run['min_step']})")
-    return (f"`{d['model']}` {d['prompt']} is not equal to AR at B = {budgets}. Measured here on the numpy "
+    return (f"`{d['model']}` {d['prompt']} is not equal to AR at {budgets}. Measured here on the numpy "
             f"reference: {where}, against a median margin of {run['median_margin']:.2g}. A near-tie: the "
             "tree's verify sums in another order, and float32 rounding there decides which of the two "
             "tokens wins.")
@@ -161,6 +167,7 @@ def departure_notes(rows: list[dict[str, Any]], n_tokens: int, models_dir: str |
         if key not in cache:
             p = load_pair(str(Path(models_dir) / f"{d['model']}.kdtr"), d["model"])
             ids = dict(humaneval_prompts(p.tok, int(d["prompt"].split("/")[1]) + 1))[d["prompt"]]
-            cache[key] = near_tie(p.cfg, p.weights, p.dcfg, ids, n_tokens, d["budgets"][0])
+            budget = d["budgets"][0] if d["budgets"] else 16     # chain only: a DDTree run for the margins
+            cache[key] = near_tie(p.cfg, p.weights, p.dcfg, ids, n_tokens, budget)
         notes.append(near_tie_text(d, cache[key]))
     return notes

@@ -45,15 +45,39 @@ def git_state(root: Path, exclude: Path | None = None) -> dict[str, Any]:
 
 
 def ignored(root: Path, paths: list[Path]) -> set[Path]:
-    """Those of ``paths`` git ignores (so no clone has them); empty without git."""
+    """Those of ``paths`` (absolute) git ignores, so no clone has them. Without git (a copy of the tree
+    sent without .git) the root's .gitignore is read directly (its plain patterns: no negation)."""
     if not paths:
         return set()
     try:
         r = subprocess.run(["git", "check-ignore", "--", *map(str, paths)], cwd=root, capture_output=True,
                            text=True, timeout=20)
+        if r.returncode in (0, 1):                    # 1: none ignored; anything else: no repository here
+            return {Path(line) for line in r.stdout.splitlines() if line}
     except (OSError, subprocess.TimeoutExpired):
-        return set()
-    return {Path(line) for line in r.stdout.splitlines() if line}
+        pass
+    return {p for p in paths if _gitignore_matches(root, p)}
+
+
+def _gitignore_matches(root: Path, path: Path) -> bool:
+    import fnmatch
+    try:
+        rel = Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+        patterns = (Path(root) / ".gitignore").read_text().splitlines()
+    except (ValueError, OSError):
+        return False
+    parts = rel.split("/")
+    for pat in (p.strip() for p in patterns):
+        if not pat or pat.startswith(("#", "!")):
+            continue
+        body = pat.strip("/")
+        if "/" in pat.rstrip("/"):                   # anchored at the root: the path or a folder above it
+            hit = any(fnmatch.fnmatchcase("/".join(parts[:i]), body) for i in range(1, len(parts) + 1))
+        else:                                        # any path component
+            hit = any(fnmatch.fnmatchcase(part, body) for part in parts)
+        if hit:
+            return True
+    return False
 
 
 def tracked_files(root: Path, folder: Path) -> list[str]:
