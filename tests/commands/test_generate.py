@@ -78,6 +78,7 @@ def test_numba_backend_samples_like_the_reference(capsys, mode):
     ["--prompt", "a,b"],
     ["--tokens", "0"],
     ["--backend", "numba", "--temperature", "-1"],
+    ["--mode", "ddtree", "--budget", "1000000"],
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv):
     rc, out, err = _run(capsys, TINY, *argv)
@@ -93,3 +94,16 @@ def test_dflash_without_drafter_weights_is_exit_2(capsys, tmp_path):
                  meta=dict(b.meta))
     rc, out, err = _run(capsys, str(path), "--mode", "ddtree", "--drafter", "dflash")
     assert rc == 2 and "drafter" in err and err.count("\n") == 1
+
+
+def test_invalid_utf8_text_is_one_line_exit_2(capsys):
+    """Invalid UTF-8 bytes in argv arrive as lone surrogates (os.fsdecode), which no tokenizer accepts."""
+    code = Path(__file__).resolve().parents[2] / "models" / "code.kdtr"
+    rc, out, err = _run(capsys, str(code), "--text", os.fsdecode(b"def \xff\xfe(x):"), "--tokens", "2")
+    assert rc == 2 and "--text is not valid UTF-8" in err and err.count("\n") == 1
+
+
+def test_subnormal_temperature_decodes_like_greedy(capsys):
+    greedy = _run(capsys, TINY, "--tokens", "4", "--json")
+    cold = _run(capsys, TINY, "--tokens", "4", "--json", "--temperature", "1e-320")
+    assert cold[0] == 0 and json.loads(cold[1]) == json.loads(greedy[1]) and cold[2] == ""
