@@ -84,3 +84,96 @@ def test_a_missing_input_file_is_named(argv, tmp_path, capsys):
              "measure": ["--out", str(tmp_path / "m")]}.get(argv[0], [])
     assert main([*argv, str(missing), *extra]) == 2
     assert capsys.readouterr().err == f"error: no such file: {missing}\n"
+
+
+# ---- bad input classes (docs/bad-input.md) ------------------------------------------------------
+import errno  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "refs" / "tiny.kdtr"
+
+
+def _one_line(capsys):
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_fifo_outputs_are_refused_not_replaced(tmp_path, capsys):
+    fifo = tmp_path / "out.kdtr"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="not a regular file"):
+        check_out_file(fifo)
+    assert main(["quantize", str(TINY), str(fifo)]) == 2
+    assert "not a regular file" in _one_line(capsys) and fifo.is_fifo()
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["export-hf", str(TINY), "OUT", "--max-shard-mb", "inf"], "--max-shard-mb"),
+    (["export-hf", str(TINY), "OUT", "--max-shard-mb", "1e400"], "--max-shard-mb"),
+    (["train", "target", "--out", "OUT", "--size", "toy", "--target-minutes", "nan"], "--target-minutes"),
+    (["train", "target", "--out", "OUT", "--size", "toy", "--target-minutes", "inf"], "--target-minutes"),
+    (["generate", str(TINY), "--budget", "1000000"], "--budget"),
+    (["generate", str(TINY), "--temperature", "nan"], "--temperature"),
+    (["generate", str(TINY), "--tokens", "9" * 5000], "--tokens"),
+    (["measure", str(TINY), "--out", "OUT", "--tokens", "1000000000"], "--tokens"),
+])
+def test_numeric_options_are_bounded_and_finite_at_parse_time(tmp_path, capsys, argv, option):
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    assert main(argv) == 2
+    assert option in _one_line(capsys)
+    assert not (tmp_path / "out").exists()                    # refused before any work
+
+
+def test_a_full_disk_without_a_path_is_still_one_line(tmp_path, capsys, monkeypatch):
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    import workbench.commands.build_refs as build_refs
+    monkeypatch.setattr(build_refs, "run", full)
+    assert main(["build-refs", "--out", str(tmp_path)]) == 2
+    assert "No space left on device" in _one_line(capsys)
+
+
+def test_sigterm_mid_write_unwinds_like_ctrl_c(tmp_path, capsys, monkeypatch):
+    """SIGTERM during a bundle write: exit 143, one line, the old output intact, no temp file left."""
+    from workbench.bundle import writer
+    out = tmp_path / "q.kdtr"
+    out.write_bytes(b"old")
+    chunks = writer._write_chunks
+
+    def write_then_signal(f, it):
+        f.write(next(iter(it)))
+        os.kill(os.getpid(), signal.SIGTERM)              # delivered at the next bytecode
+        chunks(f, it)
+    monkeypatch.setattr(writer, "_write_chunks", write_then_signal)
+
+    def unhandled(signum, frame):                         # what runs if main() left SIGTERM alone
+        raise AssertionError("the CLI installed no SIGTERM handler")
+    before = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        assert main(["quantize", str(TINY), str(out)]) == 143
+    finally:
+        restored = signal.signal(signal.SIGTERM, before)
+    assert "SIGTERM" in _one_line(capsys)
+    assert out.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["q.kdtr"]
+    assert restored is unhandled                             # main() put the caller's handler back
+
+
+def test_sigterm_to_a_cli_process_exits_143_and_removes_its_temp_files(tmp_path):
+    """The same from outside: a real SIGTERM to a running export-hf while it writes its shards."""
+    code = ("import os, signal, sys, safetensors.torch as st; from workbench.cli import main\n"
+            "real = st.save_file\n"
+            "def slow(*a, **k):\n"
+            "    real(*a, **k); os.kill(os.getpid(), signal.SIGTERM)\n"
+            "st.save_file = slow\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    p = subprocess.run([sys.executable, "-c", code, "export-hf", str(TINY), str(tmp_path / "hf"),
+                        "--max-shard-mb", "0.1"], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert p.returncode == 143 and p.stderr.count("\n") == 1 and "SIGTERM" in p.stderr, p.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from tests.test_weights import CFG  # 2 layers (1 dense + 1 MoE), widths 32
 from workbench.bundle import BF16Array, bf16
-from workbench.config import preset
+from workbench.config import ConfigError, preset
 from workbench.errors import InputError
 from workbench.hf_checkpoint import K2_IGNORE, load_hf_checkpoint, quantization_config
 from workbench.reference.model import LatentCache, forward
@@ -128,3 +128,75 @@ def test_bad_k26_checkpoints_give_one_line_errors(tmp_path, breakage, match):
     with pytest.raises(InputError, match=match) as e:
         load_hf_checkpoint(tmp_path / "ck")
     assert "\n" not in str(e.value)
+
+
+# ---- hostile shards and configs: refused from the headers, before any tensor data is read --------
+def _plain_checkpoint(path):
+    from workbench.weights import random_weights, save_hf_checkpoint
+    save_hf_checkpoint(path, CFG, random_weights(CFG, 0))
+    return path
+
+
+def _raw_safetensors(path, header: dict, data_bytes: int):
+    raw = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.truncate(8 + len(raw) + data_bytes)                 # sparse: no real bytes behind big sizes
+
+
+def _cli_import(ck, out):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "workbench", "import-hf", str(ck), str(out)], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _entry(dtype, shape, end, begin=0):
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+BIG = 8 * 4 * (2**31 - 1)                                     # a 64 GiB tensor, sparse on disk
+
+
+@pytest.mark.parametrize("header, data_bytes, match", [
+    ({"x": _entry("F32", [2**63, 0], 0)}, 0, r"shape \[9223372036854775808, 0\]"),
+    ({"x": _entry("F32", [4, 4], 60)}, 64, "span 60 bytes, F32 \\[4, 4\\] needs 64"),
+    ({"x": _entry("F32", [4, 4], 64)}, 32, "past the file's 32 data bytes"),
+    ({"x": _entry("Q4", [4], 2)}, 2, "unknown dtype"),
+    ({"model.embed_tokens.weight": _entry("F32", [2**31 - 1, 8], BIG)}, BIG,
+     r"embed has shape \[2147483647, 8\]"),
+])
+def test_bad_shard_headers_are_one_line_errors(tmp_path, header, data_bytes, match):
+    ck = _plain_checkpoint(tmp_path / "ck")
+    _raw_safetensors(ck / "model.safetensors", header, data_bytes)
+    with pytest.raises(InputError, match=match):
+        load_hf_checkpoint(ck)
+
+
+def test_a_fifo_shard_does_not_hang_import(tmp_path):
+    import os
+    ck = _plain_checkpoint(tmp_path / "ck")
+    (ck / "model.safetensors").unlink()
+    os.mkfifo(ck / "model.safetensors")
+    p = _cli_import(ck, tmp_path / "x.kdtr")                   # a plain open() would wait for a writer
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "not a regular file" in p.stderr, p.stderr
+    assert not (tmp_path / "x.kdtr").exists()
+
+
+@pytest.mark.parametrize("changes", [{"n_routed_experts": 10**8}, {"n_routed_experts": 2**31},
+                                     {"num_hidden_layers": 10**7}, {"num_hidden_layers": 10**9}])
+def test_a_tiny_config_declaring_a_huge_model_fails_fast(tmp_path, changes):
+    import tracemalloc
+    ck = _plain_checkpoint(tmp_path / "ck")
+    conf = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps({**conf, **changes}))
+    tracemalloc.start()
+    try:
+        with pytest.raises((InputError, ConfigError), match="declare|over the cap"):
+            load_hf_checkpoint(ck)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 50_000_000

@@ -123,7 +123,8 @@ def load_file(path: str | os.PathLike, max_bytes: int = MAX_FILE_BYTES) -> Any:
     p = Path(path)
     try:
         with open_regular(p) as f:
-            raw = f.read(max_bytes + 1)
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(min(size, max_bytes) + 1)         # read(n) allocates n bytes up front
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
     if len(raw) > max_bytes:

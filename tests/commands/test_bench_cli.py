@@ -74,10 +74,11 @@ def test_low_occupancy_warnings_are_silenced_and_others_kept(monkeypatch, tmp_pa
     every launch; the bench command drops exactly those."""
     import warnings
 
+    import workbench.bench.results
+
     import kernels_numba.device
     import workbench.bench.common
     import workbench.bench.engine
-    import workbench.bench.results
 
     def fake_run(out_dir):
         for n in (1, 8, 64):

@@ -97,6 +97,7 @@ def test_numba_backend_samples_like_the_reference(capsys, mode):
     ["--prompt", "a,b"],
     ["--tokens", "0"],
     ["--backend", "numba", "--temperature", "-1"],
+    ["--mode", "ddtree", "--budget", "1000000"],
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv):
     rc, out, err = _run(capsys, TINY, *argv)
@@ -142,3 +143,16 @@ def test_check_ar_passes_and_fails_with_one_line(capsys, monkeypatch):
     assert "first difference at step 3" in errors[0] and "margin there" in errors[0]
     rc, out, err = _run(capsys, TINY, "--check-ar", "--temperature", "1")
     assert rc == 2 and "--check-ar" in err
+
+
+def test_invalid_utf8_text_is_one_line_exit_2(capsys):
+    """Invalid UTF-8 bytes in argv arrive as lone surrogates (os.fsdecode), which no tokenizer accepts."""
+    code = Path(__file__).resolve().parents[2] / "models" / "code.kdtr"
+    rc, out, err = _run(capsys, str(code), "--text", os.fsdecode(b"def \xff\xfe(x):"), "--tokens", "2")
+    assert rc == 2 and "--text is not valid UTF-8" in err and err.count("\n") == 1
+
+
+def test_subnormal_temperature_decodes_like_greedy(capsys):
+    greedy = _run(capsys, TINY, "--tokens", "4", "--json")
+    cold = _run(capsys, TINY, "--tokens", "4", "--json", "--temperature", "1e-320")
+    assert cold[0] == 0 and json.loads(cold[1]) == json.loads(greedy[1]) and cold[2] == ""

@@ -47,8 +47,17 @@ def test_measure_writes_acceptance_and_drift(toy_run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra, msg", [(["--budgets", "1,x"], "comma-separated"),
-                                        (["--budgets", "0"], ">= 1"), (["--tokens", "0"], "--tokens")])
+                                        (["--budgets", "0"], ">= 1"), (["--tokens", "0"], "--tokens"),
+                                        (["--budgets", "4,2000"], "--budgets"),
+                                        (["--temperatures", "0,1e-320,nan"], "--temperatures"),
+                                        (["--tokens", "2000", "--prompts", "1"], "max_position_embeddings"),
+                                        (["--int4", "X", "--drift-tokens", "5000", "--prompts", "1"],
+                                         "--drift-tokens")])
 def test_bad_measure_arguments(toy_run, tmp_path, capsys, extra, msg):
-    assert main(["measure", str(toy_run / "bundles" / "code.kdtr"), "--out", str(tmp_path), *extra]) == 2
+    """Refused before any measuring, like generate: options within bounds, positions within the context."""
+    extra = [str(toy_run / "bundles" / "code_int4_mlp.kdtr") if a == "X" else a for a in extra]
+    out = tmp_path / "out"
+    assert main(["measure", str(toy_run / "bundles" / "code.kdtr"), "--out", str(out), *extra]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and msg in err
+    assert err.count("\n") == 1 and msg in err, err
+    assert not out.exists()

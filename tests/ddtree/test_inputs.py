@@ -17,6 +17,8 @@ def _target_only(weights):
     ({"budget": 0}, "budget"),
     ({"budget": -3}, "budget"),
     ({"budget": 2.5}, "budget"),
+    ({"budget": 1025}, r"budget must be an int in \[1, 1024\]"),
+    ({"budget": 1_000_000}, r"budget must be an int in \[1, 1024\]"),
     ({"prompt": [1, 2, 512]}, "outside the vocabulary"),
     ({"prompt": []}, "empty"),
     ({"n_tokens": 0}, "n_tokens"),
@@ -49,3 +51,12 @@ def test_ar_bad_requests():
         ar_generate(cfg, weights, np.array([600]), 3)
     with pytest.raises(InputError):
         ar_generate(cfg, weights, PROMPT, -1)
+
+
+def test_budget_must_fit_the_context():
+    from workbench.ddtree.inputs import check_budget
+    cfg, _, _ = model("tiny")
+    small = cfg.replace(max_position_embeddings=64)
+    assert check_budget(63, small) == 63
+    with pytest.raises(InputError, match="does not fit the model's context"):
+        check_budget(64, small)

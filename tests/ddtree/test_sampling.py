@@ -134,3 +134,23 @@ def test_bad_temperature(temperature):
     from workbench.config import ConfigError
     with pytest.raises(ConfigError):
         SamplingParams(temperature)
+
+
+@pytest.mark.parametrize("temperature", [1e-320, 5e-324, 1e-300])
+def test_a_subnormal_temperature_samples_the_argmax_not_id_0(temperature):
+    """logits / T would overflow to inf (inf - inf = NaN); subtracting the max first keeps it exact."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((6, 50)) * 3 + 10                  # all positive: id 0 is never the max
+    logits[:, 0] = logits.min() - 1
+    probs = softmax_t(logits, temperature)
+    assert np.isfinite(probs).all()
+    np.testing.assert_array_equal(probs.argmax(-1), logits.argmax(-1))
+    toks = sample_tokens(logits, SamplingParams(temperature=temperature), np.random.default_rng(1))
+    np.testing.assert_array_equal(toks, logits.argmax(-1))
+
+
+def test_non_finite_logits_are_refused_not_sampled_as_id_0():
+    from workbench.errors import InputError
+    logits = np.array([[1.0, np.nan, 2.0]])
+    with pytest.raises(InputError, match="NaN or inf"):
+        sample_tokens(logits, SamplingParams(temperature=1.0), np.random.default_rng(0))

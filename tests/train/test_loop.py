@@ -56,3 +56,34 @@ def test_time_plan_fixes_the_total_within_the_cap(tmp_path):
     assert len(plan) == 1 and res["steps"] == plan[0]["total"] == 31
     _, res = _fit(tmp_path / "c", 40, minutes=10.0)        # plenty of time: the cap
     assert res["steps"] == 40
+
+
+def test_checkpoint_temp_names_are_per_process(tmp_path):
+    """Two runs into one folder: another run's in-flight temp file is never overwritten or renamed."""
+    from workbench.train.loop import save_checkpoint
+    ckpt = tmp_path / "ckpt.pt"
+    theirs = tmp_path / ".ckpt.pt.tmp"                        # the fixed name an older writer used
+    theirs.write_bytes(b"another run's half-written checkpoint")
+    save_checkpoint(ckpt, {"step": 1})
+    save_checkpoint(ckpt, {"step": 2})
+    assert torch.load(ckpt)["step"] == 2
+    assert theirs.read_bytes() == b"another run's half-written checkpoint"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.pt.tmp", "ckpt.pt"]
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from workbench.train.loop import save_checkpoint
+    ckpt = tmp_path / "ckpt.pt"
+    save_checkpoint(ckpt, {"step": 1})
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left") as e:
+        save_checkpoint(ckpt, {"step": 2})
+    monkeypatch.undo()
+    assert e.value.filename == str(ckpt) and torch.load(ckpt)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]

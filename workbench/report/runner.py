@@ -64,11 +64,19 @@ def pick_kernel(requested: str | None = None) -> str:
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the child and everything below it (the kernel runs in its own session)."""
+    """SIGKILL the child and everything below it (the kernel runs in its own session), then remove the
+    kernels' connection files (``-f FILE``), which a killed client never gets to delete."""
     try:
         procs = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         procs = []
+    files = []
+    for p in procs:
+        try:
+            args = p.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        files += [b for a, b in zip(args, args[1:], strict=False) if a == "-f" and b.endswith(".json")]
     for p in [*procs]:
         try:
             p.kill()
@@ -77,6 +85,9 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.kill()
     proc.wait()
     psutil.wait_procs(procs, timeout=10)
+    for f in files:
+        with contextlib.suppress(OSError):
+            os.unlink(f)
 
 
 def _cells_started(ipynb: Path) -> str:
@@ -94,7 +105,7 @@ def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: s
                  run_info: dict[str, Any] | None = None) -> NotebookRun:
     """Execute ``path`` into ``out/<stem>.ipynb`` and ``.html``; never raises for notebook failures.
 
-    The run writes a hidden ``.<stem>.<hex>.run.ipynb`` and log; only a finished run (ok or failed)
+    The run writes into a hidden ``.<stem>.<hex>.run/`` folder; only a finished run (ok or failed)
     replaces the previous notebook, HTML and log. A signal, a full disk or any other exception kills
     the child and its kernel, removes the run's files (and the /tmp spec folder) and leaves the
     previous results as they were.
@@ -102,8 +113,9 @@ def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: s
     name = path.stem
     ipynb, html, log = out / f"{name}.ipynb", out / f"{name}.html", out / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    tag = secrets.token_hex(6)
-    running, run_log = out / f".{name}.{tag}.run.ipynb", log.with_name(f".{log.name}.{tag}.tmp")
+    run_dir = out / f".{name}.{secrets.token_hex(6)}.run"       # same file names, so the HTML title is
+    run_dir.mkdir()                                               # the notebook's own
+    running, run_html, run_log = run_dir / ipynb.name, run_dir / html.name, run_dir / log.name
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t0 = time.monotonic()
     proc = None
@@ -126,8 +138,6 @@ def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: s
                 finally:                   # a signal or an error: the child and kernel end before /tmp does
                     if proc.poll() is None:
                         _kill_tree(proc)
-                if result["status"] == "wall_timeout":
-                    _remove_partial_saves(out, running)
         duration = time.monotonic() - t0
         status, reason = result["status"], outcome.describe(result, running, cell_timeout, wall_timeout)
         has_nb = running.is_file()
@@ -138,27 +148,25 @@ def run_notebook(path: Path, out: Path, parameters: dict[str, Any], *, kernel: s
                 raise
             except Exception:  # a notebook cut off mid-write: rendering below says why there is no HTML
                 pass
-        os.replace(run_log, log)
-        if has_nb:
             try:
-                render_html(running, html, status=status, reason=reason)
+                render_html(running, run_html, status=status, reason=reason)
             except OSError:
                 raise
             except Exception as e:  # a notebook cut off mid-write by a kill: keep the status, say why no HTML
                 status = status if status != "ok" else "runner_error"
                 reason = f"{reason}; no HTML: {type(e).__name__}: {e}".lstrip("; ")
-                html.unlink(missing_ok=True)
-            os.replace(running, ipynb)
-        else:                              # this finished run made no notebook: drop the previous run's
-            ipynb.unlink(missing_ok=True)
-            html.unlink(missing_ok=True)
+        # everything is written: the new files replace the previous run's (renames need no space)
+        for new, old in ((run_html, html), (running, ipynb), (run_log, log)):
+            if new.is_file():
+                os.replace(new, old)
+            else:
+                old.unlink(missing_ok=True)
     except BaseException:
         if proc is not None and proc.poll() is None:
             _kill_tree(proc)
-        for p in (running, run_log):
-            p.unlink(missing_ok=True)
-        _remove_partial_saves(out, running)
         raise
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)              # partial saves of a killed run included
     return NotebookRun(name=name, status=status, reason=reason, duration_s=round(duration, 2),
                        parameters=parameters, ipynb=ipynb.name if has_nb else None,
                        html=html.name if html.is_file() else None, log=f"logs/{log.name}", started=started)
@@ -176,12 +184,6 @@ def _wait(proc: subprocess.Popen, result_path: Path, t0: float, wall_timeout: fl
                 _kill_tree(proc)
                 return {"status": "wall_timeout"}
             tick()
-
-
-def _remove_partial_saves(out: Path, running: Path) -> None:
-    """Temp files of a notebook save that a kill cut short (the atomic writer's ``.<name>.<x>.tmp``)."""
-    for partial in out.glob(f".{running.name}.*.tmp"):
-        partial.unlink(missing_ok=True)
 
 
 def _status(console: TextIO, text: str, end: str = "") -> None:
