@@ -56,13 +56,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def budget_arg(text: str) -> int | str:
-    """'auto' or an int (its range is checked once, by workbench.generate)."""
+    """'auto' or an int in [1, MAX_BUDGET] (the model's context is checked by workbench.generate)."""
+    from ..cli import MAX_BUDGET, parse_number
     if text == "auto":
         return text
     try:
-        return int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an int or auto, got {text!r}") from None
+        return parse_number(text, int, 1, MAX_BUDGET)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"must be auto or an int: {e}") from None
 
 
 def parse_prompt(text: str) -> list[int]:
