@@ -50,9 +50,9 @@ def main() -> None:
 
     from workbench.bench.k2_build import device_model
     from workbench.config import preset
+    from workbench.ddtree.scenarios import random_prompt, random_tree
     from workbench.engine.runtime import Engine
     from workbench.engine.scenarios import engine_decode, engine_tree_verify
-    from workbench.reference.scenarios import random_prompt, random_tree
 
     cfg = preset("k2_slice")
     t0 = time.perf_counter()

@@ -23,15 +23,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench.config import preset  # noqa: E402
-from workbench.fileio import write_bytes_atomic  # noqa: E402
-from workbench.quant.w16a16 import w16a16  # noqa: E402
-from workbench.reference.scenarios import (  # noqa: E402
+from workbench.ddtree.scenarios import (  # noqa: E402
     activation_stats,
     decode_reference,
     random_prompt,
     random_tree,
     tree_verify_reference,
 )
+from workbench.fileio import write_bytes_atomic  # noqa: E402
+from workbench.quant.w16a16 import w16a16  # noqa: E402
 from workbench.seeded import LAYOUTS, SeededWeights  # noqa: E402
 
 

@@ -37,8 +37,8 @@ def main() -> None:
     from workbench.bench.torch_layer import TorchLayer
     from workbench.bench.torch_layer_bench import ancestor_inputs
     from workbench.config import preset
+    from workbench.ddtree.scenarios import random_tree
     from workbench.engine.buffers import latents_for
-    from workbench.reference.scenarios import random_tree
 
     cfg = preset("k2_slice")
     rows = [int(v) for v in a.rows.split(",")]

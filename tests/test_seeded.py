@@ -11,10 +11,10 @@ import pytest
 
 from workbench.bundle import BF16Array, bf16
 from workbench.config import preset
+from workbench.ddtree.scenarios import activation_stats, random_prompt
 from workbench.errors import InputError
 from workbench.quant.int4 import dequantize_int4, quantize_int4, unpack_int4
 from workbench.reference.model import LatentCache, forward
-from workbench.reference.scenarios import activation_stats, random_prompt
 from workbench.seeded import (
     BLOCK_ROWS,
     LAYOUTS,

@@ -9,12 +9,12 @@ import pytest
 
 from workbench import seeded
 from workbench.config import ModelConfig
+from workbench.ddtree.scenarios import tree_from_parents
 from workbench.errors import InputError
 from workbench.reference.layers import rmsnorm
 from workbench.reference.mla import mla_absorbed
 from workbench.reference.model import LatentCache, decoder_layer
 from workbench.reference.moe import moe_gate
-from workbench.reference.scenarios import tree_from_parents
 from workbench.weights import random_weights
 
 torch = pytest.importorskip("torch")

@@ -1,5 +1,5 @@
 """Reference DDTree on the golden bundles (refs/*.kdtr): greedy DDTree reproduces the golden tokens for
-budgets 1, 4, 16, 64 with both drafters, and oracle p = 1 accepts a full path every round."""
+budgets 1, 4, 16 (and 64 on tiny) with both drafters, and oracle p = 1 accepts a full path every round."""
 
 import functools
 from pathlib import Path
@@ -21,9 +21,13 @@ def bundle(name):
     return b, b.weights(), DrafterConfig.from_dict(b.meta["drafter"])
 
 
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("budget", [1, 4, 16, 64])
-@pytest.mark.parametrize("drafter", ["dflash", "oracle"])
+# budget 64 runs the same numpy code as 16 on larger trees, 8-30 s a bundle with the DFlash drafter:
+# once (tiny, both drafters) is enough
+CASES = [(n, b, d) for n in NAMES for b in (1, 4, 16, 64) for d in ("dflash", "oracle")
+         if b < 64 or n == "tiny"]
+
+
+@pytest.mark.parametrize("name,budget,drafter", CASES)
 def test_reference_ddtree_matches_golden(name, budget, drafter):
     b, weights, dcfg = bundle(name)
     assert len(b.golden) >= N + dcfg.n_drafted

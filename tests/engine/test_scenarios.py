@@ -11,15 +11,15 @@ import pytest
 from tests.bench.test_k2_layer import ON_GPU, SMALL
 from tests.engine.common import sure_steps
 from workbench.bench.k2_build import device_model
-from workbench.engine.runtime import Engine
-from workbench.engine.scenarios import engine_decode, engine_tree_verify
-from workbench.quant.w16a16 import w16a16
-from workbench.reference.scenarios import (
+from workbench.ddtree.scenarios import (
     decode_reference,
     random_prompt,
     random_tree,
     tree_verify_reference,
 )
+from workbench.engine.runtime import Engine
+from workbench.engine.scenarios import engine_decode, engine_tree_verify
+from workbench.quant.w16a16 import w16a16
 from workbench.seeded import SeededWeights
 
 ATOL = 3e-2                  # W4A16 experts: float16 roundings can flip (tests/engine/common.py)

@@ -20,10 +20,10 @@ import numpy as np
 from kernels_numba.device import download, head_rows, tail_rows
 
 from ..config import ModelConfig
+from ..ddtree.scenarios import random_tree
 from ..engine.buffers import latents_f32
 from ..reference.layers import sigmoid, weight
 from ..reference.model import LatentCache
-from ..reference.scenarios import random_tree
 from .k2_build import dense_kind
 from .torch_layer_bench import _reference_layer, ancestor_inputs
 

@@ -44,11 +44,11 @@ from kernels_numba.device import (
 )
 
 from ..config import ModelConfig, preset
+from ..ddtree.scenarios import random_tree
 from ..engine.buffers import allocate, latents_for
 from ..engine.model import launch_layer, mla, step_rows
 from ..reference.moe import analytic_coverage
 from ..reference.rope import rope_tables
-from ..reference.scenarios import random_tree
 from .k2_build import dense_kind, device_layer, layer_bytes
 from .k2_check import compare, engine_side, reference_side
 from .torch_layer_bench import ancestor_inputs

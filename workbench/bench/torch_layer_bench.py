@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 
 from ..config import ConfigError, ModelConfig, preset
+from ..ddtree.scenarios import random_tree, tree_from_parents
 from ..errors import InputError
 from ..reference.layers import rmsnorm, sigmoid, weight
 from ..reference.mla import mla_absorbed
 from ..reference.model import LatentCache
 from ..reference.moe import dense_mlp, moe
-from ..reference.scenarios import random_tree, tree_from_parents
 from .torch_layer import TorchLayer
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)

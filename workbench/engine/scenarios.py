@@ -1,4 +1,4 @@
-"""The engine's side of the reference scenarios (``workbench.reference.scenarios``): a prefill and N
+"""The engine's side of the reference scenarios (``workbench.ddtree.scenarios``): a prefill and N
 greedy decode steps with every step's logits, and ONE verify of a given tree after a prefill with every
 node's logits and the latent rows it appended. The K2-size checks compare these with
 ``decode_reference`` / ``tree_verify_reference`` on the same weights.
@@ -14,8 +14,8 @@ import numpy as np
 from kernels_numba.device import head_rows
 from kernels_numba.sim import sim_speed
 
+from ..ddtree.scenarios import tree_from_parents
 from ..errors import InputError
-from ..reference.scenarios import tree_from_parents
 from .ar import engine_ar_generate
 from .buffers import latents_f32
 from .runtime import Engine

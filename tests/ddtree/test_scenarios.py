@@ -4,16 +4,16 @@ import numpy as np
 import pytest
 
 from workbench.config import preset
-from workbench.errors import InputError
-from workbench.reference.generate import greedy_generate
-from workbench.reference.model import LatentCache, forward
-from workbench.reference.scenarios import (
+from workbench.ddtree.scenarios import (
     decode_reference,
     random_prompt,
     random_tree,
     tree_from_parents,
     tree_verify_reference,
 )
+from workbench.errors import InputError
+from workbench.reference.generate import greedy_generate
+from workbench.reference.model import LatentCache, forward
 from workbench.seeded import SeededWeights
 
 CFG = preset("tiny")

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from workbench.bundle import BF16Array, bf16
+from numformats.bf16 import BF16Array, bf16
 
 
 def _reference_bits(x: np.ndarray) -> np.ndarray:

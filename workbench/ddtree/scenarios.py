@@ -17,8 +17,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import InputError
-from .generate import check_prompt, greedy_generate, top2_margin
-from .model import LatentCache, forward
+from ..reference.generate import check_prompt, greedy_generate, top2_margin
+from ..reference.model import LatentCache, forward
 from .tree import Tree, compile_tree
 
 
