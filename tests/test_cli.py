@@ -177,3 +177,10 @@ def test_sigterm_to_a_cli_process_exits_143_and_removes_its_temp_files(tmp_path)
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert p.returncode == 143 and p.stderr.count("\n") == 1 and "SIGTERM" in p.stderr, p.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_top_level_help_names_every_benchmark():
+    from workbench.cli import COMMANDS
+    from workbench.commands.bench import BENCHES
+    help_text = COMMANDS["bench"][1]
+    assert help_text.split(": ", 1)[1].split(" (")[0].split(", ") == list(BENCHES)

@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import-hf": ("import_hf", "convert a HF DeepseekV3 / Kimi-K2 checkpoint directory to a bundle"),
     "export-hf": ("export_hf", "write a bundle as a HF checkpoint directory transformers loads"),
     "quantize": ("quantize", "quantize a bundle's MLP or routed-expert weights to INT4 W4A16 (--policy)"),
-    "bench": ("bench", "GPU benchmarks: {benches} (bench NAME --help)"),
+    "bench": ("bench", "GPU benchmarks: kernels, engine, k2, ep, pair, depth (bench NAME --help)"),
     "report": ("report", "run the notebooks with papermill into HTML reports"),
     "train": ("train", "train the small code model and its DFlash drafter, export their bundles"),
     "measure": ("measure", "acceptance (tau vs budget, DFlash chain, expert union) and INT4 drift of a pair"),
@@ -209,9 +209,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
-        if "{benches}" in help_text:             # named by commands/bench.py's table (stdlib imports only)
-            from .commands.bench import BENCHES
-            help_text = help_text.format(benches=", ".join(BENCHES))
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
         if name == command:
