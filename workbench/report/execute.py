@@ -64,8 +64,33 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
     return {"status": "ok"}
 
 
+def _orphan_watchdog(poll_s: float = 1.0) -> None:
+    """End this process and its kernel when the runner dies without killing us (SIGKILL): a kernel
+    left alone would keep rewriting the notebook and the log."""
+    import os
+    import threading
+    import time
+
+    import psutil
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        for p in psutil.Process().children(recursive=True):
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="orphan-watchdog").start()
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # papermill's per-cell log
+    _orphan_watchdog()
     with open(argv[0], encoding="utf-8") as f:
         spec = json.load(f)
     write_json_atomic(spec["result"], execute(spec))
