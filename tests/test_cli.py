@@ -115,3 +115,9 @@ def test_sigterm_to_a_cli_process_exits_143_and_removes_its_temp_files(tmp_path)
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert p.returncode == 143 and p.stderr.count("\n") == 1 and "SIGTERM" in p.stderr, p.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_budget_bound_is_the_library_one():
+    from workbench.cli import MAX_BUDGET, OPTION_BOUNDS
+    from workbench.ddtree.inputs import MAX_BUDGET as LIBRARY
+    assert MAX_BUDGET == LIBRARY == OPTION_BOUNDS["--budget"][1]

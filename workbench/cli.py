@@ -119,10 +119,14 @@ def parse_number(text: str, kind: type, lo: float | None = None, hi: float | Non
         if not math.isfinite(v):
             raise ValueError(f"must be a finite number, got {text!r}")
     if lo is not None and (v <= lo if open_lo else v < lo):
-        raise ValueError(f"must be {'>' if open_lo else '>='} {lo:g}, got {text}")
+        raise ValueError(f"must be {'>' if open_lo else '>='} {_show(lo)}, got {text}")
     if hi is not None and v > hi:
-        raise ValueError(f"must be <= {hi:g}, got {text}")
+        raise ValueError(f"must be <= {_show(hi)}, got {text}")
     return v
+
+
+def _show(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 2**63 else f"{bound:g}"
 
 
 def numeric(kind: type, lo: float | None = None, hi: float | None = None,

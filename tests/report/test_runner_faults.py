@@ -136,13 +136,14 @@ def test_an_empty_only_is_refused(tmp_path, only):
 
 def test_a_killed_report_takes_its_child_and_kernel_along(tmp_path):
     """SIGKILL runs no cleanup in the runner; the orphaned child ends itself and the kernel."""
-    pid_file = tmp_path / "kernel.pid"
+    pid_file, tmp = tmp_path / "kernel.pid", tmp_path / "tmp"
+    tmp.mkdir()
     children: list[psutil.Process] = []
     proc = subprocess.Popen(
         [sys.executable, "-m", "workbench", "report", "--notebooks", str(FIXTURES), "--out",
          str(tmp_path / "o"), "--quiet", "--only", "hangs", "--cell-timeout", "300", "--wall-timeout", "300",
          "--param", f"pid_file={json.dumps(str(pid_file))}"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL)
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}, stderr=subprocess.DEVNULL)
     try:
         t0 = time.monotonic()
         while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() - t0 < 120:
@@ -161,3 +162,6 @@ def test_a_killed_report_takes_its_child_and_kernel_along(tmp_path):
             except psutil.NoSuchProcess:
                 pass
     assert not alive
+    time.sleep(1)
+    assert list(tmp.iterdir()) == []                   # spec folder and kernel connection file
+    assert [p.name for p in (tmp_path / "o").iterdir() if p.name.endswith(".run")] == []
