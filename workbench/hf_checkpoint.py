@@ -260,10 +260,6 @@ def check_shards_against_config(d: Path, cfg: ModelConfig, prefix: str = "",
         except InputError:
             continue                     # reported with its name by the reading loop
     check_model_size(cfg, len(model))
-    free = _available_memory()
-    if total > free:
-        raise InputError(f"{d}: the checkpoint's tensors take {total / 2**30:.1f} GiB, more than the "
-                         f"{free / 2**30:.1f} GiB of memory available")
     expected = expected_shapes(cfg)
     for name, shape in model.items():
         want = expected.get(name)
@@ -277,6 +273,10 @@ def check_shards_against_config(d: Path, cfg: ModelConfig, prefix: str = "",
             raise InputError(f"{name} has shape {list(shape)} ({to_hf_name(name)}), config.json implies rows "
                              f"{want[0]}" + (f" and {want[1] // 8} packed columns" if name.endswith(".packed")
                                              else ""))
+    free = _available_memory()
+    if total > free:
+        raise InputError(f"{d}: the checkpoint's tensors take {total / 2**30:.1f} GiB, more than the "
+                         f"{free / 2**30:.1f} GiB of memory available")
 
 
 def _parse_quant_config(q: Any) -> set[int]:
