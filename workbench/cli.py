@@ -5,8 +5,9 @@ Exit codes: 0 success, 2 bad input or arguments (one line on stderr, no tracebac
 Each command module defines ``add_arguments(parser)`` and ``run(args) -> int``; it raises
 ``UserError`` (or a library error listed in ``_user_errors``) for bad input; an OSError naming a
 path (missing folder, permission, a full disk) is also reported as one line. Every int / float
-option is checked at parse time by ``numeric`` (finite, within OPTION_BOUNDS or 32-bit ints).
-SIGTERM and SIGHUP raise ``Interrupted`` (a KeyboardInterrupt) like SIGINT does, so every atomic
+option is checked at parse time by ``numeric`` (finite, within OPTION_BOUNDS or 32-bit ints),
+installed on every subcommand's options by ``bound_numeric_options``.
+SIGTERM, SIGHUP and SIGINT raise ``Interrupted`` (a KeyboardInterrupt) like SIGINT does, so every atomic
 writer's cleanup and every command's ``finally`` runs before the process exits. The catalogue of
 bad input and what each gets is docs/bad-input.md.
 """
@@ -145,13 +146,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's default prints usage; keep it one line
         raise UserError(f"{self.prog}: {message}")
 
-    def add_argument(self, *names: Any, **kw: Any) -> Any:
-        """Every int / float option gets the ``numeric`` check (bounds from OPTION_BOUNDS)."""
-        if kw.get("type") in (int, float):
-            lo, hi, open_lo = next((OPTION_BOUNDS[n] for n in names if n in OPTION_BOUNDS),
+
+
+def bound_numeric_options(parser: argparse.ArgumentParser) -> None:
+    """Give every ``type=int`` / ``type=float`` option of ``parser`` (argument groups included) the
+    ``numeric`` check: finite, bounds from OPTION_BOUNDS (else a 32-bit int / any finite float)."""
+    for action in parser._actions:
+        if action.type in (int, float):
+            lo, hi, open_lo = next((OPTION_BOUNDS[n] for n in action.option_strings if n in OPTION_BOUNDS),
                                    (None, None, False))
-            kw["type"] = numeric(kw["type"], lo, hi, open_lo)
-        return super().add_argument(*names, **kw)
+            action.type = numeric(action.type, lo, hi, open_lo)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -171,6 +175,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p.set_defaults(_module=module)
         if name == command:
             importlib.import_module(f"workbench.commands.{module}").add_arguments(p)
+            bound_numeric_options(p)
     return parser
 
 
