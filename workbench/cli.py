@@ -7,7 +7,7 @@ Each command module defines ``add_arguments(parser)`` and ``run(args) -> int``; 
 path (missing folder, permission, a full disk) is also reported as one line. Every int / float
 option is checked at parse time by ``numeric`` (finite, within OPTION_BOUNDS or 32-bit ints),
 installed on every subcommand's options by ``bound_numeric_options``.
-SIGTERM, SIGHUP and SIGINT raise ``Interrupted`` (a KeyboardInterrupt) like SIGINT does, so every atomic
+SIGINT, SIGTERM and SIGHUP raise ``Interrupted`` (a KeyboardInterrupt), so every atomic
 writer's cleanup and every command's ``finally`` runs before the process exits. The catalogue of
 bad input and what each gets is docs/bad-input.md.
 """
