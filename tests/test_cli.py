@@ -184,3 +184,24 @@ def test_top_level_help_names_every_benchmark():
     from workbench.commands.bench import BENCHES
     help_text = COMMANDS["bench"][1]
     assert help_text.split(": ", 1)[1].split(" (")[0].split(", ") == list(BENCHES)
+
+
+def test_the_budget_bound_is_the_library_one():
+    from workbench.cli import MAX_BUDGET, OPTION_BOUNDS
+    from workbench.ddtree.inputs import MAX_BUDGET as LIBRARY
+    assert MAX_BUDGET == LIBRARY == OPTION_BOUNDS["--budget"][1]
+
+
+def test_numeric_bounds_reach_options_in_argument_groups():
+    import argparse
+
+    from workbench.cli import bound_numeric_options
+    p = argparse.ArgumentParser()
+    g = p.add_argument_group("decoding")
+    g.add_argument("--budget", type=int, default=16)
+    g.add_argument("--scale", type=float, default=1.0)
+    bound_numeric_options(p)
+    assert p.parse_args(["--budget", "1024", "--scale", "2.5"]).budget == 1024
+    for argv in (["--budget", "1025"], ["--scale", "inf"], ["--scale", "nan"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(argv)

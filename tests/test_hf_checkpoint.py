@@ -200,3 +200,14 @@ def test_a_tiny_config_declaring_a_huge_model_fails_fast(tmp_path, changes):
     finally:
         tracemalloc.stop()
     assert peak < 50_000_000
+
+
+def test_a_checkpoint_larger_than_the_free_memory_is_refused_before_reading(tmp_path, monkeypatch):
+    """A config consistent with 2 TiB of sparse tensors passes the shape checks; the import would then
+    read them all into memory, so their total is compared with the memory available first."""
+    import workbench.hf_checkpoint as hf
+    ck = _plain_checkpoint(tmp_path / "ck")
+    monkeypatch.setattr(hf, "_available_memory", lambda: 1000)
+    monkeypatch.setattr(hf, "_read_safetensors", lambda *a, **k: pytest.fail("tensor data was read"))
+    with pytest.raises(InputError, match="more than the 0.0 GiB of memory available"):
+        load_hf_checkpoint(ck)

@@ -5,8 +5,9 @@ Exit codes: 0 success, 2 bad input or arguments (one line on stderr, no tracebac
 Each command module defines ``add_arguments(parser)`` and ``run(args) -> int``; it raises
 ``UserError`` (or a library error listed in ``_user_errors``) for bad input; an OSError naming a
 path (missing folder, permission, a full disk) is also reported as one line. Every int / float
-option is checked at parse time by ``numeric`` (finite, within OPTION_BOUNDS or 32-bit ints).
-SIGTERM and SIGHUP raise ``Interrupted`` (a KeyboardInterrupt) like SIGINT does, so every atomic
+option is checked at parse time by ``numeric`` (finite, within OPTION_BOUNDS or 32-bit ints),
+installed on every subcommand's options by ``bound_numeric_options``.
+SIGINT, SIGTERM and SIGHUP raise ``Interrupted`` (a KeyboardInterrupt), so every atomic
 writer's cleanup and every command's ``finally`` runs before the process exits. The catalogue of
 bad input and what each gets is docs/bad-input.md.
 """
@@ -117,10 +118,14 @@ def parse_number(text: str, kind: type, lo: float | None = None, hi: float | Non
         if not math.isfinite(v):
             raise ValueError(f"must be a finite number, got {text!r}")
     if lo is not None and (v <= lo if open_lo else v < lo):
-        raise ValueError(f"must be {'>' if open_lo else '>='} {lo:g}, got {text}")
+        raise ValueError(f"must be {'>' if open_lo else '>='} {_show(lo)}, got {text}")
     if hi is not None and v > hi:
-        raise ValueError(f"must be <= {hi:g}, got {text}")
+        raise ValueError(f"must be <= {_show(hi)}, got {text}")
     return v
+
+
+def _show(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 2**63 else f"{bound:g}"
 
 
 def numeric(kind: type, lo: float | None = None, hi: float | None = None,
@@ -162,13 +167,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's default prints usage; keep it one line
         raise UserError(f"{self.prog}: {message}")
 
-    def add_argument(self, *names: Any, **kw: Any) -> Any:
-        """Every int / float option gets the ``numeric`` check (bounds from OPTION_BOUNDS)."""
-        if kw.get("type") in (int, float):
-            lo, hi, open_lo = next((OPTION_BOUNDS[n] for n in names if n in OPTION_BOUNDS),
+
+
+def bound_numeric_options(parser: argparse.ArgumentParser) -> None:
+    """Give every ``type=int`` / ``type=float`` option of ``parser`` (argument groups included) the
+    ``numeric`` check: finite, bounds from OPTION_BOUNDS (else a 32-bit int / any finite float)."""
+    for action in parser._actions:
+        if action.type in (int, float):
+            lo, hi, open_lo = next((OPTION_BOUNDS[n] for n in action.option_strings if n in OPTION_BOUNDS),
                                    (None, None, False))
-            kw["type"] = numeric(kw["type"], lo, hi, open_lo)
-        return super().add_argument(*names, **kw)
+            action.type = numeric(action.type, lo, hi, open_lo)
 
 
 def version_text() -> str:
@@ -213,6 +221,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p.set_defaults(_module=module)
         if name == command:
             importlib.import_module(f"workbench.commands.{module}").add_arguments(p)
+            bound_numeric_options(p)
     return parser
 
 

@@ -222,6 +222,12 @@ def shard_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     return out
 
 
+def _available_memory() -> int:
+    """Bytes of memory available now (psutil), the bound on what an import may read."""
+    import psutil
+    return int(psutil.virtual_memory().available)
+
+
 def _shard_paths(d: Path) -> list[Path]:
     """The shard files: the index's (each a plain name of a regular file) or every *.safetensors."""
     if (d / _INDEX).exists():
@@ -246,7 +252,10 @@ def check_shards_against_config(d: Path, cfg: ModelConfig, prefix: str = "",
     for p in _shard_paths(d):
         headers.update(shard_header(p))
     model: dict[str, tuple[int, ...]] = {}
-    for hf, (_, shape) in headers.items():
+    total = 0                                              # bytes the import will hold in memory
+    for hf, (dtype, shape) in headers.items():
+        if not skip(hf):
+            total += math.prod(shape) * ST_DTYPES[dtype]
         name = hf[len(prefix):] if prefix and hf.startswith(prefix) else hf
         m = re.match(r"model\.layers\.([0-9]+)\.", name)
         if skip(hf) or (m is not None and int(m.group(1)) >= cfg.num_hidden_layers) \
@@ -270,6 +279,10 @@ def check_shards_against_config(d: Path, cfg: ModelConfig, prefix: str = "",
             raise InputError(f"{name} has shape {list(shape)} ({to_hf_name(name)}), config.json implies rows "
                              f"{want[0]}" + (f" and {want[1] // 8} packed columns" if name.endswith(".packed")
                                              else ""))
+    free = _available_memory()
+    if total > free:
+        raise InputError(f"{d}: the checkpoint's tensors take {total / 2**30:.1f} GiB, more than the "
+                         f"{free / 2**30:.1f} GiB of memory available")
 
 
 def _parse_quant_config(q: Any) -> set[int]:
@@ -338,7 +351,7 @@ def _read_safetensors(d: Path, skip: Any = lambda name: False) -> tuple[dict[str
                         skipped.append(k)
                     else:
                         out[k] = _from_torch(st.get_tensor(k), k)
-        except (OSError, SafetensorError) as e:
+        except (OSError, SafetensorError, RuntimeError, MemoryError) as e:   # RuntimeError: torch's mmap
             raise InputError(f"{d / f}: not a readable safetensors file ({e})") from None
     return out, skipped
 

@@ -34,6 +34,11 @@ def test_default_outputs_are_git_ignored():
         assert ignored(ROOT / params["out_dir"] / "data" / "x.csv"), (name, params["out_dir"])
 
 
+def test_the_report_lock_is_git_ignored_in_every_output_folder():
+    for out in (report.DEFAULT_OUT, report.SHOWCASE):
+        assert ignored(out / ".report.lock")
+
+
 def test_showcase_folder_is_tracked_and_named():
     from workbench.report.provenance import tracked_files
 

@@ -132,3 +132,36 @@ def test_an_empty_only_is_refused(tmp_path, only):
     with pytest.raises(InputError, match="--only names no notebook"):
         run_cli("--out", str(tmp_path), "--only", only)
     assert not (tmp_path / "index.html").exists()
+
+
+def test_a_killed_report_takes_its_child_and_kernel_along(tmp_path):
+    """SIGKILL runs no cleanup in the runner; the orphaned child ends itself and the kernel."""
+    pid_file, tmp = tmp_path / "kernel.pid", tmp_path / "tmp"
+    tmp.mkdir()
+    children: list[psutil.Process] = []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench", "report", "--notebooks", str(FIXTURES), "--out",
+         str(tmp_path / "o"), "--quiet", "--only", "hangs", "--cell-timeout", "300", "--wall-timeout", "300",
+         "--param", f"pid_file={json.dumps(str(pid_file))}"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}, stderr=subprocess.DEVNULL)
+    try:
+        t0 = time.monotonic()
+        while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() - t0 < 120:
+            assert proc.poll() is None
+            time.sleep(0.2)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert int(pid_file.read_text()) in {p.pid for p in children}
+        proc.kill()
+        proc.wait(timeout=30)
+        gone, alive = psutil.wait_procs(children, timeout=20)
+    finally:
+        proc.kill()
+        for p in children:                             # never leave a kernel behind, even when failing
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+    assert not alive
+    time.sleep(1)
+    assert list(tmp.iterdir()) == []                   # spec folder and kernel connection file
+    assert [p.name for p in (tmp_path / "o").iterdir() if p.name.endswith(".run")] == []

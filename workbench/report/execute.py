@@ -64,10 +64,64 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
     return {"status": "ok"}
 
 
+def kill_processes(procs: list[Any]) -> None:
+    """SIGKILL ``procs`` (psutil.Process; a kernel among them) and remove the kernels' connection files
+    (``-f FILE.json`` on their command lines), which a killed client never gets to delete."""
+    import contextlib
+    import os
+
+    import psutil
+
+    files = []
+    for p in procs:
+        try:
+            args = p.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        files += [b for a, b in zip(args, args[1:], strict=False) if a == "-f" and b.endswith(".json")]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    for f in files:
+        with contextlib.suppress(OSError):
+            os.unlink(f)
+
+
+def _orphan_watchdog(spec_path: str, spec: dict[str, Any], poll_s: float = 1.0) -> None:
+    """End this process and its kernel when the runner dies without killing us (SIGKILL): a kernel
+    left alone would keep rewriting the notebook and the log. The runner's temp folders (the spec's,
+    the run's ``.<name>.<hex>.run``) go too, since the runner cannot remove them any more."""
+    import os
+    import shutil
+    import threading
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        kill_processes(psutil.Process().children(recursive=True))
+        run_dir = Path(spec["output"]).parent
+        for folder in (Path(spec_path).parent, run_dir if run_dir.name.endswith(".run") else None):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="orphan-watchdog").start()
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # papermill's per-cell log
     with open(argv[0], encoding="utf-8") as f:
         spec = json.load(f)
+    _orphan_watchdog(argv[0], spec)
     write_json_atomic(spec["result"], execute(spec))
     return 0
 

@@ -28,6 +28,7 @@ from ..fileio import write_json_atomic
 from . import outcome
 from . import progress as bars
 from .clean import strip_stderr
+from .execute import kill_processes
 from .index import write_index
 from .params import check_overrides, default_parameters, read_notebook
 from .provenance import RUN_ENV
@@ -64,30 +65,15 @@ def pick_kernel(requested: str | None = None) -> str:
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the child and everything below it (the kernel runs in its own session), then remove the
-    kernels' connection files (``-f FILE``), which a killed client never gets to delete."""
+    """SIGKILL the child and everything below it (the kernel runs in its own session), and remove the
+    kernels' connection files."""
     try:
         procs = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         procs = []
-    files = []
-    for p in procs:
-        try:
-            args = p.cmdline()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        files += [b for a, b in zip(args, args[1:], strict=False) if a == "-f" and b.endswith(".json")]
-    for p in [*procs]:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
     proc.kill()
     proc.wait()
-    psutil.wait_procs(procs, timeout=10)
-    for f in files:
-        with contextlib.suppress(OSError):
-            os.unlink(f)
+    kill_processes(procs)
 
 
 def _cells_started(ipynb: Path) -> str:
