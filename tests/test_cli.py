@@ -205,3 +205,8 @@ def test_numeric_bounds_reach_options_in_argument_groups():
     for argv in (["--budget", "1025"], ["--scale", "inf"], ["--scale", "nan"]):
         with pytest.raises(SystemExit):
             p.parse_args(argv)
+
+
+def test_numeric_bounds_reach_nested_benchmark_options(capsys):
+    assert main(["bench", "depth", "--tokens", "10000000000"]) == 2
+    assert "--tokens" in capsys.readouterr().err

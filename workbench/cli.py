@@ -168,12 +168,15 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}")
 
 
-
 def bound_numeric_options(parser: argparse.ArgumentParser) -> None:
-    """Give every ``type=int`` / ``type=float`` option of ``parser`` (argument groups included) the
-    ``numeric`` check: finite, bounds from OPTION_BOUNDS (else a 32-bit int / any finite float)."""
+    """Give every ``type=int`` / ``type=float`` option of ``parser`` (argument groups and nested
+    subcommands such as ``bench NAME`` included) the ``numeric`` check: finite, bounds from OPTION_BOUNDS
+    (else a 32-bit int / any finite float)."""
     for action in parser._actions:
-        if action.type in (int, float):
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                bound_numeric_options(sub)
+        elif action.type in (int, float):
             lo, hi, open_lo = next((OPTION_BOUNDS[n] for n in action.option_strings if n in OPTION_BOUNDS),
                                    (None, None, False))
             action.type = numeric(action.type, lo, hi, open_lo)
