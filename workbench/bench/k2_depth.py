@@ -535,9 +535,10 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
             equal = agree["equal"]
             checks.append({"check": f"DDTree greedy == AR, p={p} B={b}", "passed": agree["passed"],
                            "first_mismatch": agree["first"], "ar_margin_there": agree["margin"]})
-            # past a mismatch the oracle's truth (AR's tokens) is not the target's: the rounds before it
-            ms_tok = agree["wall_s"] / agree["tokens"] * 1e3
-            rms = agree["wall_s"] / agree["rounds"] * 1e3
+            # a round's time over every round (it does not depend on what is accepted); tau over the rounds
+            # before a mismatch (past it the oracle's truth, AR's tokens, is not the target's)
+            rms = r["wall_s"] / r["rounds"] * 1e3
+            ms_tok = rms * agree["rounds"] / agree["tokens"]
             round_ms.setdefault(b, []).append(rms)
             c = {k: v / r["rounds"] for k, v in r["clock"].items()}
             emit({"table": "run", "source": f"oracle p={p}", "budget": b, "tokens": agree["tokens"],
