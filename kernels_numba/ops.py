@@ -29,6 +29,9 @@ fused_moe needs it of all routed experts (and E + S <= 1024). Both paths compute
 W4A16 (``workbench.quant.int4.int4_linear``): activations rounded to float16, weights (u - 8) * scale,
 float32 sums, SwiGLU's silu(gate) * up rounded to float16 before down; they differ in summation order.
 
+The dflash drafter's kernels (``draft_attention.py``) are re-exported as ``draft_gather_rows``,
+``draft_head_norm_rope`` (interleaved or rotate-half pairs) and ``draft_attention`` (GQA).
+
 The ops launch only: no host synchronisation and no allocation (``Scratch`` holds every work buffer
 and the MoE workspaces, made before any capture), so a sequence of ops can be captured in a CUDA graph.
 """

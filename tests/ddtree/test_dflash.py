@@ -144,7 +144,10 @@ def test_kimi_k26_dflash_preset():
     assert (d.rope_layout, d.rope_scaling_type, d.rope_theta, d.rope_factor, d.own_norm) == \
         ("rotate_half", "yarn", 50000.0, 64.0, True)
     assert drafter_param_count(k2, d) == 3_479_277_056                   # 6.48 GiB in bf16
-    with pytest.raises(ConfigError):                                     # tiny: no layer 58, no id 163838
+    d.check_target(k2)
+    with pytest.raises(ConfigError, match="58"):                         # a 3-layer slice: allowed, not run
+        kimi_k26_dflash(preset("k2_slice")).check_target(preset("k2_slice"))
+    with pytest.raises(ConfigError, match="163838"):                     # tiny: no such row
         kimi_k26_dflash(preset("tiny"))
 
 

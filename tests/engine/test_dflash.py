@@ -82,7 +82,7 @@ def test_device_dflash_w16a16_matches_reference_logits():
     name = "tiny"
     b, w, dcfg = public_model(name, w16=True)
     with blas_on():
-        _check_logits(name, b, w, dcfg, True, 5e-3)
+        _check_logits(name, b, w, dcfg, True, 1e-2)
         dev = DeviceDFlash(engine(name), w, dcfg)
         assert dev.fc.path == dev.layers[0]["attn.wq"].path == dev.layers[0]["mlp"].path == "blas"
 

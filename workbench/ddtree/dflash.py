@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..config import ConfigError, ModelConfig
 from ..errors import InputError
 from ..quant.w16a16 import w16a16_marked
 from ..reference.layers import as_array, linear, rmsnorm, swiglu, weight
@@ -67,19 +67,20 @@ def default_drafter_config(cfg: ModelConfig) -> DrafterConfig:
 
 
 def kimi_k26_dflash(cfg: ModelConfig) -> DrafterConfig:
-    """The shape of the public Kimi-K2.5 / K2.6 DFlash drafter for the target ``cfg``: 6 Qwen3 layers,
-    64 query / 8 KV heads of 128, MLP 18,432, block 8, taps [1, 12, 24, 35, 47, 58], mask id 163838,
-    rotate-half RoPE theta 5e4 with YaRN factor 64 over 4,096 positions (HF's attention factor for
-    mscale = mscale_all_dim = 1: 1.0), eps 1e-6, its own final norm. ConfigError where ``cfg`` lacks
-    those layers or that mask row."""
-    dcfg = DrafterConfig(block_size=8, n_layers=6, n_heads=64, n_kv_heads=8, head_dim=128,
+    """The shape of the public Kimi-K2.5 / K2.6 DFlash drafter for a target of the K2 family ``cfg`` (its
+    width D is the drafter's): 6 Qwen3 layers, 64 query / 8 KV heads of 128, MLP 18,432, block 8, taps
+    [1, 12, 24, 35, 47, 58], mask id 163838, rotate-half RoPE theta 5e4 with YaRN factor 64 over 4,096
+    positions (transformers' attention factor for mscale = mscale_all_dim = 1: 1.0), eps 1e-6 (Qwen3's),
+    its own final norm. ConfigError where ``cfg`` has no row 163838; a shortened target (``k2_slice``)
+    is allowed here, and ``dcfg.check_target(cfg)`` says whether it holds the tapped layers."""
+    if cfg.vocab_size <= 163838:
+        raise ConfigError(f"the Kimi DFlash mask id 163838 is not below vocab_size {cfg.vocab_size}")
+    return DrafterConfig(block_size=8, n_layers=6, n_heads=64, n_kv_heads=8, head_dim=128,
                          intermediate_size=18432, target_layer_ids=(1, 12, 24, 35, 47, 58),
                          mask_token_id=163838, rope_theta=50000.0, rms_norm_eps=1e-6,
                          rope_layout="rotate_half", rope_scaling_type="yarn", rope_factor=64.0,
                          original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0,
                          rope_attention_factor=1.0, own_norm=True)
-    dcfg.check_target(cfg)
-    return dcfg
 
 
 def drafter_shapes(cfg: ModelConfig, dcfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
