@@ -297,6 +297,24 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget: int, p: float,
             "distinct": float(np.mean(distinct)) if distinct else float("nan")}
 
 
+def prefill_repeat(engine, prompt: np.ndarray) -> dict[str, Any]:
+    """The prompt's prefill twice on ``engine``: the first layer whose latent cache rows differ between the
+    two (None: bitwise equal; a layer's rows depend only on the layers before it, so this names where a
+    run-to-run difference enters), and the largest difference of the last row's logits."""
+    from kernels_numba.device import head_rows
+    p = len(prompt)
+    out = []
+    for _ in range(2):
+        engine.prefill(prompt)
+        cache = engine.fetch(engine.buf.cache)[:, :p]                               # [Ly, P, C+R]
+        logits = engine.fetch(head_rows(engine.buf.logits, p))[p - 1]
+        out.append((cache, logits))
+    (c1, l1), (c2, l2) = out
+    diff = [i for i in range(c1.shape[0]) if not np.array_equal(c1[i], c2[i])]
+    return {"first_layer_differing": diff[0] if diff else None, "layers_differing": len(diff),
+            "max_abs_logit_diff": float(np.abs(l1 - l2).max())}
+
+
 NEAR_TIE = 0.05        # an AR top-2 logit margin under which the 1-row and the tree path may differ
 
 
@@ -485,6 +503,10 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     if not np.array_equal(with_logits.tokens, ar[:n_tokens]):
         checks.append({"check": "AR repeat with logits", "passed": False})
     meta["ar_margin_min"] = float(margins.min())
+    from kernels_numba.sim import sim_speed
+    with sim_speed():                                   # where a run-to-run difference enters, if one does
+        meta["prefill_repeat"] = prefill_repeat(engine, prompt)
+    log(f"prefill twice: {meta['prefill_repeat']}")
     meta["ar_margins_below_near_tie"] = int((margins < NEAR_TIE).sum())
     emit({"table": "run", "source": "ar", "budget": 0, "tokens": ar_n - 1, "rounds": ar_n - 1, "tau": 1.0,
           "ms_per_token": ar_ms, "round_ms": ar_ms, "speedup": 1.0, "tokens_equal_ar": True})
