@@ -72,3 +72,15 @@ def test_project_depth_on_parts_and_runs():
     want = 320 + 60 * moe + 8 + 700 + 6000 + 150 + 2000          # + drafter, host, draft beyond the drafter
     assert b2["projected_round_ms"] == pytest.approx(want / 1e3)
     assert b2["topk_us_per_round"] == pytest.approx(2000.0) and b2["experts_scale"] == pytest.approx(0.5)
+
+
+def test_side_by_side_of_the_committed_set_fills_every_term():
+    """Read back from the CSV (empty cells), a replayed source takes the measured runs' draft and host
+    phases at its budget: every projected term is there."""
+    rows, meta = k2proj.depth_side_by_side("reports/bench")
+    assert meta["bench"] == "k2_depth" and "random weights" in meta["weights"]
+    assert {r["budget"] for r in rows} == {0, 1, 2, 4, 8, 16, 32, 64}
+    for r in rows:
+        assert np.isfinite(r["projected_ms_per_token"]) and r["projected_ms_per_token"] > 0
+        if r["budget"]:
+            assert r["topk_us_per_round"] > 0 and r["host_us_per_round"] > 0 and r["drafter_us_per_round"] > 0

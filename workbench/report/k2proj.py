@@ -210,11 +210,11 @@ def project_depth(cfg: ModelConfig, parts: dict[str, dict[int, float]],
         host = 0.0
         if b:
             host = (_num(r.get("build_us_per_round")) + _num(r.get("walk_us_per_round"))) if \
-                r.get("build_us_per_round") is not None else _host_of(runs, b)
+                _has(r.get("build_us_per_round")) else _host_of(runs, b)
         drafter = next(iter(parts.get("drafter", {}).values()), 0.0)
         topk = 0.0                # the draft phase beyond the drafter's graph: top-k, its copy back, the sync
         if b:
-            draft = _num(r.get("draft_ms_per_round")) * 1e3 if r.get("draft_ms_per_round") is not None \
+            draft = _num(r.get("draft_ms_per_round")) * 1e3 if _has(r.get("draft_ms_per_round")) \
                 else _mean_of(runs, b, "draft_ms_per_round") * 1e3
             topk = max(draft - drafter, 0.0) if draft else 0.0
         terms = {"embed": parts.get("embed", {}), "head": parts.get("head", {}),
@@ -236,6 +236,11 @@ def project_depth(cfg: ModelConfig, parts: dict[str, dict[int, float]],
     return out
 
 
+def _has(v: Any) -> bool:
+    """A cell that holds a number (not missing, empty or NaN)."""
+    return v is not None and v != "" and v == v
+
+
 def _num(v: Any) -> float:
     """A cell as a float: 0 for a missing or NaN one."""
     if v is None or v == "" or v != v:
@@ -244,14 +249,14 @@ def _num(v: Any) -> float:
 
 
 def _mean_of(runs: list[dict[str, Any]], b: int, key: str) -> float:
-    vals = [_num(r.get(key)) for r in runs if int(r["budget"]) == b and r.get(key) is not None]
+    vals = [_num(r.get(key)) for r in runs if int(r["budget"]) == b and _has(r.get(key))]
     return float(np.mean(vals)) if vals else 0.0
 
 
 def _host_of(runs: list[dict[str, Any]], b: int) -> float:
     """The mean measured host phases per round of the oracle runs at budget b (for replayed sources)."""
     hs = [_num(r.get("build_us_per_round")) + _num(r.get("walk_us_per_round")) for r in runs
-          if int(r["budget"]) == b and r.get("build_us_per_round") is not None]
+          if int(r["budget"]) == b and _has(r.get("build_us_per_round"))]
     return float(np.mean(hs)) if hs else 0.0
 
 
