@@ -336,6 +336,28 @@ else:
         hardware=k2_meta.get("gpu", "?"), date=k2_meta.get("time_utc")))
 
 # %% [markdown]
+# ### The same projection against a measured K2-depth run (`bench depth`)
+# `python -m workbench bench depth` runs a 61-layer K2.6-shape stand-in with **random weights** (the MoE
+# layers cycling over 12 distinct weight sets, each read from HBM) end to end on one H200: AR, and DDTree
+# at every budget with the DFlash-shape drafter in every round. `k2proj.depth_side_by_side` projects each
+# run from that set's own measured parts (layers, lm_head, drafter, tree build, host) beside its measured
+# ms per token ([docs/k2-depth.md](../docs/k2-depth.md)).
+
+# %%
+depth = k2proj.depth_side_by_side(engine_bench_dir)
+if depth is None:
+    display(Markdown(f"**No `bench depth` result set in `{engine_bench_dir}`**: run `python -m workbench "
+                     "bench depth` on a GPU; this cell stays empty until then."))
+else:
+    depth_rows, depth_meta = depth
+    depth_tab = tables.frame(depth_rows)
+    tables.show_table(depth_tab, "05_k2_depth", out_dir, digits=3, caption=(
+        f"MEASURED ms per token of the {depth_meta.get('weights', 'stand-in')} ({depth_meta.get('sets')} "
+        f"distinct MoE sets; {depth_meta.get('gpu', '?')}, commit {str(depth_meta.get('git_sha', '?'))[:7]}) "
+        "beside the PROJECTION from the same set's parts; budget 0 = AR."),
+        view=depth_tab.pivot(index="source", columns="budget", values="ratio"))
+
+# %% [markdown]
 # ## Expert parallelism: each GPU's share of a K2 MoE layer (measured on one H200)
 # With the 384 experts split over P GPUs (48 each at P = 8), a step's rows go to the GPUs holding
 # their experts and the layer waits for the busiest GPU. `python -m workbench bench ep` splits the

@@ -95,3 +95,36 @@ def test_low_occupancy_warnings_are_silenced_and_others_kept(monkeypatch, tmp_pa
         warnings.simplefilter("always")
         assert main(["bench", "engine", "--out", str(tmp_path)]) == 0
     assert [str(w.message) for w in seen] == ["something else"]
+
+
+def test_depth_flags_reach_the_benchmark_and_a_failed_check_exits_1(monkeypatch, tmp_path, capsys):
+    import workbench.bench.results
+    from workbench.bench.results import result_set
+
+    import kernels_numba.device
+    import workbench.bench.common
+    import workbench.bench.k2_depth
+    from workbench.fileio import write_json_atomic
+    seen, passed = {}, [True]
+
+    def fake_bench(out_dir, **kw):
+        inspect.signature(workbench.bench.k2_depth.bench).bind(out_dir, **kw)  # the real signature
+        seen.update(kw)
+        rs = result_set(tmp_path, "k2_depth", "abc1234")
+        write_json_atomic(rs.meta, {"checks_passed": passed[0]})
+        return rs
+
+    monkeypatch.setattr(workbench.bench.common, "require_gpu", lambda: None)
+    monkeypatch.setattr(kernels_numba.device, "SIMULATED", False)
+    monkeypatch.setattr(workbench.bench.k2_depth, "bench", fake_bench)
+    monkeypatch.setattr(workbench.bench.results, "retire_others", lambda rs: [])
+    argv = ["bench", "depth", "--out", str(tmp_path), "--sets", "9", "--prompt", "600", "--budgets", "1,4",
+            "--oracle-p", "0.9", "--reps", "5", "--deadline", "100", "--drafter", "none"]
+    assert main(argv) == 0
+    assert seen == dict(sets=9, prompt_len=600, n_tokens=128, budgets=(1, 4), ps=(0.9,), reps=5, seed=0,
+                        deadline_s=100.0, check=True, drafter="none", dry_run=False)
+    assert main(["bench", "depth", "--out", str(tmp_path)]) == 0
+    assert seen["budgets"] == workbench.bench.k2_depth.BUDGETS                # not bench pair's default
+    passed[0] = False
+    assert main(argv) == 1
+    assert "failed" in capsys.readouterr().err

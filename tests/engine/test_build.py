@@ -90,3 +90,14 @@ def test_random_source_needs_the_tile_layout():
     bad = dataclasses.replace(CFG, moe_intermediate_size=32)
     with blas_on(), pytest.raises(KernelInputError, match="multiples of 64"):
         RandomSource(bad).experts()
+
+
+def test_random_expert_codes_are_zero_mean():
+    """INT4 codes in [-7, 7] (no q = -8): a common offset in every expert would pull every token's hidden
+    state along one direction and route every token alike."""
+    from workbench.engine.build import RandomSource
+    with blas_on():
+        fw = RandomSource(CFG, seed=1).experts()
+    words = np.asarray(fw.w2.wq).view(np.uint8)
+    q = np.concatenate([words & 15, words >> 4]).astype(np.int64) - 8
+    assert q.min() == -7 and q.max() == 7 and abs(q.mean()) < 0.05

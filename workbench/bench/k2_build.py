@@ -1,9 +1,10 @@
 """One layer of the seeded model as the engine's prepared device weights (``engine.weights.DeviceLayer``).
 
-Attention, norms, router and shared expert (or dense MLP) are the seeded bf16 values widened to
-float32 (exact), prepared by the same ``kernels_numba.ops`` calls ``engine.weights.upload_model``
-makes. Routed experts are either ``int4`` (the seeded W4A16 words; ``fused_moe`` where the layout
-allows) or ``fp32`` (the same weights dequantized, exact: the portable FFN kernels). At K2 width the
+Built by ``engine.build.build_layer`` (the builder of every engine model) from ``SeededSource``:
+attention, norms, router and shared expert (or dense MLP) are the seeded bf16 values widened to
+float32 (exact) or W16A16, prepared as ``engine.weights.upload_model`` prepares a bundle's. Routed
+experts are ``int4`` (the seeded W4A16 words; ``fused_moe`` where the layout allows), ``bf16`` (grouped
+GEMMs) or ``fp32`` (the same weights dequantized, exact: the portable FFN kernels). At K2 width the
 host tile repack is the slow step (about half a second per expert on one core), so INT4 experts are
 generated and repacked in chunks on ``workers`` processes; a stack of chunks in the tile layout is
 the chunks' arrays one after another (the expert index is the outermost dimension).
@@ -26,7 +27,8 @@ from numformats.bf16 import BF16Array
 
 from .. import seeded
 from ..config import ModelConfig
-from ..engine.weights import DeviceLayer, DeviceModel, moe_router, stack_rows, swiglu, upload_layer
+from ..engine.build import MappingSource, build_layer
+from ..engine.weights import DeviceLayer, DeviceModel, moe_router, swiglu
 from ..errors import InputError
 from ..quant.int4 import scales_to_float32
 from ..quant.w16a16 import w16a16
@@ -130,14 +132,59 @@ def router_and_shared(cfg: ModelConfig, seed: int, layer: int,
     return rt, shared
 
 
+class SeededSource(MappingSource):
+    """The seeded model's parts for ``engine.build.build_layer``: dense projections widened to FP32 or
+    W16A16 (``dense`` "bf16"), router and norms FP32, routed experts ``experts`` ("int4": repacked for
+    fused_moe on ``workers`` processes; "bf16": grouped GEMMs; "fp32": the portable kernels)."""
+
+    def __init__(self, cfg: ModelConfig, seed: int | Mapping, experts: str = "int4", workers: int = 1,
+                 dense: str = "fp32") -> None:
+        from ..seeded import SeededWeights
+        if isinstance(seed, Mapping) and experts != "int4":
+            raise InputError(f"a checkpoint's layer runs the experts it holds (int4), not {experts}")
+        w = seed if isinstance(seed, Mapping) else SeededWeights(cfg, seed, "experts")
+        if dense == "bf16":
+            w = w16a16(cfg, w)
+        super().__init__(cfg, w)
+        self.seed, self.kind, self.workers, self.dense_kind = seed, experts, workers, dense
+
+    def moe(self, prefix: str) -> ops.MoE:
+        cfg, seed = self.cfg, self.seed
+        layer = int(prefix.split(".")[1])
+        if isinstance(seed, Mapping):                    # a checkpoint's router and shared expert
+            rt = moe_router(cfg, self.w, prefix, True)
+            shared = ops.swiglu_weights(*swiglu(self.w, prefix + ".shared")) if cfg.n_shared_experts else None
+        else:
+            rt, shared = router_and_shared(cfg, seed, layer, self.dense_kind)
+        d, i = cfg.hidden_size, cfg.moe_intermediate_size
+        if self.kind == "int4":
+            try:
+                fused = int4_experts(cfg, seed, layer, self.workers)
+            except LayoutError as e:
+                raise InputError(f"layer {layer}: the experts do not fit fused_moe's layout: {e}") from None
+            if cfg.n_routed_experts > ops.MAX_FUSED_EXPERTS:
+                raise InputError(f"fused_moe takes at most {ops.MAX_FUSED_EXPERTS} experts")
+            return ops.MoE(ops.FUSED_MOE, rt, i, d, fused=fused if SIMULATED else fused.to_device(),
+                           shared=shared)
+        if self.kind == "bf16":
+            if not ops.BLAS:
+                raise InputError("bf16 experts run on the BLAS path (torch): a GPU, or ops.BLAS on")
+            from .torch_layer import seeded_bf16_experts
+            w13, w2 = seeded_bf16_experts(cfg, seed, layer, "cpu" if SIMULATED else "cuda",
+                                          workers=self.workers)
+            return ops.MoE(ops.GROUPED_MM, rt, i, d, grouped=ops.Bf16Experts(w13, w2), shared=shared)
+        return ops.MoE(ops.PORTABLE, rt, i, d, stack=fp32_stack(cfg, seed, layer, self.workers),
+                       shared=shared)
+
+
 def device_layer(
     cfg: ModelConfig, seed: int | Mapping, layer: int, experts: str = "int4", workers: int = 1, log=None,
     dense: str = "fp32",
 ) -> DeviceLayer:
-    """Layer ``layer`` of the seeded model on the device, prepared as ``engine.weights`` prepares it;
-    ``dense="bf16"``: the attention projections, dense MLP and shared expert W16A16 (BLAS path).
-    ``seed`` may be a weights mapping instead (a lazy checkpoint, ``workbench.checkpoint``): the layer is
-    then ``engine.weights.upload_layer`` of it, with its INT4 experts repacked on ``workers`` processes."""
+    """Layer ``layer`` of the seeded model (or of the weights mapping ``seed``: a lazy checkpoint,
+    ``workbench.checkpoint``) on the device, built by ``engine.build.build_layer`` (what every engine
+    model is built by) from ``SeededSource``; ``dense="bf16"``: the attention projections, dense MLP and
+    shared expert W16A16 (BLAS path)."""
     if experts not in EXPERT_KINDS:
         raise InputError(f"experts must be one of {', '.join(EXPERT_KINDS)}, got {experts!r}")
     if dense not in DENSE_KINDS:
@@ -146,54 +193,7 @@ def device_layer(
         raise InputError(f"layer {layer} outside the model's {cfg.num_hidden_layers} layers")
     if cfg.q_lora_rank is None:
         raise InputError("the layer builder wants a q_lora model (K2's)")
-    p, a = f"layers.{layer}.", f"layers.{layer}.attn."
-    f = p + "ffn"
-    if isinstance(seed, Mapping):                  # a checkpoint's layer: the engine's own upload of it
-        if experts != "int4":
-            raise InputError(f"a checkpoint's layer runs the experts it holds (int4), not {experts}")
-        w = w16a16(cfg, seed) if dense == "bf16" else seed
-        lay = upload_layer(cfg, w, layer, experts=False)
-        if not cfg.is_moe_layer(layer):
-            return lay
-        rt = moe_router(cfg, w, f, True)           # the INT4 experts are repacked below, on ``workers``
-        shared = ops.swiglu_weights(*swiglu(w, f + ".shared")) if cfg.n_shared_experts else None
-    else:
-        a1 = stack_rows([_proj(cfg, seed, a + "wq_a", dense),
-                         _proj(cfg, seed, a + "wkv_a", dense)])                        # [Q+C+R, D]
-        lay = DeviceLayer(
-            attn_norm=to_device(_fp(cfg, seed, p + "attn_norm")),
-            ffn_norm=to_device(_fp(cfg, seed, p + "ffn_norm")),
-            a1=ops.dense(a1),
-            q_norm=to_device(_fp(cfg, seed, a + "q_norm")),
-            kv_norm=to_device(_fp(cfg, seed, a + "kv_norm")),
-            wq_b=ops.dense(_proj(cfg, seed, a + "wq_b", dense)),
-            attn=ops.mla_weights(_proj(cfg, seed, a + "wkv_b", dense)),
-            wo=ops.dense(_proj(cfg, seed, a + "wo", dense)),
-        )
-        if not cfg.is_moe_layer(layer):
-            lay.mlp = ops.swiglu_weights(*_swiglu_fp(cfg, seed, f, dense))
-            return lay
-        rt, shared = router_and_shared(cfg, seed, layer, dense)
-    d, i = cfg.hidden_size, cfg.moe_intermediate_size
-    if experts == "int4":
-        try:
-            fused = int4_experts(cfg, seed, layer, workers, log)
-        except LayoutError as e:
-            raise InputError(f"layer {layer}: the experts do not fit fused_moe's layout: {e}") from None
-        if cfg.n_routed_experts > ops.MAX_FUSED_EXPERTS:
-            raise InputError(f"fused_moe takes at most {ops.MAX_FUSED_EXPERTS} experts")
-        lay.moe = ops.MoE(
-            ops.FUSED_MOE, rt, i, d, fused=fused if SIMULATED else fused.to_device(), shared=shared
-        )
-    elif experts == "bf16":
-        if not ops.BLAS:
-            raise InputError("bf16 experts run on the BLAS path (torch): a GPU, or ops.BLAS on")
-        from .torch_layer import seeded_bf16_experts
-        w13, w2 = seeded_bf16_experts(cfg, seed, layer, "cpu" if SIMULATED else "cuda", workers=workers)
-        lay.moe = ops.MoE(ops.GROUPED_MM, rt, i, d, grouped=ops.Bf16Experts(w13, w2), shared=shared)
-    else:
-        lay.moe = ops.MoE(ops.PORTABLE, rt, i, d, stack=fp32_stack(cfg, seed, layer, workers), shared=shared)
-    return lay
+    return build_layer(cfg, SeededSource(cfg, seed, experts, workers, dense), layer)
 
 
 def device_model(cfg: ModelConfig, seed: int, workers: int = 1, dense: str = "fp32", log=None,

@@ -8,7 +8,7 @@ A source hands out each part in the form the ops prepare (``kernels_numba.ops``)
   W16A16 where the mapping marks it, INT4 experts repacked for fused_moe (``upload_model`` uses it);
 - ``RandomSource(cfg, seed)``: random weights drawn where the kernels read them, already in their
   layouts, as serving engines' "dummy" load formats do: K2's layout (routed experts INT4 G = 32 in
-  fused_moe's tile layout, random words = uniform INT4 codes in [-8, 7] with float16 group scales;
+  fused_moe's tile layout, INT4 codes uniform in [-7, 7] with float16 group scales;
   attention, shared expert, dense MLP and lm_head bf16 W16A16; router and norms float32), with the
   magnitudes of ``workbench.seeded`` (linears RMS 1 / sqrt(in), norms 1 +- 0.1, embedding RMS 1, head
   logits of RMS ~3). A random model: its tokens mean nothing and its routing is near uniform.
@@ -38,7 +38,8 @@ from ..weights import HEAD_LOGIT_STD
 from .weights import DeviceLayer, DeviceModel, _f32, dense_matrix, moe_experts, moe_router, stack_rows, swiglu
 
 GROUP = 32                                 # K2's INT4 group size (routed experts)
-_CODE_POWER = 21.5 * 13.0 / 12.0           # E[(u - 8)^2] of uniform nibbles x E[(1/2 + v)^2], v ~ U[0, 1)
+_CODE_POWER = 280.0 / 15.0 * 13.0 / 12.0   # E[q^2] of codes uniform in [-7, 7] x E[(1/2 + v)^2], v ~ U[0, 1)
+_CHUNK = 1 << 28                           # bytes drawn at a time (two uint8 temporaries of this size)
 
 
 def source_layer(cfg: ModelConfig, i: int, sets: int | None) -> int:
@@ -134,9 +135,16 @@ class RandomSource:
                           w2=self._linear_t(width, d))
 
     def _words(self, count: int):
-        """``count`` uint32 words of random bytes where the kernels read them."""
+        """``count`` uint32 words of INT4 codes uniform in [-7, 7] (nibbles u = q + 8 in 1..15, as the seeded
+        model's: zero-mean, so no expert carries a common offset that would pull every token's hidden
+        state one way) where the kernels read them."""
         import torch
-        t = torch.empty(4 * count, dtype=torch.uint8, device=self.dev).random_(generator=self.gen)
+        t = torch.empty(4 * count, dtype=torch.uint8, device=self.dev)
+        for a in range(0, t.numel(), _CHUNK):
+            part = t[a:a + _CHUNK]
+            lo = torch.randint(1, 16, part.shape, dtype=torch.uint8, device=self.dev, generator=self.gen)
+            hi = torch.randint(1, 16, part.shape, dtype=torch.uint8, device=self.dev, generator=self.gen)
+            torch.bitwise_or(lo, hi << 4, out=part)
         return self._u32(t)
 
     def _scales(self, count: int, k: int):

@@ -181,8 +181,10 @@ def depth_parts(rows: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
     "dense.layer", "moe.attention", ...)."""
     out: dict[str, dict[int, float]] = {}
     for r in rows:
-        if r.get("table") == "part" and r.get("us") is not None:
+        if r.get("table") == "part" and _num(r.get("us")):
             out.setdefault(str(r["part"]), {})[int(r["rows"])] = float(r["us"])
+            if _num(r.get("unique_experts")):
+                out.setdefault(f"{r['part']}.unique", {})[int(r["rows"])] = float(r["unique_experts"])
     return out
 
 
@@ -190,10 +192,15 @@ def project_depth(cfg: ModelConfig, parts: dict[str, dict[int, float]],
                   runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per measured run (AR and every DDTree source and budget): ``project`` from the stand-in's own parts
     (its dense and MoE layer times, the step's rows, embedding, lm_head, tree compile, the drafter's
-    round) and the run's measured host phases (tree build, walk and commit), at the run's tau; beside it
-    the measured ms per token, their ratio, and the named rest: ``gap_ms_per_round``, the measured round
-    less the projected one (the round's copies back, synchronisations and graph launches, as measured)."""
-    times = {"dense": parts["dense.layer"], "moe": parts["moe.layer"], "step": parts.get("moe.step_rows", {})}
+    round; the routed experts scaled by the distinct experts the run's verifies touched over those of
+    the part's random rows, ``experts_scale``) and the run's measured host phases (tree build, walk and
+    commit) and its draft phase beyond the drafter's graph (``topk_us_per_round``: the top-k over the
+    vocabulary, its copy back and sync), at the run's tau; beside it the measured ms per token, their
+    ratio, and the named rest: ``gap_ms_per_round``, the measured round less the projected one (the
+    verify's copy back, synchronisations and graph launches, as measured)."""
+    times = {"dense": parts["dense.layer"], "moe": parts["moe.layer"], "step": parts.get("moe.step_rows", {}),
+             "experts": parts.get("moe.routed_experts", {})}
+    unique = parts.get("moe.routed_experts.unique", {})
     out = []
     for r in runs:
         b = int(r["budget"])
@@ -202,30 +209,53 @@ def project_depth(cfg: ModelConfig, parts: dict[str, dict[int, float]],
         host = 0.0
         if b:
             host = (_num(r.get("build_us_per_round")) + _num(r.get("walk_us_per_round"))) if \
-                r.get("build_us_per_round") is not None else _host_of(runs, b)
+                _has(r.get("build_us_per_round")) else _host_of(runs, b)
+        drafter = next(iter(parts.get("drafter", {}).values()), 0.0)
+        topk = 0.0                # the draft phase beyond the drafter's graph: top-k, its copy back, the sync
+        if b:
+            draft = _num(r.get("draft_ms_per_round")) * 1e3 if _has(r.get("draft_ms_per_round")) \
+                else _mean_of(runs, b, "draft_ms_per_round") * 1e3
+            topk = max(draft - drafter, 0.0) if draft else 0.0
         terms = {"embed": parts.get("embed", {}), "head": parts.get("head", {}),
-                 "tree": parts.get("tree", {}),
-                 "drafter": next(iter(parts.get("drafter", {}).values()), 0.0), "host": {b: host}}
+                 "tree": parts.get("tree", {}), "drafter": drafter, "host": {b: host + topk}}
         tau = float(r["tau"])
-        row = project(cfg, times, {b: tau} if b else {}, terms=terms)[-1]
+        # the routed experts at the distinct experts the loop's verifies touched, not the parts' (random rows)
+        seen = _num(r.get("distinct_experts")) or _mean_of(runs, b, "distinct_experts")
+        overlap = {b: seen / unique[b + 1]} if b and seen and unique.get(b + 1) else None
+        row = project(cfg, times, {b: tau} if b else {}, overlap=overlap, terms=terms)[-1]
         proj_round = row["step_ms"]
         proj_tok = proj_round / tau
         meas_tok = float(r["ms_per_token"])
         out.append({"source": r["source"], "budget": b, "tau": tau, "measured_ms_per_token": meas_tok,
                     "projected_ms_per_token": proj_tok, "ratio": meas_tok / proj_tok,
-                    "projected_round_ms": proj_round, "host_us_per_round": host,
+                    "projected_round_ms": proj_round, "host_us_per_round": host, "topk_us_per_round": topk,
+                    "drafter_us_per_round": drafter if b else 0.0,
+                    "experts_scale": overlap[b] if overlap else 1.0,
                     "gap_ms_per_round": (meas_tok - proj_tok) * tau})
     return out
 
 
+def _has(v: Any) -> bool:
+    """A cell that holds a number (not missing, empty or NaN)."""
+    return v is not None and v != "" and v == v
+
+
 def _num(v: Any) -> float:
-    return 0.0 if v is None or v != v else float(v)
+    """A cell as a float: 0 for a missing or NaN one."""
+    if v is None or v == "" or v != v:
+        return 0.0
+    return float(v)
+
+
+def _mean_of(runs: list[dict[str, Any]], b: int, key: str) -> float:
+    vals = [_num(r.get(key)) for r in runs if int(r["budget"]) == b and _has(r.get(key))]
+    return float(np.mean(vals)) if vals else 0.0
 
 
 def _host_of(runs: list[dict[str, Any]], b: int) -> float:
     """The mean measured host phases per round of the oracle runs at budget b (for replayed sources)."""
     hs = [_num(r.get("build_us_per_round")) + _num(r.get("walk_us_per_round")) for r in runs
-          if int(r["budget"]) == b and r.get("build_us_per_round") is not None]
+          if int(r["budget"]) == b and _has(r.get("build_us_per_round"))]
     return float(np.mean(hs)) if hs else 0.0
 
 

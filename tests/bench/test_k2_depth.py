@@ -1,0 +1,86 @@
+"""bench depth's pieces that run without a GPU: how many weight sets fit, the DDTree-vs-AR agreement and its
+accounting, the trained pair's replayed acceptance, and the projection's extra terms (report.k2proj)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench.bench import k2_depth
+from workbench.config import preset
+from workbench.report import k2proj
+
+
+def test_sets_fit_a_h200_and_cap_at_the_moe_layers():
+    k2 = preset("k2_6")
+    per = k2_depth.set_bytes(k2)
+    assert 9.7e9 < per < 9.9e9                                   # 384 INT4 experts + bf16 attention, shared
+    assert k2_depth.choose_sets(k2, int(139.8 * 2**30), 24 << 30) == 12
+    assert k2_depth.choose_sets(k2, 10**15, 0) == 60
+    with pytest.raises(Exception, match="do not fit"):
+        k2_depth.choose_sets(k2, int(139.8 * 2**30), 24 << 30, want=20)
+
+
+def _run(tokens, walls, per_round):
+    return {"tokens": np.asarray(tokens), "rounds": len(walls), "wall_s": sum(walls), "round_walls": walls,
+            "round_tokens": per_round}
+
+
+def test_agreement_counts_the_rounds_before_a_mismatch():
+    ar = np.arange(10)
+    margins = np.full(10, 1.0)
+    same = k2_depth._agreement(_run(ar, [1.0, 1.0, 1.0, 1.0], [3, 3, 2, 2]), ar, margins)
+    assert same["equal"] and same["passed"] and same["tokens"] == 10 and same["rounds"] == 4
+    bad = ar.copy()
+    bad[7] = 99
+    got = k2_depth._agreement(_run(bad, [1.0, 2.0, 3.0, 4.0], [3, 3, 2, 2]), ar, margins)
+    assert not got["passed"] and got["first"] == 7
+    assert (got["tokens"], got["rounds"], got["wall_s"]) == (6, 2, 3.0)
+    margins[7] = 0.01                                            # a near-tie: the paths may pick either
+    assert k2_depth._agreement(_run(bad, [1.0] * 4, [3, 3, 2, 2]), ar, margins)["passed"]
+
+
+def test_pair_tau_reads_the_committed_pair_set():
+    tau, name = k2_depth.pair_tau(k2_depth.Path("reports/bench"))
+    assert name is not None and name.startswith("pair_")
+    assert set(tau) >= {1, 2, 4, 8, 16, 32, 64} and all(1.0 < t < 9.0 for t in tau.values())
+
+
+def test_projection_adds_each_measured_term_once():
+    cfg = preset("k2_6")
+    times = {"dense": {1: 100.0, 3: 120.0}, "moe": {1: 10.0, 3: 20.0}, "step": {1: 5.0, 3: 6.0}}
+    terms = {"embed": {1: 1.0, 3: 1.0}, "head": {1: 50.0, 3: 60.0}, "tree": {3: 2.0}, "drafter": 300.0,
+             "host": {2: 40.0}}
+    ar, b2 = k2proj.project(cfg, times, {2: 2.0}, terms=terms)
+    assert ar["step_ms"] * 1e3 == pytest.approx(5 + 100 + 60 * 10 + 1 + 50)
+    assert b2["step_ms"] * 1e3 == pytest.approx(6 + 120 + 60 * 20 + 1 + 60 + 2 + 300 + 40)
+    plain = k2proj.project(cfg, times, {2: 2.0})
+    assert plain[1]["step_ms"] * 1e3 == pytest.approx(6 + 120 + 60 * 20)           # no terms: as before
+
+
+def test_project_depth_on_parts_and_runs():
+    parts = {"dense.layer": {1: 300.0, 3: 320.0}, "moe.layer": {1: 280.0, 3: 400.0},
+             "moe.routed_experts": {3: 180.0}, "moe.routed_experts.unique": {3: 24.0},
+             "embed": {1: 8.0, 3: 8.0}, "head": {1: 700.0, 3: 700.0}, "drafter": {8: 6000.0}}
+    runs = [{"source": "ar", "budget": 0, "tau": 1.0, "ms_per_token": 18.0},
+            {"source": "oracle p=0.8", "budget": 2, "tau": 2.0, "ms_per_token": 20.0,
+             "draft_ms_per_round": 8.0, "build_us_per_round": 50.0, "walk_us_per_round": 100.0,
+             "distinct_experts": 12.0}]
+    ar, b2 = k2proj.project_depth(preset("k2_6"), parts, runs)
+    assert ar["projected_ms_per_token"] == pytest.approx((300 + 60 * 280 + 8 + 700) / 1e3)
+    moe = 400.0 - 0.5 * 180.0                                    # routed experts at 12 of the parts' 24
+    want = 320 + 60 * moe + 8 + 700 + 6000 + 150 + 2000          # + drafter, host, draft beyond the drafter
+    assert b2["projected_round_ms"] == pytest.approx(want / 1e3)
+    assert b2["topk_us_per_round"] == pytest.approx(2000.0) and b2["experts_scale"] == pytest.approx(0.5)
+
+
+def test_side_by_side_of_the_committed_set_fills_every_term():
+    """Read back from the CSV (empty cells), a replayed source takes the measured runs' draft and host
+    phases at its budget: every projected term is there."""
+    rows, meta = k2proj.depth_side_by_side("reports/bench")
+    assert meta["bench"] == "k2_depth" and "random weights" in meta["weights"]
+    assert {r["budget"] for r in rows} == {0, 1, 2, 4, 8, 16, 32, 64}
+    for r in rows:
+        assert np.isfinite(r["projected_ms_per_token"]) and r["projected_ms_per_token"] > 0
+        if r["budget"]:
+            assert r["topk_us_per_round"] > 0 and r["host_us_per_round"] > 0 and r["drafter_us_per_round"] > 0
