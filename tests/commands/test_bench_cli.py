@@ -74,11 +74,10 @@ def test_low_occupancy_warnings_are_silenced_and_others_kept(monkeypatch, tmp_pa
     every launch; the bench command drops exactly those."""
     import warnings
 
-    import workbench.bench.results
-
     import kernels_numba.device
     import workbench.bench.common
     import workbench.bench.engine
+    import workbench.results
 
     def fake_run(out_dir):
         for n in (1, 8, 64):
@@ -90,7 +89,7 @@ def test_low_occupancy_warnings_are_silenced_and_others_kept(monkeypatch, tmp_pa
     monkeypatch.setattr(workbench.bench.common, "require_gpu", lambda: None)
     monkeypatch.setattr(kernels_numba.device, "SIMULATED", False)
     monkeypatch.setattr(workbench.bench.engine, "run_engine_bench", fake_run)
-    monkeypatch.setattr(workbench.bench.results, "retire_others", lambda rs: [])
+    monkeypatch.setattr(workbench.results, "retire_others", lambda rs: [])
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         assert main(["bench", "engine", "--out", str(tmp_path)]) == 0
@@ -98,13 +97,12 @@ def test_low_occupancy_warnings_are_silenced_and_others_kept(monkeypatch, tmp_pa
 
 
 def test_depth_flags_reach_the_benchmark_and_a_failed_check_exits_1(monkeypatch, tmp_path, capsys):
-    import workbench.bench.results
-    from workbench.bench.results import result_set
-
     import kernels_numba.device
     import workbench.bench.common
     import workbench.bench.k2_depth
+    import workbench.results
     from workbench.fileio import write_json_atomic
+    from workbench.results import result_set
     seen, passed = {}, [True]
 
     def fake_bench(out_dir, **kw):
@@ -117,7 +115,7 @@ def test_depth_flags_reach_the_benchmark_and_a_failed_check_exits_1(monkeypatch,
     monkeypatch.setattr(workbench.bench.common, "require_gpu", lambda: None)
     monkeypatch.setattr(kernels_numba.device, "SIMULATED", False)
     monkeypatch.setattr(workbench.bench.k2_depth, "bench", fake_bench)
-    monkeypatch.setattr(workbench.bench.results, "retire_others", lambda rs: [])
+    monkeypatch.setattr(workbench.results, "retire_others", lambda rs: [])
     argv = ["bench", "depth", "--out", str(tmp_path), "--sets", "9", "--prompt", "600", "--budgets", "1,4",
             "--oracle-p", "0.9", "--reps", "5", "--deadline", "100", "--drafter", "none"]
     assert main(argv) == 0

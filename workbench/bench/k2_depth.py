@@ -175,7 +175,7 @@ def time_layer_parts(cfg, model, context: int, rows_list, timer: Timer, emit, se
     from kernels_numba.device import head_rows, kernel_array, upload
 
     from ..engine.buffers import latents_for
-    from ..reference.scenarios import random_tree
+    from ..ddtree.scenarios import random_tree
     from .k2_layer import LayerRig
     from .torch_layer_bench import ancestor_inputs
     rng = np.random.default_rng(seed)
@@ -251,17 +251,18 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget: int, p: float,
     from kernels_numba.device import download, head_rows
     from kernels_numba.sim import sim_speed
 
+    from ..ddtree.budget import TreeBudget
     from ..ddtree.config import GREEDY
     from ..ddtree.oracle import OracleDrafter
     from ..engine.rounds import EngineSpecState
     cfg = engine.cfg
     draft = OracleDrafter(sequence, cfg.vocab_size, BLOCK, p, seed)
-    state = EngineSpecState(engine, draft, budget, GREEDY, device_drafter=False)
     clock = dict.fromkeys(("drafter", "draft", "build", "verify", "walk"), 0.0)
     distinct: list[int] = []
     walls: list[float] = []                                   # per round: wall s
     with sim_speed():
-        state.prefill(prompt)
+        state = EngineSpecState(engine, draft, TreeBudget(budget), GREEDY, np.asarray(prompt),
+                                device_drafter=False)             # captures the verify step, prefills
         if drafter is not None:
             drafter.start(state)
         probe = 0.0
@@ -342,8 +343,7 @@ def _agreement(r: dict[str, Any], ar: np.ndarray, margins: np.ndarray) -> dict[s
 def pair_tau(bench_dir: Path, model: str = "code") -> tuple[dict[int, float], str | None]:
     """{B: tokens / rounds} of the current pair set's DDTree runs of ``model`` over all its prompts (the
     trained pair's measured acceptance), and the set's name; ({}, None) without one."""
-    from ..report.benchdata import read_csv
-    from .results import current_set
+    from ..results import current_set, read_csv
     rs = current_set(bench_dir, "pair")
     if rs is None:
         return {}, None
@@ -404,8 +404,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     from ..fileio import write_json_atomic
     from ..reference.generate import top2_margin
     from ..report.k2proj import depth_parts, project_depth
-    from ..report.tables import write_csv
-    from .results import result_set
+    from ..results import result_set, write_csv
 
     if dry_run != SIMULATED:
         raise InputError("--dry-run runs under NUMBA_ENABLE_CUDASIM=1 (and only there)")

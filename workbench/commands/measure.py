@@ -163,7 +163,7 @@ def _checkpoint_union(args: argparse.Namespace, budgets: list[int], out) -> int:
     """measure --checkpoint: DIR/expert_union.json (rows and per-budget summary) and .csv (the cells)."""
     from ..checkpoint import open_checkpoint
     from ..fileio import write_json_atomic
-    from ..report.tables import write_csv
+    from ..results import write_csv
     from ..tokenizers import checkpoint_tokenizer
     from ..train.export import git_commit
     from ..train.measure import humaneval_texts, summarize, union_sweep
