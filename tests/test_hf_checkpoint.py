@@ -132,7 +132,8 @@ def test_bad_k26_checkpoints_give_one_line_errors(tmp_path, breakage, match):
 
 # ---- hostile shards and configs: refused from the headers, before any tensor data is read --------
 def _plain_checkpoint(path):
-    from workbench.weights import random_weights, save_hf_checkpoint
+    from workbench.hf_checkpoint import save_hf_checkpoint
+    from workbench.weights import random_weights
     save_hf_checkpoint(path, CFG, random_weights(CFG, 0))
     return path
 

@@ -2,7 +2,7 @@
 
 Built by ``engine.build.build_layer`` (the builder of every engine model) from ``SeededSource``:
 attention, norms, router and shared expert (or dense MLP) are the seeded bf16 values widened to
-float32 (exact) or W16A16, prepared as ``engine.weights.upload_model`` prepares a bundle's. Routed
+float32 (exact) or W16A16, prepared as ``engine.build.upload_model`` prepares a bundle's. Routed
 experts are ``int4`` (the seeded W4A16 words; ``fused_moe`` where the layout allows), ``bf16`` (grouped
 GEMMs) or ``fp32`` (the same weights dequantized, exact: the portable FFN kernels). At K2 width the
 host tile repack is the slow step (about half a second per expert on one core), so INT4 experts are

@@ -174,8 +174,8 @@ def time_layer_parts(cfg, model, context: int, rows_list, timer: Timer, emit, se
     routing) at each row count, after ``context`` cached random latent rows; "rest" = layer - parts."""
     from kernels_numba.device import head_rows, kernel_array, upload
 
-    from ..engine.buffers import latents_for
     from ..ddtree.scenarios import random_tree
+    from ..engine.buffers import latents_for
     from .k2_layer import LayerRig
     from .torch_layer_bench import ancestor_inputs
     rng = np.random.default_rng(seed)

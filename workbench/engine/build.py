@@ -34,6 +34,7 @@ from kernels_numba.int4_layout import Int4Weight, unrepack_int4
 from kernels_numba.moe import MoEWeights
 
 from ..config import ModelConfig
+from ..errors import InputError
 from ..weights import HEAD_LOGIT_STD
 from .weights import DeviceLayer, DeviceModel, _f32, dense_matrix, moe_experts, moe_router, stack_rows, swiglu
 
@@ -391,3 +392,26 @@ class Cycled(Mapping):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+def upload_model(cfg: ModelConfig, weights: dict[str, Any], fast: bool = True,
+                 experts: bool = True) -> DeviceModel:
+    """All target weights on the device (drafter.* weights are uploaded per generation by
+    ``engine.dflash.DeviceDFlash``); InputError for weights the engine cannot take. ``fast=False``
+    keeps every INT4 matrix on the portable kernels; ``experts=False`` leaves the MoE layers' FFN
+    to the caller (``DeviceLayer.moe_block``)."""
+    try:
+        return _upload(cfg, weights, fast, experts)
+    except ops.KernelInputError as e:
+        raise InputError(str(e)) from None
+
+
+def upload_layer(cfg: ModelConfig, weights: dict[str, Any], i: int, fast: bool = True,
+                 experts: bool = True) -> DeviceLayer:
+    """Layer ``i`` of the weights on the device, as ``upload_model`` prepares each layer (InputError from
+    the kernels' own checks left to the caller, see there)."""
+    return build_layer(cfg, MappingSource(cfg, weights, fast, experts), i)
+
+
+def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool, experts: bool) -> DeviceModel:
+    return build_model(cfg, MappingSource(cfg, weights, fast, experts))
