@@ -90,17 +90,25 @@ def load_depth(bench_dir: str | Path) -> DepthSet | None:
 def side_by_side(ds: DepthSet, cfg: ModelConfig | None = None) -> list[dict[str, Any]]:
     """Per measured run (AR, every DDTree source and budget): MEASURED ms/token and tokens/s beside the
     PROJECTED ones (``k2proj.project_depth`` from the set's own parts), their ratio, and the speed-ups
-    over AR of each (measured over the measured AR, projected over the projected AR)."""
-    proj = k2proj.project_depth(cfg or preset("k2_6"), ds.parts(), ds.runs())
-    ar = next((r for r in proj if r["source"] == "ar"), None)
+    over AR of each (measured over the measured AR, projected over the projected AR). The projected
+    columns are None where the set lacks the parts (a run whose part timing failed)."""
+    parts, runs = ds.parts(), ds.runs()
+    proj = {}
+    if "dense.layer" in parts and "moe.layer" in parts:
+        made = k2proj.project_depth(cfg or preset("k2_6"), parts, runs)
+        proj = {(r["source"], r["budget"]): r for r in made}
+    ar = next((float(r["ms_per_token"]) for r in runs if r["source"] == "ar"), None)
+    ar_pj = proj.get(("ar", 0), {}).get("projected_ms_per_token")
     out = []
-    for r in proj:
-        meas, pj = r["measured_ms_per_token"], r["projected_ms_per_token"]
-        out.append({"source": r["source"], "budget": r["budget"], "tau": r["tau"],
-                    "measured_ms_per_token": meas, "projected_ms_per_token": pj, "measured_over_projected":
-                    r["ratio"], "measured_tok_s": 1e3 / meas, "projected_tok_s": 1e3 / pj,
-                    "measured_speedup": ar["measured_ms_per_token"] / meas if ar else None,
-                    "projected_speedup": ar["projected_ms_per_token"] / pj if ar else None})
+    for r in runs:
+        meas = float(r["ms_per_token"])
+        pj = proj.get((r["source"], int(r["budget"])), {}).get("projected_ms_per_token")
+        out.append({"source": r["source"], "budget": int(r["budget"]), "tau": float(r["tau"]),
+                    "measured_ms_per_token": meas, "projected_ms_per_token": pj,
+                    "measured_over_projected": meas / pj if pj else None,
+                    "measured_tok_s": 1e3 / meas, "projected_tok_s": 1e3 / pj if pj else None,
+                    "measured_speedup": ar / meas if ar else None,
+                    "projected_speedup": ar_pj / pj if pj and ar_pj else None})
     return out
 
 

@@ -37,7 +37,8 @@ def _pretty(source: str) -> str:
 def build(bench_dir: str | Path, shown: str | None = None) -> dict[str, Any]:
     """{"status": "measured" | "projected" | "none", "answer": one sentence, "labels": [lines naming
     hardware and commit], "columns": [[key, header, kind]], "rows": table rows, "curves": [{source, kind,
-    budget: [...], tok_s: [...]}]} for the current sets in ``bench_dir`` (named ``shown`` in the text)."""
+    budget: [...], tok_s: [...]}], "hardware", "date": of the measurements} for the current sets in
+    ``bench_dir`` (named ``shown`` in the text)."""
     shown = shown or str(bench_dir)
     ds = depthdata.load_depth(bench_dir)
     if ds is not None and not ds.dry_run:
@@ -76,7 +77,7 @@ def _measured(ds: depthdata.DepthSet) -> dict[str, Any]:
                ["measured_speedup", "speed-up over AR", "measured"],
                ["projected_speedup", "speed-up over AR", "projected"]]
     return {"status": "measured", "answer": _answer(rows, "measured"), "columns": columns, "rows": rows,
-            "curves": curves, "labels": [
+            "curves": curves, "hardware": ds.hardware, "date": f"{ds.date}, commit {ds.commit}", "labels": [
                 f"MEASURED: `bench depth` on {ds.hardware}, commit {ds.commit}, {ds.date} ({ds.path.name}): "
                 f"the {ds.stand_in}. Its tokens mean nothing and its routing is near uniform (the worst case "
                 "for a tree's distinct experts); the oracle's acceptance is set by p, the trained pair's is "
@@ -110,6 +111,7 @@ def _projected(bench_dir: str | Path, shown: str) -> dict[str, Any]:
     gpu, sha = meta.get("gpu", "?"), str(meta.get("git_sha", "?"))[:7]
     dd = [r for r in proj if r["budget"]]
     return {"status": "projected", "answer": _answer(rows, "projected"), "columns": columns, "rows": rows,
+            "hardware": gpu, "date": f"{depthdata.utc_day(meta.get('time_utc'))}, commit {sha}",
             "curves": [{"source": _pretty("pair"), "kind": "projected",
                         "budget": [0] + [r["budget"] for r in dd],
                         "tok_s": [ar["tok_s"]] + [r["tok_s"] for r in dd]}],
