@@ -91,6 +91,8 @@ def test_without_a_depth_set_it_says_not_measured_and_shows_the_projection_only(
     assert not any(t[3] == "measured" and "tok" in t[1] for t in tags)
     h = headline.build(COMMITTED)
     assert h["status"] == "projected" and all("measured_tok_s" not in r for r in h["rows"])
+    sources = {r["source"] for r in h["rows"]}
+    assert sources >= {"AR (no tree)", "DDTree, oracle p=0.8", "DDTree, trained code pair"}
     assert any(lab.startswith("PROJECTED") and "commit" in lab for lab in h["labels"])
 
 
@@ -200,3 +202,32 @@ def test_a_set_without_parts_shows_the_measurement_without_a_projection(tmp_path
     assert h["status"] == "measured" and h["rows"][0]["measured_tok_s"] == 100.0
     assert "–" in index.render_index({"profile": "s", "kernel": "k", "cell_timeout_s": 1, "wall_timeout_s": 1,
                                       "provenance": {}, "headline": h, "notebooks": [], "pending": []})
+
+
+@pytest.mark.slow
+def test_notebooks_05_and_06_show_the_depth_set_in_the_smoke_profile(tmp_path):
+    """05 and 06 in the smoke profile, pointed at the fixture set: measured beside projected per budget and
+    source, the split by part, the answer on top of 06, the pair's replayed rows."""
+    import csv
+    bench, out = tmp_path / "bench", tmp_path / "out"
+    write_depth_set(bench)
+    p = argparse.ArgumentParser()
+    report.add_arguments(p)
+    rc = report.run(p.parse_args(["--profile", "smoke", "--only", "05,06", "--out", str(out), "--quiet",
+                                  "-p", f"depth_bench_dir={json.dumps(str(bench))}"]))
+    runs = {r["name"]: r for r in json.loads((out / "manifest.json").read_text())["notebooks"]}
+    assert rc == 0, {n: r["reason"] for n, r in runs.items()}
+
+    def rows(name):
+        with open(out / "data" / f"{name}.csv", newline="") as f:
+            return list(csv.DictReader(f))
+    sbs = rows("05_depth_side_by_side")
+    assert len(sbs) == 10 and all(r["measured_ms_per_token"] and r["projected_ms_per_token"] for r in sbs)
+    split = rows("05_depth_split")
+    assert [r["budget"] for r in split] == ["0", "1", "4", "8"] and "MoE routed experts" in split[0]
+    figures = ("05_depth_split", "06_headline", "00_headline")
+    assert all((out / "figures" / f"{n}.png").is_file() for n in figures)
+    head = rows("06_headline")
+    assert "tokens/s (measured)" in head[0] and "tokens/s (projected)" in head[0]
+    assert {r["source"] for r in rows("06_depth_pair")} == {"ar", "pair code (replayed)"}
+    assert "commit abc1234" in (out / "05_ddtree_budget.html").read_text()

@@ -29,7 +29,7 @@ def _pretty(source: str) -> str:
     if source == "ar":
         return "AR (no tree)"
     if source.startswith("pair"):
-        replayed = " (its accepted lengths replayed)" if "replayed" in source else ""
+        replayed = ", replayed" if "replayed" in source else ""
         return "DDTree, trained code pair" + replayed
     return f"DDTree, {source}"
 
@@ -87,40 +87,67 @@ def _measured(ds: depthdata.DepthSet) -> dict[str, Any]:
                 f"host) composed into a step (k2proj.project_depth), on {ds.hardware}, commit {ds.commit}."]}
 
 
+ORACLE_P = (0.5, 0.7, 0.8, 0.9)            # the oracle accuracies bench depth runs
+
+
+def oracle_tau(bench_dir: str | Path) -> tuple[dict[str, dict[int, float]], str | None]:
+    """({"oracle p=0.8": {B: tau}}, where) of the current ``bench engine`` set's DDTree runs with the oracle
+    drafter (on its small model: the oracle's acceptance depends on p and the tree, not on the model)."""
+    from .enginedata import load_engine
+    eng = load_engine(bench_dir)
+    if eng is None:
+        return {}, None
+    out: dict[str, dict[int, float]] = {}
+    for r in eng.section("spec"):
+        if r.get("impl") == "ddtree" and r.get("p") is not None and float(r["p"]) in ORACLE_P:
+            out.setdefault(f"oracle p={float(r['p']):g}", {})[int(r["budget"])] = float(r["tau"])
+    return out, f"{eng.path.name}, {eng.hardware}"
+
+
 def _projected(bench_dir: str | Path, shown: str) -> dict[str, Any]:
     from ..bench.k2_depth import pair_tau  # the acceptance bench depth replays
     layers = k2proj.load_layers(bench_dir)
-    tau, pair_set = pair_tau(Path(bench_dir))
-    if layers is None or not tau:
-        miss = "the bench k2 layer set" if layers is None else "the bench pair set"
+    pair, pair_set = pair_tau(Path(bench_dir))
+    taus, oracle_set = oracle_tau(bench_dir)
+    if pair:
+        taus["pair"] = pair
+    if layers is None or not taus:
+        miss = "the bench k2 layer set" if layers is None else "the bench pair and bench engine sets"
         return {"status": "none", "answer": f"Nothing to project from: {miss} is missing in {shown}.",
                 "columns": [], "rows": [], "curves": [], "labels": []}
     times, meta = layers
-    proj = k2proj.project(preset("k2_6"), times, tau)
-    best = max(proj, key=lambda r: r["speedup"])
-    ar = proj[0]
-    pays = next((r["budget"] for r in proj if r["budget"] and r["speedup"] > 1.0), None)
-    rows = [{"source": _pretty("ar"), "best_budget": None, "pays_off_from": None, "tau": 1.0,
-             "projected_tok_s": ar["tok_s"], "projected_speedup": 1.0},
-            {"source": _pretty("pair"), "best_budget": best["budget"], "pays_off_from": pays,
-             "tau": best["tau"], "projected_tok_s": best["tok_s"], "projected_speedup": best["speedup"]}]
+    rows: list[dict[str, Any]] = []
+    curves = []
+    for src in sorted(taus, key=_order):
+        proj = k2proj.project(preset("k2_6"), times, taus[src])
+        if not rows:
+            rows.append({"source": _pretty("ar"), "best_budget": None, "pays_off_from": None, "tau": 1.0,
+                         "projected_tok_s": proj[0]["tok_s"], "projected_speedup": 1.0})
+            curves.append({"source": _pretty("ar"), "kind": "projected", "budget": [0],
+                           "tok_s": [proj[0]["tok_s"]]})
+        best = max(proj, key=lambda r: r["speedup"])
+        pays = next((r["budget"] for r in proj if r["budget"] and r["speedup"] > 1.0), None)
+        rows.append({"source": _pretty(src), "best_budget": best["budget"], "pays_off_from": pays,
+                     "tau": best["tau"], "projected_tok_s": best["tok_s"],
+                     "projected_speedup": best["speedup"]})
+        curves.append({"source": _pretty(src), "kind": "projected", "budget": [r["budget"] for r in proj],
+                       "tok_s": [r["tok_s"] for r in proj]})
     columns = [["source", "acceptance source", ""], ["best_budget", "best budget B", "projected"],
                ["pays_off_from", "faster than AR from B", "projected"], ["tau", "τ at best B", "measured"],
                ["projected_tok_s", "tokens/s", "projected"],
                ["projected_speedup", "speed-up over AR", "projected"]]
     gpu, sha = meta.get("gpu", "?"), str(meta.get("git_sha", "?"))[:7]
-    dd = [r for r in proj if r["budget"]]
+    where = [f"the trained code pair's on HumanEval ({pair_set})"] if pair else []
+    where += [f"the oracle's at each p on bench engine's small model ({oracle_set})"] if oracle_set else []
     return {"status": "projected", "answer": _answer(rows, "projected"), "columns": columns, "rows": rows,
             "hardware": gpu, "date": f"{depthdata.utc_day(meta.get('time_utc'))}, commit {sha}",
-            "curves": [{"source": _pretty("pair"), "kind": "projected",
-                        "budget": [0] + [r["budget"] for r in dd],
-                        "tok_s": [ar["tok_s"]] + [r["tok_s"] for r in dd]}],
+            "curves": curves,
             "labels": [
                 "PROJECTED: Kimi-K2.6's 61 layers (1 dense + 60 MoE) at the layer times `bench k2` MEASURED "
                 f"on the seeded k2_slice on {gpu}, commit {sha}, {depthdata.utc_day(meta.get('time_utc'))} "
                 f"({meta['dense_used']} dense projections), one GPU's bandwidth applied to a model that does "
                 "not fit one GPU; embedding, lm_head, the drafter, tree building and the host are left out.",
-                f"τ(B): the trained code pair's MEASURED accepted lengths ({pair_set}, HumanEval)."]}
+                f"τ(B), MEASURED: {'; '.join(where)}."]}
 
 
 def _answer(rows: list[dict[str, Any]], kind: str) -> str:
@@ -140,7 +167,7 @@ def _answer(rows: list[dict[str, Any]], kind: str) -> str:
 
 
 def _short(source: str) -> str:
-    return source.removeprefix("DDTree, ").replace(" (its accepted lengths replayed)", ", replayed")
+    return source.removeprefix("DDTree, ")
 
 
 def table_rows(h: dict[str, Any]) -> list[dict[str, Any]]:

@@ -27,7 +27,8 @@ h1 { margin: 0 0 0.3em 0; font-size: 1.5em; }
 #answer th.measured, #answer td.measured { background: #eef6ee; }
 #answer th.projected, #answer td.projected { background: #eef0f8; }
 #answer th span { display: block; font-weight: normal; font-size: 85%; color: #555; }
-#answer img { width: 640px; max-width: 100%; }
+#answer figure { margin: 0; flex: 0 0 auto; }
+#answer img { width: 576px; }
 #answer .labels, #answer .missing { font-size: 85%; color: #444; margin: 0.2em 0; max-width: 75em; }
 #answer .missing { color: #a40; font-weight: bold; }
 #notebook-lines li { margin: 0.15em 0; }
