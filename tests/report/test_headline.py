@@ -84,7 +84,7 @@ def test_without_a_depth_set_it_says_not_measured_and_shows_the_projection_only(
     text = page(tmp_path / "out", COMMITTED)                         # k2_layer and pair sets, no k2_depth
     tags = outline(text)
     answer, missing = first(tags, "section", "answer"), first(tags, "p", "not-measured")
-    assert answer < missing < first(tags, "table", "headline")
+    assert answer < missing < first(tags, "table", "headline") < first(tags, "details", "run-details")
     assert "Not measured yet: no k2_depth result set in reports/bench" in text
     heads = [t for t in tags if t[0] == "th" and t[2]]
     assert heads and {t[2] for t in heads} <= {"projected", "measured"}
