@@ -1,6 +1,10 @@
 # %% [markdown]
 # # 05 · DDTree budget: acceptance, verify cost, speedup and MoE expert coverage
 #
+# It opens with the answer at K2 depth: a 61-layer stand-in at K2.6's dimensions (random weights)
+# run end to end on one GPU by `bench depth`, its measured ms per token beside its projection for each
+# budget and acceptance source, and where a round's time goes.
+#
 # A larger draft tree accepts more tokens per round, but the verify forward grows with it. On a
 # memory-bound MoE target the growth is mostly **which experts the tree's tokens touch**: every
 # distinct routed expert is one more weight read. This report measures acceptance against the
