@@ -6,7 +6,8 @@
 # K2-architecture target (MLA with the latent cache, 32 routed experts top-4 + 1 shared, sigmoid
 # noaux_tc router, first layer dense, YaRN) trained on pinned Python packages, and a DFlash drafter
 # (block 16, taps of all four target layers) trained on the target's own greedy continuations
-# (docs/training.md). Sections:
+# (docs/training.md). It opens with the workbench's answer at K2 depth (the index page's table and
+# figure), then:
 #
 # 1. training: losses, the router's expert load, the drafter's accuracy (from the H200 run's reports);
 # 2. a live check on this machine: DDTree with the trained drafter gives exactly the AR tokens;
