@@ -270,7 +270,7 @@ def _run_all(paths: list[Path], out: Path, *, profile: str, overrides: dict[str,
     out_param = str(out_abs.relative_to(root)) if out_abs.is_relative_to(root) else str(out_abs)
     standard = {"profile": profile, "out_dir": out_param}
     plans = [(p, resolve_parameters(p, overrides.get(p.stem, {}), standard)) for p in paths]
-    bench = next((params[k] for _, params in plans for k in ("depth_bench_dir", "bench_dir") if k in params),
+    bench = next((params[k] for k in ("depth_bench_dir", "bench_dir") for _, params in plans if k in params),
                  "reports/bench")                       # the sets the notebooks read, for the answer on top
     head = answer.write(out, root / bench, shown=bench)
     runs: list[NotebookRun] = []
