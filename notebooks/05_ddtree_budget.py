@@ -1,6 +1,10 @@
 # %% [markdown]
 # # 05 · DDTree budget: acceptance, verify cost, speedup and MoE expert coverage
 #
+# It opens with the answer at K2 depth: a 61-layer stand-in at K2.6's dimensions (random weights)
+# run end to end on one GPU by `bench depth`, its measured ms per token beside its projection for each
+# budget and acceptance source, and where a round's time goes.
+#
 # A larger draft tree accepts more tokens per round, but the verify forward grows with it. On a
 # memory-bound MoE target the growth is mostly **which experts the tree's tokens touch**: every
 # distinct routed expert is one more weight read. This report measures acceptance against the
@@ -23,7 +27,17 @@ from IPython.display import Markdown, display
 
 from workbench.config import preset
 from workbench.ddtree import DrafterConfig, ddtree_generate
-from workbench.report import benchdata, bundles, enginedata, k2proj, plots, provenance, spec, tables
+from workbench.report import (
+    benchdata,
+    bundles,
+    depthdata,
+    enginedata,
+    k2proj,
+    plots,
+    provenance,
+    spec,
+    tables,
+)
 from workbench.report.paths import enter_repo
 from workbench.report.progress import progress
 
@@ -41,6 +55,7 @@ coverage_preset = "k2"
 router_seed = 0
 group_size = 32
 engine_bench_dir = "reports/bench"
+depth_bench_dir = "reports/bench"
 rerun_engine_on_gpu = True
 engine_ref_budgets = None
 engine_ref_ps = None
@@ -56,6 +71,49 @@ display(Markdown(provenance.run_line(profile, device)))
 b = bundles.load(refs_dir, [bundle_name])[bundle_name]
 cfg, weights, prompt = b.config, b.weights(), b.prompt
 dcfg = DrafterConfig.from_dict(b.meta["drafter"])
+
+# %% [markdown]
+# ## At K2 depth: the stand-in measured, its projection beside it (`bench depth`)
+# `python -m workbench bench depth` runs Kimi-K2.6's 61 layers (1 dense + 60 MoE, 384 INT4 experts,
+# the rest bf16) end to end on the engine on one GPU, with **random weights, not K2's**: 595 GB of INT4
+# do not fit one H200, so the 60 MoE layers cycle over as many distinct weight sets as fit (each far
+# larger than the L2, so every layer reads its weights from HBM). **Measured**: ms per generated token
+# of AR and of DDTree at each budget, with the oracle drafter at each p and with the trained code
+# pair's accepted lengths replayed on the measured round times. **Projected**: the same run's parts
+# (each timed alone as a CUDA graph) composed into a round, as the full-K2 projections below compose
+# theirs; the ratio says how much of a real round the parts miss (synchronisations, copies back, graph
+# launches). Then where a round's time goes, part by part.
+
+# %%
+depth = depthdata.load_depth(depth_bench_dir)
+if depth is None or depth.dry_run:
+    why = "only a dry run (CUDA simulator, no timing)" if depth is not None else "none"
+    display(Markdown(f"**Not measured yet**: the `bench depth` result set in `{depth_bench_dir}` is {why}. "
+                     "`python -m workbench bench depth` writes it on a GPU; this section stays empty until "
+                     "then (the projections further down do not need it)."))
+else:
+    display(Markdown(f"**{depth.label}** (`{depth.path.name}`): the {depth.stand_in}. Its tokens mean "
+                     "nothing; its routing is near uniform, the worst case for a tree's distinct experts."))
+    sbs = tables.frame(depthdata.side_by_side(depth))
+    view = sbs.pivot(index="budget", columns="source",
+                     values=["measured_ms_per_token", "projected_ms_per_token", "measured_over_projected"])
+    view.columns = [f"{src}: {what.replace('_', ' ')}" for what, src in view.columns]
+    tables.show_table(sbs, "05_depth_side_by_side", out_dir, digits=3, view=view, caption=(
+        f"ms per generated token by budget (0 = AR): MEASURED ({depth.hardware}, commit {depth.commit}, "
+        f"{depth.date}) beside PROJECTED from the same run's measured parts; the pair's rows are its "
+        "accepted lengths replayed on the measured round times."))
+    split = depthdata.split(depth)
+    tables.show_table(split, "05_depth_split", out_dir, digits=3, caption=(
+        f"A round's time by part, ms per round (budget 0 = an AR step), from parts MEASURED on "
+        f"{depth.hardware}, commit {depth.commit}; MoE parts are one layer's times 60; host phases are the "
+        "oracle runs' mean. projected_round_ms is their sum, measured_round_ms the measured round."))
+    fig, ax = plots.plt.subplots(figsize=(10, 4.2))
+    plots.stacked(ax, split, depthdata.SPLIT_PARTS, "budget", "ms per round",
+                  "where a round's time goes at K2 depth (parts MEASURED, summed)", total="measured_round_ms")
+    ax.set_xlabel("DDTree budget B (0 = AR step)")
+    plots.finish(fig, "05_depth_split", out_dir, plots.caption_text(
+        f"{depth.stand_in}; black tick: the measured round.", hardware=depth.hardware,
+        date=f"{depth.date}, commit {depth.commit}"))
 
 # %% [markdown]
 # ## Acceptance against budget and oracle p
@@ -428,8 +486,8 @@ if k2_layers is not None:
     tables.show_table(ep, "05_k2_projection_ep8", out_dir, digits=3, caption=(
         f"PROJECTED full-K2 tokens/s per 8-GPU expert-parallel node from MEASURED k2_slice layer times "
         f"({k2_meta.get('gpu', '?')}, commit {k2_meta.get('git_sha', '?')[:7]}, {k2_meta['dense_used']} "
-        f"dense projections), {share}, and the reference's oracle τ on {bundle_name}; all-to-all left "
-        "out; budget 0 = AR."),
+        f"dense projections), {share}, and the reference's oracle τ on {bundle_name}; the all-to-all is "
+        "NOT measured (left out); budget 0 = AR."),
         view=ep.pivot(index="drafter", columns="budget", values="speedup"))
-    display(Markdown("Best projected budget per drafter, 8-way expert parallel: "
-                     f"{k2proj.best_budgets(ep_rows)}."))
+    display(Markdown("Best projected budget per drafter, 8-way expert parallel (its all-to-all not "
+                     f"measured): {k2proj.best_budgets(ep_rows)}."))

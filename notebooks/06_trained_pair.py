@@ -6,7 +6,8 @@
 # K2-architecture target (MLA with the latent cache, 32 routed experts top-4 + 1 shared, sigmoid
 # noaux_tc router, first layer dense, YaRN) trained on pinned Python packages, and a DFlash drafter
 # (block 16, taps of all four target layers) trained on the target's own greedy continuations
-# (docs/training.md). Sections:
+# (docs/training.md). It opens with the workbench's answer at K2 depth (the index page's table and
+# figure), then:
 #
 # 1. training: losses, the router's expert load, the drafter's accuracy (from the H200 run's reports);
 # 2. a live check on this machine: DDTree with the trained drafter gives exactly the AR tokens;
@@ -30,7 +31,7 @@ from workbench.bench.pair import draw as draw_pair
 from workbench.bench.pair import summarize as pair_summary
 from workbench.config import preset
 from workbench.generate import generate
-from workbench.report import k2proj, pairdata, plots, provenance, tables
+from workbench.report import depthdata, headline, k2proj, pairdata, plots, provenance, tables
 from workbench.report.paths import enter_repo
 from workbench.train.measure import analytic_union, humaneval_prompts, load_pair
 
@@ -41,6 +42,7 @@ bundle = "models/code.kdtr"
 train_dir = "reports/train"
 measure_dir = "reports/measure"
 bench_dir = "reports/bench"
+depth_bench_dir = "reports/bench"
 live_prompt = "HumanEval/8"
 live_tokens = 48
 live_budget = 16
@@ -54,6 +56,26 @@ dev = provenance.resolve_device(device)
 display(Markdown(provenance.run_line(profile, device)))
 pair = load_pair(bundle, "code")
 cfg, dcfg = pair.cfg, pair.dcfg
+
+# %% [markdown]
+# ## The answer: at K2 depth, which budget pays off and by how much
+# The same table and figure as on the index page: per acceptance source (AR, the oracle at each p, this
+# pair's accepted lengths replayed) the best DDTree budget of the `bench depth` run, its tokens/s
+# **measured** and **projected** and the speed-ups over AR; every number names where it ran. Without a
+# `bench depth` result set it says so and shows the projection alone. Where the time goes: notebook 05.
+
+# %%
+answer = headline.build(depth_bench_dir)
+display(Markdown(f"**{answer['answer']}**"))
+if answer.get("not_measured"):
+    display(Markdown(f"**{answer['not_measured']}**"))
+if answer["rows"]:
+    tables.show_table(headline.table_rows(answer), "06_headline", out_dir, digits=3,
+                      caption=" ".join(answer["labels"]))
+    plots.finish(headline.figure(answer), "06_headline", out_dir, plots.caption_text(
+        "Solid: MEASURED by bench depth; dashed: PROJECTED." if answer["status"] == "measured" else
+        "PROJECTED from bench k2's layer times and the pair's τ; nothing at K2 depth measured yet.",
+        hardware=answer["hardware"], date=answer["date"]))
 
 # %% [markdown]
 # ## 1. Training (measured on the GPU that trained the pair)
@@ -284,8 +306,8 @@ else:
     tables.show_table(proj_rows, "06_k2_projection", out_dir, digits=3, caption=(
         f"PROJECTED full-K2 tokens/s from MEASURED k2_slice layers ({k2_meta.get('gpu', '?')}, commit "
         f"{k2_meta.get('git_sha', '?')[:7]}, {k2_meta['dense_used']} dense projections) and the MEASURED "
-        f"greedy τ(B) of the trained pair; "
-        "budget 0 = AR."))
+        f"greedy τ(B) of the trained pair; the 8-way expert-parallel rows leave out the all-to-all, which is "
+        "NOT measured; budget 0 = AR."))
     for kind in dict.fromkeys(r["experts"] for r in proj_rows):
         line = [r for r in proj_rows if r["model"] == "code" and r["experts"] == kind]
         top = max(line, key=lambda r: r["speedup"])
@@ -293,3 +315,21 @@ else:
         display(Markdown(f"Best projected budget, BF16 pair's τ, experts {kind}: **B = {top['budget']}**, "
                          f"**{top['speedup']:.2f}×** AR ({top['tok_s']:.1f} tok/s against "
                          f"{ar['tok_s']:.1f})."))
+
+# %% [markdown]
+# ### The same acceptance at K2 depth, measured (`bench depth`)
+# This pair's accepted lengths replayed on the `bench depth` stand-in (61 layers at K2.6's dimensions,
+# **random weights, not K2's**): ms per token = its measured round time at B over the pair's τ(B),
+# beside the projection from that run's measured parts (which, unlike the rows above, include the
+# embedding, lm_head, the drafter, tree building and the host).
+
+# %%
+depth = depthdata.load_depth(depth_bench_dir)
+if depth is None or depth.dry_run:
+    display(Markdown(f"**Not measured yet**: no `bench depth` result set in `{depth_bench_dir}` "
+                     "(`python -m workbench bench depth` on a GPU)."))
+else:
+    replayed = [r for r in depthdata.side_by_side(depth) if r["source"] in ("ar", "pair code (replayed)")]
+    tables.show_table(replayed, "06_depth_pair", out_dir, digits=3, caption=(
+        f"{depth.label}: the {depth.stand_in}; measured_* from the run, projected_* from its measured "
+        "parts; budget 0 = AR."))

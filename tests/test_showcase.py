@@ -153,3 +153,22 @@ def test_render_gpu_needs_a_named_commit(tmp_path):
     (tmp_path / "code.py").write_text("x = 1\n")
     r = render()
     assert r.returncode == 2 and "uncommitted changes outside reports/" in r.stderr and "code.py" in r.stderr
+
+
+def test_committed_index_opens_with_the_answer():
+    """A showcase rendered with the answer on top: the index's first section is the answer (its table and
+    figure before the folded run details), every column of it measured or projected, its lines naming the
+    GPU and commit. A showcase rendered before the index had an answer is skipped, saying so."""
+    import json
+
+    import pytest
+    manifest = json.loads((REPORTS / "manifest.json").read_text(encoding="utf-8"))
+    if "headline" not in manifest:
+        pytest.skip("the committed showcase predates the answer on the index (render it again on the GPU)")
+    h, text = manifest["headline"], (REPORTS / "index.html").read_text(encoding="utf-8")
+    assert h["status"] in ("measured", "projected") and h["rows"], h.get("answer")
+    order = [text.find(f'id="{i}"') for i in ("answer", "headline", "headline-figure", "run-details")]
+    assert -1 not in order and order[:2] + order[3:] == sorted(order[:2] + order[3:]) and order[2] < order[3]
+    assert all(kind in ("", "measured", "projected") for _, _, kind in h["columns"])
+    assert any("H200" in line and "commit" in line for line in h["labels"])
+    assert (REPORTS / h["figure"]).is_file()

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ModelConfig
-from ..results import current_set, read_csv
+from ..results import cell, current_set, read_csv
 
 
 def load_layers(bench_dir: str | Path,
@@ -266,6 +266,6 @@ def depth_side_by_side(bench_dir: str | Path) -> tuple[list[dict[str, Any]], dic
     rs = current_set(bench_dir, "k2_depth")
     if rs is None:
         return None
-    rows = read_csv(rs.csv)
+    rows = [{k: cell(v) for k, v in r.items()} for r in read_csv(rs.csv)]    # empty cells: None
     runs = [r for r in rows if r.get("table") == "run"]
     return project_depth(preset("k2_6"), depth_parts(rows), runs), rs.read_meta()

@@ -162,3 +162,26 @@ def draw_round(ax: Any, trace: RoundTrace, title: str = "") -> Any:
     ax.set_title(title or f"{tree.n_nodes} nodes; accepted {len(trace.accepted) - 1} + bonus "
                           f"(green path, orange square)", fontsize=9)
     return ax
+
+
+def stacked(ax: Any, rows: list[dict[str, Any]], keys: Iterable[str], x: str, ylabel: str,
+            title: str = "", total: str | None = None) -> Any:
+    """One stacked bar per row (labelled by ``rows[i][x]``) of the ``keys`` columns; ``total`` (a column)
+    marked on each bar as a black tick, e.g. a measured total beside the stacked parts."""
+    pos = np.arange(len(rows))
+    bottom = np.zeros(len(rows))
+    for i, k in enumerate(keys):
+        v = np.array([float(r.get(k) or 0.0) for r in rows])
+        if v.any():
+            ax.bar(pos, v, bottom=bottom, label=k, color=plt.get_cmap("tab20")(i % 20))
+            bottom += v
+    if total is not None:
+        t = [r.get(total) for r in rows]
+        ax.scatter([p for p, v in zip(pos, t, strict=True) if v is not None], [v for v in t if v is not None],
+                   marker="_", s=400, color="black", zorder=3, label=total)
+    ax.set_xticks(pos, [str(r[x]) for r in rows])
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    legend_outside(ax)
+    return ax

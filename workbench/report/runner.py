@@ -25,6 +25,7 @@ import psutil
 
 from ..errors import InputError
 from ..fileio import write_json_atomic
+from . import headline as answer
 from . import outcome
 from . import progress as bars
 from .clean import strip_stderr
@@ -257,6 +258,9 @@ def _run_all(paths: list[Path], out: Path, *, profile: str, overrides: dict[str,
     out_param = str(out_abs.relative_to(root)) if out_abs.is_relative_to(root) else str(out_abs)
     standard = {"profile": profile, "out_dir": out_param}
     plans = [(p, resolve_parameters(p, overrides.get(p.stem, {}), standard)) for p in paths]
+    bench = next((params[k] for k in ("depth_bench_dir", "bench_dir") for _, params in plans if k in params),
+                 "reports/bench")                       # the sets the notebooks read, for the answer on top
+    head = answer.write(out, root / bench, shown=bench)
     runs: list[NotebookRun] = []
     for i, (path, params) in enumerate(plans, 1):
         label = f"[{i}/{len(plans)}]"
@@ -274,7 +278,7 @@ def _run_all(paths: list[Path], out: Path, *, profile: str, overrides: dict[str,
                 progress.write(line + "\n")
                 progress.flush()
         manifest = {"profile": profile, "kernel": kernel, "cell_timeout_s": cell_timeout,
-                    "wall_timeout_s": wall_timeout, "provenance": provenance,
+                    "wall_timeout_s": wall_timeout, "provenance": provenance, "headline": head,
                     "notebooks": [asdict(r) for r in runs],
                     "pending": [p.stem for p, _ in plans[i:]]}
         write_json_atomic(out / "manifest.json", manifest)
