@@ -30,8 +30,8 @@ from workbench.bench.results import result_set  # noqa: E402
 from workbench.bench.k2_depth import pair_tau, plot  # noqa: E402
 from workbench.config import preset  # noqa: E402
 from workbench.fileio import write_json_atomic, write_text_atomic  # noqa: E402
+from workbench.k2proj import depth_parts, project_depth  # noqa: E402
 from workbench.report.benchdata import read_csv  # noqa: E402
-from workbench.report.k2proj import depth_parts, project_depth  # noqa: E402
 from workbench.report.tables import write_csv  # noqa: E402
 
 PHASES = (("drafter_ms_per_round", 1.0), ("draft_ms_per_round", 1.0), ("build_us_per_round", 1e-3),

@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "workbench.checkpoint", "workbench.tokenizers"),
     ("workbench.ddtree", "workbench.refs", "workbench.dflash_checkpoint"),
     ("workbench.engine", "workbench.train", "workbench.parallel"),
-    ("workbench.generate",),
+    ("workbench.generate", "workbench.k2proj"),
     ("workbench.bench",),
     ("workbench.report",),
     ("workbench.commands", "workbench.cli", "workbench.lab", "workbench.__main__"),

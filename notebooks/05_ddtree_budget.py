@@ -25,6 +25,7 @@
 import numpy as np
 from IPython.display import Markdown, display
 
+from workbench import k2proj
 from workbench.config import preset
 from workbench.ddtree import DrafterConfig, ddtree_generate
 from workbench.report import (
@@ -32,7 +33,6 @@ from workbench.report import (
     bundles,
     depthdata,
     enginedata,
-    k2proj,
     plots,
     provenance,
     spec,

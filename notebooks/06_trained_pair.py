@@ -26,12 +26,13 @@ from pathlib import Path
 import numpy as np
 from IPython.display import Markdown, display
 
+from workbench import k2proj
 from workbench.bench.pair import best as pair_best
 from workbench.bench.pair import draw as draw_pair
 from workbench.bench.pair import summarize as pair_summary
 from workbench.config import preset
 from workbench.generate import generate
-from workbench.report import depthdata, headline, k2proj, pairdata, plots, provenance, tables
+from workbench.report import depthdata, headline, pairdata, plots, provenance, tables
 from workbench.report.paths import enter_repo
 from workbench.train.measure import analytic_union, humaneval_prompts, load_pair
 

@@ -1,5 +1,5 @@
 """bench depth's pieces that run without a GPU: how many weight sets fit, the DDTree-vs-AR agreement and its
-accounting, the trained pair's replayed acceptance, and the projection's extra terms (report.k2proj)."""
+accounting, the trained pair's replayed acceptance, and the projection's extra terms (workbench.k2proj)."""
 
 from __future__ import annotations
 

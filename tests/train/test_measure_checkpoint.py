@@ -63,7 +63,7 @@ def test_measure_checkpoint_writes_the_expert_union_cells(ck, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, match", [
     ([], "needs --layers"),
-    (["--layers", "0..2", "--oracle-p", "2"], "--oracle-p must lie in"),
+    (["--layers", "0..2", "--oracle-p", "2"], "--oracle-p: must be <= 1"),
 ])
 def test_bad_measure_checkpoint_arguments_exit_2(ck, tmp_path, capsys, argv, match):
     rc = main(["measure", "--checkpoint", str(ck), "--out", str(tmp_path / "m"), *argv])

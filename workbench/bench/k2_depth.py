@@ -32,7 +32,7 @@ What runs, in one process:
    the current ``pair`` set (model ``code``, the BF16 pair's measured DDTree runs), times this stand-in's
    measured round time at B (the mean over the oracle runs at B: a round's time does not depend on
    what is accepted) -> ms per token.
-6. the projection (``report.k2proj.project_depth``) from the parts beside each measured run.
+6. the projection (``k2proj.project_depth``) from the parts beside each measured run.
 ``--dry-run`` runs the same code at a tiny config in the CUDA simulator (no timing), for CI.
 """
 
@@ -402,8 +402,8 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     from ..engine.runtime import Engine
     from ..errors import InputError
     from ..fileio import write_json_atomic
+    from ..k2proj import depth_parts, project_depth
     from ..reference.generate import top2_margin
-    from ..report.k2proj import depth_parts, project_depth
     from ..results import result_set, write_csv
 
     if dry_run != SIMULATED:

@@ -50,10 +50,8 @@ def shard_files(d: Path) -> list[tuple[str, set[str] | None]]:
         if not files:
             raise InputError(f"{d}: no *.safetensors files")
         return [(f, None) for f in files]
-    try:
-        index = json.loads((d / INDEX).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{d / INDEX}: not readable JSON ({e})") from None
+    from ..hf_checkpoint import _read_json
+    index = _read_json(d / INDEX)                       # within the JSON size, depth and number limits
     wm = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
         raise InputError(f"{d / INDEX}: weight_map missing or malformed")
@@ -67,7 +65,10 @@ def shard_files(d: Path) -> list[tuple[str, set[str] | None]]:
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
-    """name -> TensorInfo of every tensor in one file; InputError for a damaged or unsupported file."""
+    """name -> TensorInfo of every tensor in one file; InputError for a damaged or unsupported file (first
+    ``hf_checkpoint.shard_header``'s checks: a regular file, JSON limits, dims, non-overlapping ranges)."""
+    from ..hf_checkpoint import shard_header
+    shard_header(path)
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:

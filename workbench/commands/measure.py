@@ -169,8 +169,6 @@ def _checkpoint_union(args: argparse.Namespace, budgets: list[int], out) -> int:
     from ..train.measure import humaneval_texts, summarize, union_sweep
     if args.layers is None:
         raise UserError("--checkpoint needs --layers (the first N layers: 0..N)")
-    if not 0.0 <= args.oracle_p <= 1.0:
-        raise UserError(f"--oracle-p must lie in [0, 1], got {args.oracle_p}")
     ck = open_checkpoint(args.checkpoint, args.layers)
     tok = checkpoint_tokenizer(args.checkpoint)
     if tok is None:

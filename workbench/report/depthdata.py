@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .. import k2proj
 from ..config import ModelConfig, preset
 from ..results import cell, current_set, read_csv
-from . import k2proj
 
 DRY_RUN = "dry-run"
 MOE_PARTS = ("attention", "router", "routed_experts", "shared_expert", "rest")

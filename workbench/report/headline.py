@@ -15,8 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .. import k2proj
 from ..config import preset
-from . import depthdata, k2proj
+from . import depthdata
 
 CSV_NAME = "00_headline"
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..results import cell, current_set, read_csv
+from .config import ModelConfig
+from .results import cell, current_set, read_csv
 
 
 def load_layers(bench_dir: str | Path,
@@ -262,7 +262,7 @@ def _host_of(runs: list[dict[str, Any]], b: int) -> float:
 def depth_side_by_side(bench_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
     """(``project_depth`` rows of the current ``k2_depth`` set, its metadata), or None without one: for the
     notebooks, the projection and the measurement side by side."""
-    from ..config import preset
+    from .config import preset
     rs = current_set(bench_dir, "k2_depth")
     if rs is None:
         return None

@@ -3,12 +3,12 @@
 
 from pathlib import Path
 
+from workbench import k2proj
 from workbench.config import preset
-from workbench.report import k2proj
 
 
 def test_committed_k2_layer_set_loads_decode_and_tree_rows():
-    times, meta = k2proj.load_layers(Path(__file__).resolve().parents[2] / "reports" / "bench")
+    times, meta = k2proj.load_layers(Path(__file__).resolve().parents[1] / "reports" / "bench")
     assert {1, 2, 5, 17, 65} <= set(times["dense"]) and {1, 2, 5, 17, 65} <= set(times["moe"])
     assert {1, 2, 5, 17, 65} <= set(times["experts"])
     assert all(times["experts"][n] < times["moe"][n] for n in times["experts"])      # a part of the layer
@@ -104,7 +104,7 @@ def test_measured_local_share_replaces_the_interpolated_one(tmp_path):
 
 
 def test_committed_ep_set_has_the_split_measured_at_every_p():
-    rows, meta = k2proj.load_ep(Path(__file__).resolve().parents[2] / "reports" / "bench")
+    rows, meta = k2proj.load_ep(Path(__file__).resolve().parents[1] / "reports" / "bench")
     assert meta["bench"] == "ep_moe" and all(c["passed"] for c in meta["checks"])
     for p in (1, 2, 4, 8):
         assert {1, 2, 5, 17, 65} <= set(k2proj.ep_local(rows, p)), p
