@@ -12,7 +12,7 @@ from kernels_numba import ops
 from kernels_numba.device import SIMULATED, on_gpu
 from kernels_numba.sim import sim_speed
 from workbench.bench import k2_check, k2_layer
-from workbench.bench.k2_build import device_layer, layer_bytes
+from workbench.bench.k2_build import layer_bytes
 from workbench.config import preset
 
 ON_GPU = not SIMULATED and on_gpu()
@@ -24,7 +24,7 @@ SMALL = preset("k2_slice").replace(
 
 
 def _rig(cfg, layer, experts="int4", workers=1, dense="fp32"):
-    return k2_layer.LayerRig(cfg, layer, device_layer(cfg, 3, layer, experts, workers, dense=dense), 17, 24)
+    return k2_layer.LayerRig(cfg, layer, k2_layer.layer(cfg, 3, layer, experts, dense, workers), 17, 24)
 
 
 @pytest.mark.parametrize("layer", [0, 1])
@@ -43,10 +43,10 @@ def test_small_layer_matches_reference(layer):
 @pytest.mark.parametrize("layer", [0, 1])
 def test_small_layer_w16a16_matches_the_reference_w16a16(layer, monkeypatch):
     """Dense projections W16A16 (bf16 GEMMs on the BLAS path) against the reference's W16A16 layer."""
-    from workbench.bench.k2_build import dense_kind
+    from workbench.engine.kinds import DenseKind
     monkeypatch.setattr(ops, "BLAS", True)
     rig = _rig(SMALL, layer, dense="bf16")
-    assert dense_kind(rig.lay) == "bf16" and rig.lay.a1.path == ops.BLAS_PATH
+    assert rig.lay.dense_kind == DenseKind.BF16 and rig.lay.a1.path == ops.BLAS_PATH
     res = k2_check.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=16, log=lambda m: None)
     assert all(r["passed"] and r["dense"] == "bf16" for r in res), res
     assert max(r["max_rel_err"] for r in res) <= 2e-3            # at these widths few bf16 roundings flip
@@ -103,7 +103,7 @@ def test_parts_launch_and_floors(experts, monkeypatch):
 @pytest.mark.parametrize("layer", [0, 1, 2])
 def test_k2_slice_layer_matches_reference_on_gpu(layer):
     cfg = preset("k2_slice")
-    rig = k2_layer.LayerRig(cfg, layer, device_layer(cfg, 0, layer, "int4", workers=16), 17, 40)
+    rig = k2_layer.LayerRig(cfg, layer, k2_layer.layer(cfg, 0, layer, "int4", workers=16), 17, 40)
     res = k2_check.check(cfg, 0, rig, "int4", prefix=16, tree_nodes=16)
     assert all(r["passed"] for r in res), res
 
@@ -114,7 +114,7 @@ def test_k2_slice_layer_matches_reference_on_gpu(layer):
 def test_k2_slice_layer_w16a16_matches_reference_on_gpu(layer):
     """The real k2_slice with W16A16 dense projections and attention (cuBLAS bf16 GEMMs)."""
     cfg = preset("k2_slice")
-    rig = k2_layer.LayerRig(cfg, layer, device_layer(cfg, 0, layer, "int4", workers=16, dense="bf16"), 17, 40)
+    rig = k2_layer.LayerRig(cfg, layer, k2_layer.layer(cfg, 0, layer, "int4", "bf16", 16), 17, 40)
     res = k2_check.check(cfg, 0, rig, "int4", prefix=16, tree_nodes=16)
     assert all(r["passed"] and r["dense"] == "bf16" for r in res), res
 

@@ -24,7 +24,6 @@ from ..engine.buffers import latents_f32
 from ..reference.layers import sigmoid, weight
 from ..reference.model import LatentCache
 from ..reference.scenarios import random_tree
-from .k2_build import dense_kind
 from .torch_layer_bench import _reference_layer, ancestor_inputs
 
 TOL = {"int4": 2e-3, "fp32": 2e-3}  # relative error of each row's update y - x and of cache rows
@@ -153,9 +152,9 @@ def compare(cfg: ModelConfig, seed: int, layer: int, experts: str, dense: str, e
 def check(cfg: ModelConfig, seed: int, rig, experts: str = "int4", prefix: int = 16, tree_nodes: int = 16,
           log=print) -> list[dict[str, Any]]:
     """Engine side, reference side and comparison in a row (under the simulator's faster executor)."""
-    from kernels_numba.sim import sim_speed
+    from kernels_numba import ops
 
-    with sim_speed():
+    with ops.sim_speed():
         eng = engine_side(cfg, seed, rig, prefix, tree_nodes)
-    ref = reference_side(cfg, seed, rig.layer, experts, dense_kind(rig.lay), prefix, tree_nodes)
-    return compare(cfg, seed, rig.layer, experts, dense_kind(rig.lay), eng, ref, prefix, tree_nodes, log)
+    ref = reference_side(cfg, seed, rig.layer, experts, rig.lay.dense_kind, prefix, tree_nodes)
+    return compare(cfg, seed, rig.layer, experts, rig.lay.dense_kind, eng, ref, prefix, tree_nodes, log)

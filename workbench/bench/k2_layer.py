@@ -3,7 +3,7 @@
 Legend: T rows of a step (1 for decode, N + 1 for a verify of an N-node tree), D model width, K
 experts per token, E routed experts, P prefix rows before a step.
 
-A ``LayerRig`` holds one layer's prepared weights (``k2_build.device_layer``), buffers shaped like the
+A ``LayerRig`` holds one layer's prepared weights (``layer``: ``engine.build``), buffers shaped like the
 engine's and ``ops.Scratch``; its step is ``engine.model.launch_layer``, the code the engine runs per
 layer. ``k2_check`` runs a P-row prefix, a decode step and a verify of a 17-row tree (16 nodes + root)
 on the device and on the numpy reference (``reference.model``'s layer, W4A16 definition) and compares
@@ -31,30 +31,37 @@ from typing import Any
 
 import numpy as np
 
-from kernels_numba import blas, ffn, ops
-from kernels_numba.device import (
-    SIMULATED,
-    download,
-    head_rows,
-    kernel_array,
-    rows_view,
-    sub,
-    to_device,
-    upload,
-)
+from kernels_numba import ops
+from kernels_numba.device import SIMULATED, download, head_rows, sub, to_device, upload
 
 from ..config import ModelConfig, preset
 from ..engine.buffers import allocate, latents_for
+from ..engine.build import MappingSource, SeededSource, build_layer
+from ..engine.kinds import DenseKind, ExpertKind, kind
 from ..engine.model import launch_layer, mla, step_rows
+from ..errors import InputError
 from ..reference.moe import analytic_coverage
 from ..reference.rope import rope_tables
 from ..reference.scenarios import random_tree
-from .k2_build import dense_kind, device_layer, layer_bytes
+from .k2_build import layer_bytes
 from .k2_check import compare, engine_side, reference_side
 from .torch_layer_bench import ancestor_inputs
 
 ROWS = (1, 2, 3, 5, 9, 17, 33, 65)  # decode, then trees of 1, 2, 4, ..., 64 nodes + root
-CHECKED = ("int4", "bf16")          # the expert kinds checked and timed at every row count
+CHECKED = (ExpertKind.INT4, ExpertKind.BF16)   # the expert kinds checked and timed at every row count
+
+
+def layer(cfg: ModelConfig, src, i: int, experts: ExpertKind | str = ExpertKind.INT4,
+          dense: DenseKind | str = DenseKind.FP32, workers: int = 1):
+    """Layer i on the device through ``engine.build``: of the seeded model (``src`` its seed), routed
+    experts as ``experts``; or of a weights mapping (a lazy checkpoint), which runs the INT4 experts it
+    holds, repacked on ``workers`` processes."""
+    experts = kind(ExpertKind, experts, "experts")
+    if isinstance(src, int):
+        return build_layer(cfg, SeededSource(cfg, src, dense, experts, workers), i)
+    if experts != ExpertKind.INT4:
+        raise InputError(f"a checkpoint's layer runs the experts it holds (int4), not {experts}")
+    return build_layer(cfg, MappingSource(cfg, src, dense=dense, workers=max(1, workers)), i)
 
 
 def union_model(e: int, k: int, n: int) -> float:
@@ -133,30 +140,8 @@ class LayerRig:
             r = m.router
             out["router"] = lambda s: ops.route(sc.rids, sc.rwts, b.x, r, sc, b.meta, n, s)
             ids, wts = (sc.rids, sc.rwts) if own_routing else (self.ids, self.wts)
-            if m.path == ops.FUSED_MOE:
-                x16 = kernel_array(rows_view(sc.x16, n, m.dim), np.float16)
-
-                def routed(s):
-                    ops.experts_fused(
-                        x16,
-                        kernel_array(head_rows(ids, n)),
-                        kernel_array(head_rows(wts, n)),
-                        m.fused,
-                        kernel_array(head_rows(self.y, n)),
-                        sc.workspace(m.fused, n),
-                        s,
-                    )
-            elif m.path == ops.GROUPED_MM:
-
-                def routed(s):
-                    blas.experts_grouped(self.y, b.x, ids, wts, m.grouped.w13, m.grouped.w2, n, s)
-            else:
-
-                def routed(s):
-                    ffn.up(sc.hid, b.x, ids, m.stack, b.meta, n, stream=s)
-                    ffn.down(self.y, sc.hid, ids, wts, m.stack, b.meta, n, stream=s)
-
-            out["routed_experts"] = routed
+            # the experts alone: fused_moe reads the f16(x) the last step left in the scratch
+            out["routed_experts"] = lambda s: ops.routed_experts(self.y, b.x, ids, wts, m, sc, b.meta, n, s)
             if m.shared is not None:
                 out["shared_expert"] = lambda s: ops.swiglu(self.y, b.x, m.shared, sc, b.meta, n, s)
         def layer(s):                                 # from the same input rows on every replay
@@ -183,11 +168,11 @@ def _floor_bytes(
     in bf16 (W16A16)."""
     lb = layer_bytes(cfg, layer)
     kv = context + n
-    w = 2 if dense == "bf16" else 4
+    w = 2 if dense == DenseKind.BF16 else 4
     if part == "step_rows":                           # rope rows and the key mask: no weights
         return 0.0, 0.0
     if part == "attention":
-        row = lb["kv_row_bf16" if dense == "bf16" else "kv_row_fp32"]
+        row = lb[f"kv_row_{dense}"]
         return lb["attention_params"] * w + kv * row, lb["attention_params"] * 2 + kv * lb["kv_row_bf16"]
     if part == "router":
         return lb["router_params"] * 4, lb["router_params"] * 2
@@ -293,7 +278,7 @@ def time_layer(
                         uniq,
                         copy_gbs,
                         union_model(e, k, n) if own is not None else None,
-                        dense_kind(rig.lay),
+                        rig.lay.dense_kind,
                     )
                 )
             rig.sync()
@@ -309,7 +294,7 @@ def time_layer(
                     {
                         "layer": layer,
                         "experts": experts,
-                        "dense": dense_kind(rig.lay),
+                        "dense": rig.lay.dense_kind,
                         "impl": "numba engine",
                         "part": "rest",
                         "routing": "router",
@@ -387,6 +372,7 @@ def run(
         src = open_checkpoint(checkpoint)
         cfg, model, fp32_layer, bf16_layer, torch_baseline = src.cfg, str(checkpoint), None, None, False
     layers = list(range(cfg.num_hidden_layers)) if layers is None else list(layers)
+    dense = tuple(kind(DenseKind, d, "dense") for d in dense)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = run_metadata(bench="k2_layer", model=model, context=context, reps=reps, rows=list(ROWS),
@@ -415,11 +401,11 @@ def run(
     max_len, max_rows = context + max(ROWS), max(ROWS)
     plan = []                                 # FP32 experts right after that layer's INT4 run
     for i in layers:
-        plan += [(i, "int4", d) for d in dense]
+        plan += [(i, ExpertKind.INT4, d) for d in dense]
         if i == bf16_layer and cfg.is_moe_layer(i):          # BF16 experts beside INT4, the rest as K2's
-            plan.append((i, "bf16", "bf16" if "bf16" in dense else dense[0]))
+            plan.append((i, ExpertKind.BF16, DenseKind.BF16 if DenseKind.BF16 in dense else dense[0]))
         if i == fp32_layer and cfg.is_moe_layer(i):
-            plan.append((i, "fp32", "fp32"))
+            plan.append((i, ExpertKind.FP32, DenseKind.FP32))
     # the reference side of every check runs on the host's cores while the device builds and times
     checked = [(i, e, d) for i, e, d in plan if e in CHECKED]
     pool, refs = None, {}
@@ -447,15 +433,14 @@ def run(
             log(f"layer {layer} ({experts}) left out: {time.perf_counter() - t0:.0f} s spent "
                 f"(nothing starts after {start_before_s:.0f} s)")
             continue
-        if experts == "fp32" and time.perf_counter() - t0 > fp32_after_s:
+        if experts == ExpertKind.FP32 and time.perf_counter() - t0 > fp32_after_s:
             log(f"FP32 experts left out: {time.perf_counter() - t0:.0f} s spent (limit {fp32_after_s:.0f} s)")
             continue
         kind = (experts if cfg.is_moe_layer(layer) else "dense") + f", {dn} dense projections"
         rig = None
         try:
             t = time.perf_counter()
-            lay = device_layer(cfg, src, layer, experts if cfg.is_moe_layer(layer) else "int4", workers,
-                               dense=dn)
+            lay = layer(cfg, src, layer, experts, dn, workers)
             rig = LayerRig(cfg, layer, lay, max_rows, max_len)
             rig.sync()
             log(
@@ -470,7 +455,7 @@ def run(
             time_layer(
                 cfg,
                 rig,
-                experts if cfg.is_moe_layer(layer) else "int4",
+                experts,
                 context,
                 ROWS if full else ROWS[:5],
                 reps if full else 5,
@@ -487,7 +472,7 @@ def run(
         lay = None
         cuda.current_context().deallocations.clear()
         torch.cuda.empty_cache()
-        if torch_baseline and experts == "int4" and dn == dense[0]:
+        if torch_baseline and experts == ExpertKind.INT4 and dn == dense[0]:
             _torch_rows(cfg, seed, layer, context, reps, emit, log)
         compare_ready(wait=False)
         save_meta()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,7 @@ from ..config import ModelConfig
 from ..errors import InputError
 from ..reference.layers import dense_weight, weight
 from ..reference.rope import rope_attention_factor, yarn_inv_freq
+from ..torchk2.int4 import dequantize_int4_torch, seeded_bf16_experts  # noqa: F401 - the layer's INT4 helpers
 
 MOE_IMPLS = ("auto", "grouped_mm", "loop")
 
@@ -76,53 +76,6 @@ def grouped_mm_supported(device: Any, dtype: Any) -> bool:
 
 
 _GROUPED_OK: dict[tuple[str, str], bool] = {}
-
-
-def dequantize_int4_torch(packed, scale, dtype):
-    """INT4 words int32 [..., N, K/8] (pack_int4 order: low nibble = lowest column, q + 8) and scales
-    float16 [..., N, K/G] -> (q - 8) * scale [..., N, K] in float32, rounded once to ``dtype``.
-
-    The same values as ``workbench.quant.int4.dequantize_packed`` (products exact in float32)."""
-    torch = _torch()
-    shifts = torch.arange(0, 32, 4, device=packed.device, dtype=torch.int32)
-    q = (packed.unsqueeze(-1) >> shifts) & 0xF                                  # [..., N, K/8, 8]
-    n, k = packed.shape[-2], packed.shape[-1] * 8
-    g = k // scale.shape[-1]
-    w = (q.reshape(*packed.shape[:-1], k // g, g) - 8).float() * scale.float().unsqueeze(-1)
-    return w.reshape(*packed.shape[:-2], n, k).to(dtype)
-
-
-def seeded_bf16_experts(cfg: ModelConfig, seed: int, layer: int, device: Any = "cuda", dtype: Any = None,
-                        chunk: int = 32, workers: int | None = None) -> tuple[Any, Any]:
-    """The seeded layer's routed experts in the ``bf16`` layout's values, built on ``device``: w13
-    [E, 2I, D] (gate rows, then up) and w2 [E, D, I] in ``dtype`` (default bf16). The INT4 words and
-    scales of ``chunk`` experts at a time are generated on ``workers`` host threads while the device
-    dequantizes the previous chunk: no float32 expert copy on the host."""
-    torch = _torch()
-    from .. import seeded
-    dtype = torch.bfloat16 if dtype is None else dtype
-    workers = workers or min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 4)
-    e, mi, d = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
-    w13 = torch.empty(e, 2 * mi, d, device=device, dtype=dtype)
-    w2 = torch.empty(e, d, mi, device=device, dtype=dtype)
-
-    def host(e0: int):
-        ids = range(e0, min(e0 + chunk, e))
-        return e0, [seeded.expert_stack(cfg, seed, layer, proj, experts=ids, workers=workers)
-                    for proj in ("w1", "w3", "w2")]
-    with ThreadPoolExecutor(1) as pool:
-        nxt = pool.submit(host, 0)
-        for _ in range(0, e, chunk):
-            e0, stacks = nxt.result()
-            if e0 + chunk < e:
-                nxt = pool.submit(host, e0 + chunk)
-            (p1, s1), (p3, s3), (p2, s2) = [
-                (torch.from_numpy(p).to(device), torch.from_numpy(s).to(device)) for p, s in stacks]
-            e1 = e0 + p1.shape[0]
-            w13[e0:e1, :mi] = dequantize_int4_torch(p1, s1, torch.bfloat16)  # the bf16 layout's
-            w13[e0:e1, mi:] = dequantize_int4_torch(p3, s3, torch.bfloat16)  # values, in any dtype
-            w2[e0:e1] = dequantize_int4_torch(p2, s2, torch.bfloat16)
-    return w13, w2
 
 
 class TorchLayer:

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from kernels_numba import ops
 from kernels_numba.device import head_rows
-from kernels_numba.sim import sim_speed
 
 from ..errors import InputError
 from ..reference.scenarios import tree_from_parents
@@ -47,7 +47,7 @@ def engine_tree_verify(engine: Engine, prompt: Any, parents: Any, tokens: Any,
         raise InputError(f"a {n}-node tree after {p} prompt tokens exceeds the engine's sizes")
     if n and (tree.tokens.min() < 0 or tree.tokens.max() >= cfg.vocab_size):
         raise InputError(f"tree tokens must lie in [0, {cfg.vocab_size})")
-    with sim_speed():
+    with ops.sim_speed():
         step = engine.verify_step(n)                         # captured before the prefill overwrites state
         engine.prefill(toks)
         if root is None:
