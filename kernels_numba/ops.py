@@ -45,18 +45,19 @@ import numpy as np
 
 from . import blas, ffn
 from ._validate import KernelInputError, flat
+from .blas import padded_keys  # noqa: F401 - the key rows the BLAS attention pads to
 from .blockops import KS, TPB, col_blocks, row_slices
 from .device import SIMULATED, head_rows, kernel_array, on_gpu, rows_view, to_device, zeros
 from .draft_attention import draft_attention  # the dflash drafter's attention (GQA), draft_attention.py
 from .draft_attention import gather_rows as draft_gather_rows  # its context input from the tap buffer
 from .draft_attention import head_norm_rope as draft_head_norm_rope  # per-head q/k norm + RoPE (2 layouts)
 from .int4_layout import Int4Weight, LayoutError, repack_int4, unrepack_int4  # noqa: F401 - re-exported
-from .int4_matmul import GemmWorkspace, gemm_workspace, int4_matmul
+from .int4_matmul import GemmWorkspace, Staged, choose_config, gemm_workspace, int4_matmul, tiled_config  # noqa: F401 - bench kernels' launch configs
 from .kv import kv_compact_kernel
 from .launch import launch
 from .linear import linear as _linear
 from .mla import make_mla_attention, mla_prep_kernel
-from .moe import MoEWeights, fused_moe, moe_workspace, prepare_moe  # noqa: F401 - moe_workspace re-exported
+from .moe import MoEWeights, choose_moe_config, fused_moe, moe_stages, moe_workspace, prepare_moe  # noqa: F401 - moe_workspace re-exported  # noqa: F401 - bench kernels' configs and per-stage times
 from .moe_gemv import moe_act_kernel
 from .rmsnorm import rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
 from .router import make_route
@@ -617,9 +618,11 @@ def tree_compile(ids, depth, vis, meta, ctl, stream=0) -> None:
 
 __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Dense", "FUSED_MOE", "GROUPED_MM", "INT4_MATMUL",
            "Int4Host", "Int4Weight", "LayoutError", "MLA", "MoE", "MoEWeights", "PORTABLE", "Router",
-           "Scratch", "SwiGLU", "advance", "argmax", "attention_rows", "attention_rows_buffers", "copy_rows",
-           "dense", "draft_attention", "draft_gather_rows", "draft_head_norm_rope", "embed", "experts_fused",
-           "fused_experts", "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep",
-           "mla_weights", "moe", "moe_fused", "moe_grouped", "moe_portable", "moe_weights", "moe_workspace",
-           "portable_stack", "repack_experts", "rmsnorm", "route", "routed_experts", "router", "sim_speed",
-           "swiglu", "swiglu_weights", "topk_logprobs", "tree_compile", "unrepack_int4"]
+           "Scratch", "Staged", "SwiGLU", "advance", "argmax", "attention_rows", "attention_rows_buffers",
+           "choose_config", "choose_moe_config", "copy_rows", "dense", "draft_attention",
+           "draft_gather_rows", "draft_head_norm_rope", "embed", "experts_fused", "fused_experts",
+           "gemm_workspace", "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep",
+           "mla_weights", "moe", "moe_fused", "moe_grouped", "moe_portable", "moe_stages", "moe_weights",
+           "moe_workspace", "padded_keys", "portable_stack", "repack_experts", "rmsnorm", "route",
+           "routed_experts", "router", "sim_speed", "swiglu", "swiglu_weights", "tiled_config",
+           "topk_logprobs", "tree_compile", "unrepack_int4"]
