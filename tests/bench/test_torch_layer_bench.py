@@ -16,6 +16,7 @@ from workbench.errors import InputError
 torch = pytest.importorskip("torch")
 from workbench.bench import torch_layer_bench as tlb  # noqa: E402
 from workbench.bench.torch_layer import TorchLayer  # noqa: E402
+from workbench.reference.scenarios import ancestor_inputs  # noqa: E402
 
 CFG = ModelConfig(
     vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
@@ -43,7 +44,7 @@ def test_check_fails_on_a_corrupted_layer():
 
 
 def test_ancestor_inputs():
-    vis, pos = tlb.ancestor_inputs([-1, 0, 0, 1, 2], 10)
+    vis, pos = ancestor_inputs([-1, 0, 0, 1, 2], 10)
     assert pos.tolist() == [10, 11, 11, 12, 12]
     assert vis.tolist()[3] == [True, True, False, True, False]
     assert vis.tolist()[4] == [True, False, True, False, True]
@@ -73,7 +74,7 @@ def test_graph_replay_equals_eager_on_gpu():
     tl = TorchLayer.from_seeded(CFG, 2, 1, device="cuda", max_len=64)
     assert tl.moe_path == "grouped_mm"
     n, start = 5, 20
-    vis, pos = tlb.ancestor_inputs([-1, 0, 0, 1, 2], start)
+    vis, pos = ancestor_inputs([-1, 0, 0, 1, 2], start)
     x = torch.zeros(n, CFG.hidden_size, device="cuda", dtype=torch.bfloat16)
     mask, positions = torch.from_numpy(vis).cuda(), torch.from_numpy(pos).cuda()
     out = {}

@@ -34,8 +34,7 @@ from ..errors import InputError
 from ..reference.layers import rmsnorm, sigmoid, weight
 from ..reference.mla import mla_absorbed
 from ..reference.model import LatentCache
-from ..reference.moe import dense_mlp, moe
-from ..reference.scenarios import random_tree, tree_from_parents
+from ..reference.scenarios import ancestor_inputs, layer_step, random_tree
 from .torch_layer import TorchLayer
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
@@ -46,15 +45,6 @@ TOL = {"bfloat16": 3e-2, "float32": 1e-4}  # relative error of a token's update 
 def _torch():
     import torch
     return torch
-
-
-def ancestor_inputs(parents: Any, start: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ancestor-or-self mask bool [N, N], positions start + depth [N]) of a tree given by parents [N]."""
-    tree = tree_from_parents(parents, np.arange(1, len(parents)))
-    vis = np.eye(len(parents), dtype=bool)
-    for i in range(1, len(parents)):
-        vis[i] |= vis[tree.parents[i]]
-    return vis, start + np.concatenate([[0], tree.depths]).astype(np.int64)
 
 
 def build_layer(cfg: ModelConfig, weights: Any, layer: int, max_len: int, device: str = "cuda",
@@ -180,19 +170,6 @@ def _np(t) -> np.ndarray:
     return t.float().cpu().numpy()
 
 
-def _reference_layer(cfg, ref, layer, x, pos, cache, vis):
-    """The reference block in pieces: (output [S, D], FFN input [S, D], routes [S, K] or None)."""
-    p = f"layers.{layer}."
-    h = x + mla_absorbed(cfg, ref, layer, rmsnorm(x, weight(ref, p + "attn_norm"), cfg.rms_norm_eps),
-                         pos, cache, vis)
-    xn = rmsnorm(h, weight(ref, p + "ffn_norm"), cfg.rms_norm_eps)
-    if not cfg.is_moe_layer(layer):
-        return h + dense_mlp(cfg, ref, layer, xn), xn, None
-    routes: dict[int, np.ndarray] = {}
-    y = h + moe(cfg, ref, layer, xn, routes)
-    return y, xn, routes[layer]
-
-
 def _flips_explained(cfg, ref, layer, xn_ref, xn_t, tl, i, r_set, t_set) -> bool:
     """A routing difference at token i is explained when each swapped pair's reference selection scores
     differ by less than twice the largest score difference measured between the two routers."""
@@ -209,7 +186,7 @@ def _flips_explained(cfg, ref, layer, xn_ref, xn_t, tl, i, r_set, t_set) -> bool
 def _scenario(cfg, ref, tl, layer, name, x_t, vis, pos, cache, start, tol, log) -> bool:
     torch = _torch()
     x = _np(x_t)
-    y_ref, xn_ref, routes = _reference_layer(cfg, ref, layer, x, pos, cache, vis)
+    y_ref, xn_ref, routes = layer_step(cfg, ref, layer, x, pos, cache, vis)
     tl.length = start
     mask, positions = torch.from_numpy(vis).to(tl.device), torch.from_numpy(pos).to(tl.device)
     y_t = tl.step(x_t, mask, positions)
