@@ -324,7 +324,7 @@ def pair_tau(bench_dir: Path, model: str = "code") -> tuple[dict[int, float], st
     """{B: tokens / rounds} of the current pair set's DDTree runs of ``model`` over all its prompts (the
     trained pair's measured acceptance), and the set's name; ({}, None) without one."""
     from ..report.benchdata import read_csv
-    from .results import current_set
+    from ..results import current_set
     rs = current_set(bench_dir, "pair")
     if rs is None:
         return {}, None
@@ -387,7 +387,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     from ..reference.generate import top2_margin
     from ..report.k2proj import depth_parts, project_depth
     from ..report.tables import write_csv
-    from .results import result_set
+    from ..results import result_set
 
     if dry_run != SIMULATED:
         raise InputError("--dry-run runs under NUMBA_ENABLE_CUDASIM=1 (and only there)")
