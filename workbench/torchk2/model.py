@@ -1,4 +1,5 @@
-"""The K2-architecture target in torch, the twin of the numpy reference (workbench/reference/) for training.
+"""The K2-architecture model in torch, the twin of the numpy reference (workbench/reference/), trained by
+``workbench.train``.
 
 Legend: B batch, S new tokens, T keys, D width, H heads, N qk_nope, R qk_rope, Vh v_head, C kv_lora,
 Q q_lora, E routed experts, K experts per token, I expert width, V vocabulary.
@@ -27,20 +28,7 @@ from ..config import ModelConfig
 from ..errors import InputError
 from ..reference.rope import rope_attention_factor, yarn_inv_freq
 from ..weights import expected_shapes
-
-
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """w * x / sqrt(mean(x^2) + eps), normalised in float32 (float64 stays float64), x's dtype out."""
-    xf = x if x.dtype == torch.float64 else x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (w.to(y.dtype) * y).to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (2i, 2i+1) of x [..., S, R] by cos/sin [S, R/2] (the reference's layout)."""
-    c, s = cos.to(x.dtype), sin.to(x.dtype)
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    return torch.stack([x0 * c - x1 * s, x1 * c + x0 * s], dim=-1).flatten(-2)
+from .layers import apply_rope, rmsnorm, route
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -116,23 +104,7 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """noaux_tc: (idx [M, K], combine weights [M, K]) for x [M, D], in float32 (float64 for float64 x)."""
-        cfg = self.cfg
-        dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            scores = torch.sigmoid(F.linear(x.to(dt), self.gate.to(dt)))           # [M, E]
-        choice = scores + self.gate_bias.to(dt)                                     # selection only
-        if cfg.n_group > 1:
-            m, g = x.shape[0], cfg.n_group
-            grouped = choice.view(m, g, -1)
-            gscore = grouped.topk(2, dim=-1).values.sum(-1)                         # [M, G]
-            keep = torch.zeros_like(gscore, dtype=torch.bool).scatter(
-                1, gscore.topk(cfg.topk_group, dim=-1).indices, True)
-            choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), -math.inf)
-        idx = choice.topk(cfg.num_experts_per_tok, dim=-1).indices                  # [M, K]
-        w = scores.gather(1, idx)                                                   # unbiased scores
-        if cfg.norm_topk_prob:
-            w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        return idx, w * cfg.routed_scaling_factor
+        return route(self.cfg, x, self.gate, self.gate_bias)
 
     def forward(self, x: torch.Tensor, counts: list | None = None) -> torch.Tensor:
         cfg = self.cfg

@@ -8,7 +8,7 @@ from workbench.config import ModelConfig
 from workbench.reference.generate import greedy_generate
 from workbench.reference.model import LatentCache as RefCache
 from workbench.reference.model import forward
-from workbench.train.model import LatentCache, TorchTarget, greedy, update_router_bias
+from workbench.torchk2.model import LatentCache, TorchTarget, greedy, update_router_bias
 from workbench.weights import random_weights
 
 # small, but every feature on: q_lora, YaRN (DeepSeek-V3 blend), dense first layer, shared expert,
