@@ -15,7 +15,8 @@ What a strong PyTorch user writes (DeepSeek-V3's inference ``model.py`` style, a
   weighted combine per token. Where ``_grouped_mm`` does not run (older torch builds) a per-expert
   loop computes the same, with host syncs (``moe_path`` says which ran).
 - the shared expert (and the dense MLP of layers < first_k_dense_replace) as plain fused gate/up + down.
-Everything is in the layer's dtype (bfloat16 on the GPU) with float32 norms, rope, router and softmax.
+Everything is in the layer's dtype (bfloat16 on the GPU) with float32 norms, rope, router and softmax;
+norms, rope and router are ``workbench.torchk2.layers``', the trained model's own.
 ``forward(x, mask, positions, start)`` has static shapes per (N, start) and no host sync: capture it
 (or any part) once per shape and replay.
 """
@@ -33,6 +34,7 @@ from ..errors import InputError
 from ..reference.layers import dense_weight, weight
 from ..reference.rope import rope_attention_factor, yarn_inv_freq
 from ..torchk2.int4 import dequantize_int4_torch, seeded_bf16_experts  # noqa: F401 - the layer's INT4 helpers
+from ..torchk2.layers import apply_rope, rmsnorm, route
 
 MOE_IMPLS = ("auto", "grouped_mm", "loop")
 
@@ -40,21 +42,6 @@ MOE_IMPLS = ("auto", "grouped_mm", "loop")
 def _torch():
     import torch
     return torch
-
-
-def _rmsnorm(x, w, eps: float):
-    """RMSNorm in float32 (w float32 [K]), back to x's dtype."""
-    torch = _torch()
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w).to(x.dtype)
-
-
-def _rope(x, cos, sin):
-    """Rotate interleaved pairs (2i, 2i+1) of x [..., R] by cos/sin [..., R/2] (float32); x's dtype."""
-    torch = _torch()
-    xf = x.float().unflatten(-1, (-1, 2))                                       # [..., R/2, 2]
-    x0, x1 = xf[..., 0], xf[..., 1]
-    return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), -1).flatten(-2).to(x.dtype)
 
 
 def grouped_mm_supported(device: Any, dtype: Any) -> bool:
@@ -173,18 +160,18 @@ class TorchLayer:
         a = xn @ p["w_qkv_a"].T                                                 # [N, Q (or H(Dn+R)) + C+R]
         split = p["w_qkv_a"].shape[0] - cfg.kv_cache_dim
         if cfg.q_lora_rank is not None:
-            q = _rmsnorm(a[:, :split], p["q_norm"], cfg.mla_norm_eps) @ p["wq_b"].T   # [N, H(Dn+R)]
+            q = rmsnorm(a[:, :split], p["q_norm"], cfg.mla_norm_eps) @ p["wq_b"].T   # [N, H(Dn+R)]
         else:
             q = a[:, :split]
         q = q.view(n, h, cfg.qk_head_dim)                                       # [N, H, Dn+R]
         cos, sin = self.rope_cos_sin(positions)                                 # [N, R/2]
         kv = a[:, split:]                                                       # [N, C+R]
         rows = self.cache[start:start + n]
-        rows[:, :c] = _rmsnorm(kv[:, :c], p["kv_norm"], cfg.mla_norm_eps)       # c_kv
-        rows[:, c:] = _rope(kv[:, c:], cos, sin)                                # k_pe, shared by all heads
+        rows[:, :c] = rmsnorm(kv[:, :c], p["kv_norm"], cfg.mla_norm_eps)       # c_kv
+        rows[:, c:] = apply_rope(kv[:, c:], cos, sin, float32=True)           # k_pe, shared by all heads
         lat = self.cache[:_round8(start + n)]                                   # [T8, C+R]
         q_lat = torch.bmm(q[..., :dn].transpose(0, 1), p["w_uk"])               # [H, N, C]
-        q_pe = _rope(q[..., dn:], cos[:, None], sin[:, None]).transpose(0, 1)   # [H, N, R]
+        q_pe = apply_rope(q[..., dn:], cos[:, None], sin[:, None], float32=True).transpose(0, 1)   # [H, N, R]
         qf = torch.cat((q_lat, q_pe), -1).view(h * n, cfg.kv_cache_dim)         # [H N, C+R]
         scores = (qf @ lat.T).view(h, n, -1).float() * cfg.softmax_scale       # [H, N, T8] float32
         scores[..., start:start + n].masked_fill_(~mask, float("-inf"))         # new rows: ancestors only
@@ -196,22 +183,7 @@ class TorchLayer:
 
     def router(self, xn):
         """noaux_tc routing of xn [N, D]: (idx int64 [N, K], w float32 [N, K], scaling factor included)."""
-        cfg, p = self.cfg, self.p
-        n, e = xn.shape[0], cfg.n_routed_experts
-        scores = (xn.float() @ p["gate"].T).sigmoid()                           # [N, E]
-        choice = scores + p["gate_bias"]                                        # selection only
-        if cfg.n_group > 1:
-            per = e // cfg.n_group
-            grouped = choice.view(n, cfg.n_group, per)                          # [N, G, E/G]
-            gscore = grouped.topk(min(2, per), -1).values.sum(-1)               # [N, G]
-            keep = gscore.topk(cfg.topk_group, -1).indices                      # [N, topk_group]
-            ok = _torch().zeros_like(gscore, dtype=_torch().bool).scatter_(1, keep, True)
-            choice = choice.masked_fill(~ok.repeat_interleave(per, 1), float("-inf"))
-        idx = choice.topk(cfg.num_experts_per_tok, -1).indices                  # [N, K]
-        w = scores.gather(1, idx)
-        if cfg.norm_topk_prob:
-            w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        return idx, w * cfg.routed_scaling_factor
+        return route(self.cfg, xn, self.p["gate"], self.p["gate_bias"])
 
     def routed_experts(self, xn, idx, w):
         """sum_k w[:, k] Expert_idx[:, k](xn): [N, D] in the layer dtype."""
@@ -271,12 +243,12 @@ class TorchLayer:
         """The layer on x [N, D]: h = x + MLA(norm x), y = h + FFN(norm h); cache rows [start, start+N)
         written, ``length`` untouched. Static shapes per (N, start), no host sync (grouped_mm path)."""
         eps = self.cfg.rms_norm_eps
-        h = x + self.attention(_rmsnorm(x, self.p["attn_norm"], eps), mask, positions, start)
-        return h + self.ffn(_rmsnorm(h, self.p["ffn_norm"], eps))
+        h = x + self.attention(rmsnorm(x, self.p["attn_norm"], eps), mask, positions, start)
+        return h + self.ffn(rmsnorm(h, self.p["ffn_norm"], eps))
 
     def normed(self, x, which: str = "attn_norm"):
         """RMSNorm of x with the layer's ``attn_norm`` or ``ffn_norm`` (the parts' input)."""
-        return _rmsnorm(x, self.p[which], self.cfg.rms_norm_eps)
+        return rmsnorm(x, self.p[which], self.cfg.rms_norm_eps)
 
     def step(self, x, ancestor_mask, positions):
         """N new tokens x [N, D] at ``positions`` [N] under ``ancestor_mask`` [N, N] (bool, row i sees
