@@ -33,11 +33,11 @@ def main() -> None:
 
     from kernels_numba.device import head_rows, upload
     from workbench.bench.k2_layer import LayerRig, layer
-    from workbench.bench.torch_layer import TorchLayer
     from workbench.bench.torch_layer_bench import ancestor_inputs
     from workbench.config import preset
     from workbench.engine.buffers import latents_for
     from workbench.reference.scenarios import random_tree
+    from workbench.torchk2.layer import TorchLayer
 
     cfg = preset("k2_slice")
     rows = [int(v) for v in a.rows.split(",")]

@@ -15,8 +15,8 @@ from workbench.errors import InputError
 
 torch = pytest.importorskip("torch")
 from workbench.bench import torch_layer_bench as tlb  # noqa: E402
-from workbench.bench.torch_layer import TorchLayer  # noqa: E402
 from workbench.reference.scenarios import ancestor_inputs  # noqa: E402
+from workbench.torchk2.layer import TorchLayer  # noqa: E402
 
 CFG = ModelConfig(
     vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,

@@ -441,7 +441,7 @@ def _torch_rows(cfg, seed, layer, context, reps, emit, log) -> None:
     """The stock-PyTorch BF16 layer's rows (time_torch_layer) on the same rows and random routing sets."""
     import torch
 
-    from .torch_layer import TorchLayer
+    from ..torchk2.layer import TorchLayer
     from .torch_layer_bench import time_torch_layer
 
     try:

@@ -35,7 +35,7 @@ from ..reference.layers import rmsnorm, sigmoid, weight
 from ..reference.mla import mla_absorbed
 from ..reference.model import LatentCache
 from ..reference.scenarios import ancestor_inputs, layer_step, random_tree
-from .torch_layer import TorchLayer
+from ..torchk2.layer import TorchLayer
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 CHECK_PARENTS = (-1, 0, 0, 1, 2)           # the verify check's tree: root, two children, a grandchild each

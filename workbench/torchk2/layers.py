@@ -1,5 +1,5 @@
 """The K2 layer's pieces in torch, shared by the trained target (``torchk2.model``) and the stock-PyTorch
-baseline layer ``bench k2`` times (``workbench.bench.torch_layer``): the numpy reference's maths.
+baseline layer ``bench k2`` times (``torchk2.layer``): the numpy reference's maths.
 
 Legend: M rows, D width, R rope dim, E routed experts, G expert groups, K experts per token.
 """

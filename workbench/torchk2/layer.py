@@ -1,4 +1,4 @@
-"""One K2 decoder layer in stock PyTorch, written for speed at batch 1: the engine's baseline.
+"""One K2 decoder layer in stock PyTorch, written for speed at batch 1: the engine's baseline (``bench k2``).
 
 Legend: N new tokens, T = start + N keys, D model width, H heads, Dn qk_nope, R qk_rope, V v_head,
 C kv_lora_rank, Q q_lora_rank, E routed experts, K experts per token, I expert (or dense) width.
@@ -16,7 +16,8 @@ What a strong PyTorch user writes (DeepSeek-V3's inference ``model.py`` style, a
   loop computes the same, with host syncs (``moe_path`` says which ran).
 - the shared expert (and the dense MLP of layers < first_k_dense_replace) as plain fused gate/up + down.
 Everything is in the layer's dtype (bfloat16 on the GPU) with float32 norms, rope, router and softmax;
-norms, rope and router are ``workbench.torchk2.layers``', the trained model's own.
+norms, rope and router are ``torchk2.layers``', the trained model's own (``torchk2.model``, whose MLA
+takes the same absorbed form with ``absorbed=True``).
 ``forward(x, mask, positions, start)`` has static shapes per (N, start) and no host sync: capture it
 (or any part) once per shape and replay.
 """
@@ -33,8 +34,8 @@ from ..config import ModelConfig
 from ..errors import InputError
 from ..reference.layers import dense_weight, weight
 from ..reference.rope import rope_attention_factor, yarn_inv_freq
-from ..torchk2.int4 import dequantize_int4_torch, seeded_bf16_experts  # noqa: F401 - the layer's INT4 helpers
-from ..torchk2.layers import apply_rope, rmsnorm, route
+from .int4 import dequantize_int4_torch, seeded_bf16_experts  # noqa: F401 - the layer's INT4 helpers
+from .layers import apply_rope, rmsnorm, route
 
 MOE_IMPLS = ("auto", "grouped_mm", "loop")
 
