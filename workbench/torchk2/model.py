@@ -5,10 +5,12 @@ Legend: B batch, S new tokens, T keys, D width, H heads, N qk_nope, R qk_rope, V
 Q q_lora, E routed experts, K experts per token, I expert width, V vocabulary.
 
 Same maths as the reference, laid out for a GPU: MLA in its naive form (keys/values expanded per head
-from the latent, one fused attention call), a latent cache [B, max_len, C+R] for generation, the
-noaux_tc sigmoid router in float32 with the correction bias as a buffer (updated outside autograd,
-``update_router_bias``), and the routed experts computed as one wide SwiGLU over all E experts whose
-activations are multiplied by the (mostly zero) combine weights: the same sum as the reference's
+from the latent, one fused attention call; training) or, with ``absorbed=True``, the absorbed form
+(queries through wkv_b's key half into the latent space, scores against the latent rows, the context
+back through its value half: what decoding and ``torchk2.layer`` run), a latent cache [B, max_len, C+R]
+for generation, the noaux_tc sigmoid router in float32 with the correction bias as a buffer (updated
+outside autograd, ``update_router_bias``), and the routed experts computed as one wide SwiGLU over all
+E experts whose activations are multiplied by the (mostly zero) combine weights: the same sum as the reference's
 sparse loop, with static shapes. Parameters keep the reference's [out, in] layout; experts are stacked
 [E, I, D] / [E, D, I]; ``weights_dict`` / ``load_weights_dict`` convert to and from internal names.
 """
@@ -36,9 +38,9 @@ def _param(*shape: int) -> nn.Parameter:
 
 
 class MLA(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, absorbed: bool = False) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.absorbed = cfg, absorbed
         h, d, c, r = cfg.num_attention_heads, cfg.hidden_size, cfg.kv_lora_rank, cfg.qk_rope_head_dim
         if cfg.q_lora_rank is None:
             self.wq = _param(h * cfg.qk_head_dim, d)
@@ -70,6 +72,9 @@ class MLA(nn.Module):
             cache[:, start:start + s] = lat.to(cache.dtype)
             lat = cache[:, :start + s].to(lat.dtype)                                # [B, T, C+R]
         t = lat.shape[1]
+        if self.absorbed:
+            o = self._absorbed(q, lat, start)
+            return F.linear(o.transpose(1, 2).reshape(b, s, h * cfg.v_head_dim), self.wo)
         kv = F.linear(lat[..., :c], self.wkv_b).view(b, t, h, n + cfg.v_head_dim).transpose(1, 2)
         k_pe = lat[..., c:].unsqueeze(1).expand(b, h, t, cfg.qk_rope_head_dim)      # one rope key, all heads
         k = torch.cat([kv[..., :n], k_pe], dim=-1)                                  # [B, H, T, N+R]
@@ -81,6 +86,24 @@ class MLA(nn.Module):
             mask = torch.arange(t, device=x.device)[None, :] <= rows[:, None]              # [S, T]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=cfg.softmax_scale)
         return F.linear(o.transpose(1, 2).reshape(b, s, h * cfg.v_head_dim), self.wo)
+
+
+    def _absorbed(self, q: torch.Tensor, lat: torch.Tensor, start: int) -> torch.Tensor:
+        """Absorbed attention of q [B, H, S, N+R] (roped) over the latent rows lat [B, T, C+R], causal from
+        ``start``: o [B, H, S, Vh]."""
+        cfg = self.cfg
+        h, n, c = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
+        s, t = q.shape[2], lat.shape[1]
+        w = self.wkv_b.view(h, n + cfg.v_head_dim, c)                               # [H, N+Vh, C]
+        q_lat = torch.einsum("bhsn,hnc->bhsc", q[..., :n], w[:, :n])                # [B, H, S, C]
+        scores = (torch.einsum("bhsc,btc->bhst", q_lat, lat[..., :c])
+                  + torch.einsum("bhsr,btr->bhst", q[..., n:], lat[..., c:])) * cfg.softmax_scale
+        rows = start + torch.arange(s, device=q.device)
+        mask = torch.arange(t, device=q.device)[None, :] <= rows[:, None]                  # [S, T]
+        wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+        p = scores.masked_fill(~mask, -math.inf).softmax(-1, dtype=wide).to(q.dtype)      # [B, H, S, T]
+        ctx = torch.einsum("bhst,btc->bhsc", p, lat[..., :c])                       # [B, H, S, C]
+        return torch.einsum("bhsc,hvc->bhsv", ctx, w[:, n:])                        # [B, H, S, Vh]
 
 
 class SwiGLU(nn.Module):
@@ -125,11 +148,11 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, absorbed: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         self.attn_norm, self.ffn_norm = _param(cfg.hidden_size), _param(cfg.hidden_size)
-        self.attn = MLA(cfg)
+        self.attn = MLA(cfg, absorbed)
         self.ffn = MoE(cfg) if cfg.is_moe_layer(layer) else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, h, cos, sin, cache, start, counts):
@@ -146,11 +169,11 @@ class TargetOut:
 
 
 class TorchTarget(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, absorbed: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = _param(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(Block(cfg, i, absorbed) for i in range(cfg.num_hidden_layers))
         self.norm = _param(cfg.hidden_size)
         self.head = _param(cfg.vocab_size, cfg.hidden_size)
         inv = yarn_inv_freq(cfg)                                                    # [R/2] float64
