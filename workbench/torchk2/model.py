@@ -12,7 +12,8 @@ for generation, the noaux_tc sigmoid router in float32 with the correction bias 
 outside autograd, ``update_router_bias``), and the routed experts computed as one wide SwiGLU over all
 E experts whose activations are multiplied by the (mostly zero) combine weights: the same sum as the
 reference's sparse loop, with static shapes. Parameters keep the reference's [out, in] layout; experts
-are stacked [E, I, D] / [E, D, I]; ``weights_dict`` / ``load_weights_dict`` convert to and from internal names.
+are stacked [E, I, D] / [E, D, I]; ``weights_dict`` / ``load_weights_dict`` convert to and from internal
+names.
 """
 
 from __future__ import annotations
