@@ -46,6 +46,7 @@ import numpy as np
 from . import blas, ffn
 from ._validate import KernelInputError, flat
 from .blas import padded_keys  # noqa: F401 - the key rows the BLAS attention pads to
+from .blas import view as torch_view  # noqa: F401 - a torch tensor over a device array (no copy)
 from .blockops import KS, TPB, col_blocks, row_slices
 from .device import SIMULATED, head_rows, kernel_array, on_gpu, rows_view, to_device, zeros
 from .draft_attention import draft_attention  # the dflash drafter's attention (GQA), draft_attention.py
@@ -625,4 +626,4 @@ __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Dense", "FUSED_MOE", "GROUPE
            "mla_weights", "moe", "moe_fused", "moe_grouped", "moe_portable", "moe_stages", "moe_weights",
            "moe_workspace", "padded_keys", "portable_stack", "repack_experts", "rmsnorm", "route",
            "routed_experts", "router", "sim_speed", "swiglu", "swiglu_weights", "tiled_config",
-           "topk_logprobs", "tree_compile", "unrepack_int4"]
+           "topk_logprobs", "torch_view", "tree_compile", "unrepack_int4"]

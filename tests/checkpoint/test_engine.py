@@ -6,7 +6,7 @@ import numpy as np
 from tests.checkpoint.common import CFG8
 from workbench.checkpoint import open_checkpoint
 from workbench.checkpoint.synthetic import write_k26_checkpoint
-from workbench.engine.weights import upload_model
+from workbench.engine.build import upload_model
 from workbench.generate import generate
 from workbench.reference.generate import greedy_generate
 

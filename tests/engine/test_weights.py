@@ -9,7 +9,7 @@ import pytest
 
 from kernels_numba.ops import FUSED_MOE, INT4_MATMUL, PORTABLE
 from tests.engine.common import bundle, engine, experts_model
-from workbench.engine.weights import upload_model
+from workbench.engine.build import upload_model
 from workbench.errors import InputError
 
 

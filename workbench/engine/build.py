@@ -312,6 +312,25 @@ class RandomSource:
 
 # ---- the builder ------------------------------------------------------------------------------------
 
+def upload_model(cfg: ModelConfig, weights: Mapping[str, Any], fast: bool = True,
+                 experts: bool = True) -> DeviceModel:
+    """All target weights on the device (drafter.* weights are uploaded per generation by
+    ``engine.dflash.DeviceDFlash``); InputError for weights the engine cannot take. ``fast=False``
+    keeps every INT4 matrix on the portable kernels; ``experts=False`` leaves the MoE layers' FFN
+    to the caller (``DeviceLayer.moe_block``)."""
+    try:
+        return build_model(cfg, MappingSource(cfg, weights, fast, experts))
+    except ops.KernelInputError as e:
+        raise InputError(str(e)) from None
+
+
+def upload_layer(cfg: ModelConfig, weights: Mapping[str, Any], i: int, fast: bool = True,
+                 experts: bool = True) -> DeviceLayer:
+    """Layer ``i`` of the weights on the device, as ``upload_model`` prepares each layer (InputError from
+    the kernels' own checks left to the caller, see there)."""
+    return build_layer(cfg, MappingSource(cfg, weights, fast, experts), i)
+
+
 def build_layer(cfg: ModelConfig, src, i: int) -> DeviceLayer:
     """Layer i from ``src`` as ``engine.model.launch_layer`` runs it, its kinds recorded."""
     if not 0 <= i < cfg.num_hidden_layers:

@@ -20,9 +20,10 @@ from ..config import ModelConfig
 from ..errors import InputError
 from ..reference.rope import rope_tables
 from .buffers import allocate
+from .build import upload_model
 from .graphs import StepGraph
 from .model import launch_forward
-from .weights import DeviceModel, upload_model
+from .weights import DeviceModel
 
 
 class Engine:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels_numba import KernelInputError, ops
+from kernels_numba import ops
 
 from ..config import ModelConfig
 from ..errors import InputError
@@ -137,28 +137,3 @@ def moe_experts(weights: dict[str, Any], f: str, ids) -> list[tuple]:
 def moe_router(cfg: ModelConfig, weights: dict[str, Any], f: str, fast: bool) -> ops.Router:
     return ops.router(_f32(weights, f + ".gate"), _f32(weights, f + ".gate_bias"), cfg.num_experts_per_tok,
                       cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor, fast)
-
-
-def upload_model(cfg: ModelConfig, weights: dict[str, Any], fast: bool = True,
-                 experts: bool = True) -> DeviceModel:
-    """All target weights on the device (drafter.* weights are uploaded per generation by
-    ``engine.dflash.DeviceDFlash``); InputError for weights the engine cannot take. ``fast=False``
-    keeps every INT4 matrix on the portable kernels; ``experts=False`` leaves the MoE layers' FFN
-    to the caller (``DeviceLayer.moe_block``)."""
-    try:
-        return _upload(cfg, weights, fast, experts)
-    except KernelInputError as e:
-        raise InputError(str(e)) from None
-
-
-def upload_layer(cfg: ModelConfig, weights: dict[str, Any], i: int, fast: bool = True,
-                 experts: bool = True) -> DeviceLayer:
-    """Layer ``i`` of the weights on the device, as ``upload_model`` prepares each layer (InputError from
-    the kernels' own checks left to the caller, see there)."""
-    from .build import MappingSource, build_layer
-    return build_layer(cfg, MappingSource(cfg, weights, fast, experts), i)
-
-
-def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool, experts: bool) -> DeviceModel:
-    from .build import MappingSource, build_model
-    return build_model(cfg, MappingSource(cfg, weights, fast, experts))
