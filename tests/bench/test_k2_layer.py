@@ -141,3 +141,50 @@ def test_reference_workers_start_with_the_blas_thread_limit():
             seen = pool.submit(os.getenv, "OPENBLAS_NUM_THREADS")    # the worker is spawned here
         assert seen.result() == "3"
     assert os.environ.get("OPENBLAS_NUM_THREADS") == before
+
+
+@pytest.mark.parametrize("experts, dense",
+                         [("int4", "fp32"), ("fp32", "fp32"), ("bf16", "bf16"), ("int4", "bf16")])
+def test_a_built_layer_records_the_kinds_it_runs(experts, dense, monkeypatch):
+    from workbench.engine.kinds import DenseKind, ExpertKind
+    monkeypatch.setattr(ops, "BLAS", True)
+    moe, mlp = k2_layer.layer(SMALL, 3, 1, experts, dense), k2_layer.layer(SMALL, 3, 0, experts, dense)
+    assert (moe.expert_kind, moe.dense_kind) == (ExpertKind(experts), DenseKind(dense))
+    assert (mlp.expert_kind, mlp.dense_kind) == (None, DenseKind(dense))
+    assert moe.moe.path == {"int4": ops.FUSED_MOE, "fp32": ops.PORTABLE, "bf16": ops.GROUPED_MM}[experts]
+
+
+def test_unknown_kinds_are_input_errors():
+    from workbench.errors import InputError
+    for experts, dense in (("int8", "fp32"), ("int4", "fp16")):
+        with pytest.raises(InputError, match="must be one of"):
+            k2_layer.layer(SMALL, 3, 1, experts, dense)
+    with pytest.raises(InputError, match="outside the model"):
+        k2_layer.layer(SMALL, 3, 2)
+
+
+def test_ep_whole_layer_is_the_built_layers_moe():
+    """``bench ep``'s one-GPU baseline (``ep_layer.whole_layer``, through the builder) computes what the
+    built layer's MoE computes, with and without the shared expert."""
+    from kernels_numba.device import download, to_device
+    from workbench.bench.ep_layer import whole_layer
+    from workbench.engine.build import SeededSource, int4_experts
+    src = SeededSource(SMALL, 3)
+    lay = k2_layer.layer(SMALL, 3, 1)
+    x = np.random.default_rng(0).standard_normal((5, SMALL.hidden_size)).astype(np.float32)
+    meta = to_device(np.array([0, 5, 0, 0, 0, 0, 0, 0], np.int32))
+
+    def run(m, sc):
+        sc.reserve(5)
+        h = to_device(np.zeros_like(x))
+        with sim_speed():
+            ops.moe(h, to_device(x), m, sc, meta, 5)
+        return download(h)
+    want = run(lay.moe, ops.Scratch(5, [], [lay.moe]))
+    np.testing.assert_allclose(run(*whole_layer(src, 1, 5)), want, rtol=1e-6, atol=1e-6)
+    m, sc = whole_layer(src, 1, 5, fused=int4_experts(SMALL, 3, 1), shared=False)
+    alone = lay.moe.shared
+    h = to_device(np.zeros_like(x))
+    with sim_speed():
+        ops.swiglu(h, to_device(x), alone, ops.Scratch(5, [alone], []), meta, 5)
+    np.testing.assert_allclose(run(m, sc) + download(h), want, rtol=1e-5, atol=1e-5)
