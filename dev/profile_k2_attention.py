@@ -32,11 +32,11 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from kernels_numba.device import head_rows, upload
-    from workbench.bench.k2_layer import LayerRig, layer
-    from workbench.bench.torch_layer_bench import ancestor_inputs
+    from workbench.bench.k2_layer import layer
     from workbench.config import preset
     from workbench.engine.buffers import latents_for
-    from workbench.reference.scenarios import random_tree
+    from workbench.engine.layer import LayerRig
+    from workbench.reference.scenarios import ancestor_inputs, random_tree
     from workbench.torchk2.layer import TorchLayer
 
     cfg = preset("k2_slice")
