@@ -43,13 +43,6 @@ def test_check_fails_on_a_corrupted_layer():
     assert any("FAIL" in s for s in lines)
 
 
-def test_ancestor_inputs():
-    vis, pos = ancestor_inputs([-1, 0, 0, 1, 2], 10)
-    assert pos.tolist() == [10, 11, 11, 12, 12]
-    assert vis.tolist()[3] == [True, True, False, True, False]
-    assert vis.tolist()[4] == [True, False, True, False, True]
-
-
 def test_bad_input(capsys):
     assert tlb.main(["--preset", "tiny", "--device", "cpu"]) == 2
     assert tlb.main(["--preset", "nope", "--check", "--device", "cpu"]) == 2
