@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("workbench.reference", "workbench.hf_checkpoint", "workbench.seeded",
      "workbench.checkpoint", "workbench.tokenizers"),
     ("workbench.ddtree", "workbench.refs", "workbench.dflash_checkpoint"),
-    ("workbench.engine", "workbench.train", "workbench.parallel"),
+    ("workbench.engine", "workbench.train", "workbench.parallel", "workbench.torchk2"),
     ("workbench.generate", "workbench.k2proj"),
     ("workbench.bench",),
     ("workbench.report",),

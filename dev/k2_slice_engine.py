@@ -4,7 +4,7 @@
         [--experts int4|bf16]
         [--workers 16] [--ref results.npz] [--out k2_slice_engine.json]
 
-Builds the engine's model the way ``bench k2`` builds each layer (``bench.k2_build.device_model``:
+Builds the engine's model the way ``bench k2`` builds each layer (``engine.build.SeededSource``:
 INT4 experts repacked on ``--workers`` processes; dense projections FP32 or W16A16), then runs the
 engine's scenarios (``engine.scenarios``): a prefill + ``--decode`` greedy steps with every step's
 logits, and one verify of a random ``--tree``-node tree + root with every node's logits and the
@@ -48,9 +48,9 @@ def main() -> None:
     if a.ref == "none" and not a.save:
         ap.error("--ref none compares nothing: give --save to keep the engine's outputs")
 
-    from workbench.bench.k2_build import device_model
     from workbench.config import preset
     from workbench.ddtree.scenarios import random_prompt, random_tree
+    from workbench.engine.build import SeededSource, build_model
     from workbench.engine.runtime import Engine
     from workbench.engine.scenarios import engine_decode, engine_tree_verify
 
@@ -77,7 +77,7 @@ def main() -> None:
         tokens, logits = dec["tokens"], dec["logits"]
         got_logits, got_latents = ver["logits"], ver["latents"]
     else:
-        model = device_model(cfg, a.seed, a.workers, dense=a.dense, experts=a.experts)
+        model = build_model(cfg, SeededSource(cfg, a.seed, a.dense, a.experts, a.workers))
         eng = Engine(cfg, None, max_len=a.prompt + max(a.decode, a.tree) + 4,
                      max_rows=max(a.prompt, a.tree + 1), model=model)
         log(f"engine built (dense {a.dense}, experts {a.experts})")

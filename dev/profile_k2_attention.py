@@ -2,7 +2,7 @@
 
     python dev/profile_k2_attention.py [--rows 1,17] [--context 4096] [--dense bf16] [--reps 20]
 
-Builds the dense layer 0 as ``bench k2`` does (``k2_build.device_layer``), loads a step of ``--rows``
+Builds the dense layer 0 as ``bench k2`` does (``k2_layer.layer``), loads a step of ``--rows``
 rows over a ``--context``-row latent cache, and runs the engine's attention part (the norm, the
 projections, mla_prep, the attention core, wo) ``--reps`` times eagerly under torch's profiler,
 then the stock-torch BF16 MLA on the same shapes; prints each one's kernels by total device time.
@@ -32,18 +32,17 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from kernels_numba.device import head_rows, upload
-    from workbench.bench.k2_build import device_layer
-    from workbench.bench.k2_layer import LayerRig
-    from workbench.bench.torch_layer import TorchLayer
-    from workbench.bench.torch_layer_bench import ancestor_inputs
+    from workbench.bench.k2_layer import layer
     from workbench.config import preset
-    from workbench.ddtree.scenarios import random_tree
+    from workbench.ddtree.scenarios import ancestor_inputs, random_tree
     from workbench.engine.buffers import latents_for
+    from workbench.engine.layer import LayerRig
+    from workbench.torchk2.layer import TorchLayer
 
     cfg = preset("k2_slice")
     rows = [int(v) for v in a.rows.split(",")]
     max_len = a.context + max(rows)
-    rig = LayerRig(cfg, 0, device_layer(cfg, 0, 0, "int4", 1, dense=a.dense), max(rows), max_len)
+    rig = LayerRig(cfg, 0, layer(cfg, 0, 0, "int4", a.dense), max(rows), max_len)
     rng = np.random.default_rng(0)
     upload(head_rows(rig.cache, a.context), latents_for(rig.cache, rng.standard_normal((a.context,
                                                                                        cfg.kv_cache_dim))))

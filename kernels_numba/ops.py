@@ -45,22 +45,25 @@ import numpy as np
 
 from . import blas, ffn
 from ._validate import KernelInputError, flat
+from .blas import padded_keys  # noqa: F401 - the key rows the BLAS attention pads to
+from .blas import view as torch_view  # noqa: F401 - a torch tensor over a device array (no copy)
 from .blockops import KS, TPB, col_blocks, row_slices
 from .device import SIMULATED, head_rows, kernel_array, on_gpu, rows_view, to_device, zeros
 from .draft_attention import draft_attention  # the dflash drafter's attention (GQA), draft_attention.py
 from .draft_attention import gather_rows as draft_gather_rows  # its context input from the tap buffer
 from .draft_attention import head_norm_rope as draft_head_norm_rope  # per-head q/k norm + RoPE (2 layouts)
-from .int4_layout import Int4Weight, LayoutError, repack_int4
-from .int4_matmul import GemmWorkspace, gemm_workspace, int4_matmul
+from .int4_layout import Int4Weight, LayoutError, repack_int4, unrepack_int4  # noqa: F401 - re-exported
+from .int4_matmul import GemmWorkspace, Staged, choose_config, gemm_workspace, int4_matmul, tiled_config  # noqa: F401 - bench kernels' launch configs
 from .kv import kv_compact_kernel
 from .launch import launch
 from .linear import linear as _linear
 from .mla import make_mla_attention, mla_prep_kernel
-from .moe import MoEWeights, fused_moe, moe_workspace, prepare_moe
+from .moe import MoEWeights, choose_moe_config, fused_moe, moe_stages, moe_workspace, prepare_moe  # noqa: F401 - moe_workspace re-exported  # noqa: F401 - bench kernels' configs and per-stage times
 from .moe_gemv import moe_act_kernel
 from .rmsnorm import rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
 from .router import make_route
 from .rows import add_rows_kernel, to_f16_kernel
+from .sim import sim_speed  # noqa: F401 - the simulator's faster executor around a block of ops
 from .tokens import advance_kernel, argmax_kernel, copy_rows_kernel, embed_kernel
 from .tree import topk_logprobs, tree_compile_kernel
 
@@ -294,6 +297,55 @@ def moe_weights(rt: Router, experts: list[tuple], shared: tuple | None, fast: bo
                shared=swiglu_weights(*shared, fast=fast) if shared is not None else None)
 
 
+def repack_experts(w1: tuple, w3: tuple, w2: tuple) -> tuple:
+    """Routed experts in fused_moe's tile layout, host arrays: w1, w3 [E, I, D] and w2 [E, D, I], each
+    (packed int32 [E, N, K/8], scale float16 [E, N, K/G]) -> (w13 words, w13 scale words, w2 words, w2
+    scale words, G). The expert is the outermost dimension of each, so the results of consecutive chunks
+    of experts concatenate (``fused_experts``): worker processes can repack a layer chunk by chunk."""
+    try:
+        w = prepare_moe(w1[0], w1[1], w3[0], w3[1], w2[0], w2[1])
+    except LayoutError as e:
+        raise KernelInputError(f"the experts do not fit fused_moe's layout: {e}") from None
+    return w.w13.wq, w.w13.sq, w.w2.wq, w.w2.sq, w.w13.group_size
+
+
+def fused_experts(chunks: list[tuple], n_experts: int, dim: int, width: int) -> MoEWeights:
+    """One stack (host arrays, no shared expert inside) of the ``repack_experts`` results of consecutive
+    chunks of ``n_experts`` experts of width I = ``width`` over D = ``dim``."""
+    if len({c[4] for c in chunks}) != 1:
+        raise KernelInputError("fused_moe takes one INT4 group size per stack")
+    cat = [np.concatenate([c[j] for c in chunks]) for j in range(4)]
+    group = chunks[0][4]
+    return MoEWeights(Int4Weight(cat[0], cat[1], width, dim, group, n_experts, pair=True),
+                      Int4Weight(cat[2], cat[3], dim, width, group, n_experts), n_experts, 0)
+
+
+def moe_fused(rt: Router, fused: MoEWeights, shared: SwiGLU | None = None) -> MoE:
+    """The MoE on fused_moe over experts already in its layout (``fused_experts``, host or device; host
+    stacks are copied to the device), ``shared`` running on its own."""
+    if fused.n_routed + fused.n_shared > MAX_FUSED_EXPERTS:
+        raise KernelInputError(f"fused_moe takes at most {MAX_FUSED_EXPERTS} experts, got "
+                               f"{fused.n_routed + fused.n_shared}")
+    if isinstance(fused.w13.wq, np.ndarray):
+        fused = _device(fused)
+    return MoE(FUSED_MOE, rt, fused.w13.n, fused.w13.k, fused=fused, shared=shared)
+
+
+def moe_grouped(rt: Router, experts: Bf16Experts, shared: SwiGLU | None = None) -> MoE:
+    """The MoE on grouped GEMMs over bf16 experts already where the BLAS ops run (w13 [E, 2I, D])."""
+    if not BLAS:
+        raise KernelInputError("bf16 experts run on the BLAS path (torch), which is off here")
+    e, i2, d = experts.w13.shape
+    return MoE(GROUPED_MM, rt, i2 // 2, d, grouped=experts, shared=shared)
+
+
+def moe_portable(rt: Router, stack: dict, shared: SwiGLU | None = None) -> MoE:
+    """The MoE on the portable FFN kernels over an ffn.py expert stack (``portable_stack``, or FP32 w1t /
+    w3t [E, D, I], w2t [E, I, D] built elsewhere with ``"int4": False`` and ``"width"``)."""
+    d = int(stack["w2t"].shape[2] if not stack["int4"] else stack["p2t"].shape[2])
+    return MoE(PORTABLE, rt, int(stack["width"]), d, stack=stack, shared=shared)
+
+
 def _fused(experts: list[tuple], shared: tuple | None) -> MoEWeights | None:
     """prepare_moe of the experts (and shared), or None where fused_moe cannot take them."""
     n = len(experts) + (_rows(shared[0]) // _rows(experts[0][0]) if shared is not None else 0)
@@ -517,18 +569,28 @@ def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
     """h [T, D] += the MoE block of x [T, D]: router, routed experts, shared experts."""
     route(sc.rids, sc.rwts, x, w.router, sc, meta, rows, stream)
     if w.path == FUSED_MOE:
-        y = rows_view(sc.y, rows, w.dim)
-        experts_fused(_to_f16(sc, x, w.dim, meta, rows, stream), kernel_array(head_rows(sc.rids, rows)),
-                      kernel_array(head_rows(sc.rwts, rows)), w.fused, kernel_array(y),
-                      sc.workspace(w.fused, rows), stream)
-        _add(h, y, meta, rows, stream)
-    elif w.path == GROUPED_MM:
-        blas.experts_grouped(h, x, sc.rids, sc.rwts, w.grouped.w13, w.grouped.w2, rows, stream)
-    else:
-        ffn.up(sc.hid, x, sc.rids, w.stack, meta, rows, stream=stream)
-        ffn.down(h, sc.hid, sc.rids, sc.rwts, w.stack, meta, rows, stream=stream)
+        _to_f16(sc, x, w.dim, meta, rows, stream)
+    routed_experts(h, x, sc.rids, sc.rwts, w, sc, meta, rows, stream)
+    if w.path == FUSED_MOE:
+        _add(h, rows_view(sc.y, rows, w.dim), meta, rows, stream)
     if w.shared is not None:
         swiglu(h, x, w.shared, sc, meta, rows, stream)
+
+
+def routed_experts(h, x, ids, wts, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
+    """The routed experts of x [T, D] routed by ids / wts [T, K] (``moe``'s middle stage; ``bench k2``
+    times it alone). Grouped GEMMs and the portable FFN add into h [T, D]; fused_moe reads f16(x) from
+    the scratch (``moe`` converts it first) and leaves its sums in the scratch's y [T, D], which ``moe``
+    then adds to h."""
+    if w.path == FUSED_MOE:
+        experts_fused(kernel_array(rows_view(sc.x16, rows, w.dim), np.float16),
+                      kernel_array(head_rows(ids, rows)), kernel_array(head_rows(wts, rows)), w.fused,
+                      kernel_array(rows_view(sc.y, rows, w.dim)), sc.workspace(w.fused, rows), stream)
+    elif w.path == GROUPED_MM:
+        blas.experts_grouped(h, x, ids, wts, w.grouped.w13, w.grouped.w2, rows, stream)
+    else:
+        ffn.up(sc.hid, x, ids, w.stack, meta, rows, stream=stream)
+        ffn.down(h, sc.hid, ids, wts, w.stack, meta, rows, stream=stream)
 
 
 def argmax(out, logits, meta, rows: int, stream=0) -> None:
@@ -556,9 +618,12 @@ def tree_compile(ids, depth, vis, meta, ctl, stream=0) -> None:
 
 
 __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Dense", "FUSED_MOE", "GROUPED_MM", "INT4_MATMUL",
-           "Int4Host", "MLA", "MoE", "PORTABLE", "Router", "Scratch", "SwiGLU", "advance", "argmax",
-           "attention_rows", "attention_rows_buffers", "copy_rows", "dense", "draft_attention",
-           "draft_gather_rows", "draft_head_norm_rope", "embed", "experts_fused",
-           "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep", "mla_weights",
-           "moe", "route", "moe_weights", "portable_stack", "rmsnorm", "router", "swiglu", "swiglu_weights",
-           "topk_logprobs", "tree_compile"]
+           "Int4Host", "Int4Weight", "LayoutError", "MLA", "MoE", "MoEWeights", "PORTABLE", "Router",
+           "Scratch", "Staged", "SwiGLU", "advance", "argmax", "attention_rows", "attention_rows_buffers",
+           "choose_config", "choose_moe_config", "copy_rows", "dense", "draft_attention",
+           "draft_gather_rows", "draft_head_norm_rope", "embed", "experts_fused", "fused_experts",
+           "gemm_workspace", "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep",
+           "mla_weights", "moe", "moe_fused", "moe_grouped", "moe_portable", "moe_stages", "moe_weights",
+           "moe_workspace", "padded_keys", "portable_stack", "repack_experts", "rmsnorm", "route",
+           "routed_experts", "router", "sim_speed", "swiglu", "swiglu_weights", "tiled_config",
+           "topk_logprobs", "torch_view", "tree_compile", "unrepack_int4"]

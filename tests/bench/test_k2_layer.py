@@ -11,9 +11,11 @@ import pytest
 from kernels_numba import ops
 from kernels_numba.device import SIMULATED, on_gpu
 from kernels_numba.sim import sim_speed
-from workbench.bench import k2_check, k2_layer
-from workbench.bench.k2_build import device_layer, layer_bytes
+from workbench.bench import k2_layer
+from workbench.bench.k2_build import layer_bytes
 from workbench.config import preset
+from workbench.engine.layer import LayerRig
+from workbench.engine.scenarios import check_layer
 
 ON_GPU = not SIMULATED and on_gpu()
 # K2's structure at small widths: q_lora, 1 dense + 1 MoE layer, top-4 of 16 experts + 1 shared, G = 32
@@ -24,13 +26,13 @@ SMALL = preset("k2_slice").replace(
 
 
 def _rig(cfg, layer, experts="int4", workers=1, dense="fp32"):
-    return k2_layer.LayerRig(cfg, layer, device_layer(cfg, 3, layer, experts, workers, dense=dense), 17, 24)
+    return LayerRig(cfg, layer, k2_layer.layer(cfg, 3, layer, experts, dense, workers), 17, 24)
 
 
 @pytest.mark.parametrize("layer", [0, 1])
 def test_small_layer_matches_reference(layer):
     rig = _rig(SMALL, layer)
-    res = k2_check.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=16, log=lambda m: None)
+    res = check_layer(SMALL, 3, rig, prefix=4, tree_nodes=16, log=lambda m: None)
     assert [r["rows"] for r in res] == [4, 1, 17]
     assert all(r["passed"] for r in res), res
     if layer == 1:
@@ -43,11 +45,11 @@ def test_small_layer_matches_reference(layer):
 @pytest.mark.parametrize("layer", [0, 1])
 def test_small_layer_w16a16_matches_the_reference_w16a16(layer, monkeypatch):
     """Dense projections W16A16 (bf16 GEMMs on the BLAS path) against the reference's W16A16 layer."""
-    from workbench.bench.k2_build import dense_kind
+    from workbench.engine.kinds import DenseKind
     monkeypatch.setattr(ops, "BLAS", True)
     rig = _rig(SMALL, layer, dense="bf16")
-    assert dense_kind(rig.lay) == "bf16" and rig.lay.a1.path == ops.BLAS_PATH
-    res = k2_check.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=16, log=lambda m: None)
+    assert rig.lay.dense_kind == DenseKind.BF16 and rig.lay.a1.path == ops.BLAS_PATH
+    res = check_layer(SMALL, 3, rig, prefix=4, tree_nodes=16, log=lambda m: None)
     assert all(r["passed"] and r["dense"] == "bf16" for r in res), res
     assert max(r["max_rel_err"] for r in res) <= 2e-3            # at these widths few bf16 roundings flip
 
@@ -66,7 +68,7 @@ def test_w16a16_floors_hold_the_weights_and_cache_rows_at_two_bytes():
 def test_small_fp32_experts_match_reference():
     rig = _rig(SMALL, 1, "fp32")
     assert rig.lay.moe.path == ops.PORTABLE
-    res = k2_check.check(SMALL, 3, rig, "fp32", prefix=4, tree_nodes=16, log=lambda m: None)
+    res = check_layer(SMALL, 3, rig, prefix=4, tree_nodes=16, log=lambda m: None)
     assert all(r["passed"] for r in res), res
 
 
@@ -74,7 +76,7 @@ def test_a_wrong_weight_fails_the_check():
     rig = _rig(SMALL, 1)
     a = np.asarray(rig.lay.ffn_norm)
     a *= 1.01                                                   # the device's ffn_norm off by 1%
-    res = k2_check.check(SMALL, 3, rig, "int4", prefix=4, tree_nodes=4, log=lambda m: None)
+    res = check_layer(SMALL, 3, rig, prefix=4, tree_nodes=4, log=lambda m: None)
     assert not all(r["passed"] for r in res[1:])
 
 
@@ -103,8 +105,8 @@ def test_parts_launch_and_floors(experts, monkeypatch):
 @pytest.mark.parametrize("layer", [0, 1, 2])
 def test_k2_slice_layer_matches_reference_on_gpu(layer):
     cfg = preset("k2_slice")
-    rig = k2_layer.LayerRig(cfg, layer, device_layer(cfg, 0, layer, "int4", workers=16), 17, 40)
-    res = k2_check.check(cfg, 0, rig, "int4", prefix=16, tree_nodes=16)
+    rig = LayerRig(cfg, layer, k2_layer.layer(cfg, 0, layer, "int4", workers=16), 17, 40)
+    res = check_layer(cfg, 0, rig, prefix=16, tree_nodes=16)
     assert all(r["passed"] for r in res), res
 
 
@@ -114,8 +116,8 @@ def test_k2_slice_layer_matches_reference_on_gpu(layer):
 def test_k2_slice_layer_w16a16_matches_reference_on_gpu(layer):
     """The real k2_slice with W16A16 dense projections and attention (cuBLAS bf16 GEMMs)."""
     cfg = preset("k2_slice")
-    rig = k2_layer.LayerRig(cfg, layer, device_layer(cfg, 0, layer, "int4", workers=16, dense="bf16"), 17, 40)
-    res = k2_check.check(cfg, 0, rig, "int4", prefix=16, tree_nodes=16)
+    rig = LayerRig(cfg, layer, k2_layer.layer(cfg, 0, layer, "int4", "bf16", 16), 17, 40)
+    res = check_layer(cfg, 0, rig, prefix=16, tree_nodes=16)
     assert all(r["passed"] and r["dense"] == "bf16" for r in res), res
 
 
@@ -126,7 +128,7 @@ def test_small_layer_bf16_experts_match_the_reference(dense, monkeypatch):
     monkeypatch.setattr(ops, "BLAS", True)
     rig = _rig(SMALL, 1, "bf16", dense=dense)
     assert rig.lay.moe.path == ops.GROUPED_MM
-    res = k2_check.check(SMALL, 3, rig, "bf16", prefix=4, tree_nodes=16, log=lambda m: None)
+    res = check_layer(SMALL, 3, rig, prefix=4, tree_nodes=16, log=lambda m: None)
     assert [r["rows"] for r in res] == [4, 1, 17]
     assert all(r["passed"] and r["experts"] == "bf16" for r in res), res
     assert max(r["max_rel_err"] for r in res) <= 2e-3            # a missing bf16 rounding shows ~3e-3
@@ -139,3 +141,50 @@ def test_reference_workers_start_with_the_blas_thread_limit():
             seen = pool.submit(os.getenv, "OPENBLAS_NUM_THREADS")    # the worker is spawned here
         assert seen.result() == "3"
     assert os.environ.get("OPENBLAS_NUM_THREADS") == before
+
+
+@pytest.mark.parametrize("experts, dense",
+                         [("int4", "fp32"), ("fp32", "fp32"), ("bf16", "bf16"), ("int4", "bf16")])
+def test_a_built_layer_records_the_kinds_it_runs(experts, dense, monkeypatch):
+    from workbench.engine.kinds import DenseKind, ExpertKind
+    monkeypatch.setattr(ops, "BLAS", True)
+    moe, mlp = k2_layer.layer(SMALL, 3, 1, experts, dense), k2_layer.layer(SMALL, 3, 0, experts, dense)
+    assert (moe.expert_kind, moe.dense_kind) == (ExpertKind(experts), DenseKind(dense))
+    assert (mlp.expert_kind, mlp.dense_kind) == (None, DenseKind(dense))
+    assert moe.moe.path == {"int4": ops.FUSED_MOE, "fp32": ops.PORTABLE, "bf16": ops.GROUPED_MM}[experts]
+
+
+def test_unknown_kinds_are_input_errors():
+    from workbench.errors import InputError
+    for experts, dense in (("int8", "fp32"), ("int4", "fp16")):
+        with pytest.raises(InputError, match="must be one of"):
+            k2_layer.layer(SMALL, 3, 1, experts, dense)
+    with pytest.raises(InputError, match="outside the model"):
+        k2_layer.layer(SMALL, 3, 2)
+
+
+def test_ep_whole_layer_is_the_built_layers_moe():
+    """``bench ep``'s one-GPU baseline (``ep_layer.whole_layer``, through the builder) computes what the
+    built layer's MoE computes, with and without the shared expert."""
+    from kernels_numba.device import download, to_device
+    from workbench.bench.ep_layer import whole_layer
+    from workbench.engine.build import SeededSource, int4_experts
+    src = SeededSource(SMALL, 3)
+    lay = k2_layer.layer(SMALL, 3, 1)
+    x = np.random.default_rng(0).standard_normal((5, SMALL.hidden_size)).astype(np.float32)
+    meta = to_device(np.array([0, 5, 0, 0, 0, 0, 0, 0], np.int32))
+
+    def run(m, sc):
+        sc.reserve(5)
+        h = to_device(np.zeros_like(x))
+        with sim_speed():
+            ops.moe(h, to_device(x), m, sc, meta, 5)
+        return download(h)
+    want = run(lay.moe, ops.Scratch(5, [], [lay.moe]))
+    np.testing.assert_allclose(run(*whole_layer(src, 1, 5)), want, rtol=1e-6, atol=1e-6)
+    m, sc = whole_layer(src, 1, 5, fused=int4_experts(SMALL, 3, 1), shared=False)
+    alone = lay.moe.shared
+    h = to_device(np.zeros_like(x))
+    with sim_speed():
+        ops.swiglu(h, to_device(x), alone, ops.Scratch(5, [alone], []), meta, 5)
+    np.testing.assert_allclose(run(m, sc) + download(h), want, rtol=1e-5, atol=1e-5)

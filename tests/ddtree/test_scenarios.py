@@ -5,6 +5,7 @@ import pytest
 
 from workbench.config import preset
 from workbench.ddtree.scenarios import (
+    ancestor_inputs,
     decode_reference,
     random_prompt,
     random_tree,
@@ -82,3 +83,10 @@ def test_bad_verify_inputs_raise_input_errors():
         tree_verify_reference(CFG, w, [1, 2], [-1, 0], [3], root=-1)
     with pytest.raises(InputError, match="n_decode"):
         decode_reference(CFG, w, [1, 2], -1)
+
+
+def test_ancestor_inputs():
+    vis, pos = ancestor_inputs([-1, 0, 0, 1, 2], 10)
+    assert pos.tolist() == [10, 11, 11, 12, 12]
+    assert vis.tolist()[3] == [True, True, False, True, False]
+    assert vis.tolist()[4] == [True, False, True, False, True]

@@ -1,7 +1,7 @@
 """The engine's reference scenarios (workbench.engine.scenarios) against the reference's: a prefill
 and greedy decode steps, and one verify of a random 16-node tree with its latent rows. In the
 simulator on a small K2-like seeded model built the way the K2-size run builds it
-(``bench.k2_build.device_model``: every K a multiple of 64, fused_moe, INT4 experts; or BF16 experts on
+(``engine.build.SeededSource``: every K a multiple of 64, fused_moe, INT4 experts; or BF16 experts on
 grouped GEMMs); on the GPU tier
 also on the real k2_slice (dev/k2_slice_engine.py prints the same comparison with its numbers)."""
 
@@ -10,13 +10,13 @@ import pytest
 
 from tests.bench.test_k2_layer import ON_GPU, SMALL
 from tests.engine.common import sure_steps
-from workbench.bench.k2_build import device_model
 from workbench.ddtree.scenarios import (
     decode_reference,
     random_prompt,
     random_tree,
     tree_verify_reference,
 )
+from workbench.engine.build import SeededSource, build_model
 from workbench.engine.runtime import Engine
 from workbench.engine.scenarios import engine_decode, engine_tree_verify
 from workbench.quant.w16a16 import w16a16
@@ -34,7 +34,7 @@ def _check(cfg, seed, n_decode, nodes, workers=1, experts="int4"):
     if experts == "bf16":                        # the bf16 layout's experts, W16A16 with bf16 outputs
         w = w16a16(cfg, SeededWeights(cfg, seed, "bf16"), dense=False, experts=True)
     prompt = random_prompt(cfg, 6, seed)
-    model = device_model(cfg, seed, workers, experts=experts)
+    model = build_model(cfg, SeededSource(cfg, seed, experts=experts, workers=workers))
     eng = Engine(cfg, None, max_len=len(prompt) + max(n_decode, nodes) + 4,
                  max_rows=max(len(prompt), nodes + 1), model=model)
     tokens, logits = engine_decode(eng, prompt, n_decode)

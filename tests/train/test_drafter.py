@@ -4,14 +4,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.torchk2.test_model import CFG
 from workbench.ddtree.config import DrafterConfig
 from workbench.ddtree.dflash import DraftCache, dflash_propose, random_drafter_weights
 from workbench.errors import InputError
+from workbench.torchk2.model import TorchTarget
 from workbench.train.drafter import TorchDrafter, anchor_labels, block_loss
-from workbench.train.model import TorchTarget
 from workbench.weights import random_weights
-
-from .test_model import CFG
 
 DCFG = DrafterConfig(block_size=4, n_layers=2, n_heads=2, head_dim=8, intermediate_size=48,
                      target_layer_ids=(0, 2), mask_token_id=CFG.vocab_size - 1)

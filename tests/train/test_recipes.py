@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from workbench.errors import InputError
+from workbench.torchk2.model import TorchTarget
 from workbench.train.drafter import TorchDrafter
 from workbench.train.export import MAX_TOTAL_BYTES, export_bundles
-from workbench.train.model import TorchTarget
 from workbench.train.presets import SIZES, size
 from workbench.train.recipes import draw_anchors, fixed_windows, train_drafter, train_target, windows
 from workbench.train.tokenizer import load_tokenizer

@@ -167,7 +167,7 @@ def _events_us(fn, reps: int) -> float:
 def bench_verify(name: str, rows: list[dict]) -> None:
     """Verify-step replay time vs budget, with the decode step, device top-k and host build beside it."""
     from kernels_numba.device import to_device, zeros
-    from kernels_numba.tree import topk_logprobs
+    from kernels_numba.ops import topk_logprobs
     from workbench.ddtree.oracle import oracle_logits
     from workbench.engine.tree_host import build_tree_host
     b, w, dcfg = _bundle(name)

@@ -33,17 +33,17 @@ def run_in_turn(cfg, seed: int, layer: int, worlds, rows, reps: int, copy_gbs: f
     from kernels_numba import ops
     from kernels_numba.device import default_stream
 
+    from ..engine.build import SeededSource
     from ..engine.graphs import StepGraph
     from ..parallel.ep_moe import kview
     from ..parallel.experts import ExpertSplit
     from ..parallel.in_turn import combine, run, shares
     from .common import spin_timed
     from .ep_layer import WARMUP, row_errors, whole_layer
-    from .k2_build import layer_bytes, router_and_shared
+    from .k2_build import layer_bytes
 
     d, k = cfg.hidden_size, cfg.num_experts_per_tok
-    rt, _ = router_and_shared(cfg, seed, layer)
-    whole, sc = whole_layer(cfg, seed, layer, rt, None, workers, max(rows))     # routed experts only
+    whole, sc = whole_layer(SeededSource(cfg, seed, workers=workers), layer, max(rows), shared=False)
     full = whole.fused
     log(f"ranks in turn: layer {layer}'s {full.n_routed} INT4 experts built")
     expert_bytes = layer_bytes(cfg, layer)["expert_int4"]
@@ -60,7 +60,7 @@ def run_in_turn(cfg, seed: int, layer: int, worlds, rows, reps: int, copy_gbs: f
         for x in xs:
             ids = torch.empty(t, k, dtype=torch.int32, device="cuda")
             wts = torch.empty(t, k, dtype=torch.float32, device="cuda")
-            ops.route(kview(ids), kview(wts), kview(x), rt, sc, kview(meta), t, s)
+            ops.route(kview(ids), kview(wts), kview(x), whole.router, sc, kview(meta), t, s)
             routes.append((ids, wts))
         want = torch.zeros(t, d, device="cuda")
         ops.moe(kview(want), kview(xs[0]), whole, sc, kview(meta), t, s)

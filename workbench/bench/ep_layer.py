@@ -16,13 +16,15 @@ def row_errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     return np.linalg.norm(got - want, axis=1) / np.maximum(np.linalg.norm(want, axis=1), 1e-30)
 
 
-def whole_layer(cfg, seed, layer, rt, shared, workers, max_rows, fused=None):
-    """The whole layer on this GPU (``fused``: its E experts when this rank already holds them all)."""
+def whole_layer(src, layer: int, max_rows: int, fused=None, shared: bool = True):
+    """(the whole MoE block of ``layer`` on this GPU, its ``ops.Scratch``) from ``src`` (an
+    ``engine.build.SeededSource``): ``fused`` its E experts when this rank already holds them all;
+    ``shared=False``: the routed experts alone."""
     from kernels_numba import ops
 
-    from .k2_build import int4_experts
+    from ..engine.build import int4_experts
+    f = f"layers.{layer}.ffn"
     if fused is None:
-        fused = int4_experts(cfg, seed, layer, workers).to_device()
-    m = ops.MoE(ops.FUSED_MOE, rt, cfg.moe_intermediate_size, cfg.hidden_size, fused=fused, shared=shared)
-    sc = ops.Scratch(max_rows, [], [m])
-    return m, sc
+        fused = int4_experts(src.cfg, src.stacks, layer, src.workers)
+    m = ops.moe_fused(src.router(f), fused, src.shared(f) if shared else None)
+    return m, ops.Scratch(max_rows, [], [m])

@@ -83,10 +83,11 @@ def rank_main(rank: int, world: int, seed: int, layer: int, rows: list, reps: in
     from kernels_numba.device import default_stream
 
     from ..config import preset
+    from ..engine.build import SeededSource, int4_experts
     from ..parallel.ep_moe import EPMoE, ep_weights, kview
     from ..parallel.experts import ExpertSplit
     from ..parallel.phases import PhaseTimer
-    from .k2_build import int4_experts, layer_bytes, router_and_shared
+    from .k2_build import layer_bytes
 
     cfg = preset("k2_slice")
     t0 = time.perf_counter()
@@ -96,12 +97,11 @@ def rank_main(rank: int, world: int, seed: int, layer: int, rows: list, reps: in
         logs.append(f"[P={world} rank {rank} {time.perf_counter() - t0:6.1f} s] {msg}")
 
     sp = ExpertSplit(cfg.n_routed_experts, world)
-    rt, shared = router_and_shared(cfg, seed, layer)
+    src, f = SeededSource(cfg, seed, workers=workers), f"layers.{layer}.ffn"
     local = int4_experts(cfg, seed, layer, workers, experts=sp.experts(rank)).to_device()
-    block = EPMoE(ep_weights(sp, rank, rt, local, shared), max(rows), "cuda")
+    block = EPMoE(ep_weights(sp, rank, src.router(f), local, src.shared(f)), max(rows), "cuda")
     log(f"experts {sp.experts(rank).start}..{sp.experts(rank).stop - 1} built")
-    base = whole_layer(cfg, seed, layer, rt, shared, workers, max(rows),
-                           local if world == 1 else None) if rank == 0 else None
+    base = whole_layer(src, layer, max(rows), local if world == 1 else None) if rank == 0 else None
     if base is not None:
         log("local baseline (all experts) built")
     d, el = cfg.hidden_size, sp.per_rank

@@ -174,10 +174,9 @@ def time_layer_parts(cfg, model, context: int, rows_list, timer: Timer, emit, se
     routing) at each row count, after ``context`` cached random latent rows; "rest" = layer - parts."""
     from kernels_numba.device import head_rows, kernel_array, upload
 
-    from ..ddtree.scenarios import random_tree
+    from ..ddtree.scenarios import ancestor_inputs, random_tree
     from ..engine.buffers import latents_for
-    from .k2_layer import LayerRig
-    from .torch_layer_bench import ancestor_inputs
+    from ..engine.layer import LayerRig
     rng = np.random.default_rng(seed)
     for layer in (0, cfg.first_k_dense_replace):
         kind = "moe" if cfg.is_moe_layer(layer) else "dense"
@@ -363,16 +362,17 @@ CHECK_PREFIX, CHECK_NODES = 4, 4
 
 
 def _reference(cfg, seed: int, layer: int, weights) -> dict:
-    from .k2_check import reference_side
+    from ..ddtree.scenarios import layer_reference as reference_side
     return reference_side(cfg, seed, layer, "int4", "bf16", CHECK_PREFIX, CHECK_NODES, weights=weights)
 
 
 def check_engine_side(cfg, model, layer: int, seed: int) -> tuple[dict, dict]:
     """(engine side of ``k2_check``'s scenarios on the stand-in's layer, the layer's weights for the
     reference: the routed experts its prefix and steps touched)."""
+    from ..ddtree.scenarios import layer_inputs as _inputs
     from ..engine.build import layer_weights
-    from .k2_check import _inputs, engine_side
-    from .k2_layer import LayerRig
+    from ..engine.layer import LayerRig
+    from ..engine.scenarios import engine_layer as engine_side
     lay = model.layers[layer]
     rig = LayerRig(cfg, layer, lay, CHECK_NODES + 1, CHECK_PREFIX + CHECK_NODES + 2)
     experts: set[int] = set()
@@ -578,7 +578,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
                   "round_ms": rms, "ms_per_token": rms / pair[b], "speedup": ar_ms * pair[b] / rms})
     # ---- checks: the reference sides
     if pool is not None:
-        from .k2_check import compare
+        from ..engine.scenarios import compare_layer as compare
         for layer, fut in refs.items():
             try:
                 ref = fut.result(timeout=max(10.0, deadline_s + 60 - (time.perf_counter() - t_start)))

@@ -3,12 +3,12 @@
 Legend: T rows of a step (1 for decode, N + 1 for a verify of an N-node tree), D model width, K
 experts per token, E routed experts, P prefix rows before a step.
 
-A ``LayerRig`` holds one layer's prepared weights (``k2_build.device_layer``), buffers shaped like the
-engine's and ``ops.Scratch``; its step is ``engine.model.launch_layer``, the code the engine runs per
-layer. ``k2_check`` runs a P-row prefix, a decode step and a verify of a 17-row tree (16 nodes + root)
-on the device and on the numpy reference (``reference.model``'s layer, W4A16 definition) and compares
-each row's update y - x and the latent rows the layer appended; ``run`` computes the reference sides
-in other processes while the device builds and times. ``time_layer`` (GPU) times, per row
+Each layer is built by ``engine.build`` (``layer``) into an ``engine.layer.LayerRig`` (the engine's
+buffers for one layer; its step is ``engine.model.launch_layer``, the code the engine runs per layer)
+and checked by the one layer check (``engine.scenarios``: a P-row prefix, a decode step and a verify
+of a 17-row tree on the device, ``ddtree.scenarios.layer_reference`` on the numpy reference, each
+row's update y - x and the latent rows compared); ``run`` computes the reference sides in other
+processes while the device builds and times. ``time_layer`` (GPU) times, per row
 count, the attention, router, routed experts (random routing sets rotated between replays, and the
 router's own routing of the tree rows), shared expert or dense MLP and the whole layer, each in its
 own CUDA graph (``engine.graphs.StepGraph``), behind a spin kernel, with a 256 MiB write before every
@@ -26,144 +26,42 @@ import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 
-from kernels_numba import blas, ffn, ops
-from kernels_numba.device import (
-    SIMULATED,
-    download,
-    head_rows,
-    kernel_array,
-    rows_view,
-    sub,
-    to_device,
-    upload,
-)
+from kernels_numba.device import head_rows, upload
 
 from ..config import ModelConfig, preset
-from ..ddtree.scenarios import random_tree
-from ..engine.buffers import allocate, latents_for
-from ..engine.model import launch_layer, mla, step_rows
+from ..ddtree.scenarios import ancestor_inputs, layer_reference, random_tree
+from ..engine.buffers import latents_for
+from ..engine.build import MappingSource, SeededSource, build_layer
+from ..engine.kinds import DenseKind, ExpertKind, kind
+from ..engine.layer import LayerRig
+from ..engine.scenarios import compare_layer, engine_layer
+from ..errors import InputError
 from ..reference.moe import analytic_coverage
-from ..reference.rope import rope_tables
-from .k2_build import dense_kind, device_layer, layer_bytes
-from .k2_check import compare, engine_side, reference_side
-from .torch_layer_bench import ancestor_inputs
+from .k2_build import layer_bytes
 
 ROWS = (1, 2, 3, 5, 9, 17, 33, 65)  # decode, then trees of 1, 2, 4, ..., 64 nodes + root
-CHECKED = ("int4", "bf16")          # the expert kinds checked and timed at every row count
+CHECKED = (ExpertKind.INT4, ExpertKind.BF16)   # the expert kinds checked and timed at every row count
+
+
+def layer(cfg: ModelConfig, src, i: int, experts: ExpertKind | str = ExpertKind.INT4,
+          dense: DenseKind | str = DenseKind.FP32, workers: int = 1):
+    """Layer i on the device through ``engine.build``: of the seeded model (``src`` its seed), routed
+    experts as ``experts``; or of a weights mapping (a lazy checkpoint), which runs the INT4 experts it
+    holds, repacked on ``workers`` processes."""
+    experts = kind(ExpertKind, experts, "experts")
+    if isinstance(src, int):
+        return build_layer(cfg, SeededSource(cfg, src, dense, experts, workers), i)
+    if experts != ExpertKind.INT4:
+        raise InputError(f"a checkpoint's layer runs the experts it holds (int4), not {experts}")
+    return build_layer(cfg, MappingSource(cfg, src, dense=dense, workers=max(1, workers)), i)
 
 
 def union_model(e: int, k: int, n: int) -> float:
     """Expected distinct experts of n tokens routed uniformly (``report.spec.analytic_coverage``)."""
     return float(analytic_coverage(e, k, n))
-
-
-class LayerRig:
-    """One layer on the device with the engine's buffers; ``load`` sets a step's rows, ``step`` runs it."""
-
-    def __init__(self, cfg: ModelConfig, layer: int, lay, max_rows: int, max_len: int) -> None:
-        self.cfg, self.layer, self.lay = cfg, layer, lay
-        a1_width = int(lay.a1.wt.shape[1])                     # [K, N]: a device array, memoryview or tensor
-        self.buf = allocate(SimpleNamespace(cfg=cfg, a1_width=a1_width, layers=[lay]), max_len, max_rows, 0)
-        self.scratch = ops.Scratch(
-            max_rows, [lay.mlp] if lay.mlp is not None else [], [lay.moe] if lay.moe is not None else []
-        )
-        self.cache = sub(self.buf.cache, layer)
-        cos, sin = rope_tables(cfg, max_len)
-        self.cos, self.sin = to_device(cos), to_device(sin)
-        k = cfg.num_experts_per_tok
-        self.ids = to_device(np.zeros((max_rows, k), np.int32))  # [T, K] rotated routing
-        self.wts = to_device(np.full((max_rows, k), cfg.routed_scaling_factor / k, np.float32))
-        self.y = to_device(np.zeros((max_rows, cfg.hidden_size), np.float32))  # [T, D] a part's output
-        self.h0 = to_device(np.zeros((max_rows, cfg.hidden_size), np.float32))  # [T, D] the step's input rows
-
-    def load(self, x: np.ndarray, start: int, depth: np.ndarray, vis: np.ndarray) -> int:
-        """Rows x [n, D] at positions start + depth, new rows seeing each other by vis [n, n]."""
-        n, t = x.shape[0], self.buf.max_rows
-        d = np.zeros(t, np.int32)
-        d[:n] = depth
-        v = np.zeros((t, t), np.uint8)
-        v[:n, :n] = vis
-        upload(head_rows(self.buf.h, n), np.ascontiguousarray(x, np.float32))
-        upload(head_rows(self.h0, n), np.ascontiguousarray(x, np.float32))
-        upload(self.buf.depth, d)
-        upload(self.buf.vis, v)
-        upload(self.buf.meta, np.array([start, n, 0, 0, 0, 0, 0, 0], np.int32))
-        self.scratch.reserve(n)
-        step_rows(self, n, 0)                         # what a step computes once before its layers
-        return n
-
-    def step(self, n: int, s=0) -> None:
-        launch_layer(self, self.lay, self.cache, n, s)
-
-    def sync(self) -> None:
-        if not SIMULATED:
-            from numba import cuda
-
-            cuda.synchronize()
-
-    def out(self, n: int) -> np.ndarray:
-        self.sync()
-        return download(head_rows(self.buf.h, n))
-
-    def routes(self, n: int) -> np.ndarray:
-        self.sync()
-        return download(head_rows(self.scratch.rids, n))
-
-    # ---- the parts a step is timed in (each a launch sequence on stream s) -------------------------
-    def parts(self, n: int, own_routing: bool = False) -> dict[str, Any]:
-        b, cfg, lay, sc = self.buf, self.cfg, self.lay, self.scratch
-        eps = cfg.rms_norm_eps
-
-        def attention(s):
-            ops.rmsnorm(b.x, b.h, lay.attn_norm, eps, b.meta, n, s)
-            mla(self, lay, self.cache, n, s)
-
-        out = {"attention": attention}
-        if b.att is not None:                         # once per step, shared by all layers: timed apart
-            out["step_rows"] = lambda s: step_rows(self, n, s)
-        if lay.moe is None:
-            out["dense_mlp"] = lambda s: ops.swiglu(self.y, b.x, lay.mlp, sc, b.meta, n, s)
-        else:
-            m = lay.moe
-            r = m.router
-            out["router"] = lambda s: ops.route(sc.rids, sc.rwts, b.x, r, sc, b.meta, n, s)
-            ids, wts = (sc.rids, sc.rwts) if own_routing else (self.ids, self.wts)
-            if m.path == ops.FUSED_MOE:
-                x16 = kernel_array(rows_view(sc.x16, n, m.dim), np.float16)
-
-                def routed(s):
-                    ops.experts_fused(
-                        x16,
-                        kernel_array(head_rows(ids, n)),
-                        kernel_array(head_rows(wts, n)),
-                        m.fused,
-                        kernel_array(head_rows(self.y, n)),
-                        sc.workspace(m.fused, n),
-                        s,
-                    )
-            elif m.path == ops.GROUPED_MM:
-
-                def routed(s):
-                    blas.experts_grouped(self.y, b.x, ids, wts, m.grouped.w13, m.grouped.w2, n, s)
-            else:
-
-                def routed(s):
-                    ffn.up(sc.hid, b.x, ids, m.stack, b.meta, n, stream=s)
-                    ffn.down(self.y, sc.hid, ids, wts, m.stack, b.meta, n, stream=s)
-
-            out["routed_experts"] = routed
-            if m.shared is not None:
-                out["shared_expert"] = lambda s: ops.swiglu(self.y, b.x, m.shared, sc, b.meta, n, s)
-        def layer(s):                                 # from the same input rows on every replay
-            ops.copy_rows(b.h, self.h0, b.meta, n, s)
-            self.step(n, s)
-        out["layer"] = layer
-        return out
 
 
 # ---- timing (GPU) ------------------------------------------------------------------------------------
@@ -183,11 +81,11 @@ def _floor_bytes(
     in bf16 (W16A16)."""
     lb = layer_bytes(cfg, layer)
     kv = context + n
-    w = 2 if dense == "bf16" else 4
+    w = 2 if dense == DenseKind.BF16 else 4
     if part == "step_rows":                           # rope rows and the key mask: no weights
         return 0.0, 0.0
     if part == "attention":
-        row = lb["kv_row_bf16" if dense == "bf16" else "kv_row_fp32"]
+        row = lb[f"kv_row_{dense}"]
         return lb["attention_params"] * w + kv * row, lb["attention_params"] * 2 + kv * lb["kv_row_bf16"]
     if part == "router":
         return lb["router_params"] * 4, lb["router_params"] * 2
@@ -293,7 +191,7 @@ def time_layer(
                         uniq,
                         copy_gbs,
                         union_model(e, k, n) if own is not None else None,
-                        dense_kind(rig.lay),
+                        rig.lay.dense_kind,
                     )
                 )
             rig.sync()
@@ -309,7 +207,7 @@ def time_layer(
                     {
                         "layer": layer,
                         "experts": experts,
-                        "dense": dense_kind(rig.lay),
+                        "dense": rig.lay.dense_kind,
                         "impl": "numba engine",
                         "part": "rest",
                         "routing": "router",
@@ -387,6 +285,7 @@ def run(
         src = open_checkpoint(checkpoint)
         cfg, model, fp32_layer, bf16_layer, torch_baseline = src.cfg, str(checkpoint), None, None, False
     layers = list(range(cfg.num_hidden_layers)) if layers is None else list(layers)
+    dense = tuple(kind(DenseKind, d, "dense") for d in dense)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = run_metadata(bench="k2_layer", model=model, context=context, reps=reps, rows=list(ROWS),
@@ -415,11 +314,11 @@ def run(
     max_len, max_rows = context + max(ROWS), max(ROWS)
     plan = []                                 # FP32 experts right after that layer's INT4 run
     for i in layers:
-        plan += [(i, "int4", d) for d in dense]
+        plan += [(i, ExpertKind.INT4, d) for d in dense]
         if i == bf16_layer and cfg.is_moe_layer(i):          # BF16 experts beside INT4, the rest as K2's
-            plan.append((i, "bf16", "bf16" if "bf16" in dense else dense[0]))
+            plan.append((i, ExpertKind.BF16, DenseKind.BF16 if DenseKind.BF16 in dense else dense[0]))
         if i == fp32_layer and cfg.is_moe_layer(i):
-            plan.append((i, "fp32", "fp32"))
+            plan.append((i, ExpertKind.FP32, DenseKind.FP32))
     # the reference side of every check runs on the host's cores while the device builds and times
     checked = [(i, e, d) for i, e, d in plan if e in CHECKED]
     pool, refs = None, {}
@@ -427,7 +326,7 @@ def run(
         n_ref = min(4, len(checked))
         pool = ProcessPoolExecutor(n_ref, mp_context=mp.get_context("spawn"))
         with _blas_threads(max(1, (os.cpu_count() or 1) // (n_ref + 1))):   # spawned now, with this limit
-            refs = {key: pool.submit(reference_side, cfg, seed, *key, weights=src if checkpoint else None)
+            refs = {key: pool.submit(layer_reference, cfg, seed, *key, weights=src if checkpoint else None)
                     for key in checked}
     engine_out: dict = {}
 
@@ -436,7 +335,7 @@ def run(
             i, e, d = key
             try:
                 eng = engine_out.pop(key)
-                checks.extend(compare(cfg, seed, i, e, d, eng, refs[key].result(), log=log))
+                checks.extend(compare_layer(cfg, seed, i, e, d, eng, refs[key].result(), log=log))
             except Exception as ex:  # noqa: BLE001 - a failed reference is a failed check, not a lost run
                 log(f"check layer {i} ({e} experts, {d} dense) FAILED {type(ex).__name__}: {ex}")
                 checks.append({"layer": i, "experts": e, "dense": d, "scenario": "reference",
@@ -447,15 +346,14 @@ def run(
             log(f"layer {layer} ({experts}) left out: {time.perf_counter() - t0:.0f} s spent "
                 f"(nothing starts after {start_before_s:.0f} s)")
             continue
-        if experts == "fp32" and time.perf_counter() - t0 > fp32_after_s:
+        if experts == ExpertKind.FP32 and time.perf_counter() - t0 > fp32_after_s:
             log(f"FP32 experts left out: {time.perf_counter() - t0:.0f} s spent (limit {fp32_after_s:.0f} s)")
             continue
         kind = (experts if cfg.is_moe_layer(layer) else "dense") + f", {dn} dense projections"
         rig = None
         try:
             t = time.perf_counter()
-            lay = device_layer(cfg, src, layer, experts if cfg.is_moe_layer(layer) else "int4", workers,
-                               dense=dn)
+            lay = layer(cfg, src, layer, experts, dn, workers)
             rig = LayerRig(cfg, layer, lay, max_rows, max_len)
             rig.sync()
             log(
@@ -464,13 +362,13 @@ def run(
                 + (f"; {_rss()}" if checkpoint else "")
             )
             if pool is not None and (layer, experts, dn) in refs:
-                engine_out[(layer, experts, dn)] = engine_side(cfg, seed, rig)
+                engine_out[(layer, experts, dn)] = engine_layer(cfg, seed, rig)
             full = experts in CHECKED                  # FP32 experts: at most 9 rows, 5 replays
             t = time.perf_counter()
             time_layer(
                 cfg,
                 rig,
-                experts if cfg.is_moe_layer(layer) else "int4",
+                experts,
                 context,
                 ROWS if full else ROWS[:5],
                 reps if full else 5,
@@ -487,7 +385,7 @@ def run(
         lay = None
         cuda.current_context().deallocations.clear()
         torch.cuda.empty_cache()
-        if torch_baseline and experts == "int4" and dn == dense[0]:
+        if torch_baseline and experts == ExpertKind.INT4 and dn == dense[0]:
             _torch_rows(cfg, seed, layer, context, reps, emit, log)
         compare_ready(wait=False)
         save_meta()
@@ -543,7 +441,7 @@ def _torch_rows(cfg, seed, layer, context, reps, emit, log) -> None:
     """The stock-PyTorch BF16 layer's rows (time_torch_layer) on the same rows and random routing sets."""
     import torch
 
-    from .torch_layer import TorchLayer
+    from ..torchk2.layer import TorchLayer
     from .torch_layer_bench import time_torch_layer
 
     try:

@@ -42,7 +42,7 @@ def _int4_weights(torch, n, k, count):
     """Random repacked weights (random words = random nibbles); the kernels' own tests cover values."""
     from numba import cuda
 
-    from kernels_numba.int4_layout import Int4Weight
+    from kernels_numba.ops import Int4Weight
     out = []
     for _ in range(count):
         wq = torch.randint(-2**31, 2**31 - 1, (n // 16 * k * 2,), dtype=torch.int32, device="cuda")
@@ -79,7 +79,7 @@ def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
     """impl name -> (fn making ROT calls, bytes one call must move, the int4_matmul config it runs or
     None)."""
     from kernels_numba import ops
-    from kernels_numba.int4_matmul import choose_config, gemm_workspace, tiled_config
+    from kernels_numba.ops import choose_config, gemm_workspace, tiled_config
     xbf = x16.bfloat16()
     work = gemm_workspace(m, [(n, k, G)])
 
@@ -108,7 +108,7 @@ def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
 
 
 def bench_matmul(torch, copy, rows, log):
-    from kernels_numba.int4_matmul import Staged
+    from kernels_numba.ops import Staged
     mode = f"graph x{ROT} back-to-back"
     for name, (n, k) in SHAPES.items():
         w4 = _int4_weights(torch, n, k, ROT)

@@ -17,8 +17,7 @@ def k2_random_experts(torch, e=E, s=S, d=D, i=I, g=G):
     """Random repacked K2-shape experts on the GPU (random words are random nibbles)."""
     from numba import cuda
 
-    from kernels_numba.int4_layout import Int4Weight
-    from kernels_numba.moe import MoEWeights
+    from kernels_numba.ops import Int4Weight, MoEWeights
     x = e + s
 
     def words(n):
@@ -63,7 +62,7 @@ def _on_current_stream(torch, launch):
 
 def bench_moe(torch, copy, rows, log):
     from kernels_numba import ops
-    from kernels_numba.moe import choose_moe_config, moe_stages, moe_workspace
+    from kernels_numba.ops import choose_moe_config, moe_stages, moe_workspace
 
     mw = k2_random_experts(torch)
     tg = per_expert_tinygemm(torch)

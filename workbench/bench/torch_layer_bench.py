@@ -30,31 +30,19 @@ from typing import Any
 import numpy as np
 
 from ..config import ConfigError, ModelConfig, preset
-from ..ddtree.scenarios import random_tree, tree_from_parents
+from ..ddtree.scenarios import ancestor_inputs, layer_inputs, layer_reference, random_tree
+from ..engine.scenarios import compare_layer
 from ..errors import InputError
-from ..reference.layers import rmsnorm, sigmoid, weight
-from ..reference.mla import mla_absorbed
-from ..reference.model import LatentCache
-from ..reference.moe import dense_mlp, moe
-from .torch_layer import TorchLayer
+from ..torchk2.layer import TorchLayer
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
-CHECK_PARENTS = (-1, 0, 0, 1, 2)           # the verify check's tree: root, two children, a grandchild each
+CHECK_NODES = 4                            # the verify check's random tree: 4 nodes + root
 TOL = {"bfloat16": 3e-2, "float32": 1e-4}  # relative error of a token's update y - x and of cache rows
 
 
 def _torch():
     import torch
     return torch
-
-
-def ancestor_inputs(parents: Any, start: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ancestor-or-self mask bool [N, N], positions start + depth [N]) of a tree given by parents [N]."""
-    tree = tree_from_parents(parents, np.arange(1, len(parents)))
-    vis = np.eye(len(parents), dtype=bool)
-    for i in range(1, len(parents)):
-        vis[i] |= vis[tree.parents[i]]
-    return vis, start + np.concatenate([[0], tree.depths]).astype(np.int64)
 
 
 def build_layer(cfg: ModelConfig, weights: Any, layer: int, max_len: int, device: str = "cuda",
@@ -170,116 +158,61 @@ def _route_set(torch, s: Any, n: int, cfg: ModelConfig):
 
 
 # ---- the check against the reference ------------------------------------------------------------------
-def _rel(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """Per-row relative error ||got - want|| / ||want|| of [S, K] arrays."""
-    d = np.linalg.norm(got.astype(np.float64) - want, axis=-1)
-    return d / np.maximum(np.linalg.norm(want.astype(np.float64), axis=-1), 1e-30)
-
-
 def _np(t) -> np.ndarray:
-    return t.float().cpu().numpy()
+    """A float32 host copy (never a view: the cache rows change under it)."""
+    return t.detach().to("cpu", copy=True).float().numpy()
 
 
-def _reference_layer(cfg, ref, layer, x, pos, cache, vis):
-    """The reference block in pieces: (output [S, D], FFN input [S, D], routes [S, K] or None)."""
-    p = f"layers.{layer}."
-    h = x + mla_absorbed(cfg, ref, layer, rmsnorm(x, weight(ref, p + "attn_norm"), cfg.rms_norm_eps),
-                         pos, cache, vis)
-    xn = rmsnorm(h, weight(ref, p + "ffn_norm"), cfg.rms_norm_eps)
-    if not cfg.is_moe_layer(layer):
-        return h + dense_mlp(cfg, ref, layer, xn), xn, None
-    routes: dict[int, np.ndarray] = {}
-    y = h + moe(cfg, ref, layer, xn, routes)
-    return y, xn, routes[layer]
-
-
-def _flips_explained(cfg, ref, layer, xn_ref, xn_t, tl, i, r_set, t_set) -> bool:
-    """A routing difference at token i is explained when each swapped pair's reference selection scores
-    differ by less than twice the largest score difference measured between the two routers."""
+def torch_side(cfg: ModelConfig, seed: int, tl: TorchLayer, prefix: int = 16,
+               tree_nodes: int = CHECK_NODES) -> dict[str, Any]:
+    """The scenarios of ``ddtree.scenarios.layer_inputs`` on ``tl`` in the form
+    ``engine.scenarios.compare_layer`` takes: the prefix's cache rows, and per step the update (added to
+    the float32 inputs: the layer sees them rounded to its dtype), cache rows, routes and the torch
+    router's own selection scores (its noise decides which routing flips are ties)."""
     torch = _torch()
-    p = f"layers.{layer}.ffn."
-    bias = np.asarray(weight(ref, p + "gate_bias"), np.float32)
-    s_ref = sigmoid(xn_ref[i:i + 1] @ np.asarray(weight(ref, p + "gate"), np.float32).T)[0] + bias
+    x_pre, cases = layer_inputs(cfg, seed, tl.layer, prefix, tree_nodes)
+    dev = tl.device
+
+    def run(x, vis, pos, start):
+        tl.length = start
+        x_t = torch.from_numpy(x).to(dev, tl.dtype)
+        mask, positions = torch.from_numpy(np.asarray(vis, bool)).to(dev), torch.from_numpy(pos).to(dev)
+        y_t = tl.step(x_t, mask, positions)
+        step = {"y": x + (_np(y_t) - _np(x_t)), "rows": _np(tl.cache[start:start + x.shape[0]]),
+                "routes": None}
+        if tl.is_moe:                                 # the torch layer's own FFN input and routing
+            h_t = x_t + tl.attention(tl.normed(x_t), mask, positions, start)
+            xn_t = tl.normed(h_t, "ffn_norm")
+            idx, _ = tl.router(xn_t)
+            step["routes"] = idx.cpu().numpy()
+            step["scores"] = _np((xn_t.float() @ tl.p["gate"].T).sigmoid() + tl.p["gate_bias"])
+        return step
     with torch.no_grad():
-        s_t = _np((xn_t[i:i + 1].float() @ tl.p["gate"].T).sigmoid()[0] + tl.p["gate_bias"])
-    noise = float(np.abs(s_t - s_ref).max())
-    return all(abs(s_ref[a] - s_ref[b]) < 2 * noise for a in r_set - t_set for b in t_set - r_set)
-
-
-def _scenario(cfg, ref, tl, layer, name, x_t, vis, pos, cache, start, tol, log) -> bool:
-    torch = _torch()
-    x = _np(x_t)
-    y_ref, xn_ref, routes = _reference_layer(cfg, ref, layer, x, pos, cache, vis)
-    tl.length = start
-    mask, positions = torch.from_numpy(vis).to(tl.device), torch.from_numpy(pos).to(tl.device)
-    y_t = tl.step(x_t, mask, positions)
-    n = x.shape[0]
-    err = _rel(_np(y_t) - x, y_ref - x)                                   # error of the layer's update
-    cache_err = float(_rel(_np(tl.cache[start:start + n]), cache.layers[layer][start:start + n]).max())
-    ok_rows = np.ones(n, dtype=bool)
-    note = ""
-    if routes is not None:
-        h_t = x_t + tl.attention(tl.normed(x_t), mask, positions, start)  # the torch layer's own FFN input
-        xn_t = tl.normed(h_t, "ffn_norm")
-        idx_t = tl.router(xn_t)[0].cpu().numpy()
-        for i in range(n):
-            r_set, t_set = set(routes[i].tolist()), set(idx_t[i].tolist())
-            if r_set != t_set:
-                ok_rows[i] = False
-                if not _flips_explained(cfg, ref, layer, xn_ref, xn_t, tl, i, r_set, t_set):
-                    log(f"  {name}: token {i} routes to {sorted(t_set)} vs reference {sorted(r_set)}, "
-                        "not explained by router noise")
-                    return False
-        note = f", routing equal on {int(ok_rows.sum())}/{n} tokens (the rest near-ties)"
-    worst = float(err[ok_rows].max()) if ok_rows.any() else 0.0
-    passed = worst <= tol and cache_err <= tol
-    log(f"  {name}: {n} token(s) at positions {pos.tolist()}: max rel error of y - x {worst:.2e}, "
-        f"of new cache rows {cache_err:.2e} (tol {tol:g}){note} -> {'PASS' if passed else 'FAIL'}")
-    return passed
-
-
-def check_layer(cfg: ModelConfig, seed: int, tl: TorchLayer, prefix: int = 16,
-                parents: Any = CHECK_PARENTS, log=print) -> bool:
-    """``tl`` (layer ``tl.layer`` of the seeded model ``seed``) against the numpy reference on the same
-    bf16 weights: a ``prefix``-row causal attention prefill (cache rows compared), a decode step, and
-    for a MoE layer one tree verify over ``parents``. True when every comparison is within TOL.
-
-    Inputs are bf16-rounded normal rows so both sides see the same values. A token whose routed experts
-    differ (a near-tie flipped by bf16 rounding; see ``_flips_explained``) is left out of the error.
-    """
-    from ..seeded import SeededWeights
-    torch = _torch()
-    layer = tl.layer
-    ref = SeededWeights(cfg, seed, "bf16")
-    tol = TOL.get(str(tl.dtype).removeprefix("torch."), 3e-2)
-    n_tree = len(parents)
-    if tl.max_len < prefix + max(n_tree, 1):
-        raise InputError(f"the layer's cache needs >= {prefix + n_tree} rows for this check")
-    gen = torch.Generator().manual_seed(seed + 1000 * layer)
-    rows = torch.randn(prefix + 1 + n_tree, cfg.hidden_size, generator=gen).to(tl.dtype)
-    x_pre, x_dec, x_tree = rows[:prefix], rows[prefix:prefix + 1], rows[prefix + 1:]
-    cache = LatentCache.empty(cfg, prefix + n_tree)
-    x = _np(x_pre)
-    mla_absorbed(cfg, ref, layer, rmsnorm(x, weight(ref, f"layers.{layer}.attn_norm"), cfg.rms_norm_eps),
-                 np.arange(prefix), cache)
-    cache.length = prefix
-    with torch.no_grad():
-        xp = x_pre.to(tl.device)
-        tl.attention(tl.normed(xp), torch.ones(prefix, prefix, dtype=torch.bool, device=tl.device).tril(),
-                     torch.arange(prefix, device=tl.device), 0)
-        pre_err = float(_rel(_np(tl.cache[:prefix]), cache.layers[layer][:prefix]).max())
-        ok = pre_err <= tol
-        log(f"layer {layer} ({'MoE, ' + tl.moe_path if tl.is_moe else 'dense'}, {tl.dtype}, {tl.device}):")
-        log(f"  prefill: {prefix} cache rows, max rel error {pre_err:.2e} (tol {tol:g}) -> "
-            f"{'PASS' if ok else 'FAIL'}")
-        ok &= _scenario(cfg, ref, tl, layer, "decode", x_dec.to(tl.device), np.ones((1, 1), bool),
-                        np.array([prefix]), cache, prefix, tol, log)
-        if tl.is_moe:
-            vis, pos = ancestor_inputs(parents, prefix)
-            ok &= _scenario(cfg, ref, tl, layer, "tree verify", x_tree.to(tl.device), vis, pos, cache, prefix,
-                            tol, log)
+        run(x_pre, np.tril(np.ones((prefix, prefix), bool)), np.arange(prefix), 0)
+        out: dict[str, Any] = {"prefix_rows": _np(tl.cache[:prefix]), "steps": []}
+        out["steps"] = [run(x, vis, pos, prefix) for _, x, vis, pos in cases]
     tl.length = prefix
-    return bool(ok)
+    return out
+
+
+def check_layer(cfg: ModelConfig, seed: int, tl: TorchLayer, prefix: int = 16, tree_nodes: int = CHECK_NODES,
+                log=print) -> bool:
+    """``tl`` (layer ``tl.layer`` of the seeded model ``seed``, the ``bf16`` layout's values) against the
+    numpy reference on the same weights, by the one layer check (``engine.scenarios.compare_layer``): a
+    ``prefix``-row causal prefill (cache rows), a decode step and a verify of a random ``tree_nodes``-node
+    tree. True when every comparison is within TOL of the layer's dtype; a row whose routed experts
+    differ within the two routers' score noise (a near-tie flipped by rounding) is left out."""
+    from ..seeded import SeededWeights
+    if tl.max_len < prefix + tree_nodes + 1:
+        raise InputError(f"the layer's cache needs >= {prefix + tree_nodes + 1} rows for this check")
+    tol = TOL.get(str(tl.dtype).removeprefix("torch."), 3e-2)
+    ref = layer_reference(cfg, seed, tl.layer, prefix=prefix, tree_nodes=tree_nodes,
+                          weights=SeededWeights(cfg, seed, "bf16"))
+    log(f"layer {tl.layer} ({'MoE, ' + tl.moe_path if tl.is_moe else 'dense'}, {tl.dtype}, {tl.device}):")
+    got = torch_side(cfg, seed, tl, prefix, tree_nodes)
+    res = compare_layer(cfg, seed, tl.layer, "bf16", str(tl.dtype).removeprefix("torch."), got, ref, prefix,
+                        tree_nodes, log, tol=tol)
+    return all(r["passed"] for r in res)
 
 
 # ---- command line -----------------------------------------------------------------------------------
@@ -331,7 +264,7 @@ def _run(args) -> int:
     print(f"{args.preset} (experts {cfg.n_routed_experts}), seed {args.seed}, torch {torch.__version__}, "
           f"device {torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}")
     ok, rows = True, []
-    max_len = max(args.context + max(args.tokens) if args.time else 0, 16 + len(CHECK_PARENTS))
+    max_len = max(args.context + max(args.tokens) if args.time else 0, 16 + CHECK_NODES + 1)
     for layer in layers:
         t0 = time.perf_counter()
         with torch.no_grad():

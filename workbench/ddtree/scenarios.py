@@ -1,5 +1,7 @@
 """The reference side of the engine's checks at scale: a prompt prefill + N greedy decode steps, and one
-DDTree verify of a given tree, both through ``model.forward`` (no second forward).
+DDTree verify of a given tree, both through ``model.forward`` (no second forward); and the same for one
+layer alone (``layer_reference``): a P-row prefix, a decode step and a verify of a random tree after it,
+on inputs every implementation of the layer takes from ``layer_inputs``.
 
 Legend: P prompt length, N tree nodes besides the root, V vocab, L layers, C+R latent row width,
 K experts per token.
@@ -18,7 +20,10 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import InputError
 from ..reference.generate import check_prompt, greedy_generate, top2_margin
+from ..reference.layers import rmsnorm, sigmoid, weight
+from ..reference.mla import mla_absorbed
 from ..reference.model import LatentCache, forward
+from ..reference.moe import dense_mlp, moe
 from .tree import Tree, compile_tree
 
 
@@ -158,3 +163,73 @@ def activation_stats(cfg: ModelConfig, weights: Any, tokens: Any, dtype: Any = n
     share = {k: float(np.bincount(r.ravel()).max() / r.shape[0]) for k, r in out.routes.items()}
     return ActivationStats(rms, float(last.std()), float(last.max() - last.min()), top2_margin(last),
                            {k: int(np.unique(r).size) for k, r in out.routes.items()}, share)
+
+
+# ---- one layer --------------------------------------------------------------------------------------
+def ancestor_inputs(parents: Any, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ancestor-or-self mask bool [N, N], positions start + depth [N]) of a tree given by parents [N]."""
+    tree = tree_from_parents(parents, np.arange(1, len(parents)))
+    vis = np.eye(len(parents), dtype=bool)
+    for i in range(1, len(parents)):
+        vis[i] |= vis[tree.parents[i]]
+    return vis, start + np.concatenate([[0], tree.depths]).astype(np.int64)
+
+
+def layer_inputs(cfg: ModelConfig, seed: int, layer: int, prefix: int, tree_nodes: int):
+    """x of the prefix [P, D] and the two steps after it (name, x [T, D], vis [T, T] bool, positions [T]):
+    a decode step and a verify of a random ``tree_nodes``-node tree + root."""
+    rng = np.random.default_rng(seed + 1000 * layer)
+    x_all = rng.standard_normal((prefix + 2 + tree_nodes, cfg.hidden_size)).astype(np.float32)
+    parents, _ = random_tree(cfg, tree_nodes, seed=seed + 7)
+    vis_t, pos_t = ancestor_inputs(parents, prefix)
+    return x_all[:prefix], [
+        ("decode", x_all[prefix:prefix + 1], np.ones((1, 1), bool), np.array([prefix])),
+        (f"verify {tree_nodes}-node tree + root", x_all[prefix + 1:], vis_t, pos_t),
+    ]
+
+
+def layer_step(cfg: ModelConfig, weights: Any, layer: int, x: np.ndarray, pos: np.ndarray, cache: LatentCache,
+               vis: np.ndarray | None):
+    """The reference block in pieces: (output [S, D], FFN input [S, D], routes [S, K] or None); the S
+    latent rows go into ``cache`` at ``pos``."""
+    p = f"layers.{layer}."
+    h = x + mla_absorbed(cfg, weights, layer, rmsnorm(x, weight(weights, p + "attn_norm"), cfg.rms_norm_eps),
+                         pos, cache, vis)
+    xn = rmsnorm(h, weight(weights, p + "ffn_norm"), cfg.rms_norm_eps)
+    if not cfg.is_moe_layer(layer):
+        return h + dense_mlp(cfg, weights, layer, xn), xn, None
+    routes: dict[int, np.ndarray] = {}
+    y = h + moe(cfg, weights, layer, xn, routes)
+    return y, xn, routes[layer]
+
+
+def layer_reference(cfg: ModelConfig, seed: int, layer: int, experts: str = "int4", dense: str = "fp32",
+                    prefix: int = 16, tree_nodes: int = 16, weights: Any = None) -> dict[str, Any]:
+    """The reference layer on ``layer_inputs``: the seeded model's (W4A16 experts; ``dense`` "bf16":
+    W16A16 dense projections; ``experts`` "bf16": the bf16 layout's experts, W16A16 with bf16 outputs;
+    "fp32": the INT4 values dequantized), or ``weights``, a weights mapping of the layer's own.
+    Returns the prefix's latent rows and per step the output y, latent rows, routes [T, K] and selection
+    scores [T, E] (MoE layer): a picklable dict, so it can run in another process."""
+    from ..seeded import SeededWeights
+
+    ref = weights if weights is not None else (                 # given weights, or the seeded model
+        SeededWeights(cfg, seed, {"int4": "experts", "bf16": "bf16"}.get(str(experts), "fp32")))
+    marked = hasattr(ref.get(f"layers.{layer}.attn.wo"), "round_input")   # W16A16 marks already on
+    if (dense == "bf16" or experts == "bf16") and not marked:
+        from ..quant.w16a16 import w16a16
+        ref = w16a16(cfg, ref, dense=dense == "bf16", experts=experts == "bf16")
+    x_pre, cases = layer_inputs(cfg, seed, layer, prefix, tree_nodes)
+    cache = LatentCache.empty(cfg, prefix + tree_nodes + 1)
+    causal = np.tril(np.ones((prefix, prefix), bool))
+    layer_step(cfg, ref, layer, x_pre, np.arange(prefix), cache, causal)
+    cache.length = prefix
+    out: dict[str, Any] = {"prefix_rows": cache.layers[layer][:prefix].copy(), "steps": []}
+    for _, x, vis, pos in cases:
+        y, xn, routes = layer_step(cfg, ref, layer, x, pos, cache, vis)
+        step = {"y": y, "rows": cache.layers[layer][prefix:prefix + x.shape[0]].copy(), "routes": routes}
+        if routes is not None:
+            p = f"layers.{layer}.ffn."
+            step["scores"] = sigmoid(xn @ np.asarray(weight(ref, p + "gate"), np.float32).T) + np.asarray(
+                weight(ref, p + "gate_bias"))
+        out["steps"].append(step)
+    return out

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from kernels_numba import ops
 from kernels_numba.device import head_rows, host_buffer
-from kernels_numba.sim import sim_speed
 
 from ..ddtree.config import GREEDY, SamplingParams
 from ..ddtree.inputs import check_run
@@ -57,7 +57,7 @@ def engine_ar_generate(engine: Engine, prompt: Any, n_tokens: int, return_logits
     if p + n_tokens > engine.buf.max_len:
         raise InputError(f"prompt + tokens = {p + n_tokens} exceeds the engine's cache of "
                          f"{engine.buf.max_len} rows")
-    with sim_speed():
+    with ops.sim_speed():
         step = engine.decode_step()                          # captured before the prefill overwrites state
         engine.prefill(toks)
         logits = [] if return_logits else None

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from kernels_numba import ops
-from kernels_numba.blas import padded_keys
 from kernels_numba.device import zeros
 from numformats.bf16 import BF16Array, bf16
 
@@ -69,14 +68,14 @@ def allocate(model: DeviceModel, max_len: int, max_rows: int, n_taps: int) -> Bu
 
 def latent_cache(attns, n_layers: int, max_len: int, width: int):
     """The latent cache [Ly, S, C+R] of ``n_layers`` for the attention cores ``attns`` (``ops.MLA``): bf16
-    bits (int16) over S8 = padded_keys(S) rows when every core is W16A16 (the rows it keeps are bf16, and
+    bits (int16) over S8 = ops.padded_keys(S) rows when every core is W16A16 (the rows it keeps are bf16, and
     the core's GEMMs read them as they are), float32 over S rows otherwise."""
     a16 = {a.a16 for a in attns}
     if len(a16) > 1:
         raise InputError("the layers mix W16A16 and float32 attention cores; one latent cache holds one "
                          "dtype")
     if a16 == {True}:
-        return zeros((n_layers, padded_keys(max_len), width), np.int16)
+        return zeros((n_layers, ops.padded_keys(max_len), width), np.int16)
     return zeros((n_layers, max_len, width), np.float32)
 
 

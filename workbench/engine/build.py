@@ -4,8 +4,15 @@ Legend: D model width, H heads, N qk_nope, R rope, V v_head, C kv_lora_rank, Q q
 E routed experts, I expert width, Vo vocabulary, G INT4 group size, S distinct MoE weight sets.
 
 A source hands out each part in the form the ops prepare (``kernels_numba.ops``):
-- ``MappingSource(weights)``: a weights mapping (bundle weights, ``SeededWeights``, a dict), FP32 or
-  W16A16 where the mapping marks it, INT4 experts repacked for fused_moe (``upload_model`` uses it);
+- ``MappingSource(weights)``: a weights mapping (bundle weights, ``SeededWeights``, a lazy checkpoint, a
+  dict), FP32 or W16A16 where the mapping marks it (``dense=DenseKind.BF16`` marks the dense projections
+  itself), INT4 experts repacked for fused_moe (``upload_model`` uses it); with ``workers`` the INT4
+  routed experts are repacked in chunks of ``CHUNK`` on that many processes (at K2 width the host
+  repack takes about half a second per expert on one core);
+- ``SeededSource(cfg, seed, dense, experts, workers)``: the seeded model (``workbench.seeded``) through
+  ``MappingSource``, its routed experts in any ``ExpertKind``: INT4 (the seeded words, repacked on
+  ``workers`` processes), FP32 (dequantized exactly where the kernels read them: the portable FFN) or
+  BF16 (rounded to bf16 on the device: grouped GEMMs);
 - ``RandomSource(cfg, seed)``: random weights drawn where the kernels read them, already in their
   layouts, as serving engines' "dummy" load formats do: K2's layout (routed experts INT4 G = 32 in
   fused_moe's tile layout, INT4 codes uniform in [-7, 7] with float16 group scales;
@@ -23,22 +30,25 @@ layer back into a weights mapping (the numpy reference's names) for checks.
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from kernels_numba import ops
 from kernels_numba.device import SIMULATED, download, to_device
-from kernels_numba.int4_layout import Int4Weight, unrepack_int4
-from kernels_numba.moe import MoEWeights
+from numformats.int4 import scales_to_float32
 
 from ..config import ModelConfig
 from ..errors import InputError
 from ..weights import HEAD_LOGIT_STD
+from .kinds import DenseKind, ExpertKind, kind
 from .weights import DeviceLayer, DeviceModel, _f32, dense_matrix, moe_experts, moe_router, stack_rows, swiglu
 
 GROUP = 32                                 # K2's INT4 group size (routed experts)
+CHUNK = 4                                  # experts per repack task (~0.7 GB of temporaries at K2 width)
 _CODE_POWER = 280.0 / 15.0 * 13.0 / 12.0   # E[q^2] of codes uniform in [-7, 7] x E[(1/2 + v)^2], v ~ U[0, 1)
 _CHUNK = 1 << 28                           # bytes drawn at a time (two uint8 temporaries of this size)
 
@@ -52,13 +62,63 @@ def source_layer(cfg: ModelConfig, i: int, sets: int | None) -> int:
 
 # ---- sources ----------------------------------------------------------------------------------------
 
+def _expert_stack(cfg: ModelConfig, stacks: int | Mapping, layer: int, proj: str, ids: range) -> tuple:
+    """(packed int32 [E, N, K/8], scale float16 [E, N, K/G]) of experts ``ids``: seeded (``stacks`` a
+    seed), or read from a weights mapping (scales must be float16 values: fused_moe stores float16)."""
+    from .. import seeded
+    if not isinstance(stacks, Mapping):
+        return seeded.expert_stack(cfg, stacks, layer, proj, experts=ids)
+    names = [f"layers.{layer}.ffn.experts.{e}.{proj}" for e in ids]
+    packed = np.stack([np.asarray(stacks[n + ".packed"]) for n in names])
+    s32 = np.stack([scales_to_float32(stacks[n + ".scale"]) for n in names])
+    scale = s32.astype(np.float16)
+    if not np.array_equal(scale.astype(np.float32), s32):
+        raise InputError(f"layer {layer} {proj}: INT4 scales float16 cannot hold (fused_moe stores float16)")
+    return packed, scale
+
+
+def _repack_chunk(cfg: ModelConfig, stacks: int | Mapping, layer: int, e0: int, e1: int) -> tuple:
+    """Experts [e0, e1) of ``layer`` in fused_moe's tile layout (``ops.repack_experts``)."""
+    ids = range(e0, e1)
+    return ops.repack_experts(*(_expert_stack(cfg, stacks, layer, p, ids) for p in ("w1", "w3", "w2")))
+
+
+def int4_experts(cfg: ModelConfig, stacks: int | Mapping, layer: int, workers: int = 1,
+                 experts: range | None = None):
+    """The routed experts ``experts`` (default all) of ``layer`` (seeded, or of a weights mapping) in
+    fused_moe's layout, host arrays, local ids 0.. in order, no shared expert inside; repacked in chunks
+    on ``workers`` processes."""
+    ex = range(cfg.n_routed_experts) if experts is None else experts
+    tasks = [(e0, min(e0 + CHUNK, ex.stop)) for e0 in range(ex.start, ex.stop, CHUNK)]
+    try:
+        if workers > 1:
+            with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+                futs = [pool.submit(_repack_chunk, cfg, stacks, layer, a, b) for a, b in tasks]
+                parts = [f.result() for f in futs]
+        else:
+            parts = [_repack_chunk(cfg, stacks, layer, a, b) for a, b in tasks]
+    except ops.KernelInputError as e:
+        raise InputError(f"layer {layer}: {e}") from None
+    return ops.fused_experts(parts, len(ex), cfg.hidden_size, cfg.moe_intermediate_size)
+
+
+def _layer_of(prefix: str) -> int:
+    return int(prefix.split(".")[1])                                  # "layers.{i}.ffn"
+
+
 class MappingSource:
     """Parts from a weights mapping through ``engine.weights``' helpers; ``fast`` as ``upload_model``;
-    ``experts=False``: no MoE layer's FFN (the caller sets ``moe_block``)."""
+    ``experts=False``: no MoE layer's FFN (the caller sets ``moe_block``); ``dense``: BF16 marks the dense
+    projections W16A16 (``workbench.quant.w16a16``); ``workers``: INT4 routed experts repacked on that
+    many processes (fused_moe; the mapping travels to them, so a lazy checkpoint reads there)."""
 
     def __init__(self, cfg: ModelConfig, weights: Mapping[str, Any], fast: bool = True,
-                 experts: bool = True) -> None:
-        self.cfg, self.w, self.fast, self.experts = cfg, weights, fast, experts
+                 experts: bool = True, dense: DenseKind | str | None = None, workers: int = 0) -> None:
+        from ..quant.w16a16 import w16a16
+        self.cfg, self.fast, self.experts, self.workers = cfg, fast, experts, workers
+        self.stacks: int | Mapping = weights                          # where the routed experts come from
+        dense = None if dense is None else kind(DenseKind, dense, "dense")
+        self.w = w16a16(cfg, weights) if dense == DenseKind.BF16 else weights
 
     def vector(self, name: str, n: int):
         return to_device(_f32(self.w, name))
@@ -78,15 +138,69 @@ class MappingSource:
         if not self.experts:
             return None
         cfg = self.cfg
+        rt = self.router(prefix)
+        if self.workers:
+            return self.routed(rt, self.shared(prefix), _layer_of(prefix))
         experts = moe_experts(self.w, prefix, range(cfg.n_routed_experts))
         shared = swiglu(self.w, prefix + ".shared") if cfg.n_shared_experts > 0 else None
-        return ops.moe_weights(moe_router(cfg, self.w, prefix, self.fast), experts, shared, self.fast)
+        return ops.moe_weights(rt, experts, shared, self.fast)   # an INT4 shared expert may go inside
+
+    def router(self, prefix: str) -> ops.Router:
+        return moe_router(self.cfg, self.w, prefix, self.fast)
+
+    def shared(self, prefix: str) -> ops.SwiGLU | None:
+        """The shared expert on its own (None without one)."""
+        if self.cfg.n_shared_experts == 0:
+            return None
+        return ops.swiglu_weights(*swiglu(self.w, prefix + ".shared"), fast=self.fast)
+
+    def routed(self, rt: ops.Router, shared: ops.SwiGLU | None, layer: int) -> ops.MoE:
+        """The MoE with its INT4 routed experts repacked on ``workers`` processes."""
+        return ops.moe_fused(rt, int4_experts(self.cfg, self.stacks, layer, self.workers), shared)
 
     def embed(self):
         return to_device(_f32(self.w, "embed"))
 
     def head(self) -> ops.Dense:
         return ops.dense(dense_matrix(self.w, "head"), self.fast)
+
+
+class SeededSource(MappingSource):
+    """The seeded model (``workbench.seeded.SeededWeights``: attention, norms, router, shared expert and
+    dense MLP bf16, widened to FP32 or W16A16 as ``dense``) with its routed experts as ``experts``: INT4
+    repacked for fused_moe on ``workers`` processes, FP32 (portable FFN) or BF16 (grouped GEMMs), the
+    latter two dequantized by torch where the kernels run (no host copy of a whole stack)."""
+
+    def __init__(self, cfg: ModelConfig, seed: int, dense: DenseKind | str = DenseKind.FP32,
+                 experts: ExpertKind | str = ExpertKind.INT4, workers: int = 1) -> None:
+        from ..seeded import SeededWeights
+        super().__init__(cfg, SeededWeights(cfg, seed), dense=kind(DenseKind, dense, "dense"),
+                         workers=max(1, workers))
+        self.seed, self.kind = int(seed), kind(ExpertKind, experts, "experts")
+        self.stacks = self.seed
+
+    def routed(self, rt: ops.Router, shared: ops.SwiGLU | None, layer: int) -> ops.MoE:
+        if self.kind == ExpertKind.INT4:
+            return super().routed(rt, shared, layer)
+        from ..torchk2.int4 import seeded_bf16_experts, seeded_fp32_stack
+        dev = "cpu" if SIMULATED else "cuda"
+        if self.kind == ExpertKind.BF16:
+            if not ops.BLAS:
+                raise InputError("bf16 experts run on the BLAS path (torch): a GPU, or ops.BLAS on")
+            w13, w2 = seeded_bf16_experts(self.cfg, self.seed, layer, dev, workers=self.workers)
+            return ops.moe_grouped(rt, ops.Bf16Experts(w13, w2), shared)
+        t = seeded_fp32_stack(self.cfg, self.seed, layer, dev, self.workers)
+        stack = {"int4": False, "width": self.cfg.moe_intermediate_size, "tensors": t,  # they own the memory
+                 **{k: _numba_view(v) for k, v in t.items()}}
+        return ops.moe_portable(rt, stack, shared)
+
+
+def _numba_view(t):
+    """A torch tensor as the kernels read it (a numba device array; the array itself in the simulator)."""
+    if SIMULATED:
+        return to_device(t.numpy())
+    from numba import cuda
+    return cuda.as_cuda_array(t)
 
 
 class RandomSource:
@@ -163,7 +277,7 @@ class RandomSource:
         from numba import cuda
         return cuda.as_cuda_array(t).view(np.uint32)
 
-    def experts(self) -> MoEWeights:
+    def experts(self) -> ops.MoEWeights:
         """E routed experts in fused_moe's tile layout (int4_layout.py, moe.prepare_moe): w13 [E, I16, 2,
         D/64, 32, 4] words and [E, I16, 2, D/G, 8] scale words, w2 [E, D16, I/64, 32, 4] and [E, D16, I/G,
         8]."""
@@ -171,11 +285,11 @@ class RandomSource:
         e, d, i = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
         if d % 64 or i % 64 or d % 16 or i % 16:
             raise ops.KernelInputError(f"fused_moe's tile layout wants D and I multiples of 64, got {d}, {i}")
-        w13 = Int4Weight(self._words(e * (i // 16) * 2 * (d // 64) * 128),
+        w13 = ops.Int4Weight(self._words(e * (i // 16) * 2 * (d // 64) * 128),
                          self._scales(e * (i // 16) * 2 * (d // GROUP) * 8, d), i, d, GROUP, e, pair=True)
-        w2 = Int4Weight(self._words(e * (d // 16) * (i // 64) * 128),
+        w2 = ops.Int4Weight(self._words(e * (d // 16) * (i // 64) * 128),
                         self._scales(e * (d // 16) * (i // GROUP) * 8, i), d, i, GROUP, e)
-        return MoEWeights(w13, w2, e, 0)
+        return ops.MoEWeights(w13, w2, e, 0)
 
     def moe(self, prefix: str) -> ops.MoE:
         cfg = self.cfg
@@ -206,8 +320,29 @@ class RandomSource:
 
 # ---- the builder ------------------------------------------------------------------------------------
 
+def upload_model(cfg: ModelConfig, weights: Mapping[str, Any], fast: bool = True,
+                 experts: bool = True) -> DeviceModel:
+    """All target weights on the device (drafter.* weights are uploaded per generation by
+    ``engine.dflash.DeviceDFlash``); InputError for weights the engine cannot take. ``fast=False``
+    keeps every INT4 matrix on the portable kernels; ``experts=False`` leaves the MoE layers' FFN
+    to the caller (``DeviceLayer.moe_block``)."""
+    try:
+        return build_model(cfg, MappingSource(cfg, weights, fast, experts))
+    except ops.KernelInputError as e:
+        raise InputError(str(e)) from None
+
+
+def upload_layer(cfg: ModelConfig, weights: Mapping[str, Any], i: int, fast: bool = True,
+                 experts: bool = True) -> DeviceLayer:
+    """Layer ``i`` of the weights on the device, as ``upload_model`` prepares each layer (InputError from
+    the kernels' own checks left to the caller, see there)."""
+    return build_layer(cfg, MappingSource(cfg, weights, fast, experts), i)
+
+
 def build_layer(cfg: ModelConfig, src, i: int) -> DeviceLayer:
-    """Layer i from ``src`` as ``engine.model.launch_layer`` runs it."""
+    """Layer i from ``src`` as ``engine.model.launch_layer`` runs it, its kinds recorded."""
+    if not 0 <= i < cfg.num_hidden_layers:
+        raise InputError(f"layer {i} outside the model's {cfg.num_hidden_layers} layers")
     d, h = cfg.hidden_size, cfg.num_attention_heads
     c, r = cfg.kv_lora_rank, cfg.qk_rope_head_dim
     p, a = f"layers.{i}.", f"layers.{i}.attn."
@@ -229,7 +364,21 @@ def build_layer(cfg: ModelConfig, src, i: int) -> DeviceLayer:
         lay.moe = src.moe(p + "ffn")
     else:
         lay.mlp = src.mlp(p + "ffn", cfg.intermediate_size)
+    lay.dense_kind, lay.expert_kind = layer_kinds(lay)
     return lay
+
+
+def layer_kinds(lay: DeviceLayer) -> tuple[DenseKind, ExpertKind | None]:
+    """(dense kind, routed experts' kind) of a built layer, read from its prepared parts."""
+    dense = DenseKind.BF16 if lay.attn.a16 else DenseKind.FP32
+    m = lay.moe
+    if m is None:
+        return dense, None
+    if m.path == ops.GROUPED_MM:
+        return dense, ExpertKind.BF16
+    if m.path == ops.PORTABLE and not m.stack["int4"]:
+        return dense, ExpertKind.FP32
+    return dense, ExpertKind.INT4
 
 
 def build_model(cfg: ModelConfig, src, sets: int | None = None, log=None) -> DeviceModel:
@@ -284,7 +433,7 @@ def _rows_of(m: Any, lo: int, hi: int) -> Any:
     return m[lo:hi]
 
 
-def fused_expert(fw: MoEWeights, e: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def fused_expert(fw: ops.MoEWeights, e: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(packed int32 [N, K/8], scale float16 [N, K/G]) of w1, w3, w2 of expert ``e`` of a fused stack
     (downloads that expert's words only)."""
     out = []
@@ -293,11 +442,11 @@ def fused_expert(fw: MoEWeights, e: int) -> list[tuple[np.ndarray, np.ndarray]]:
     wq = _host(fw.w13.wq[e * q13:(e + 1) * q13]).reshape(fw.w13.n16, 2, -1)
     sq = _host(fw.w13.sq[e * s13:(e + 1) * s13]).reshape(fw.w13.n16, 2, -1)
     for half in (0, 1):
-        out.append(unrepack_int4(Int4Weight(np.ascontiguousarray(wq[:, half]).reshape(-1),
+        out.append(ops.unrepack_int4(ops.Int4Weight(np.ascontiguousarray(wq[:, half]).reshape(-1),
                                             np.ascontiguousarray(sq[:, half]).reshape(-1),
                                             fw.w13.n, fw.w13.k, fw.w13.group_size)))
     q2, s2 = len(fw.w2.wq) // x, len(fw.w2.sq) // x
-    out.append(unrepack_int4(Int4Weight(_host(fw.w2.wq[e * q2:(e + 1) * q2]),
+    out.append(ops.unrepack_int4(ops.Int4Weight(_host(fw.w2.wq[e * q2:(e + 1) * q2]),
                                         _host(fw.w2.sq[e * s2:(e + 1) * s2]),
                                         fw.w2.n, fw.w2.k, fw.w2.group_size)))
     return out
@@ -392,26 +541,3 @@ class Cycled(Mapping):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
-
-
-def upload_model(cfg: ModelConfig, weights: dict[str, Any], fast: bool = True,
-                 experts: bool = True) -> DeviceModel:
-    """All target weights on the device (drafter.* weights are uploaded per generation by
-    ``engine.dflash.DeviceDFlash``); InputError for weights the engine cannot take. ``fast=False``
-    keeps every INT4 matrix on the portable kernels; ``experts=False`` leaves the MoE layers' FFN
-    to the caller (``DeviceLayer.moe_block``)."""
-    try:
-        return _upload(cfg, weights, fast, experts)
-    except ops.KernelInputError as e:
-        raise InputError(str(e)) from None
-
-
-def upload_layer(cfg: ModelConfig, weights: dict[str, Any], i: int, fast: bool = True,
-                 experts: bool = True) -> DeviceLayer:
-    """Layer ``i`` of the weights on the device, as ``upload_model`` prepares each layer (InputError from
-    the kernels' own checks left to the caller, see there)."""
-    return build_layer(cfg, MappingSource(cfg, weights, fast, experts), i)
-
-
-def _upload(cfg: ModelConfig, weights: dict[str, Any], fast: bool, experts: bool) -> DeviceModel:
-    return build_model(cfg, MappingSource(cfg, weights, fast, experts))

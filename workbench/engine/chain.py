@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from kernels_numba import ops
 from kernels_numba.device import Mirror, zeros
-from kernels_numba.sim import sim_speed
 
 from ..ddtree.budget import TreeBudget
 from ..ddtree.config import GREEDY, SamplingParams
@@ -64,7 +64,7 @@ def engine_chain_generate(engine: Engine, weights: dict[str, Any], prompt: Any, 
     if len(toks) + n_tokens + n_pos + 1 > engine.buf.max_len or n_pos + 1 > engine.buf.max_rows:
         raise InputError("the engine is too small for this request (see engine.ar.engine_for)")
     clock = dict.fromkeys(PHASES, 0.0) if timing is not None else None      # host wall time per step
-    with sim_speed():
+    with ops.sim_speed():
         state = ChainState(engine, draft, sampling, toks, device_drafter, clock)
         t0 = time.perf_counter()
         while len(state.tokens) < n_tokens:

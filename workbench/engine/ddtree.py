@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels_numba.sim import sim_speed
+from kernels_numba import ops
 
 from ..ddtree.budget import TreeBudget, tree_budget
 from ..ddtree.config import GREEDY, SamplingParams
@@ -66,7 +66,7 @@ def engine_ddtree_generate(engine: Engine, weights: dict[str, Any], prompt: Any,
     if len(toks) + n_tokens + b + 1 > engine.buf.max_len or b + 1 > engine.buf.max_rows:
         raise InputError("the engine is too small for this request (see engine.ar.engine_for)")
     clock = dict.fromkeys(PHASES, 0.0) if timing is not None else None      # host wall time per step
-    with sim_speed():
+    with ops.sim_speed():
         state = EngineSpecState(engine, draft, budget, sampling, toks, device_drafter, clock)
         t0 = time.perf_counter()
         while len(state.tokens) < n_tokens:

@@ -32,8 +32,8 @@ class Engine:
     drafter reads (captured in prefill and verify); fast_kernels: INT4 layers on int4_matmul /
     fused_moe where their shapes allow (False: every layer on the portable kernels); experts=False:
     the MoE layers' FFN is not uploaded, the caller sets each one's ``moe_block`` (model.launch_layer);
-    model: a DeviceModel prepared elsewhere (``bench.k2_build.device_model``: the K2-size one, repacked
-    on several processes), used instead of uploading ``weights`` (then None)."""
+    model: a DeviceModel prepared elsewhere (``engine.build.build_model``, e.g. of a ``SeededSource``: the
+    K2-size one, repacked on several processes), used instead of uploading ``weights`` (then None)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, Any] | None, max_len: int, max_rows: int,
                  taps: tuple[int, ...] = (), use_graphs: bool | None = None,

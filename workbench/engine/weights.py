@@ -29,6 +29,7 @@ from kernels_numba import ops
 from ..config import ModelConfig
 from ..errors import InputError
 from ..reference.layers import as_array
+from .kinds import DenseKind, ExpertKind
 
 
 def _f32(weights: dict[str, Any], name: str) -> np.ndarray:
@@ -85,6 +86,8 @@ class DeviceLayer:
     moe: ops.MoE | None = None
     mlp: ops.SwiGLU | None = None                # the dense MLP (layers < first_k_dense_replace)
     moe_block: Callable | None = None            # fn(h, x, rows, stream): h += moe(x) in place of ``moe``
+    dense_kind: DenseKind = DenseKind.FP32       # set by ``build.build_layer`` from the parts it built
+    expert_kind: ExpertKind | None = None        # ... None without routed experts here
 
 
 @dataclass

@@ -39,7 +39,6 @@ import numpy as np
 
 from kernels_numba import ops
 from kernels_numba.device import SIMULATED, default_stream
-from kernels_numba.moe import MoEWeights, moe_workspace
 
 from ..config import ConfigError, check_int
 from ..errors import InputError
@@ -65,7 +64,7 @@ class EPWeights:
     split: ExpertSplit
     rank: int
     router: ops.Router
-    local: MoEWeights
+    local: ops.MoEWeights
     shared: ops.SwiGLU | None
     dim: int
 
@@ -74,11 +73,11 @@ class EPWeights:
         return min(self.router.top_k, self.split.per_rank)
 
 
-def ep_weights(split: ExpertSplit, rank: int, router: ops.Router, local: MoEWeights,
+def ep_weights(split: ExpertSplit, rank: int, router: ops.Router, local: ops.MoEWeights,
                shared: ops.SwiGLU | None = None) -> EPWeights:
     """Checked ``EPWeights`` (ConfigError where the parts do not fit the split or each other)."""
     split.check_rank(rank)
-    if not isinstance(local, MoEWeights):
+    if not isinstance(local, ops.MoEWeights):
         raise ConfigError("local experts must be a MoEWeights (prepare_moe of this rank's experts)")
     if local.n_routed != split.per_rank or local.n_shared:
         raise ConfigError(f"rank {rank} holds {local.n_routed} routed + {local.n_shared} shared experts; "
@@ -157,7 +156,7 @@ class EPMoE:
     def workspace(self, n: int, m: int):
         """fused_moe's workspace for n received rows of m live slots (made on first use, then reused)."""
         if (n, m) not in self._ws:
-            self._ws[n, m] = moe_workspace(n, m, self.w.local)
+            self._ws[n, m] = ops.moe_workspace(n, m, self.w.local)
         return self._ws[n, m]
 
     def _check(self, h, x) -> int:

@@ -17,26 +17,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernels_numba import blas, ops
+from kernels_numba import ops
 from kernels_numba.device import SIMULATED
 
 from ..config import ConfigError, ModelConfig
+from ..engine.build import MappingSource
 from ..engine.runtime import Engine
-from ..engine.weights import moe_experts, moe_router, swiglu
+from ..engine.weights import moe_experts
 from .ep_moe import EPMoE, ep_weights
 from .experts import ExpertSplit
 
 
 def _layer_block(cfg: ModelConfig, weights: dict[str, Any], layer: int, split: ExpertSplit, rank: int,
                  max_rows: int, fast: bool, group) -> EPMoE:
-    f = f"layers.{layer}.ffn"
-    rt = moe_router(cfg, weights, f, fast)
+    f, src = f"layers.{layer}.ffn", MappingSource(cfg, weights, fast)
+    rt = src.router(f)
     local = ops.moe_weights(rt, moe_experts(weights, f, split.experts(rank)), None, fast)
     if local.path != ops.FUSED_MOE:
         raise ConfigError(f"layer {layer}: rank {rank}'s experts do not fit fused_moe (INT4 experts of "
                           "widths fused_moe takes are needed)")
-    shared = ops.swiglu_weights(*swiglu(weights, f + ".shared"), fast=fast) if cfg.n_shared_experts else None
-    return EPMoE(ep_weights(split, rank, rt, local.fused, shared), max_rows,
+    return EPMoE(ep_weights(split, rank, rt, local.fused, src.shared(f)), max_rows,
                  "cpu" if SIMULATED else "cuda", group)
 
 
@@ -60,6 +60,6 @@ def ep_engine(cfg: ModelConfig, weights: dict[str, Any], max_len: int, max_rows:
         eng.ep_blocks[i] = block
 
         def run(h, x, rows, s, block=block):
-            block(blas.view(h)[:rows], blas.view(x)[:rows])      # torch views of the engine's rows
+            block(ops.torch_view(h)[:rows], ops.torch_view(x)[:rows])      # torch views of the engine's rows
         lay.moe_block = run
     return eng

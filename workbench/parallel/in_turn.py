@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernels_numba import ops
-from kernels_numba.moe import MoEWeights, moe_workspace
 
 from ..config import ConfigError
 from ..errors import InputError
@@ -36,7 +35,7 @@ class Share:
     x16: Any
     ids: Any
     wts: Any
-    experts: MoEWeights
+    experts: ops.MoEWeights
     out: Any
     workspace: Any
 
@@ -48,7 +47,7 @@ class Share:
         return int(torch.unique(live).numel())
 
 
-def shares(x, ids, wts, experts: MoEWeights, split: ExpertSplit) -> list[Share]:
+def shares(x, ids, wts, experts: ops.MoEWeights, split: ExpertSplit) -> list[Share]:
     """Every rank's share of a step: x [T, D] float32, its routing ``ids`` int32 / ``wts`` float32
     [T, K] (global expert ids), ``experts`` the layer's E routed experts (torch tensors on one device)."""
     import torch
@@ -70,7 +69,7 @@ def shares(x, ids, wts, experts: MoEWeights, split: ExpertSplit) -> list[Share]:
         r = len(rows)
         out.append(Share(q, rows, x16[rows].contiguous(), lid, lw, w,
                          torch.empty(r, d, dtype=torch.float32, device=x.device),
-                         moe_workspace(r, lid.shape[1], w) if r else None))
+                         ops.moe_workspace(r, lid.shape[1], w) if r else None))
     return out
 
 

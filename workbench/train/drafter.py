@@ -24,7 +24,8 @@ from ..config import ModelConfig
 from ..ddtree.config import DrafterConfig
 from ..ddtree.dflash import drafter_shapes
 from ..errors import InputError
-from .model import SwiGLU, TorchTarget, _param, apply_rope, rmsnorm
+from ..torchk2.layers import apply_rope, rmsnorm
+from ..torchk2.model import SwiGLU, TorchTarget, _param
 
 
 class DraftLayer(nn.Module):

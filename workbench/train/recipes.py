@@ -21,12 +21,12 @@ import torch.nn.functional as F
 
 from ..errors import InputError
 from ..fileio import atomic_path, write_json_atomic
+from ..torchk2.model import TorchTarget, greedy, update_router_bias
 from .bodies import body_starts
 from .corpus import load_manifest, read_corpus
 from .drafter import TorchDrafter, anchor_labels, block_loss
 from .humaneval import load_problems
 from .loop import LoopConfig, adamw, run_loop, save_checkpoint
-from .model import TorchTarget, greedy, update_router_bias
 from .presets import Size
 from .tokenizer import TextTokenizer, encode_documents, load_tokenizer
 

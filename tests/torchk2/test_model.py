@@ -8,7 +8,7 @@ from workbench.config import ModelConfig
 from workbench.reference.generate import greedy_generate
 from workbench.reference.model import LatentCache as RefCache
 from workbench.reference.model import forward
-from workbench.train.model import LatentCache, TorchTarget, greedy, update_router_bias
+from workbench.torchk2.model import LatentCache, TorchTarget, greedy, update_router_bias
 from workbench.weights import random_weights
 
 # small, but every feature on: q_lora, YaRN (DeepSeek-V3 blend), dense first layer, shared expert,
@@ -31,15 +31,30 @@ VARIANTS = {"k2": CFG, "groups_no_qlora": CFG.replace(n_group=4, topk_group=2, q
                                                       n_shared_experts=2, first_k_dense_replace=2)}
 
 
-def _pair(cfg, seed, dtype=torch.float64):
+def _pair(cfg, seed, dtype=torch.float64, absorbed=False):
     w = random_weights(cfg, seed, dtype=np.float64)
     rng = np.random.default_rng(seed)
     for k in w:
         if k.endswith("gate_bias"):
             w[k] = rng.normal(0, 0.3, w[k].shape)          # a bias that changes the selection
-    m = TorchTarget(cfg).to(dtype)
+    m = TorchTarget(cfg, absorbed=absorbed).to(dtype)
     m.load_weights_dict(w)
     return w, m
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_absorbed_mla_matches_the_reference_float64_with_and_without_a_cache(variant):
+    """The absorbed form (the decode and baseline layer's) equals the reference: a whole prompt, then a
+    prefill of part of it and single-token steps over the latent cache."""
+    cfg = VARIANTS[variant]
+    w, m = _pair(cfg, 3, absorbed=True)
+    toks = np.random.default_rng(1).integers(0, cfg.vocab_size, 13)
+    ref = forward(cfg, w, toks, RefCache.empty(cfg, 32, np.float64), dtype=np.float64).logits
+    np.testing.assert_allclose(m(torch.from_numpy(toks)[None]).logits[0].numpy(), ref, rtol=0, atol=1e-9)
+    cache = LatentCache.empty(cfg, 1, 16, torch.float64)
+    got = [m(torch.from_numpy(toks[:9])[None], cache).logits[0]]
+    got += [m(torch.from_numpy(toks[i:i + 1])[None], cache).logits[0] for i in range(9, 13)]
+    np.testing.assert_allclose(torch.cat(got).numpy(), ref, rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

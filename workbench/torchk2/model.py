@@ -1,15 +1,19 @@
-"""The K2-architecture target in torch, the twin of the numpy reference (workbench/reference/) for training.
+"""The K2-architecture model in torch, the twin of the numpy reference (workbench/reference/), trained by
+``workbench.train``.
 
 Legend: B batch, S new tokens, T keys, D width, H heads, N qk_nope, R qk_rope, Vh v_head, C kv_lora,
 Q q_lora, E routed experts, K experts per token, I expert width, V vocabulary.
 
 Same maths as the reference, laid out for a GPU: MLA in its naive form (keys/values expanded per head
-from the latent, one fused attention call), a latent cache [B, max_len, C+R] for generation, the
-noaux_tc sigmoid router in float32 with the correction bias as a buffer (updated outside autograd,
-``update_router_bias``), and the routed experts computed as one wide SwiGLU over all E experts whose
-activations are multiplied by the (mostly zero) combine weights: the same sum as the reference's
-sparse loop, with static shapes. Parameters keep the reference's [out, in] layout; experts are stacked
-[E, I, D] / [E, D, I]; ``weights_dict`` / ``load_weights_dict`` convert to and from internal names.
+from the latent, one fused attention call; training) or, with ``absorbed=True``, the absorbed form
+(queries through wkv_b's key half into the latent space, scores against the latent rows, the context
+back through its value half: what decoding and ``torchk2.layer`` run), a latent cache [B, max_len, C+R]
+for generation, the noaux_tc sigmoid router in float32 with the correction bias as a buffer (updated
+outside autograd, ``update_router_bias``), and the routed experts computed as one wide SwiGLU over all
+E experts whose activations are multiplied by the (mostly zero) combine weights: the same sum as the
+reference's sparse loop, with static shapes. Parameters keep the reference's [out, in] layout; experts
+are stacked [E, I, D] / [E, D, I]; ``weights_dict`` / ``load_weights_dict`` convert to and from internal
+names.
 """
 
 from __future__ import annotations
@@ -27,20 +31,7 @@ from ..config import ModelConfig
 from ..errors import InputError
 from ..reference.rope import rope_attention_factor, yarn_inv_freq
 from ..weights import expected_shapes
-
-
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """w * x / sqrt(mean(x^2) + eps), normalised in float32 (float64 stays float64), x's dtype out."""
-    xf = x if x.dtype == torch.float64 else x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (w.to(y.dtype) * y).to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (2i, 2i+1) of x [..., S, R] by cos/sin [S, R/2] (the reference's layout)."""
-    c, s = cos.to(x.dtype), sin.to(x.dtype)
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    return torch.stack([x0 * c - x1 * s, x1 * c + x0 * s], dim=-1).flatten(-2)
+from .layers import apply_rope, rmsnorm, route
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -48,9 +39,9 @@ def _param(*shape: int) -> nn.Parameter:
 
 
 class MLA(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, absorbed: bool = False) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.absorbed = cfg, absorbed
         h, d, c, r = cfg.num_attention_heads, cfg.hidden_size, cfg.kv_lora_rank, cfg.qk_rope_head_dim
         if cfg.q_lora_rank is None:
             self.wq = _param(h * cfg.qk_head_dim, d)
@@ -82,6 +73,9 @@ class MLA(nn.Module):
             cache[:, start:start + s] = lat.to(cache.dtype)
             lat = cache[:, :start + s].to(lat.dtype)                                # [B, T, C+R]
         t = lat.shape[1]
+        if self.absorbed:
+            o = self._absorbed(q, lat, start)
+            return F.linear(o.transpose(1, 2).reshape(b, s, h * cfg.v_head_dim), self.wo)
         kv = F.linear(lat[..., :c], self.wkv_b).view(b, t, h, n + cfg.v_head_dim).transpose(1, 2)
         k_pe = lat[..., c:].unsqueeze(1).expand(b, h, t, cfg.qk_rope_head_dim)      # one rope key, all heads
         k = torch.cat([kv[..., :n], k_pe], dim=-1)                                  # [B, H, T, N+R]
@@ -93,6 +87,24 @@ class MLA(nn.Module):
             mask = torch.arange(t, device=x.device)[None, :] <= rows[:, None]              # [S, T]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=cfg.softmax_scale)
         return F.linear(o.transpose(1, 2).reshape(b, s, h * cfg.v_head_dim), self.wo)
+
+
+    def _absorbed(self, q: torch.Tensor, lat: torch.Tensor, start: int) -> torch.Tensor:
+        """Absorbed attention of q [B, H, S, N+R] (roped) over the latent rows lat [B, T, C+R], causal from
+        ``start``: o [B, H, S, Vh]."""
+        cfg = self.cfg
+        h, n, c = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
+        s, t = q.shape[2], lat.shape[1]
+        w = self.wkv_b.view(h, n + cfg.v_head_dim, c)                               # [H, N+Vh, C]
+        q_lat = torch.einsum("bhsn,hnc->bhsc", q[..., :n], w[:, :n])                # [B, H, S, C]
+        scores = (torch.einsum("bhsc,btc->bhst", q_lat, lat[..., :c])
+                  + torch.einsum("bhsr,btr->bhst", q[..., n:], lat[..., c:])) * cfg.softmax_scale
+        rows = start + torch.arange(s, device=q.device)
+        mask = torch.arange(t, device=q.device)[None, :] <= rows[:, None]                  # [S, T]
+        wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+        p = scores.masked_fill(~mask, -math.inf).softmax(-1, dtype=wide).to(q.dtype)      # [B, H, S, T]
+        ctx = torch.einsum("bhst,btc->bhsc", p, lat[..., :c])                       # [B, H, S, C]
+        return torch.einsum("bhsc,hvc->bhsv", ctx, w[:, n:])                        # [B, H, S, Vh]
 
 
 class SwiGLU(nn.Module):
@@ -116,23 +128,7 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """noaux_tc: (idx [M, K], combine weights [M, K]) for x [M, D], in float32 (float64 for float64 x)."""
-        cfg = self.cfg
-        dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            scores = torch.sigmoid(F.linear(x.to(dt), self.gate.to(dt)))           # [M, E]
-        choice = scores + self.gate_bias.to(dt)                                     # selection only
-        if cfg.n_group > 1:
-            m, g = x.shape[0], cfg.n_group
-            grouped = choice.view(m, g, -1)
-            gscore = grouped.topk(2, dim=-1).values.sum(-1)                         # [M, G]
-            keep = torch.zeros_like(gscore, dtype=torch.bool).scatter(
-                1, gscore.topk(cfg.topk_group, dim=-1).indices, True)
-            choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), -math.inf)
-        idx = choice.topk(cfg.num_experts_per_tok, dim=-1).indices                  # [M, K]
-        w = scores.gather(1, idx)                                                   # unbiased scores
-        if cfg.norm_topk_prob:
-            w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        return idx, w * cfg.routed_scaling_factor
+        return route(self.cfg, x, self.gate, self.gate_bias)
 
     def forward(self, x: torch.Tensor, counts: list | None = None) -> torch.Tensor:
         cfg = self.cfg
@@ -153,11 +149,11 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, absorbed: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         self.attn_norm, self.ffn_norm = _param(cfg.hidden_size), _param(cfg.hidden_size)
-        self.attn = MLA(cfg)
+        self.attn = MLA(cfg, absorbed)
         self.ffn = MoE(cfg) if cfg.is_moe_layer(layer) else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, h, cos, sin, cache, start, counts):
@@ -174,11 +170,11 @@ class TargetOut:
 
 
 class TorchTarget(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, absorbed: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = _param(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(Block(cfg, i, absorbed) for i in range(cfg.num_hidden_layers))
         self.norm = _param(cfg.hidden_size)
         self.head = _param(cfg.vocab_size, cfg.hidden_size)
         inv = yarn_inv_freq(cfg)                                                    # [R/2] float64

@@ -1,4 +1,4 @@
-"""The stock-PyTorch K2 layer (workbench/bench/torch_layer.py) against the numpy reference layer.
+"""The stock-PyTorch K2 layer (workbench/torchk2/layer.py) against the numpy reference layer.
 
 float32 on CPU, small dims with q_lora, 8 experts in 4 groups (2 kept), top-3 and a shared expert.
 Tolerance: max |torch - reference| <= 1e-4 * max |reference| + 1e-5 (float32, sums in different order).
@@ -18,7 +18,7 @@ from workbench.reference.moe import moe_gate
 from workbench.weights import random_weights
 
 torch = pytest.importorskip("torch")
-from workbench.bench.torch_layer import TorchLayer, dequantize_int4_torch, grouped_mm_supported  # noqa: E402
+from workbench.torchk2.layer import TorchLayer, dequantize_int4_torch, grouped_mm_supported  # noqa: E402
 
 CFG = ModelConfig(
     vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,

@@ -1,4 +1,4 @@
-"""One K2 decoder layer in stock PyTorch, written for speed at batch 1: the engine's baseline.
+"""One K2 decoder layer in stock PyTorch, written for speed at batch 1: the engine's baseline (``bench k2``).
 
 Legend: N new tokens, T = start + N keys, D model width, H heads, Dn qk_nope, R qk_rope, V v_head,
 C kv_lora_rank, Q q_lora_rank, E routed experts, K experts per token, I expert (or dense) width.
@@ -15,7 +15,9 @@ What a strong PyTorch user writes (DeepSeek-V3's inference ``model.py`` style, a
   weighted combine per token. Where ``_grouped_mm`` does not run (older torch builds) a per-expert
   loop computes the same, with host syncs (``moe_path`` says which ran).
 - the shared expert (and the dense MLP of layers < first_k_dense_replace) as plain fused gate/up + down.
-Everything is in the layer's dtype (bfloat16 on the GPU) with float32 norms, rope, router and softmax.
+Everything is in the layer's dtype (bfloat16 on the GPU) with float32 norms, rope, router and softmax;
+norms, rope and router are ``torchk2.layers``', the trained model's own (``torchk2.model``, whose MLA
+takes the same absorbed form with ``absorbed=True``).
 ``forward(x, mask, positions, start)`` has static shapes per (N, start) and no host sync: capture it
 (or any part) once per shape and replay.
 """
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,8 @@ from ..config import ModelConfig
 from ..errors import InputError
 from ..reference.layers import dense_weight, weight
 from ..reference.rope import rope_attention_factor, yarn_inv_freq
+from .int4 import dequantize_int4_torch, seeded_bf16_experts  # noqa: F401 - the layer's INT4 helpers
+from .layers import apply_rope, rmsnorm, route
 
 MOE_IMPLS = ("auto", "grouped_mm", "loop")
 
@@ -40,21 +43,6 @@ MOE_IMPLS = ("auto", "grouped_mm", "loop")
 def _torch():
     import torch
     return torch
-
-
-def _rmsnorm(x, w, eps: float):
-    """RMSNorm in float32 (w float32 [K]), back to x's dtype."""
-    torch = _torch()
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w).to(x.dtype)
-
-
-def _rope(x, cos, sin):
-    """Rotate interleaved pairs (2i, 2i+1) of x [..., R] by cos/sin [..., R/2] (float32); x's dtype."""
-    torch = _torch()
-    xf = x.float().unflatten(-1, (-1, 2))                                       # [..., R/2, 2]
-    x0, x1 = xf[..., 0], xf[..., 1]
-    return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), -1).flatten(-2).to(x.dtype)
 
 
 def grouped_mm_supported(device: Any, dtype: Any) -> bool:
@@ -76,53 +64,6 @@ def grouped_mm_supported(device: Any, dtype: Any) -> bool:
 
 
 _GROUPED_OK: dict[tuple[str, str], bool] = {}
-
-
-def dequantize_int4_torch(packed, scale, dtype):
-    """INT4 words int32 [..., N, K/8] (pack_int4 order: low nibble = lowest column, q + 8) and scales
-    float16 [..., N, K/G] -> (q - 8) * scale [..., N, K] in float32, rounded once to ``dtype``.
-
-    The same values as ``workbench.quant.int4.dequantize_packed`` (products exact in float32)."""
-    torch = _torch()
-    shifts = torch.arange(0, 32, 4, device=packed.device, dtype=torch.int32)
-    q = (packed.unsqueeze(-1) >> shifts) & 0xF                                  # [..., N, K/8, 8]
-    n, k = packed.shape[-2], packed.shape[-1] * 8
-    g = k // scale.shape[-1]
-    w = (q.reshape(*packed.shape[:-1], k // g, g) - 8).float() * scale.float().unsqueeze(-1)
-    return w.reshape(*packed.shape[:-2], n, k).to(dtype)
-
-
-def seeded_bf16_experts(cfg: ModelConfig, seed: int, layer: int, device: Any = "cuda", dtype: Any = None,
-                        chunk: int = 32, workers: int | None = None) -> tuple[Any, Any]:
-    """The seeded layer's routed experts in the ``bf16`` layout's values, built on ``device``: w13
-    [E, 2I, D] (gate rows, then up) and w2 [E, D, I] in ``dtype`` (default bf16). The INT4 words and
-    scales of ``chunk`` experts at a time are generated on ``workers`` host threads while the device
-    dequantizes the previous chunk: no float32 expert copy on the host."""
-    torch = _torch()
-    from .. import seeded
-    dtype = torch.bfloat16 if dtype is None else dtype
-    workers = workers or min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 4)
-    e, mi, d = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
-    w13 = torch.empty(e, 2 * mi, d, device=device, dtype=dtype)
-    w2 = torch.empty(e, d, mi, device=device, dtype=dtype)
-
-    def host(e0: int):
-        ids = range(e0, min(e0 + chunk, e))
-        return e0, [seeded.expert_stack(cfg, seed, layer, proj, experts=ids, workers=workers)
-                    for proj in ("w1", "w3", "w2")]
-    with ThreadPoolExecutor(1) as pool:
-        nxt = pool.submit(host, 0)
-        for _ in range(0, e, chunk):
-            e0, stacks = nxt.result()
-            if e0 + chunk < e:
-                nxt = pool.submit(host, e0 + chunk)
-            (p1, s1), (p3, s3), (p2, s2) = [
-                (torch.from_numpy(p).to(device), torch.from_numpy(s).to(device)) for p, s in stacks]
-            e1 = e0 + p1.shape[0]
-            w13[e0:e1, :mi] = dequantize_int4_torch(p1, s1, torch.bfloat16)  # the bf16 layout's
-            w13[e0:e1, mi:] = dequantize_int4_torch(p3, s3, torch.bfloat16)  # values, in any dtype
-            w2[e0:e1] = dequantize_int4_torch(p2, s2, torch.bfloat16)
-    return w13, w2
 
 
 class TorchLayer:
@@ -220,18 +161,18 @@ class TorchLayer:
         a = xn @ p["w_qkv_a"].T                                                 # [N, Q (or H(Dn+R)) + C+R]
         split = p["w_qkv_a"].shape[0] - cfg.kv_cache_dim
         if cfg.q_lora_rank is not None:
-            q = _rmsnorm(a[:, :split], p["q_norm"], cfg.mla_norm_eps) @ p["wq_b"].T   # [N, H(Dn+R)]
+            q = rmsnorm(a[:, :split], p["q_norm"], cfg.mla_norm_eps) @ p["wq_b"].T   # [N, H(Dn+R)]
         else:
             q = a[:, :split]
         q = q.view(n, h, cfg.qk_head_dim)                                       # [N, H, Dn+R]
         cos, sin = self.rope_cos_sin(positions)                                 # [N, R/2]
         kv = a[:, split:]                                                       # [N, C+R]
         rows = self.cache[start:start + n]
-        rows[:, :c] = _rmsnorm(kv[:, :c], p["kv_norm"], cfg.mla_norm_eps)       # c_kv
-        rows[:, c:] = _rope(kv[:, c:], cos, sin)                                # k_pe, shared by all heads
+        rows[:, :c] = rmsnorm(kv[:, :c], p["kv_norm"], cfg.mla_norm_eps)       # c_kv
+        rows[:, c:] = apply_rope(kv[:, c:], cos, sin, float32=True)           # k_pe, shared by all heads
         lat = self.cache[:_round8(start + n)]                                   # [T8, C+R]
         q_lat = torch.bmm(q[..., :dn].transpose(0, 1), p["w_uk"])               # [H, N, C]
-        q_pe = _rope(q[..., dn:], cos[:, None], sin[:, None]).transpose(0, 1)   # [H, N, R]
+        q_pe = apply_rope(q[..., dn:], cos[:, None], sin[:, None], float32=True).transpose(0, 1)   # [H, N, R]
         qf = torch.cat((q_lat, q_pe), -1).view(h * n, cfg.kv_cache_dim)         # [H N, C+R]
         scores = (qf @ lat.T).view(h, n, -1).float() * cfg.softmax_scale       # [H, N, T8] float32
         scores[..., start:start + n].masked_fill_(~mask, float("-inf"))         # new rows: ancestors only
@@ -243,22 +184,7 @@ class TorchLayer:
 
     def router(self, xn):
         """noaux_tc routing of xn [N, D]: (idx int64 [N, K], w float32 [N, K], scaling factor included)."""
-        cfg, p = self.cfg, self.p
-        n, e = xn.shape[0], cfg.n_routed_experts
-        scores = (xn.float() @ p["gate"].T).sigmoid()                           # [N, E]
-        choice = scores + p["gate_bias"]                                        # selection only
-        if cfg.n_group > 1:
-            per = e // cfg.n_group
-            grouped = choice.view(n, cfg.n_group, per)                          # [N, G, E/G]
-            gscore = grouped.topk(min(2, per), -1).values.sum(-1)               # [N, G]
-            keep = gscore.topk(cfg.topk_group, -1).indices                      # [N, topk_group]
-            ok = _torch().zeros_like(gscore, dtype=_torch().bool).scatter_(1, keep, True)
-            choice = choice.masked_fill(~ok.repeat_interleave(per, 1), float("-inf"))
-        idx = choice.topk(cfg.num_experts_per_tok, -1).indices                  # [N, K]
-        w = scores.gather(1, idx)
-        if cfg.norm_topk_prob:
-            w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        return idx, w * cfg.routed_scaling_factor
+        return route(self.cfg, xn, self.p["gate"], self.p["gate_bias"])
 
     def routed_experts(self, xn, idx, w):
         """sum_k w[:, k] Expert_idx[:, k](xn): [N, D] in the layer dtype."""
@@ -318,12 +244,12 @@ class TorchLayer:
         """The layer on x [N, D]: h = x + MLA(norm x), y = h + FFN(norm h); cache rows [start, start+N)
         written, ``length`` untouched. Static shapes per (N, start), no host sync (grouped_mm path)."""
         eps = self.cfg.rms_norm_eps
-        h = x + self.attention(_rmsnorm(x, self.p["attn_norm"], eps), mask, positions, start)
-        return h + self.ffn(_rmsnorm(h, self.p["ffn_norm"], eps))
+        h = x + self.attention(rmsnorm(x, self.p["attn_norm"], eps), mask, positions, start)
+        return h + self.ffn(rmsnorm(h, self.p["ffn_norm"], eps))
 
     def normed(self, x, which: str = "attn_norm"):
         """RMSNorm of x with the layer's ``attn_norm`` or ``ffn_norm`` (the parts' input)."""
-        return _rmsnorm(x, self.p[which], self.cfg.rms_norm_eps)
+        return rmsnorm(x, self.p[which], self.cfg.rms_norm_eps)
 
     def step(self, x, ancestor_mask, positions):
         """N new tokens x [N, D] at ``positions`` [N] under ``ancestor_mask`` [N, N] (bool, row i sees
