@@ -10,10 +10,10 @@ from tests.bench.test_k2_layer import SMALL
 from workbench.bench import k2_layer
 from workbench.checkpoint import open_checkpoint
 from workbench.checkpoint.synthetic import write_k26_checkpoint
+from workbench.ddtree.scenarios import layer_reference
 from workbench.engine.layer import LayerRig
 from workbench.engine.scenarios import compare_layer, engine_layer
 from workbench.errors import InputError
-from workbench.ddtree.scenarios import layer_reference
 
 CFG = SMALL.replace(num_hidden_layers=3)
 

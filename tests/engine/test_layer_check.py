@@ -9,8 +9,8 @@ import numpy as np
 
 from kernels_numba.sim import sim_speed
 from tests.bench.test_k2_layer import SMALL, _rig
-from workbench.engine.scenarios import check_layer, compare_layer, engine_layer
 from workbench.ddtree.scenarios import layer_reference
+from workbench.engine.scenarios import check_layer, compare_layer, engine_layer
 
 
 def test_reference_side_in_a_spawned_process_compares_as_the_inline_check():
