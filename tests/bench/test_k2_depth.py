@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from workbench import k2proj
 from workbench.bench import k2_depth
 from workbench.config import preset
-from workbench.report import k2proj
 
 
 def test_sets_fit_a_h200_and_cap_at_the_moe_layers():
