@@ -341,28 +341,28 @@ def run(
                 checks.append({"layer": i, "experts": e, "dense": d, "scenario": "reference",
                                "error": f"{type(ex).__name__}: {ex}", "passed": False})
             save_meta()
-    for layer, experts, dn in plan:
+    for li, experts, dn in plan:
         if time.perf_counter() - t0 > start_before_s:
-            log(f"layer {layer} ({experts}) left out: {time.perf_counter() - t0:.0f} s spent "
+            log(f"layer {li} ({experts}) left out: {time.perf_counter() - t0:.0f} s spent "
                 f"(nothing starts after {start_before_s:.0f} s)")
             continue
         if experts == ExpertKind.FP32 and time.perf_counter() - t0 > fp32_after_s:
             log(f"FP32 experts left out: {time.perf_counter() - t0:.0f} s spent (limit {fp32_after_s:.0f} s)")
             continue
-        kind = (experts if cfg.is_moe_layer(layer) else "dense") + f", {dn} dense projections"
+        what = f"{experts if cfg.is_moe_layer(li) else 'dense'}, {dn} dense projections"
         rig = None
         try:
             t = time.perf_counter()
-            lay = layer(cfg, src, layer, experts, dn, workers)
-            rig = LayerRig(cfg, layer, lay, max_rows, max_len)
+            lay = layer(cfg, src, li, experts, dn, workers)
+            rig = LayerRig(cfg, li, lay, max_rows, max_len)
             rig.sync()
             log(
-                f"layer {layer} ({kind}): built in {time.perf_counter() - t:.1f} s, "
+                f"layer {li} ({what}): built in {time.perf_counter() - t:.1f} s, "
                 f"paths {lay.moe.path if lay.moe is not None else lay.mlp.path}"
                 + (f"; {_rss()}" if checkpoint else "")
             )
-            if pool is not None and (layer, experts, dn) in refs:
-                engine_out[(layer, experts, dn)] = engine_layer(cfg, seed, rig)
+            if pool is not None and (li, experts, dn) in refs:
+                engine_out[(li, experts, dn)] = engine_layer(cfg, seed, rig)
             full = experts in CHECKED                  # FP32 experts: at most 9 rows, 5 replays
             t = time.perf_counter()
             time_layer(
@@ -378,15 +378,15 @@ def run(
                 seed,
                 budget_s=300.0 if full else 60.0,   # fused_moe compiles per row bucket (~50 s)
             )
-            log(f"layer {layer} ({kind}): timed in {time.perf_counter() - t:.1f} s")
+            log(f"layer {li} ({what}): timed in {time.perf_counter() - t:.1f} s")
         except Exception as ex:  # noqa: BLE001 - keep the other layers
-            log(f"layer {layer} ({kind}): FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
+            log(f"layer {li} ({what}): FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
         del rig
         lay = None
         cuda.current_context().deallocations.clear()
         torch.cuda.empty_cache()
         if torch_baseline and experts == ExpertKind.INT4 and dn == dense[0]:
-            _torch_rows(cfg, seed, layer, context, reps, emit, log)
+            _torch_rows(cfg, seed, li, context, reps, emit, log)
         compare_ready(wait=False)
         save_meta()
     if pool is not None:
