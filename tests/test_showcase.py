@@ -117,8 +117,8 @@ def test_committed_showcase_names_its_gpu_driver_and_commit():
 
 
 def test_committed_showcase_links_only_files_in_the_tree():
-    tracked = set(subprocess.run(["git", "ls-files", "reports"], cwd=ROOT, capture_output=True, text=True,
-                                 check=True).stdout.splitlines())
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                                 check=True).stdout.splitlines())                # pages also link docs/
     for path in [REPORTS / "index.html", *sorted(REPORTS.glob("[0-9]*.html"))]:
         for href in re.findall(r'href="([^"]+)"', path.read_text(encoding="utf-8")):
             if href.startswith(("#", "http:", "https:", "data:", "mailto:")):
