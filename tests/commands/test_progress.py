@@ -1,0 +1,91 @@
+"""Console progress: ``generate`` and ``bench`` report their loops to a bar on stderr while stderr is a
+terminal (faked here), and print nothing more off one."""
+
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from workbench.bundle import read_bundle
+from workbench.cli import main
+from workbench.commands import progress
+
+TINY = str(Path(__file__).resolve().parents[2] / "refs" / "tiny.kdtr")
+
+
+@pytest.mark.parametrize("mode", ["ar", "ddtree", "chain"])
+def test_generate_reports_every_token_or_round(mode):
+    from workbench.generate import generate
+    b = read_bundle(TINY, model=True)
+    calls = []
+    res = generate(b.config, b.weights(), [int(t) for t in b.prompt], 9, mode=mode, drafter="oracle",
+                   budget=4, progress=lambda done, total, what: calls.append((done, total, what)))
+    assert calls and calls[-1][:2] == (9, 9)
+    assert [c[0] for c in calls] == sorted(c[0] for c in calls)           # tokens done never go back
+    if mode == "ar":
+        assert [c[0] for c in calls] == list(range(1, 10))
+    else:
+        assert len(calls) == len(res.rounds) and calls[-1][2] == f"round {len(res.rounds)}"
+
+
+@pytest.mark.parametrize("mode", ["ar", "ddtree"])
+def test_generate_shows_a_bar_on_a_terminal_only(monkeypatch, capsys, mode):
+    argv = ["generate", TINY, "--mode", mode, "--drafter", "oracle", "--tokens", "8"]
+    assert main(argv) == 0
+    quiet = capsys.readouterr().err
+    assert f"generate {mode}" not in quiet and "\r" not in quiet
+    monkeypatch.setattr(progress, "on_console", lambda: True)
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"generate {mode}" in err and "/8" in err                      # the bar over the 8 tokens
+
+
+def test_steps_is_silent_off_a_terminal_and_follows_the_loop_on_one(monkeypatch, capsys):
+    steps = progress.Steps("bench x")
+    steps(1, 3, "a")
+    steps.close()
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress, "on_console", lambda: True)
+    steps(0, 3, "part a")
+    bar = steps._bar
+    steps(2, 3, "part b")
+    assert (bar.n, bar.total, bar.desc) == (2, 3, "bench x: part b")
+    steps(1, 5, "next loop")                                            # another total: a new bar
+    assert steps._bar is not bar and steps._bar.n == 1
+    steps.close()
+    assert "bench x" in capsys.readouterr().err
+
+
+def _fake_gpu(monkeypatch):
+    import kernels_numba.device
+    import workbench.bench.common
+    import workbench.results
+    monkeypatch.setattr(workbench.bench.common, "require_gpu", lambda: None)
+    monkeypatch.setattr(kernels_numba.device, "SIMULATED", False)
+    monkeypatch.setattr(workbench.results, "retire_others", lambda rs: [])
+
+
+def test_bench_hands_its_run_a_progress_callback_that_draws_a_bar(monkeypatch, tmp_path, capsys):
+    import workbench.bench.k2_layer
+    _fake_gpu(monkeypatch)
+    seen = []
+
+    def fake_run(out_dir, layers=None, **kw):
+        inspect.signature(workbench.bench.k2_layer.run).bind(out_dir, layers, **kw)  # the real signature
+        for i, layer in enumerate(layers):                 # the benchmark's loop, one step per layer
+            kw["progress"](i, len(layers), f"layer {layer}")
+        kw["progress"](len(layers), len(layers), "done")
+        seen.append(kw["progress"])
+        return SimpleNamespace(log=tmp_path / "k2.log")
+
+    monkeypatch.setattr(workbench.bench.k2_layer, "run", fake_run)
+    argv = ["bench", "k2", "--out", str(tmp_path), "--layers", "3,4"]
+    assert main(argv) == 0
+    assert isinstance(seen[-1], progress.Steps)
+    assert "bench k2" not in capsys.readouterr().err
+    monkeypatch.setattr(progress, "on_console", lambda: True)
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "bench k2" in err and "/2" in err
+    assert seen[-1]._bar is None                           # closed by the command
