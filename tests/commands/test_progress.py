@@ -89,3 +89,18 @@ def test_bench_hands_its_run_a_progress_callback_that_draws_a_bar(monkeypatch, t
     err = capsys.readouterr().err
     assert "bench k2" in err and "/2" in err
     assert seen[-1]._bar is None                           # closed by the command
+
+
+def test_the_engine_benchmark_reports_each_part_in_order(monkeypatch, tmp_path):
+    """The benchmark's own loop with its GPU parts faked: one call per part, then done."""
+    import workbench.bench.engine as engine
+    done = []
+    monkeypatch.setattr(engine, "require_gpu", lambda: None)
+    monkeypatch.setattr(engine, "run_metadata", lambda **kw: dict(kw, git_sha="abc1234"))
+    for name in ("bench_ar", "bench_kernel_sum", "bench_verify", "bench_spec", "plot"):
+        monkeypatch.setattr(engine, name, lambda *a, **kw: done.append(("part", a[0] if a else None)))
+    calls = []
+    engine.run_engine_bench(tmp_path, progress=lambda d, t, what: calls.append((d, t, what)))
+    assert [(d, t) for d, t, _ in calls] == [(i, 7) for i in range(8)]
+    assert calls[0][2] == "AR tiny2" and calls[-1][2] == "done"
+    engine.run_engine_bench(tmp_path / "quiet")                # no callback: the same run, nothing reported

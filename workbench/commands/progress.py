@@ -34,7 +34,7 @@ class Steps:
     def __call__(self, done: int, total: int, what: str = "") -> None:
         if not on_console():
             return
-        if self._bar is None or self._bar.total != total:       # a new loop: a new bar
+        if self._bar is None or self._bar.total != total or done < self._bar.n:    # a new loop: a new bar
             self.close()
             self._bar = bar(total, self.name, self.unit)
         self._bar.set_description_str(f"{self.name}: {what}" if what else self.name, refresh=False)
