@@ -104,3 +104,23 @@ def test_the_engine_benchmark_reports_each_part_in_order(monkeypatch, tmp_path):
     assert [(d, t) for d, t, _ in calls] == [(i, 7) for i in range(8)]
     assert calls[0][2] == "AR tiny2" and calls[-1][2] == "done"
     engine.run_engine_bench(tmp_path / "quiet")                # no callback: the same run, nothing reported
+
+
+def test_bench_lines_and_the_bar_share_the_terminal(monkeypatch, tmp_path, capsys):
+    """stdout lines printed during a run reach the console and the log whole while a bar is shown."""
+    import workbench.bench.engine
+    from workbench.results import result_set
+    _fake_gpu(monkeypatch)
+    monkeypatch.setattr(progress, "on_console", lambda: True)
+
+    def fake_run(out_dir, progress=None):
+        for i in range(3):
+            progress(i, 3, f"part {i}")
+            print(f"row {i}")
+        return result_set(tmp_path, "engine", "abc1234")
+
+    monkeypatch.setattr(workbench.bench.engine, "run_engine_bench", fake_run)
+    assert main(["bench", "engine", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[:3] == ["row 0", "row 1", "row 2"] and "bench engine: part 2" in err
+    assert result_set(tmp_path, "engine", "abc1234").log.read_text() == "row 0\nrow 1\nrow 2\n"

@@ -48,7 +48,9 @@ class _Tee(io.TextIOBase):
         self.stream, self.parts = stream, []
 
     def write(self, s: str) -> int:
-        self.stream.write(s)
+        from . import progress
+        with progress.clear():                              # the bar steps aside for the line, then returns
+            self.stream.write(s)
         self.parts.append(s)
         return len(s)
 

@@ -18,6 +18,15 @@ def bar(total: int, desc: str, unit: str = "it") -> Any:
                 leave=False, disable=not on_console())
 
 
+def clear() -> Any:
+    """A context in which stdout can be written on a terminal without breaking the bars on stderr."""
+    if not on_console():
+        import contextlib
+        return contextlib.nullcontext()
+    from tqdm import tqdm
+    return tqdm.external_write_mode(file=sys.stdout)
+
+
 def status(text: str) -> None:
     """One line on stderr saying what a long step is doing (on a terminal only)."""
     if on_console():
