@@ -65,7 +65,7 @@ def test_bench_command_writes_the_log_and_retires_the_earlier_set(tmp_path, monk
 
     old = _write_set(tmp_path, what, "old1111", "2001-01-01T00:00:00+00:00")
 
-    def fake_run(out):
+    def fake_run(out, progress=None):
         rs = result_set(out, what, "new2222")
         print("measured one row")
         rs.csv.write_text("case,impl\nc,a\n")

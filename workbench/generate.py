@@ -12,6 +12,7 @@ steps across calls).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,8 @@ def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: i
              backend: str = "reference", mode: str = "ar", drafter: Any = "dflash", budget: Any = 16,
              cost_curve: Any = None, sampling: SamplingParams = GREEDY, drafter_config: Any = None,
              oracle_p: float = 1.0, oracle_seed: int = 0, continuation: Any = None, engine: Any = None,
-             timing: dict | None = None) -> Generation:
+             timing: dict | None = None,
+             progress: Callable[[int, int, str], None] | None = None) -> Generation:
     """Generate ``n_tokens`` after ``prompt``: greedy at ``sampling.temperature`` 0, else sampled with the
     run's one Generator (both backends draw the same tokens for the same seed).
 
@@ -52,7 +54,8 @@ def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: i
     drafter options of ``workbench.ddtree.drafter.make_drafter``; mode "chain": the same drafter verified
     as the chain of its L argmax tokens (no budget). backend "numba": ``engine`` (a
     ``workbench.engine.runtime.Engine`` big enough for the request) or None; ``timing`` receives the
-    engine's decode-phase wall times (``engine_ar_generate`` / ``engine_ddtree_generate``).
+    engine's decode-phase wall times (``engine_ar_generate`` / ``engine_ddtree_generate``). progress:
+    called as ``progress(tokens done, n_tokens, what)`` after each token (AR) or round (DDTree, chain).
     """
     if backend not in BACKENDS:
         raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -69,21 +72,22 @@ def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: i
     if backend == "reference":
         if mode == "ar":
             from .ddtree.ar import ar_generate
-            return Generation(ar_generate(cfg, weights, prompt, n_tokens, sampling).tokens,
+            return Generation(ar_generate(cfg, weights, prompt, n_tokens, sampling, progress=progress).tokens,
                               time.perf_counter() - t0)
         if mode == "chain":
             from .ddtree.chain import chain_generate
-            r = chain_generate(cfg, weights, prompt, n_tokens, drafter, sampling, **kw)
+            r = chain_generate(cfg, weights, prompt, n_tokens, drafter, sampling, **kw, progress=progress)
             return Generation(r.tokens, time.perf_counter() - t0, r.rounds)
         from .ddtree.speculative import ddtree_generate
-        r = ddtree_generate(cfg, weights, prompt, n_tokens, drafter, budget, sampling, **kw)
+        r = ddtree_generate(cfg, weights, prompt, n_tokens, drafter, budget, sampling, **kw,
+                            on_round=_rounds(progress, n_tokens))
         return Generation(r.tokens, time.perf_counter() - t0, r.rounds)
     from .ddtree.inputs import check_run
     from .engine.ar import engine_ar_generate, engine_for
     toks, n_tokens = check_run(cfg, prompt, n_tokens, sampling)
     if mode == "ar":
         eng = engine or engine_for(cfg, weights, len(toks), n_tokens)
-        r = engine_ar_generate(eng, toks, n_tokens, sampling=sampling, timing=timing)
+        r = engine_ar_generate(eng, toks, n_tokens, sampling=sampling, timing=timing, progress=progress)
         return Generation(r.tokens, time.perf_counter() - t0)
     from .ddtree.drafter import make_drafter
     from .engine.ddtree import engine_ddtree_generate
@@ -92,9 +96,24 @@ def generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: i
         from .engine.chain import engine_chain_generate
         n_pos = draft.block_size - 1
         eng = engine or engine_for(cfg, weights, len(toks), n_tokens, n_pos, taps=tuple(draft.capture))
-        r = engine_chain_generate(eng, weights, toks, n_tokens, draft, sampling, timing=timing)
+        r = engine_chain_generate(eng, weights, toks, n_tokens, draft, sampling, timing=timing,
+                                  progress=progress)
         return Generation(r.tokens, time.perf_counter() - t0, r.rounds)
     eng = engine or engine_for(cfg, weights, len(toks), n_tokens, budget.max_nodes,
                                taps=tuple(draft.capture))
-    r = engine_ddtree_generate(eng, weights, toks, n_tokens, draft, budget, sampling, timing=timing)
+    r = engine_ddtree_generate(eng, weights, toks, n_tokens, draft, budget, sampling, timing=timing,
+                               progress=progress)
     return Generation(r.tokens, time.perf_counter() - t0, r.rounds)
+
+
+def _rounds(progress: Callable[[int, int, str], None] | None, n_tokens: int) -> Callable | None:
+    """``ddtree_generate``'s on_round as a progress callback: tokens done (accepted path and bonus)."""
+    if progress is None:
+        return None
+    done = [0, 0]                                           # tokens, rounds
+
+    def on_round(trace) -> None:
+        done[0] += len(trace.accepted)
+        done[1] += 1
+        progress(min(done[0], n_tokens), n_tokens, f"round {done[1]}")
+    return on_round

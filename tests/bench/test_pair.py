@@ -32,10 +32,14 @@ def test_cost_aware_runs_beside_the_fixed_budgets_on_their_own_curve(monkeypatch
     b = golden_bundle("tiny")
     prompts = [("a", np.asarray(b.prompt[:5], np.int64))]
     rows: list[dict] = []
-    curve = pair.bench_bundle(str(b.path), prompts, 5, (1, 4), rows, cost_aware=True)
+    calls = []
+    curve = pair.bench_bundle(str(b.path), prompts, 5, (1, 4), rows, cost_aware=True,
+                              progress=lambda d, t, what: calls.append((d, t, what)))
+    assert [(d, t) for d, t, _ in calls] == [(0, 2), (1, 2)]      # the prompt, then its cost-aware run
+    assert "cost-aware" in calls[1][2]
     assert curve.rows == (2, 5) and curve.round_us >= 0
     dd = {r["budget"]: r for r in rows if r["mode"] == "ddtree"}
-    assert curve.verify_us == (dd[1]["verify_us_per_round"], dd[4]["verify_us_per_round"])
+    assert curve.verify_us == pytest.approx((dd[1]["verify_us_per_round"], dd[4]["verify_us_per_round"]))
     auto = [r for r in rows if r["mode"] == "ddtree_auto"]
     assert len(auto) == 1 and auto[0]["budget"] == 4 and auto[0]["tokens_equal_ar"]
     assert 1 <= auto[0]["nodes_per_round"] <= 4

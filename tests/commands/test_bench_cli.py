@@ -16,6 +16,7 @@ def test_k2_flags_reach_the_benchmark(monkeypatch, tmp_path):
 
     def fake_run(out_dir, layers=None, **kw):
         inspect.signature(workbench.bench.k2_layer.run).bind(out_dir, layers, **kw)  # the real signature
+        assert callable(kw.pop("progress"))                 # the command's progress callback
         seen.update(kw, layers=layers)
         return SimpleNamespace(log=tmp_path / "k2.log")
 
@@ -52,6 +53,7 @@ def test_ep_flags_reach_the_benchmark_and_a_failed_part_exits_1(monkeypatch, tmp
 
     def fake_run(out_dir, worlds=None, **kw):
         inspect.signature(workbench.bench.ep_moe.run).bind(out_dir, worlds, **kw)  # the real signature
+        assert callable(kw.pop("progress"))
         seen.update(kw, worlds=worlds)
         rs = result_set(tmp_path, "ep_moe", "abc1234")
         write_json_atomic(rs.meta, {"failed": failed})
@@ -79,7 +81,7 @@ def test_low_occupancy_warnings_are_silenced_and_others_kept(monkeypatch, tmp_pa
     import workbench.bench.engine
     import workbench.results
 
-    def fake_run(out_dir):
+    def fake_run(out_dir, progress=None):
         for n in (1, 8, 64):
             warnings.warn(f"Grid size {n} will likely result in GPU under-utilization due to low occupancy.",
                           RuntimeWarning, stacklevel=1)
@@ -107,6 +109,7 @@ def test_depth_flags_reach_the_benchmark_and_a_failed_check_exits_1(monkeypatch,
 
     def fake_bench(out_dir, **kw):
         inspect.signature(workbench.bench.k2_depth.bench).bind(out_dir, **kw)  # the real signature
+        assert callable(kw.pop("progress"))
         seen.update(kw)
         rs = result_set(tmp_path, "k2_depth", "abc1234")
         write_json_atomic(rs.meta, {"checks_passed": passed[0]})

@@ -280,20 +280,30 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def run_engine_bench(out_dir) -> ResultSet:
+def run_engine_bench(out_dir, progress=None) -> ResultSet:
+    """The engine benchmark's result set; progress: ``progress(done, total, what)`` per part."""
     require_gpu()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = run_metadata(bench="engine", ar_tokens=AR_TOKENS, hf_tokens=HF_TOKENS, spec_tokens=SPEC_TOKENS)
     rs = result_set(out, "engine", meta["git_sha"])       # the commit before any result lands in the tree
     rows: list[dict] = []
+    step = progress or (lambda done, total, what: None)
+    step(0, 7, "AR tiny2")
     ar = bench_ar("tiny2", rows)
+    step(1, 7, "kernel sum tiny2")
     bench_kernel_sum(ar, rows)
+    step(2, 7, "AR int4_tiny2")
     bench_ar("int4_tiny2", rows)                     # dense MLP on int4_matmul, experts portable (width 32)
+    step(3, 7, "AR int4_tiny")
     bench_ar("int4_tiny", rows)                      # dense MLP on int4_matmul, experts on fused_moe
+    step(4, 7, "AR int4_tiny, portable kernels")
     bench_ar("int4_tiny", rows, fast_kernels=False)  # the same bundle on the portable kernels
+    step(5, 7, "verify tiny2")
     bench_verify("tiny2", rows)
+    step(6, 7, "DDTree tiny2")
     bench_spec(ar, "tiny2", rows)
+    step(7, 7, "done")
     write_csv(rows, rs.csv)
     write_json_atomic(rs.meta, meta, indent=2)
     try:

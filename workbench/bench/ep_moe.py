@@ -232,10 +232,11 @@ def summarise(world: int, t: int, per_rank: list[dict], local: list | None) -> l
 
 
 def run(out_dir, worlds=None, rows=ROWS, reps: int = 20, seed: int = 0, layer: int = 1,
-        timeout_s: float = 540.0, in_turn=WORLDS):
+        timeout_s: float = 540.0, in_turn=WORLDS, progress=None):
     """Check and time the layer's split at each P of ``in_turn`` rank after rank on one GPU
     (``ep_in_turn``), then the EP layer at each P of ``worlds`` (as many GPUs as there are); writes
-    ``ep_moe_<commit>``, whose metadata's ``failed`` lists what did not run or did not pass."""
+    ``ep_moe_<commit>``, whose metadata's ``failed`` lists what did not run or did not pass. progress:
+    ``progress(done, total, what)`` before each part (ranks in turn, then each P)."""
     import torch
 
     from ..config import preset
@@ -255,6 +256,8 @@ def run(out_dir, worlds=None, rows=ROWS, reps: int = 20, seed: int = 0, layer: i
     rs = result_set(out, "ep_moe", meta["git_sha"])
     t0 = time.perf_counter()
     table, checks, failed = [], [], []
+    step = progress or (lambda done, total, what: None)
+    parts = int(bool(in_turn)) + len(worlds)
 
     def log(msg) -> None:
         print(f"[{time.perf_counter() - t0:7.1f} s] {msg}", flush=True)
@@ -268,6 +271,7 @@ def run(out_dir, worlds=None, rows=ROWS, reps: int = 20, seed: int = 0, layer: i
     torch.cuda.empty_cache()
     log(f"copy rate {meta['copy_gbs']} GB/s; {n_gpu} GPUs; worlds {worlds}; ranks in turn {list(in_turn)}")
     if in_turn:
+        step(0, parts, f"ranks in turn, P in {list(in_turn)}")
         try:
             part, part_checks = run_in_turn(preset("k2_slice"), seed, layer, in_turn, rows, reps,
                                             meta["copy_gbs"], max(1, (os.cpu_count() or 2) - 1), SETS, TOL,
@@ -282,7 +286,8 @@ def run(out_dir, worlds=None, rows=ROWS, reps: int = 20, seed: int = 0, layer: i
                    for c in part_checks if not c["passed"]]
         save()
         torch.cuda.empty_cache()
-    for p in worlds:
+    for i, p in enumerate(worlds):
+        step(parts - len(worlds) + i, parts, f"expert parallel P={p}")
         workers = max(1, (os.cpu_count() or 2) // p - 1)
         try:
             per = run_ranks("workbench.bench.ep_moe:rank_main", p,
@@ -304,6 +309,7 @@ def run(out_dir, worlds=None, rows=ROWS, reps: int = 20, seed: int = 0, layer: i
         for t in rows:
             table += summarise(p, t, every, every[0]["local"].get(t))
         save()
+    step(parts, parts, "done")
     try:
         plot(table, rs.plot)
     except Exception as ex:  # noqa: BLE001

@@ -93,8 +93,8 @@ def _floats(flag: str, text: str, kind=float) -> tuple:
         raise InputError(f"--{flag} wants comma-separated numbers, got {text!r}") from None
 
 
-def run_set(args):
-    """The benchmark for parsed ``args``; its result set."""
+def run_set(args, progress=None):
+    """The benchmark for parsed ``args``; its result set (``progress``: as ``bench``'s)."""
     from ..errors import InputError
     budgets = _floats("budgets", args.budgets, int) if args.budgets else BUDGETS
     ps = _floats("oracle-p", args.oracle_p)
@@ -102,12 +102,12 @@ def run_set(args):
         raise InputError("budgets >= 1, oracle p in [0, 1], --tokens >= 2 and --prompt >= 1")
     return bench(Path(args.out), sets=args.sets, prompt_len=args.prompt, n_tokens=args.tokens,
                  budgets=budgets, ps=ps, reps=args.reps, seed=args.seed, deadline_s=args.deadline,
-                 check=not args.no_check, drafter=args.drafter, dry_run=args.dry_run)
+                 check=not args.no_check, drafter=args.drafter, dry_run=args.dry_run, progress=progress)
 
 
-def run(args) -> int:
+def run(args, progress=None) -> int:
     """The command: 0 when every check passed, 1 otherwise."""
-    return 0 if run_set(args).read_meta().get("checks_passed") else 1
+    return 0 if run_set(args, progress).read_meta().get("checks_passed") else 1
 
 
 # ---- configuration ------------------------------------------------------------------------------------
@@ -392,8 +392,9 @@ def check_engine_side(cfg, model, layer: int, seed: int) -> tuple[dict, dict]:
 
 def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 128, budgets=BUDGETS,
           ps=ORACLE_P, reps: int = 20, seed: int = 0, deadline_s: float = 470.0, check: bool = True,
-          drafter: str = "engine", dry_run: bool = False):
-    """Build, check and time the stand-in; writes the result set ``k2_depth_<commit>`` into ``out_dir``."""
+          drafter: str = "engine", dry_run: bool = False, progress=None):
+    """Build, check and time the stand-in; writes the result set ``k2_depth_<commit>`` into ``out_dir``.
+    progress: ``progress(done, total, what)`` before each stage and each DDTree run."""
     from kernels_numba import ops
     from kernels_numba.device import SIMULATED, on_gpu
 
@@ -449,7 +450,15 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
 
     if gpu:
         meta["copy_gbs"] = round(copy_bandwidth(), 1)
+    stages = [0, 7 + len(ps) * len(budgets)]              # done, total
+
+    def stage(what: str) -> None:
+        if progress is not None:
+            progress(min(stages[0], stages[1]), stages[1], what)
+        stages[0] += 1
+
     # ---- build
+    stage("build")
     import torch
     t = time.perf_counter()
     if gpu:
@@ -470,6 +479,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
                     max_rows=max(prompt_len, max_b + 1), taps=taps, model=model)
     save()
     # ---- checks: engine side now, the reference in a child process
+    stage("layer checks, engine side")
     pool, refs, engs = None, {}, {}
     if check:
         from .k2_layer import _blas_threads
@@ -482,6 +492,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
             del w
             log(f"check layer {layer}: engine side in {time.perf_counter() - t:.1f} s, reference started")
     # ---- AR
+    stage("AR")
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, cfg.vocab_size, prompt_len).astype(np.int64)
     ar_n = n_tokens + BLOCK
@@ -512,6 +523,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     sequence = np.concatenate([prompt, ar])
     save()
     # ---- parts
+    stage("parts")
     timer = Timer(gpu, reps)
     context = prompt_len + n_tokens // 2
     rows_list = sorted({1, *(b + 1 for b in budgets)}) if not dry_run else [1, 2]
@@ -522,12 +534,14 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
         log(f"parts FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
     save()
     # ---- the drafter
+    stage("drafter")
     t = time.perf_counter()
     fwd, how, draft_timed = (None, "not run (--drafter none)", None) if drafter == "none" else \
         make_drafter(engine, seed, log)
     meta["drafter"] = how
     log(f"drafter ({time.perf_counter() - t:.1f} s): {how}")
     # ---- DDTree: one short untimed generation first (the host tree heap's compile, the first captures)
+    stage("DDTree warm-up")
     t = time.perf_counter()
     ddtree_run(engine, prompt, min(16, n_tokens), budgets[0], ps[0], sequence, seed, fwd)
     log(f"DDTree warm-up in {time.perf_counter() - t:.1f} s")
@@ -536,6 +550,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     left_out = []
     for p in ps:
         for b in budgets:
+            stage(f"DDTree p={p} B={b}")
             elapsed = time.perf_counter() - t_start
             if elapsed + est.get(b, 0.0) > deadline_s:
                 left_out.append(f"p={p} B={b}")
@@ -577,6 +592,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
             emit({"table": "run", "source": "pair code (replayed)", "budget": b, "tau": pair[b],
                   "round_ms": rms, "ms_per_token": rms / pair[b], "speedup": ar_ms * pair[b] / rms})
     # ---- checks: the reference sides
+    stage("layer checks, reference side")
     if pool is not None:
         from ..engine.scenarios import compare_layer as compare
         for layer, fut in refs.items():
@@ -604,6 +620,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
         log(f"plot FAILED {type(ex).__name__}: {ex}")
     save()
     log(f"checks: {sum(c['passed'] for c in checks)}/{len(checks)} passed; wrote {rs.csv}, {rs.meta}")
+    stage("done")
     return rs
 
 

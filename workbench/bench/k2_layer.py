@@ -264,6 +264,7 @@ def run(
     start_before_s: float = 330.0,
     dense: tuple[str, ...] = ("fp32",),
     checkpoint=None,
+    progress=None,
 ):
     """Check and time each layer of k2_slice; writes the result set ``k2_layer_<commit>`` into out_dir.
     ``checkpoint``: a HF checkpoint folder whose ``layers`` are checked and timed instead (opened lazily,
@@ -271,7 +272,8 @@ def run(
     ``dense``: the ways to hold the dense projections, each layer built and timed once per way
     ("fp32": widened, "bf16": W16A16 on the BLAS path); ``bf16_layer``: the MoE layer also run with
     BF16 experts (grouped GEMMs) and W16A16 dense projections where ``dense`` has them; ``fp32_layer``
-    the one also run with FP32 experts (portable FFN, the seed engine's placeholder)."""
+    the one also run with FP32 experts (portable FFN, the seed engine's placeholder). ``progress``:
+    ``progress(done, total, what)`` before each planned layer run."""
     import torch
     from numba import cuda
 
@@ -341,7 +343,9 @@ def run(
                 checks.append({"layer": i, "experts": e, "dense": d, "scenario": "reference",
                                "error": f"{type(ex).__name__}: {ex}", "passed": False})
             save_meta()
-    for li, experts, dn in plan:
+    for step, (li, experts, dn) in enumerate(plan):
+        if progress is not None:
+            progress(step, len(plan), f"layer {li}, {experts} experts, {dn} dense")
         if time.perf_counter() - t0 > start_before_s:
             log(f"layer {li} ({experts}) left out: {time.perf_counter() - t0:.0f} s spent "
                 f"(nothing starts after {start_before_s:.0f} s)")
@@ -389,6 +393,8 @@ def run(
             _torch_rows(cfg, seed, li, context, reps, emit, log)
         compare_ready(wait=False)
         save_meta()
+    if progress is not None:
+        progress(len(plan), len(plan), "checks")
     if pool is not None:
         log("waiting for the reference side of the checks")
         compare_ready(wait=True)

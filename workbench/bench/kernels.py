@@ -138,9 +138,9 @@ def bench_matmul(torch, copy, rows, log):
                 log(rows[-1])
 
 
-def run(out_dir: Path) -> dict:
+def run(out_dir: Path, progress=None) -> dict:
     """Run everything, write the result set (CSV, metadata, plot) under ``out_dir``; returns rows, meta,
-    the log lines and the ``ResultSet`` as "set"."""
+    the log lines and the ``ResultSet`` as "set". progress: ``progress(done, total, what)`` per section."""
     import torch
 
     from . import kernels_moe
@@ -158,12 +158,16 @@ def run(out_dir: Path) -> dict:
     meta = run_metadata(copy_gbs=round(copy, 1), rotation=ROT, group_size=G)
     rs = result_set(out_dir, "kernels", meta["git_sha"])
     sections = [("matmul", bench_matmul), ("moe", kernels_moe.bench_moe)]
-    for name, fn in sections:
+    for i, (name, fn) in enumerate(sections):
+        if progress is not None:
+            progress(i, len(sections), f"section {name}")
         try:
             fn(torch, copy, rows, log)
         except Exception:  # noqa: BLE001 - keep what was measured, report the failure
             log(f"section {name} FAILED:\n{traceback.format_exc()}")
         write_csv(rows, rs.csv)
+    if progress is not None:
+        progress(len(sections), len(sections), "done")
     meta["wall_s"] = round(time.time() - t0, 1)
     write_json_atomic(rs.meta, meta, indent=2)
     try:

@@ -46,9 +46,10 @@ def _pair(path: str):
 
 
 def bench_bundle(path: str, prompts: list[tuple[str, np.ndarray]], n_tokens: int, budgets: tuple[int, ...],
-                 rows: list[dict[str, Any]], cost_aware: bool = False) -> Any:
+                 rows: list[dict[str, Any]], cost_aware: bool = False, progress=None) -> Any:
     """AR and DDTree at every budget for each prompt on one engine; one row per (prompt, mode, budget).
-    cost_aware: then the cost-aware budget over this bundle's measured curve, returned (else None)."""
+    cost_aware: then the cost-aware budget over this bundle's measured curve, returned (else None).
+    progress: ``progress(done, total, what)`` before each prompt."""
     from ..ddtree.budget import TreeBudget
     from ..engine.ar import engine_for
     from ..generate import generate
@@ -62,6 +63,8 @@ def bench_bundle(path: str, prompts: list[tuple[str, np.ndarray]], n_tokens: int
     for budget in budgets:
         generate(cfg, w, first, WARM_TOKENS, budget=budget, **spec)
     ar_tokens = {}
+    step = progress or (lambda done, total, what: None)
+    total = len(prompts) * (2 if cost_aware else 1)
 
     def ddtree_row(ids: np.ndarray, base: dict, mode: str, budget: Any, label: int) -> dict:
         t: dict = {}
@@ -73,7 +76,8 @@ def bench_bundle(path: str, prompts: list[tuple[str, np.ndarray]], n_tokens: int
                     **{f"{k}_us_per_round": t[f"{k}_s"] / n * 1e6 for k in PARTS},
                     tokens_equal_ar=bool(np.array_equal(r.tokens, ar_tokens[base["prompt"]])))
 
-    for task, ids in prompts:
+    for j, (task, ids) in enumerate(prompts):
+        step(j, total, f"{name} prompt {j + 1}/{len(prompts)}, AR and B in {list(budgets)}")
         t: dict = {}
         ar = generate(cfg, w, ids, n_tokens, backend="numba", engine=eng, timing=t)
         ar_tokens[task] = ar.tokens
@@ -89,7 +93,8 @@ def bench_bundle(path: str, prompts: list[tuple[str, np.ndarray]], n_tokens: int
                         if c["mode"] == "ddtree"])
     auto = TreeBudget(curve.max_budget, curve)
     generate(cfg, w, first, WARM_TOKENS, budget=auto, **spec)                    # captures its sizes
-    for task, ids in prompts:
+    for j, (task, ids) in enumerate(prompts):
+        step(len(prompts) + j, total, f"{name} prompt {j + 1}/{len(prompts)}, cost-aware B")
         base = dict(model=name, prompt=task, prompt_tokens=len(ids), tokens=n_tokens - 1)
         rows.append(ddtree_row(ids, base, "ddtree_auto", auto, auto.max_nodes))
     return curve
@@ -179,7 +184,8 @@ def plot(cells: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def run(out_dir: str | Path, bundles: tuple[str, ...] = BUNDLES, n_prompts: int = 64, n_tokens: int = 128,
-        budgets: tuple[int, ...] = BUDGETS, wheels: str | None = None, cost_aware: bool = False) -> ResultSet:
+        budgets: tuple[int, ...] = BUDGETS, wheels: str | None = None, cost_aware: bool = False,
+        progress=None) -> ResultSet:
     if n_prompts < 1 or n_tokens < 2 or not budgets or min(budgets) < 1:
         raise InputError(f"bench pair wants prompts >= 1, tokens >= 2 and budgets >= 1, got {n_prompts}, "
                          f"{n_tokens}, {budgets}")
@@ -199,7 +205,7 @@ def run(out_dir: str | Path, bundles: tuple[str, ...] = BUNDLES, n_prompts: int 
     rows: list[dict[str, Any]] = []
     curves: dict[str, Any] = {}
     for i, path in enumerate(bundles):
-        curve = bench_bundle(path, prompts, n_tokens, budgets, rows, cost_aware)
+        curve = bench_bundle(path, prompts, n_tokens, budgets, rows, cost_aware, progress)
         if curve is not None:
             curves[Path(path).stem] = curve.to_dict()
             meta["cost_curves"] = curves

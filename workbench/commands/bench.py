@@ -13,7 +13,10 @@ stand-in with random weights; ``depth --dry-run`` runs its code path at a tiny c
 simulator; a failed check makes the exit status 1.
 
 Each benchmark is a ``Bench`` in BENCHES: its help, the function adding its options and the function
-running it (returning its result set); ``--out`` is common to all. Each run writes one result set
+running it (returning its result set); ``--out`` is common to all. The run gets a progress callback
+(``progress.Steps``: a bar on stderr while it is a terminal, nothing otherwise) that the benchmark's
+main loop calls as ``progress(done, total, what)``; the library modules take it as an optional
+argument and print no bar of their own. Each run writes one result set
 ``<bench>_<commit>.csv / .json / .png / .log`` into DIR (the log is the run's console output) and then
 removes DIR's earlier sets of the same benchmark (workbench/results.py).
 """
@@ -35,7 +38,7 @@ from typing import Any
 class Bench:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace, Path], Any]      # -> the result set (workbench/results.py)
+    run: Callable[[argparse.Namespace, Path, Callable], Any]   # (args, out, progress) -> the result set
 
 
 class _Tee(io.TextIOBase):
@@ -45,7 +48,9 @@ class _Tee(io.TextIOBase):
         self.stream, self.parts = stream, []
 
     def write(self, s: str) -> int:
-        self.stream.write(s)
+        from . import progress
+        with progress.clear():                              # the bar steps aside for the line, then returns
+            self.stream.write(s)
         self.parts.append(s)
         return len(s)
 
@@ -87,10 +92,10 @@ def kernels_arguments(p: argparse.ArgumentParser) -> None:
     pass
 
 
-def run_kernels(args: argparse.Namespace, out: Path):
+def run_kernels(args: argparse.Namespace, out: Path, progress=None):
     from workbench.bench.kernels import run
     from workbench.bench.kernels_summary import summary
-    res = run(out)
+    res = run(out, progress=progress)
     print(summary(res["rows"], res["meta"]["copy_gbs"]))
     return res["set"]
 
@@ -101,9 +106,9 @@ def engine_arguments(p: argparse.ArgumentParser) -> None:
     pass
 
 
-def run_engine(args: argparse.Namespace, out: Path):
+def run_engine(args: argparse.Namespace, out: Path, progress=None):
     from workbench.bench.engine import run_engine_bench
-    return run_engine_bench(out)
+    return run_engine_bench(out, progress=progress)
 
 
 # ---- k2 ------------------------------------------------------------------------------------------
@@ -126,14 +131,14 @@ def k2_arguments(p: argparse.ArgumentParser) -> None:
                         "on the BLAS path); each layer is built and timed per choice")
 
 
-def run_k2(args: argparse.Namespace, out: Path):
+def run_k2(args: argparse.Namespace, out: Path, progress=None):
     from workbench.bench.k2_layer import run
     layers = list(_ints("layers", args.layers)) if args.layers else None
     return run(out, layers, context=args.context, reps=args.reps,
                fp32_layer=None if args.fp32_layer < 0 else args.fp32_layer,
                bf16_layer=None if args.bf16_layer < 0 else args.bf16_layer,
                torch_baseline=not args.no_torch, do_check=not args.no_check,
-               workers=args.workers, dense=_dense(args.dense), checkpoint=args.checkpoint)
+               workers=args.workers, dense=_dense(args.dense), checkpoint=args.checkpoint, progress=progress)
 
 
 # ---- ep ------------------------------------------------------------------------------------------
@@ -159,9 +164,10 @@ def check_ep(args: argparse.Namespace) -> bool:
     return True
 
 
-def run_ep(args: argparse.Namespace, out: Path):
+def run_ep(args: argparse.Namespace, out: Path, progress=None):
     from workbench.bench.ep_moe import run
-    return run(out, _worlds(args.worlds), reps=args.reps, in_turn=_worlds(args.in_turn, "in-turn"))
+    return run(out, _worlds(args.worlds), reps=args.reps, in_turn=_worlds(args.in_turn, "in-turn"),
+               progress=progress)
 
 
 # ---- pair ----------------------------------------------------------------------------------------
@@ -178,11 +184,11 @@ def pair_arguments(p: argparse.ArgumentParser) -> None:
                    help="also the cost-aware budget over each bundle's measured verify times")
 
 
-def run_pair(args: argparse.Namespace, out: Path):
+def run_pair(args: argparse.Namespace, out: Path, progress=None):
     from workbench.bench.pair import BUNDLES, run
     bundles = tuple(args.bundles.split(",")) if args.bundles else BUNDLES
     return run(out, bundles, args.prompts, args.tokens, _ints("budgets", args.budgets), args.wheels,
-               args.cost_aware)
+               args.cost_aware, progress=progress)
 
 
 # ---- depth --------------------------------------------------------------------------------------
@@ -192,9 +198,9 @@ def depth_arguments(p: argparse.ArgumentParser) -> None:
     add_arguments(p)
 
 
-def run_depth(args: argparse.Namespace, out: Path):
+def run_depth(args: argparse.Namespace, out: Path, progress=None):
     from workbench.bench.k2_depth import run_set
-    return run_set(args)
+    return run_set(args, progress)
 
 
 BENCHES: dict[str, Bench] = {
@@ -223,14 +229,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from . import progress
+    steps = progress.Steps(f"bench {args.what}")
+    try:
+        return _run(args, steps)
+    finally:
+        steps.close()
+
+
+def _run(args, steps) -> int:
     from workbench.bench.common import require_gpu
     from workbench.cli import UserError
     if args.what == "ep" and check_ep(args):
         return 0
     if args.what == "depth" and args.dry_run:              # the simulator's run of its code path: no GPU
         from workbench.bench.k2_depth import run as run_depth
-        return run_depth(args)
-        return 0
+        return run_depth(args, steps)
     require_gpu()
     from kernels_numba.device import SIMULATED
     if SIMULATED:
@@ -242,7 +256,7 @@ def run(args) -> int:
     with contextlib.redirect_stdout(tee), warnings.catch_warnings():
         # decode-sized launches are small grids by design, and their time is what is measured
         warnings.filterwarnings("ignore", message=r"Grid size \d+ will likely result in GPU under-util")
-        rs = BENCHES[args.what].run(args, out)
+        rs = BENCHES[args.what].run(args, out, steps)
     write_text_atomic(rs.log, "".join(tee.parts))
     for p in retire_others(rs):
         print(f"removed the earlier result file {p}")

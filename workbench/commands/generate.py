@@ -127,9 +127,13 @@ def run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=float(args.temperature), seed=int(args.seed))
     dcfg = b.meta.get("drafter") if isinstance(b.meta, dict) else None
     progress.status(f"generate: {n} tokens, {args.mode} on the {_backend_text(args.backend)} ...")
-    res = generate(b.config, weights, toks, n, backend=args.backend, mode=args.mode, drafter=args.drafter,
-                   budget=args.budget, cost_curve=args.cost_curve, sampling=sampling, drafter_config=dcfg,
-                   oracle_p=args.oracle_p, oracle_seed=args.seed)
+    steps = progress.Steps(f"generate {args.mode}", unit="token")
+    try:
+        res = generate(b.config, weights, toks, n, backend=args.backend, mode=args.mode, drafter=args.drafter,
+                       budget=args.budget, cost_curve=args.cost_curve, sampling=sampling, drafter_config=dcfg,
+                       oracle_p=args.oracle_p, oracle_seed=args.seed, progress=steps)
+    finally:
+        steps.close()
     rounds = None
     if args.mode in ("ddtree", "chain"):
         rounds = [{"tree_size": r.tree_size, "accepted_len": r.accepted_len, "depth": r.depth}

@@ -5,6 +5,7 @@ Legend: P prompt length, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +25,11 @@ class ARResult:
 
 
 def ar_generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: int,
-                sampling: SamplingParams = GREEDY, dtype: Any = np.float32) -> ARResult:
+                sampling: SamplingParams = GREEDY, dtype: Any = np.float32, *,
+                progress: Callable[[int, int, str], None] | None = None) -> ARResult:
     """Prefill the prompt, then one token per forward: argmax at T = 0 (equal to ``greedy_generate``),
-    else a draw from softmax(logits / T) with the run's one Generator (seeded by ``sampling.seed``)."""
+    else a draw from softmax(logits / T) with the run's one Generator (seeded by ``sampling.seed``).
+    progress: called as ``progress(tokens done, n_tokens, "token")`` after each token."""
     toks, n_tokens = check_run(cfg, prompt, n_tokens, sampling)
     rng = make_rng(sampling)
     cache = LatentCache.empty(cfg, len(toks) + n_tokens, dtype)
@@ -38,4 +41,6 @@ def ar_generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens
         out[i] = sample_tokens(row, sampling, rng)[0]
         all_logits[i] = row[0]
         step_in = out[i:i + 1]
+        if progress is not None:
+            progress(i + 1, n_tokens, "token")
     return ARResult(tokens=out, logits=all_logits)

@@ -10,6 +10,7 @@ node decides, as in DFlash's own sampler with greedy drafts).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,9 +37,11 @@ def chain_tree(draft_logits: np.ndarray) -> Tree:
 def chain_generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tokens: int,
                    drafter: str | Drafter = "dflash", sampling: SamplingParams = GREEDY,
                    dtype: Any = np.float32, *, drafter_config: Any = None, oracle_p: float = 1.0,
-                   oracle_seed: int = 0, continuation: Any = None) -> SpecResult:
+                   oracle_seed: int = 0, continuation: Any = None,
+                   progress: Callable[[int, int, str], None] | None = None) -> SpecResult:
     """Generate n_tokens with the DFlash chain (``ddtree_generate``'s arguments without a budget: every
-    round verifies L + 1 tokens); rounds record tree_size L and depth L."""
+    round verifies L + 1 tokens); rounds record tree_size L and depth L. progress: called as
+    ``progress(tokens done, n_tokens, "round r")`` after each round."""
     toks, n_tokens = check_run(cfg, prompt, n_tokens, sampling)
     draft = make_drafter(drafter, cfg, weights, toks, n_tokens, dtype, drafter_config=drafter_config,
                          oracle_p=oracle_p, oracle_seed=oracle_seed, continuation=continuation)
@@ -49,4 +52,6 @@ def chain_generate(cfg: ModelConfig, weights: dict[str, Any], prompt: Any, n_tok
         logits, hidden = verify(cfg, weights, state, tree, draft.capture, dtype)  # [L+1, V]
         accepted, bonus = walk(tree, sample_tokens(logits, sampling, rng))
         commit(state, tree, accepted, bonus, hidden, draft.capture)
+        if progress is not None:
+            progress(min(len(state.tokens), n_tokens), n_tokens, f"round {len(state.rounds)}")
     return SpecResult(tokens=np.asarray(state.tokens[:n_tokens], dtype=np.int64), rounds=state.rounds)

@@ -13,6 +13,7 @@ difference of a CDF boundary), and writes it over the argmax the device fed back
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,13 +44,15 @@ def engine_for(cfg, weights: dict[str, Any], prompt_len: int, n_tokens: int, bud
 
 
 def engine_ar_generate(engine: Engine, prompt: Any, n_tokens: int, return_logits: bool = False,
-                       timing: dict | None = None, sampling: SamplingParams = GREEDY) -> EngineARResult:
+                       timing: dict | None = None, sampling: SamplingParams = GREEDY, *,
+                       progress: Callable[[int, int, str], None] | None = None) -> EngineARResult:
     """Generate ``n_tokens`` after prefilling ``prompt``: greedily (argmax, ties to the lowest id) at
     ``sampling.temperature`` 0, else one draw per token from softmax(logits / T) on the host with the
     Generator seeded by ``sampling.seed`` (the reference ``ar_generate``'s stream and order).
 
     timing: if a dict, receives ``decode_s``, the synchronised wall time of the n_tokens - 1 decode
-    steps after the prefill (the benchmark's tokens/s).
+    steps after the prefill (the benchmark's tokens/s). progress: called as
+    ``progress(tokens done, n_tokens, "token")`` after each token.
     """
     cfg = engine.cfg
     toks, n_tokens = check_run(cfg, prompt, n_tokens, sampling)
@@ -83,8 +86,10 @@ def engine_ar_generate(engine: Engine, prompt: Any, n_tokens: int, return_logits
         engine.set_meta(p, 1, 1)
         engine.sync()
         t0 = time.perf_counter()
-        for _ in range(n_tokens - 1):
+        for i in range(n_tokens - 1):
             step.run(engine.stream)
+            if progress is not None:                             # a host call only: no sync
+                progress(i + 2, n_tokens, "token")
             if return_logits:
                 logits.append(engine.fetch(engine.buf.logits)[0].copy())
             if sampled:                                          # replace the fed-back argmax

@@ -8,6 +8,7 @@ Legend: L drafted positions, V vocabulary.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,10 +50,12 @@ def engine_chain_generate(engine: Engine, weights: dict[str, Any], prompt: Any, 
                           drafter: Any = "dflash", sampling: SamplingParams = GREEDY, *,
                           drafter_config: Any = None, oracle_p: float = 1.0, oracle_seed: int = 0,
                           continuation: Any = None, timing: dict | None = None,
-                          device_drafter: bool = True) -> SpecResult:
+                          device_drafter: bool = True,
+                          progress: Callable[[int, int, str], None] | None = None) -> SpecResult:
     """Generate ``n_tokens`` with the DFlash chain on ``engine``; arguments and result as the reference
     ``chain_generate`` (``weights`` feed the drafter), ``timing`` and ``device_drafter`` as in
-    ``engine_ddtree_generate`` (``timing`` receives ``decode_s``). The engine must hold L + 1 rows."""
+    ``engine_ddtree_generate`` (``timing`` receives ``decode_s``). The engine must hold L + 1 rows.
+    progress: ``progress(tokens done, n_tokens, "round r")`` after each round."""
     toks, n_tokens = check_run(engine.cfg, prompt, n_tokens, sampling)
     draft = make_drafter(drafter, engine.cfg, weights, toks, n_tokens, np.float32,
                          drafter_config=drafter_config, oracle_p=oracle_p, oracle_seed=oracle_seed,
@@ -73,6 +76,8 @@ def engine_chain_generate(engine: Engine, weights: dict[str, Any], prompt: Any, 
             post = state.verify(n)                           # L + 1 rows
             accepted, bonus = state.walk(n, post)
             state.commit(n, accepted, bonus)
+            if progress is not None:
+                progress(min(len(state.tokens), n_tokens), n_tokens, f"round {len(state.rounds)}")
         if timing is not None:
             timing.update(clock, decode_s=time.perf_counter() - t0)
     return SpecResult(tokens=np.asarray(state.tokens[:n_tokens], dtype=np.int64), rounds=state.rounds)

@@ -26,6 +26,7 @@ place); drafters with INT4-packed projections, or ``device_drafter=False``, run 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,14 +47,15 @@ def engine_ddtree_generate(engine: Engine, weights: dict[str, Any], prompt: Any,
                            drafter: Any = "dflash", budget: int | TreeBudget = 16,
                            sampling: SamplingParams = GREEDY, *, drafter_config: Any = None,
                            oracle_p: float = 1.0, oracle_seed: int = 0, continuation: Any = None,
-                           timing: dict | None = None, device_drafter: bool = True) -> SpecResult:
+                           timing: dict | None = None, device_drafter: bool = True,
+                           progress: Callable[[int, int, str], None] | None = None) -> SpecResult:
     """Generate ``n_tokens`` with DDTree on ``engine`` (greedy at T = 0, lossless sampling at T > 0);
     same arguments and result as the reference ``ddtree_generate`` (``weights`` feed the drafter).
     timing: if a dict, receives ``decode_s`` (wall time of all rounds after the prefill) and its
     parts ``draft_s`` (drafter, top-k, copy back), ``build_s`` (host heap build and the budget's
     choice), ``verify_s`` (control upload, verify graph, copy back); the rest is the walk and
     bookkeeping. device_drafter: run a dflash drafter with dense projections on the device (default)
-    rather than on the host."""
+    rather than on the host. progress: ``progress(tokens done, n_tokens, "round r")`` after each round."""
     toks, n_tokens = check_run(engine.cfg, prompt, n_tokens, sampling)
     budget = tree_budget(budget)
     draft = make_drafter(drafter, engine.cfg, weights, toks, n_tokens, np.float32,
@@ -75,6 +77,8 @@ def engine_ddtree_generate(engine: Engine, weights: dict[str, Any], prompt: Any,
             post = state.verify(n)                           # control upload + verify graph + copy back
             accepted, bonus = state.walk(n, post)
             state.commit(n, accepted, bonus)
+            if progress is not None:
+                progress(min(len(state.tokens), n_tokens), n_tokens, f"round {len(state.rounds)}")
         if timing is not None:
             timing.update(clock, decode_s=time.perf_counter() - t0)
     return SpecResult(tokens=np.asarray(state.tokens[:n_tokens], dtype=np.int64), rounds=state.rounds)
