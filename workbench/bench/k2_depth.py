@@ -607,13 +607,16 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
                 checks.append({"check": f"layer {layer} reference", "passed": False,
                                "error": f"{type(ex).__name__}: {ex}"})
         pool.shutdown(wait=False, cancel_futures=True)
-    # ---- the projection beside the measurement
-    try:
-        proj = project_depth(cfg, depth_parts(rows), [r for r in rows if r.get("table") == "run"])
-        for pr in proj:
-            emit({"table": "projection", **pr})
-    except Exception as ex:  # noqa: BLE001
-        log(f"projection FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
+    # ---- the projection beside the measurement (a dry run times nothing: its parts are NaN)
+    if dry_run:
+        log("projection skipped: a dry run has no timed parts")
+    else:
+        try:
+            proj = project_depth(cfg, depth_parts(rows), [r for r in rows if r.get("table") == "run"])
+            for pr in proj:
+                emit({"table": "projection", **pr})
+        except Exception as ex:  # noqa: BLE001
+            log(f"projection FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
     try:
         plot(rows, rs.plot, f"{LABEL}, {s} distinct MoE sets")
     except Exception as ex:  # noqa: BLE001
