@@ -1,13 +1,3 @@
-"""torch on one thread in these tests: on a shared 2-core machine small ops run ~30x faster than
-with two contending threads (results do not depend on the thread count beyond float rounding)."""
+"""torch on one thread in these tests, as in tests/train (the same fixture)."""
 
-import pytest
-import torch
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from tests.train.conftest import _one_torch_thread  # noqa: F401
