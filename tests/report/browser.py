@@ -55,6 +55,8 @@ def open_page(html: Path, tmp: Path) -> dict[str, int | str]:
     if CHROMIUM is None:
         raise RuntimeError("Chromium not found: apt-get install -y chromium (or set CHROMIUM=/path)")
     text = html.read_text(encoding="utf-8")
+    base = f'<base href="{html.parent.resolve().as_uri()}/">'      # relative links resolve where the page is
+    text = text.replace("<head>", "<head>" + base, 1) if "<head>" in text else base + text
     probe = tmp / f"probe-{html.name}"
     probe.write_text(
         text.replace("</body>", _PROBE + "</body>", 1) if "</body>" in text else text + _PROBE,
