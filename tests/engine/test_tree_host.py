@@ -4,20 +4,10 @@
 import numpy as np
 import pytest
 
-from workbench.ddtree.oracle import oracle_logits
+from tests.kernels.test_tree import _logits
 from workbench.ddtree.tree import build_tree, top_k_log_probs
 from workbench.ddtree.walk import walk
 from workbench.engine.tree_host import build_tree_host, walk_host
-
-
-def _logits(kind: str, n_pos: int, vocab: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if kind == "random":
-        return rng.standard_normal((n_pos, vocab)).astype(np.float32)
-    if kind == "ties":                      # few distinct values: many exact ties in top-k and in the heap
-        return rng.integers(0, 3, (n_pos, vocab)).astype(np.float32)
-    seq = rng.integers(0, vocab, 64)
-    return oracle_logits(seq, vocab, 5, n_pos, 0.7, seed)
 
 
 def _host_tree(lp, ids, budget, n_pos):

@@ -7,7 +7,6 @@ Legend: L drafted positions, V vocabulary.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,7 @@ from ..ddtree.drafter import make_drafter
 from ..ddtree.inputs import check_run
 from ..ddtree.speculative import SpecResult
 from ..errors import InputError
-from .rounds import PHASES, EngineSpecState, timed
+from .rounds import PHASES, EngineSpecState, run_rounds, timed
 from .runtime import Engine
 
 
@@ -69,15 +68,7 @@ def engine_chain_generate(engine: Engine, weights: dict[str, Any], prompt: Any, 
     clock = dict.fromkeys(PHASES, 0.0) if timing is not None else None      # host wall time per step
     with ops.sim_speed():
         state = ChainState(engine, draft, sampling, toks, device_drafter, clock)
-        t0 = time.perf_counter()
-        while len(state.tokens) < n_tokens:
-            state.draft()                                    # drafter + top-1 + copy back
-            n = state.build_tree()
-            post = state.verify(n)                           # L + 1 rows
-            accepted, bonus = state.walk(n, post)
-            state.commit(n, accepted, bonus)
-            if progress is not None:
-                progress(min(len(state.tokens), n_tokens), n_tokens, f"round {len(state.rounds)}")
+        decode_s = run_rounds(state, n_tokens, progress)
         if timing is not None:
-            timing.update(clock, decode_s=time.perf_counter() - t0)
+            timing.update(clock, decode_s=decode_s)
     return SpecResult(tokens=np.asarray(state.tokens[:n_tokens], dtype=np.int64), rounds=state.rounds)

@@ -195,3 +195,18 @@ def oracle_table(engine: Engine, drafter: OracleDrafter, rows: int):
         table = oracle_logits(drafter.sequence, drafter.vocab, -1, rows, drafter.p, drafter.seed)
         engine.drafters["oracle"] = (key, to_device(table))
     return engine.drafters["oracle"][1]
+
+
+def run_rounds(state: EngineSpecState, n_tokens: int, progress=None) -> float:
+    """The rounds until ``n_tokens`` are out, as the reference's loop reads: draft -> build_tree ->
+    verify -> walk -> commit (``progress(done, total, what)`` after each); their wall seconds."""
+    t0 = time.perf_counter()
+    while len(state.tokens) < n_tokens:
+        state.draft()                                        # drafter + top-k + copy back
+        n = state.build_tree()                               # host heap (or chain), cut to the budget's N
+        post = state.verify(n)                               # control upload + verify graph + copy back
+        accepted, bonus = state.walk(n, post)
+        state.commit(n, accepted, bonus)
+        if progress is not None:
+            progress(min(len(state.tokens), n_tokens), n_tokens, f"round {len(state.rounds)}")
+    return time.perf_counter() - t0
