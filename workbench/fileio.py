@@ -58,7 +58,8 @@ def temp_name(path: str | os.PathLike) -> Path:
     return p.with_name(f".{p.name[:200]}.{secrets.token_hex(6)}.tmp")
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """fsync a folder so a rename in it is durable (a no-op where the file system cannot)."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -102,7 +103,7 @@ def atomic_path(path: str | os.PathLike, folder: bool = False) -> Iterator[Path]
                 finally:
                     os.close(fd)
             os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         except OSError as e:
             raise with_path(e, path) from None
     except BaseException:

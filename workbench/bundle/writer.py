@@ -12,7 +12,6 @@ existing file's permission bits carry over; a new file gets 0o666 minus the umas
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import secrets
 import stat
@@ -26,7 +25,7 @@ from numformats.bf16 import BF16Array
 
 from .. import __version__
 from ..config import ModelConfig
-from ..fileio import check_destination, with_path
+from ..fileio import check_destination, fsync_dir, with_path
 from .format import (
     BF16_CODE,
     CODE_BY_NAME,
@@ -209,11 +208,4 @@ def _atomic_write(path: str, chunks: Iterable[bytes | memoryview]) -> None:
         if isinstance(e, OSError):
             raise with_path(e, path) from None
         raise
-    dfd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    except OSError as e:                          # some file systems cannot fsync a directory
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(dfd)
+    fsync_dir(folder)
