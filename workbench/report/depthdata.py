@@ -14,13 +14,13 @@ read but marked: it is never a result.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from .. import k2proj
 from ..config import ModelConfig, preset
 from ..results import cell, current_set, read_csv
+from .enginedata import utc_day
 
 DRY_RUN = "dry-run"
 MOE_PARTS = ("attention", "router", "routed_experts", "shared_expert", "rest")
@@ -66,17 +66,6 @@ class DepthSet:
     def parts(self) -> dict[str, dict[int, float]]:
         return k2proj.depth_parts(self.rows)
 
-
-def utc_day(raw: Any) -> str:
-    """An ISO time as 'YYYY-MM-DD HH:MM UTC' (naive taken as UTC); as written when it does not parse."""
-    if raw is None:
-        return "unknown date"
-    try:
-        t = datetime.fromisoformat(str(raw))
-    except ValueError:
-        return str(raw)
-    t = t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
-    return t.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def load_depth(bench_dir: str | Path) -> DepthSet | None:

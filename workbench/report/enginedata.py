@@ -38,17 +38,8 @@ class EngineResults:
 
     @property
     def date(self) -> str:
-        """The run's time_utc as 'YYYY-MM-DD HH:MM UTC' (naive times taken as UTC; as written when it does
-        not parse)."""
-        raw = self.meta.get("time_utc")
-        if raw is None:
-            return "unknown date"
-        try:
-            t = datetime.fromisoformat(str(raw))
-        except ValueError:
-            return str(raw)
-        t = t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)   # naive: taken as UTC
-        return t.strftime("%Y-%m-%d %H:%M UTC")
+        """The run's time_utc as 'YYYY-MM-DD HH:MM UTC' (``utc_day``)."""
+        return utc_day(self.meta.get("time_utc"))
 
     def section(self, name: str, model: str | None = None) -> list[dict[str, Any]]:
         """Rows of one section (optionally of one model), in file order."""
@@ -180,3 +171,15 @@ def best_budget(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["oracle_p"] not in best or r["speedup"] > best[r["oracle_p"]]["speedup"]:
             best[r["oracle_p"]] = r
     return [best[p] for p in sorted(best)]
+
+
+def utc_day(raw: Any) -> str:
+    """An ISO time as 'YYYY-MM-DD HH:MM UTC' (naive taken as UTC); as written when it does not parse."""
+    if raw is None:
+        return "unknown date"
+    try:
+        t = datetime.fromisoformat(str(raw))
+    except ValueError:
+        return str(raw)
+    t = t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+    return t.strftime("%Y-%m-%d %H:%M UTC")
