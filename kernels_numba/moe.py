@@ -59,6 +59,7 @@ class MoEWorkspace:
     """Scratch of one fused_moe call shape (T tokens): reuse it across calls and graph replays."""
     tile_expert: object   # int32 [P]
     tile_rows: object     # int32 [P*8]
+    arrival: object       # int32 [P*8]: moe_align's pair ids per expert before they are put in order
     meta: object          # int32 [2]: tile count, bad-expert-id flag
     h: object             # uint16 [P*I]: float16 bits of the down GEMM's activations
     y: object             # float32 [P*D]: weighted expert outputs per pair
@@ -115,8 +116,9 @@ def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
     gemv = "gemv" in cfg
     part = _part_size(_stream_k_config(d, i, n_tok) if gemv else cfg)     # either path fits by default
     return MoEWorkspace(empty(p, np.int32, stream), empty(p * 8, np.int32, stream),
-                        empty(2, np.int32, stream), empty(p * i, np.uint16, stream),
-                        empty(p * d, np.float32, stream), empty(part, np.float32, stream),
+                        empty(p * 8, np.int32, stream), empty(2, np.int32, stream),
+                        empty(p * i, np.uint16, stream), empty(p * d, np.float32, stream),
+                        empty(part, np.float32, stream),
                         empty(p * (i // 16), np.int32, stream), empty(p * (d // 16), np.int32, stream),
                         n_tok, empty(p * 2 * i if gemv or n_tok <= GEMV_TOKENS else 1, np.float32, stream))
 
@@ -265,7 +267,7 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
     tiles = (ws.tile_expert, ws.tile_rows, ws.meta, flat(tw), t, k, ws.part)
     stages = [
         ("align", lambda s: align[1, nthr, s](ws.tile_expert, ws.tile_rows, ws.meta, flat(ids), t, k,
-                                              weights.n_routed, p, ws.cnt_gu, p * w13.n16)),
+                                              weights.n_routed, p, ws.cnt_gu, p * w13.n16, ws.arrival)),
         ("gate_up", lambda s: gate_up[nb, wgu * 32, s](ws.h, flat(x), w13q, w13s, *tiles, ws.cnt_gu,
                                                        ws.cnt_dn, p * w2.n16)),
         ("down", lambda s: down[nb, wdn * 32, s](ws.y, ws.h, w2q, w2s, *tiles, ws.cnt_dn, ws.cnt_dn, 0)),

@@ -6,7 +6,7 @@ Legend: T tokens, K routed experts per token, E routed experts, S shared pseudo-
 MLP split into S experts of the routed width), D model width, P = T*K + T*S pairs.
 Pair p < T*K is (token p // K, expert topk_ids.flat[p], weight topk_w.flat[p]); pair T*K + s*T + t
 is (token t, expert E + s, weight 1). A tile is 8 pairs of one expert; ``tile_rows`` holds pair
-ids, -1 for padding. Up to P tiles (each pair alone in the worst case).
+ids in increasing order per expert, -1 for padding. Up to P tiles (each pair alone in the worst case).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def make_align_kernel(EX: int, NTHR: int):
 
     @cuda.jit
     def moe_align_kernel(tile_expert, tile_rows, meta, topk_ids, n_tok, k_top, n_routed, max_tiles,
-                         cnt, n_cnt):
+                         cnt, n_cnt, arrival):
         tid = cuda.threadIdx.x
         for i in range(tid, n_cnt, NTHR):                     # the gate/up GEMM's unit counters
             cnt[i] = 0
@@ -82,13 +82,26 @@ def make_align_kernel(EX: int, NTHR: int):
             meta[0] = part[tid]
             meta[1] = bad[0]
         cuda.syncthreads()
-        # 3. scatter pair ids into their expert's tiles (slot order within an expert is arbitrary;
-        #    every pair is computed independently, so results do not depend on it)
+        # 3. each expert's pair ids into its segment [8 starts[e], 8 starts[e] + counts[e]) of
+        #    ``arrival``, in the order the atomics happen to serve them
         for p in range(tid, n_pairs, NTHR):
             e = topk_ids[p] if p < tk else n_routed + (p - tk) // n_tok
             if 0 <= e < EX and (p >= tk or e < n_routed):
-                r = cuda.atomic.add(fill, e, 1)
-                tile_rows[(starts[e] + (r >> 3)) * 8 + (r & 7)] = p
+                arrival[starts[e] * 8 + cuda.atomic.add(fill, e, 1)] = p
+        cuda.syncthreads()
+        # 4. ... then into the tiles in pair order (a pair's rank among its expert's pairs): the tile a pair
+        #    lands in decides where the stream-K GEMMs split its sums, so an arrival order that changes
+        #    from run to run would change the last bits of its output
+        for i in range(tid, meta[0] * 8, NTHR):
+            e = tile_expert[i >> 3]
+            base = starts[e] * 8
+            if i - base < counts[e]:
+                p = arrival[i]
+                rank = 0
+                for j in range(base, base + counts[e]):
+                    if arrival[j] < p:
+                        rank += 1
+                tile_rows[base + rank] = p
 
     return moe_align_kernel
 

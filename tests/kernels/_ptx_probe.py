@@ -87,7 +87,7 @@ def moe_glue_builds() -> dict:
     a, out = _sig, {}
     out["moe align"] = counts(make_align_kernel(385, 512),
                               (a(T.int32), a(T.int32), a(T.int32), a(T.int32), *(T.int64,) * 4,
-                               a(T.int32), T.int64))
+                               a(T.int32), T.int64, a(T.int32)))
     vsig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.float32), a(T.int32),
             *(T.int64,) * 4)
     cfg = choose_moe_config(7168, 2048, 1)

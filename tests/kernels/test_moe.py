@@ -107,6 +107,28 @@ def test_stream_k_split_paths():
     assert gu >= {"warps", "early", "deferred"} and dn >= {"warps", "early"}, (gu, dn)
 
 
+def test_align_puts_each_experts_pairs_in_pair_order():
+    """Tiles hold each expert's pairs in increasing pair order whatever order the atomics serve them in:
+    the tile a pair lands in decides where the stream-K GEMMs split its sums, so this makes the output
+    the same from run to run. 40 tokens over 4 experts: several tiles per expert."""
+    cfg = replace(preset("tiny"), n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1)
+    _, mw = _model(cfg, 61)
+    t, k, e = 40, 2, cfg.n_routed_experts
+    rng = np.random.default_rng(62)
+    ids = np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32)
+    x = rng.standard_normal((t, cfg.hidden_size)).astype(np.float16)
+    tw = np.full((t, k), 0.5, np.float32)
+    ws = moe_workspace(t, k, mw, config=SMALL)
+    with sim_speed():
+        fused_moe(dev(x), dev(ids), dev(tw), mw, workspace=ws, config=SMALL)
+    pair_expert = [*ids.ravel(), *(e + s for s in range(cfg.n_shared_experts) for _ in range(t))]
+    want = []
+    for ex in range(e + cfg.n_shared_experts):
+        mine = [p for p, pe in enumerate(pair_expert) if pe == ex]
+        want += mine + [-1] * (-len(mine) % 8)
+    assert host(ws.tile_rows)[:len(want)].tolist() == want
+
+
 def test_few_tokens_gemv_path():
     """Up to GEMV_TOKENS tokens at G = 32 the default is the grouped-GEMV path (moe_gemv.py); more tokens
     and G = 64 take the stream-K one; both match the reference."""

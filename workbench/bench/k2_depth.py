@@ -241,7 +241,7 @@ def make_drafter(engine, seed: int, log):
 
 # ---- runs ---------------------------------------------------------------------------------------------
 
-def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget: int, p: float, sequence: np.ndarray,
+def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequence: np.ndarray,
                seed: int, drafter=None, probe_rounds: int = 8) -> dict[str, Any]:
     """One greedy DDTree generation with the oracle drafter at ``p`` through the engine's round methods
     (as ``engine.ddtree.engine_ddtree_generate`` runs them) with ``drafter(state)`` ahead of each draft;
@@ -250,7 +250,7 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget: int, p: float,
     from kernels_numba.device import download, head_rows
     from kernels_numba.sim import sim_speed
 
-    from ..ddtree.budget import TreeBudget
+    from ..ddtree.budget import tree_budget
     from ..ddtree.config import GREEDY
     from ..ddtree.oracle import OracleDrafter
     from ..engine.rounds import EngineSpecState
@@ -260,7 +260,7 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget: int, p: float,
     distinct: list[int] = []
     walls: list[float] = []                                   # per round: wall s
     with sim_speed():
-        state = EngineSpecState(engine, draft, TreeBudget(budget), GREEDY, np.asarray(prompt),
+        state = EngineSpecState(engine, draft, tree_budget(budget), GREEDY, np.asarray(prompt),
                                 device_drafter=False)             # captures the verify step, prefills
         if drafter is not None:
             drafter.start(state)
@@ -313,6 +313,38 @@ def prefill_repeat(engine, prompt: np.ndarray) -> dict[str, Any]:
     diff = [i for i in range(c1.shape[0]) if not np.array_equal(c1[i], c2[i])]
     return {"first_layer_differing": diff[0] if diff else None, "layers_differing": len(diff),
             "max_abs_logit_diff": float(np.abs(l1 - l2).max())}
+
+
+def run_row(r: dict[str, Any], agree: dict[str, Any], ar_ms: float, source: str,
+            budget: int) -> dict[str, Any]:
+    """A DDTree run's result row (and, under "check", its greedy == AR check). A round's time is over
+    every round (it does not depend on what is accepted); tau over the rounds before a mismatch (past it
+    the oracle's truth, AR's tokens, is not the target's)."""
+    rms = r["wall_s"] / r["rounds"] * 1e3
+    ms_tok = rms * agree["rounds"] / agree["tokens"]
+    c = {k: v / r["rounds"] for k, v in r["clock"].items()}
+    return {"table": "run", "source": source, "budget": budget, "tokens": agree["tokens"],
+            "rounds": agree["rounds"], "tau": agree["tokens"] / agree["rounds"], "ms_per_token": ms_tok,
+            "round_ms": rms, "speedup": ar_ms / ms_tok, "tokens_equal_ar": agree["equal"],
+            "first_mismatch": agree["first"], "tree_nodes": r["tree_nodes"],
+            "distinct_experts": r["distinct"], "drafter_ms_per_round": c["drafter"] * 1e3,
+            "draft_ms_per_round": c["draft"] * 1e3, "build_us_per_round": c["build"] * 1e6,
+            "verify_ms_per_round": c["verify"] * 1e3, "walk_us_per_round": c["walk"] * 1e6,
+            "check": {"check": f"DDTree greedy == AR, {source} B={budget}", "passed": agree["passed"],
+                      "first_mismatch": agree["first"], "ar_margin_there": agree["margin"]}}
+
+
+def depth_cost_curve(fixed: list[dict[str, Any]]):
+    """The stand-in's cost curve from one acceptance source's fixed-budget runs: the verify step's time per
+    round at B + 1 rows, and the rest of a round (drafter, draft top-k, tree build, walk and commit) at the
+    largest B, the tree a cost-aware round builds before it cuts (as ``bench pair`` reads the pair's)."""
+    from ..ddtree.budget import CostCurve
+    fixed = sorted(fixed, key=lambda r: r["budget"])
+    top = fixed[-1]
+    rest = (top["drafter_ms_per_round"] + top["draft_ms_per_round"]) * 1e3 + top["build_us_per_round"] \
+        + top["walk_us_per_round"]
+    return CostCurve(tuple(int(r["budget"]) + 1 for r in fixed),
+                     tuple(float(r["verify_ms_per_round"]) * 1e3 for r in fixed), float(rest))
 
 
 NEAR_TIE = 0.05        # an AR top-2 logit margin under which the 1-row and the tree path may differ
@@ -398,6 +430,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     from kernels_numba import ops
     from kernels_numba.device import SIMULATED, on_gpu
 
+    from ..ddtree.budget import TreeBudget
     from ..engine.ar import engine_ar_generate
     from ..engine.build import RandomSource, build_model
     from ..engine.runtime import Engine
@@ -450,7 +483,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
 
     if gpu:
         meta["copy_gbs"] = round(copy_bandwidth(), 1)
-    stages = [0, 7 + len(ps) * len(budgets)]              # done, total
+    stages = [0, 7 + len(ps) * (len(budgets) + 1)]        # done, total
 
     def stage(what: str) -> None:
         if progress is not None:
@@ -563,28 +596,34 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
                 left_out.append(f"p={p} B={b} (failed)")
                 continue
             est[b] = time.perf_counter() - t
-            agree = _agreement(r, ar[:n_tokens], margins)
             if draft_timed is not None:                       # its round, at a real round's positions
                 emit({"table": "part", "part": "drafter", "rows": BLOCK, "context": context,
                       "us": draft_timed(timer)})
                 draft_timed = None
-            equal = agree["equal"]
-            checks.append({"check": f"DDTree greedy == AR, p={p} B={b}", "passed": agree["passed"],
-                           "first_mismatch": agree["first"], "ar_margin_there": agree["margin"]})
-            # a round's time over every round (it does not depend on what is accepted); tau over the rounds
-            # before a mismatch (past it the oracle's truth, AR's tokens, is not the target's)
-            rms = r["wall_s"] / r["rounds"] * 1e3
-            ms_tok = rms * agree["rounds"] / agree["tokens"]
-            round_ms.setdefault(b, []).append(rms)
-            c = {k: v / r["rounds"] for k, v in r["clock"].items()}
-            emit({"table": "run", "source": f"oracle p={p}", "budget": b, "tokens": agree["tokens"],
-                  "rounds": agree["rounds"], "tau": agree["tokens"] / agree["rounds"], "ms_per_token": ms_tok,
-                  "round_ms": rms, "speedup": ar_ms / ms_tok, "tokens_equal_ar": equal,
-                  "first_mismatch": agree["first"], "tree_nodes": r["tree_nodes"],
-                  "distinct_experts": r["distinct"], "drafter_ms_per_round": c["drafter"] * 1e3,
-                  "draft_ms_per_round": c["draft"] * 1e3, "build_us_per_round": c["build"] * 1e6,
-                  "verify_ms_per_round": c["verify"] * 1e3, "walk_us_per_round": c["walk"] * 1e6})
+            row = run_row(r, _agreement(r, ar[:n_tokens], margins), ar_ms, f"oracle p={p}", b)
+            checks.append(row.pop("check"))
+            round_ms.setdefault(b, []).append(row["round_ms"])
+            emit(row)
             save()
+        # the cost-aware budget over this p's measured curve, against its best fixed budget
+        fixed = [r for r in rows if r.get("table") == "run" and r.get("source") == f"oracle p={p}"]
+        if len(fixed) < 2 or time.perf_counter() - t_start + max(est.values()) > deadline_s:
+            left_out.append(f"p={p} cost-aware")
+            continue
+        try:
+            auto = TreeBudget(max(r["budget"] for r in fixed), depth_cost_curve(fixed))
+            r = ddtree_run(engine, prompt, n_tokens, auto, p, sequence, seed, fwd)
+        except Exception as ex:  # noqa: BLE001 - one run's failure
+            log(f"DDTree p={p} cost-aware FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
+            left_out.append(f"p={p} cost-aware (failed)")
+            continue
+        row = run_row(r, _agreement(r, ar[:n_tokens], margins), ar_ms, f"oracle p={p}", auto.max_nodes)
+        checks.append(row.pop("check"))
+        best = min(fixed, key=lambda f: f["ms_per_token"])
+        emit({**row, "table": "cost_aware", "best_fixed_budget": best["budget"],
+              "best_fixed_ms_per_token": best["ms_per_token"],
+              "vs_best_fixed": best["ms_per_token"] / row["ms_per_token"]})
+        save()
     meta["left_out"] = left_out
     for b in budgets:                                         # the pair's acceptance, replayed
         if b in pair and b in round_ms:
