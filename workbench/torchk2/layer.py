@@ -15,9 +15,10 @@ What a strong PyTorch user writes (DeepSeek-V3's inference ``model.py`` style, a
   weighted combine per token. Where ``_grouped_mm`` does not run (older torch builds) a per-expert
   loop computes the same, with host syncs (``moe_path`` says which ran).
 - the shared expert (and the dense MLP of layers < first_k_dense_replace) as plain fused gate/up + down.
-Everything is in the layer's dtype (bfloat16 on the GPU) with float32 norms, rope, router and softmax;
-norms, rope and router are ``torchk2.layers``', the trained model's own (``torchk2.model``, whose MLA
-takes the same absorbed form with ``absorbed=True``).
+Everything is in the layer's dtype (bfloat16 on the GPU) with float32 norms, rope, router and softmax.
+The maths are ``torchk2.layers``', which the trained model (``torchk2.model``) runs too: norms, rope,
+latent rows, the absorbed attention core, the router and the routed experts; this file holds the
+layer's fused weights, its latent cache and the parts ``bench k2`` times.
 ``forward(x, mask, positions, start)`` has static shapes per (N, start) and no host sync: capture it
 (or any part) once per shape and replay.
 """
@@ -35,7 +36,16 @@ from ..errors import InputError
 from ..reference.layers import dense_weight, weight
 from ..reference.rope import rope_attention_factor, yarn_inv_freq
 from .int4 import dequantize_int4_torch, seeded_bf16_experts  # noqa: F401 - the layer's INT4 helpers
-from .layers import apply_rope, rmsnorm, route
+from .layers import (
+    absorbed_attention,
+    apply_rope,
+    experts_grouped,
+    experts_loop,
+    latent_rows,
+    rmsnorm,
+    route,
+    silu_mul,
+)
 
 MOE_IMPLS = ("auto", "grouped_mm", "loop")
 
@@ -97,7 +107,7 @@ class TorchLayer:
                 raise InputError(f"torch._grouped_mm does not run on {self.device} / {self.dtype} here")
             use = moe_impl == "grouped_mm" or (moe_impl == "auto" and fast)
             self.moe_path = "grouped_mm" if use else "loop"
-            self._expert_ids = torch.arange(cfg.n_routed_experts, device=self.device)
+            self.expert_ids = torch.arange(cfg.n_routed_experts, device=self.device)   # once, not per step
 
     # ---- builders ---------------------------------------------------------------------------
     @classmethod
@@ -155,32 +165,21 @@ class TorchLayer:
 
     def attention(self, xn, mask, positions, start: int):
         """Absorbed MLA of the normed input xn [N, D]; writes cache rows [start, start+N); -> [N, D]."""
-        torch = _torch()
         cfg, p = self.cfg, self.p
-        n, h, dn, c = xn.shape[0], cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
+        n, h, dn = xn.shape[0], cfg.num_attention_heads, cfg.qk_nope_head_dim
         a = xn @ p["w_qkv_a"].T                                                 # [N, Q (or H(Dn+R)) + C+R]
         split = p["w_qkv_a"].shape[0] - cfg.kv_cache_dim
         if cfg.q_lora_rank is not None:
             q = rmsnorm(a[:, :split], p["q_norm"], cfg.mla_norm_eps) @ p["wq_b"].T   # [N, H(Dn+R)]
         else:
             q = a[:, :split]
-        q = q.view(n, h, cfg.qk_head_dim)                                       # [N, H, Dn+R]
+        q = q.view(n, h, cfg.qk_head_dim).transpose(0, 1)                       # [H, N, Dn+R]
         cos, sin = self.rope_cos_sin(positions)                                 # [N, R/2]
-        kv = a[:, split:]                                                       # [N, C+R]
-        rows = self.cache[start:start + n]
-        rows[:, :c] = rmsnorm(kv[:, :c], p["kv_norm"], cfg.mla_norm_eps)       # c_kv
-        rows[:, c:] = apply_rope(kv[:, c:], cos, sin, float32=True)           # k_pe, shared by all heads
-        lat = self.cache[:_round8(start + n)]                                   # [T8, C+R]
-        q_lat = torch.bmm(q[..., :dn].transpose(0, 1), p["w_uk"])               # [H, N, C]
-        q_pe = apply_rope(q[..., dn:], cos[:, None], sin[:, None], float32=True).transpose(0, 1)   # [H, N, R]
-        qf = torch.cat((q_lat, q_pe), -1).view(h * n, cfg.kv_cache_dim)         # [H N, C+R]
-        scores = (qf @ lat.T).view(h, n, -1).float() * cfg.softmax_scale       # [H, N, T8] float32
-        scores[..., start:start + n].masked_fill_(~mask, float("-inf"))         # new rows: ancestors only
-        scores[..., start + n:] = float("-inf")                                 # the padding keys
-        probs = scores.softmax(-1).to(self.dtype)
-        ctx = (probs.view(h * n, -1) @ lat[:, :c]).view(h, n, c)                # [H, N, C]
-        o = torch.bmm(ctx, p["w_uv_t"])                                         # [H, N, V]
-        return o.transpose(0, 1).reshape(n, -1) @ p["wo"].T                     # [N, D]
+        self.cache[start:start + n] = latent_rows(a[:, split:], p["kv_norm"], cos, sin, cfg.mla_norm_eps)
+        q = _torch().cat((q[..., :dn], apply_rope(q[..., dn:], cos, sin)), -1)  # [H, N, Dn+R]
+        lat = self.cache[None, :_round8(start + n)]                             # [1, T8, C+R]
+        o = absorbed_attention(q[None], lat, p["wkv_b"], dn, cfg.softmax_scale, start, mask)   # [1, H, N, V]
+        return o[0].transpose(0, 1).reshape(n, -1) @ p["wo"].T                   # [N, D]
 
     def router(self, xn):
         """noaux_tc routing of xn [N, D]: (idx int64 [N, K], w float32 [N, K], scaling factor included)."""
@@ -189,41 +188,11 @@ class TorchLayer:
     def routed_experts(self, xn, idx, w):
         """sum_k w[:, k] Expert_idx[:, k](xn): [N, D] in the layer dtype."""
         if self.moe_path == "grouped_mm":
-            return self._routed_grouped(xn, idx, w)
-        return self._routed_loop(xn, idx, w)
-
-    def _routed_grouped(self, xn, idx, w):
-        torch = _torch()
-        n, k = idx.shape
-        mi = self.cfg.moe_intermediate_size
-        flat = idx.reshape(-1)                                                  # [N K]
-        expert, order = torch.sort(flat, stable=True)                           # pairs sorted by expert
-        offs = torch.searchsorted(expert, self._expert_ids, right=True, out_int32=True)  # [E] group ends
-        xs = xn[order // k]                                                     # [N K, D]
-        gu = torch._grouped_mm(xs, self.p["w13_t"], offs=offs)                  # [N K, 2 Mi]
-        hs = torch.nn.functional.silu(gu[:, :mi]) * gu[:, mi:]                  # [N K, Mi]
-        out = torch._grouped_mm(hs, self.p["w2_t"], offs=offs)                  # [N K, D]
-        out = out.float() * w.reshape(-1)[order, None]
-        y = torch.empty_like(out).index_copy_(0, order, out)                    # back to (token, slot) order
-        return y.view(n, k, -1).sum(1).to(self.dtype)
-
-    def _routed_loop(self, xn, idx, w):
-        torch = _torch()
-        mi = self.cfg.moe_intermediate_size
-        w13, w2 = self.p["w13_t"], self.p["w2_t"]                               # [E, D, 2Mi], [E, Mi, D]
-        y = torch.zeros(xn.shape[0], xn.shape[1], device=xn.device, dtype=torch.float32)
-        for e in torch.unique(idx).tolist():                                    # host sync: not capturable
-            rows, slot = torch.nonzero(idx == e, as_tuple=True)
-            gu = xn[rows] @ w13[e]                                              # [n_e, 2Mi]
-            hs = torch.nn.functional.silu(gu[:, :mi]) * gu[:, mi:]
-            y.index_add_(0, rows, (hs @ w2[e]).float() * w[rows, slot, None])
-        return y.to(self.dtype)
+            return experts_grouped(xn, idx, w, self.p["w13_t"], self.p["w2_t"], self.expert_ids)
+        return experts_loop(xn, idx, w, self.p["w13_t"], self.p["w2_t"])
 
     def _swiglu(self, xn, w13, w2):
-        torch = _torch()
-        gu = xn @ w13.T                                                         # [N, 2I]
-        i = w13.shape[0] // 2
-        return (torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]) @ w2.T          # [N, D]
+        return silu_mul(xn @ w13.T) @ w2.T                                      # [N, 2I] -> [N, D]
 
     def shared_expert(self, xn):
         """The shared expert(s) of a MoE layer, one fused MLP: [N, D]."""
@@ -324,7 +293,6 @@ def _assemble(cfg: ModelConfig, layer: int, get: Callable[..., Any], get_1d: Cal
     viewed [E, in, out] (column-major per expert, what ``_grouped_mm`` takes as its second operand)."""
     torch = _torch()
     a, f = f"layers.{layer}.attn.", f"layers.{layer}.ffn."
-    h, dn, c = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
     p: dict[str, Any] = {"attn_norm": get_1d(f"layers.{layer}.attn_norm"),
                          "ffn_norm": get_1d(f"layers.{layer}.ffn_norm"), "kv_norm": get_1d(a + "kv_norm")}
     if cfg.q_lora_rank is not None:
@@ -332,9 +300,7 @@ def _assemble(cfg: ModelConfig, layer: int, get: Callable[..., Any], get_1d: Cal
         p["q_norm"], p["wq_b"] = get_1d(a + "q_norm"), get(a + "wq_b")
     else:
         p["w_qkv_a"] = torch.cat((get(a + "wq"), get(a + "wkv_a")))            # [H(Dn+R) + C + R, D]
-    wkv_b = get(a + "wkv_b").view(h, dn + cfg.v_head_dim, c)                    # [H, Dn+V, C]
-    p["w_uk"] = wkv_b[:, :dn].contiguous()                                      # [H, Dn, C]
-    p["w_uv_t"] = wkv_b[:, dn:].transpose(1, 2)                                 # [H, C, V] (a view)
+    p["wkv_b"] = get(a + "wkv_b")                                               # [H (Dn+V), C]
     p["wo"] = get(a + "wo")                                                     # [D, H V]
     if experts is None:
         p["w13"], p["w2"] = torch.cat((get(f + "w1"), get(f + "w3"))), get(f + "w2")

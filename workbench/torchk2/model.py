@@ -6,14 +6,12 @@ Q q_lora, E routed experts, K experts per token, I expert width, V vocabulary.
 
 Same maths as the reference, laid out for a GPU: MLA in its naive form (keys/values expanded per head
 from the latent, one fused attention call; training) or, with ``absorbed=True``, the absorbed form
-(queries through wkv_b's key half into the latent space, scores against the latent rows, the context
-back through its value half: what decoding and ``torchk2.layer`` run), a latent cache [B, max_len, C+R]
-for generation, the noaux_tc sigmoid router in float32 with the correction bias as a buffer (updated
-outside autograd, ``update_router_bias``), and the routed experts computed as one wide SwiGLU over all
-E experts whose activations are multiplied by the (mostly zero) combine weights: the same sum as the
-reference's sparse loop, with static shapes. Parameters keep the reference's [out, in] layout; experts
-are stacked [E, I, D] / [E, D, I]; ``weights_dict`` / ``load_weights_dict`` convert to and from internal
-names.
+(``layers.absorbed_attention``, which decoding and the baseline layer ``torchk2.layer`` run), a latent
+cache [B, max_len, C+R] for generation, the noaux_tc sigmoid router in float32 with the correction bias
+as a buffer (updated outside autograd, ``update_router_bias``), and the routed experts as one wide
+SwiGLU over all E experts (``layers.experts_dense``): the reference's sparse sum with static shapes.
+Parameters keep the reference's [out, in] layout; experts are stacked [E, I, D] / [E, D, I];
+``weights_dict`` / ``load_weights_dict`` convert to and from internal names.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from ..config import ModelConfig
 from ..errors import InputError
 from ..reference.rope import rope_attention_factor, yarn_inv_freq
 from ..weights import expected_shapes
-from .layers import apply_rope, rmsnorm, route
+from .layers import absorbed_attention, apply_rope, experts_dense, latent_rows, rmsnorm, route, visible_keys
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -66,15 +64,13 @@ class MLA(nn.Module):
             q = F.linear(rmsnorm(F.linear(x, self.wq_a), self.q_norm, cfg.mla_norm_eps), self.wq_b)
         q = q.view(b, s, h, cfg.qk_head_dim).transpose(1, 2)                        # [B, H, S, N+R]
         q = torch.cat([q[..., :n], apply_rope(q[..., n:], cos, sin)], dim=-1)
-        a = F.linear(x, self.wkv_a)                                                 # [B, S, C+R]
-        lat = torch.cat([rmsnorm(a[..., :c], self.kv_norm, cfg.mla_norm_eps),
-                         apply_rope(a[..., c:], cos, sin)], dim=-1)                 # [B, S, C+R]
+        lat = latent_rows(F.linear(x, self.wkv_a), self.kv_norm, cos, sin, cfg.mla_norm_eps)  # [B, S, C+R]
         if cache is not None:
             cache[:, start:start + s] = lat.to(cache.dtype)
             lat = cache[:, :start + s].to(lat.dtype)                                # [B, T, C+R]
         t = lat.shape[1]
-        if self.absorbed:
-            o = self._absorbed(q, lat, start)
+        if self.absorbed:                           # the new rows' keys begin at start (at 0 without a cache)
+            o = absorbed_attention(q, lat, self.wkv_b, n, cfg.softmax_scale, t - s)
             return F.linear(o.transpose(1, 2).reshape(b, s, h * cfg.v_head_dim), self.wo)
         kv = F.linear(lat[..., :c], self.wkv_b).view(b, t, h, n + cfg.v_head_dim).transpose(1, 2)
         k_pe = lat[..., c:].unsqueeze(1).expand(b, h, t, cfg.qk_rope_head_dim)      # one rope key, all heads
@@ -83,28 +79,9 @@ class MLA(nn.Module):
         if cache is None:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=cfg.softmax_scale)
         else:       # every cached row is visible, causal among the new ones
-            rows = start + torch.arange(s, device=x.device)
-            mask = torch.arange(t, device=x.device)[None, :] <= rows[:, None]              # [S, T]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=cfg.softmax_scale)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=visible_keys(s, t, start, None, x.device),
+                                               scale=cfg.softmax_scale)
         return F.linear(o.transpose(1, 2).reshape(b, s, h * cfg.v_head_dim), self.wo)
-
-
-    def _absorbed(self, q: torch.Tensor, lat: torch.Tensor, start: int) -> torch.Tensor:
-        """Absorbed attention of q [B, H, S, N+R] (roped) over the latent rows lat [B, T, C+R], causal from
-        ``start``: o [B, H, S, Vh]."""
-        cfg = self.cfg
-        h, n, c = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
-        s, t = q.shape[2], lat.shape[1]
-        w = self.wkv_b.view(h, n + cfg.v_head_dim, c)                               # [H, N+Vh, C]
-        q_lat = torch.einsum("bhsn,hnc->bhsc", q[..., :n], w[:, :n])                # [B, H, S, C]
-        scores = (torch.einsum("bhsc,btc->bhst", q_lat, lat[..., :c])
-                  + torch.einsum("bhsr,btr->bhst", q[..., n:], lat[..., c:])) * cfg.softmax_scale
-        rows = start + torch.arange(s, device=q.device)
-        mask = torch.arange(t, device=q.device)[None, :] <= rows[:, None]                  # [S, T]
-        wide = torch.float64 if q.dtype == torch.float64 else torch.float32
-        p = scores.masked_fill(~mask, -math.inf).softmax(-1, dtype=wide).to(q.dtype)      # [B, H, S, T]
-        ctx = torch.einsum("bhst,btc->bhsc", p, lat[..., :c])                       # [B, H, S, C]
-        return torch.einsum("bhsc,hvc->bhsv", ctx, w[:, n:])                        # [B, H, S, Vh]
 
 
 class SwiGLU(nn.Module):
@@ -134,15 +111,10 @@ class MoE(nn.Module):
         cfg = self.cfg
         shape = x.shape
         x = x.reshape(-1, shape[-1])                                                # [M, D]
-        e, i = cfg.n_routed_experts, cfg.moe_intermediate_size
         idx, w = self.route(x)
         if counts is not None:
-            counts.append(torch.bincount(idx.flatten(), minlength=e))
-        combine = torch.zeros(x.shape[0], e, dtype=w.dtype, device=x.device).scatter(1, idx, w)  # [M, E]
-        h = F.linear(x, torch.cat([self.w1.reshape(e * i, -1), self.w3.reshape(e * i, -1)]))  # [M, 2*E*I]
-        act = F.silu(h[:, :e * i]) * h[:, e * i:]                                   # [M, E*I]
-        act = (act.view(-1, e, i) * combine.to(act.dtype)[:, :, None]).view(-1, e * i)
-        y = F.linear(act, self.w2.permute(1, 0, 2).reshape(shape[-1], e * i))       # [M, D]
+            counts.append(torch.bincount(idx.flatten(), minlength=cfg.n_routed_experts))
+        y = experts_dense(x, idx, w, self.w1, self.w3, self.w2)                     # [M, D]
         if self.shared is not None:
             y = y + self.shared(x)
         return y.view(shape)
