@@ -10,7 +10,7 @@ import numpy as np
 from kernels_numba.sim import sim_speed
 from tests.bench.test_k2_layer import SMALL, _rig
 from workbench.ddtree.scenarios import layer_reference
-from workbench.engine.scenarios import check_layer, compare_layer, engine_layer
+from workbench.engine.scenarios import check_layer, check_moe_block, compare_layer, engine_layer
 
 
 def test_reference_side_in_a_spawned_process_compares_as_the_inline_check():
@@ -29,3 +29,13 @@ def test_reference_side_in_a_spawned_process_compares_as_the_inline_check():
     inline = check_layer(SMALL, 3, rig, prefix=4, tree_nodes=16, log=lambda m: None)
     assert [r["scenario"] for r in res] == [r["scenario"] for r in inline]
     assert all(r["passed"] for r in res) and all(r["passed"] for r in inline), (res, inline)
+
+
+def test_moe_block_check_passes_its_layer_and_fails_another_seeds():
+    """The block check (what ``bench ep`` runs before its shares) on the layer the builder made of seed
+    3: it passes against seed 3's reference block and fails against seed 4's."""
+    rig = _rig(SMALL, 1)
+    ok = check_moe_block(SMALL, 3, 1, rig.lay.moe, rig.scratch, rows=4, log=lambda m: None)
+    assert ok["passed"] and ok["max_rel_err"] < 1e-3, ok
+    bad = check_moe_block(SMALL, 4, 1, rig.lay.moe, rig.scratch, rows=4, log=lambda m: None)
+    assert not bad["passed"], bad

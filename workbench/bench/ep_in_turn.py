@@ -6,8 +6,10 @@ Legend: as ``ep_moe``; R_q rows rank q receives, U_q its distinct local experts.
 What each GPU of P would run in its local phase, measured here one rank after another: the seeded
 layer's router and all E INT4 experts (G = 32) are built once; per T, SETS random inputs are routed
 by the layer's router (``ops.route``), and per P every rank's share is made (``in_turn.shares``).
-- check: on the first set, the shares run and combined in rank order equal the routed experts of the
-  whole layer on one GPU (``ops.moe`` without the shared expert), each row within TOL;
+- check: first the whole block on one GPU (router, experts, shared expert, as the builder makes it)
+  against the reference's block (``engine.scenarios.check_moe_block``); then per T, on the first set,
+  the shares run and combined in rank order equal the routed experts of that block (``ops.moe``
+  without the shared expert), each row within TOL;
 - time: per step (inputs rotated over the sets) each rank's fused_moe alone, captured in a CUDA graph
   as the engine runs it (``engine.graphs.StepGraph``, as ``bench k2`` times its parts), the L2 flushed
   before it and a spin kernel ahead of it (``common.spin_timed``); per step the busiest rank's time
@@ -35,6 +37,7 @@ def run_in_turn(cfg, seed: int, layer: int, worlds, rows, reps: int, copy_gbs: f
 
     from ..engine.build import SeededSource
     from ..engine.graphs import StepGraph
+    from ..engine.scenarios import check_moe_block
     from ..parallel.ep_moe import kview
     from ..parallel.experts import ExpertSplit
     from ..parallel.in_turn import combine, run, shares
@@ -43,14 +46,16 @@ def run_in_turn(cfg, seed: int, layer: int, worlds, rows, reps: int, copy_gbs: f
     from .k2_build import layer_bytes
 
     d, k = cfg.hidden_size, cfg.num_experts_per_tok
-    whole, sc = whole_layer(SeededSource(cfg, seed, workers=workers), layer, max(rows), shared=False)
-    full = whole.fused
+    block, sc = whole_layer(SeededSource(cfg, seed, workers=workers), layer, max(rows))
+    full = block.fused
     log(f"ranks in turn: layer {layer}'s {full.n_routed} INT4 experts built")
+    checks = [check_moe_block(cfg, seed, layer, block, sc, log=log)]     # the whole block, then its shares
+    whole = ops.moe_fused(block.router, full)                             # the routed experts alone
     expert_bytes = layer_bytes(cfg, layer)["expert_int4"]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     meta = torch.zeros(8, dtype=torch.int32, device="cuda")
     s = default_stream()
-    table, checks = [], []
+    table = []
     for t in rows:
         g = torch.Generator().manual_seed(seed * 1000 + t + 7)
         xs = [torch.randn(t, d, generator=g).cuda() for _ in range(sets)]

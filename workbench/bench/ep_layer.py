@@ -16,15 +16,14 @@ def row_errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     return np.linalg.norm(got - want, axis=1) / np.maximum(np.linalg.norm(want, axis=1), 1e-30)
 
 
-def whole_layer(src, layer: int, max_rows: int, fused=None, shared: bool = True):
+def whole_layer(src, layer: int, max_rows: int, fused=None):
     """(the whole MoE block of ``layer`` on this GPU, its ``ops.Scratch``) from ``src`` (an
-    ``engine.build.SeededSource``): ``fused`` its E experts when this rank already holds them all;
-    ``shared=False``: the routed experts alone."""
+    ``engine.build.SeededSource``): ``fused`` its E experts when this rank already holds them all."""
     from kernels_numba import ops
 
     from ..engine.build import int4_experts
     f = f"layers.{layer}.ffn"
     if fused is None:
         fused = int4_experts(src.cfg, src.stacks, layer, src.workers)
-    m = ops.moe_fused(src.router(f), fused, src.shared(f) if shared else None)
+    m = ops.moe_fused(src.router(f), fused, src.shared(f))
     return m, ops.Scratch(max_rows, [], [m])

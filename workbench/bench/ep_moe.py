@@ -282,7 +282,7 @@ def run(out_dir, worlds=None, rows=ROWS, reps: int = 20, seed: int = 0, layer: i
             failed.append(f"ranks in turn: {type(ex).__name__}: {str(ex).splitlines()[0]}")
         table += part
         checks += part_checks
-        failed += [f"ranks in turn P={c['world']} T={c['rows']}: check"
+        failed += [c.get("check") or f"ranks in turn P={c['world']} T={c['rows']}: check"
                    for c in part_checks if not c["passed"]]
         save()
         torch.cuda.empty_cache()

@@ -228,8 +228,25 @@ def layer_reference(cfg: ModelConfig, seed: int, layer: int, experts: str = "int
         y, xn, routes = layer_step(cfg, ref, layer, x, pos, cache, vis)
         step = {"y": y, "rows": cache.layers[layer][prefix:prefix + x.shape[0]].copy(), "routes": routes}
         if routes is not None:
-            p = f"layers.{layer}.ffn."
-            step["scores"] = sigmoid(xn @ np.asarray(weight(ref, p + "gate"), np.float32).T) + np.asarray(
-                weight(ref, p + "gate_bias"))
+            step["scores"] = selection_scores(ref, layer, xn)
         out["steps"].append(step)
     return out
+
+
+def moe_reference(cfg: ModelConfig, seed: int, layer: int, x: np.ndarray) -> dict[str, Any]:
+    """The seeded model's MoE block of ``layer`` (W4A16 experts, the rest as stored) on rows x [T, D]:
+    its output y [T, D], routes [T, K] and selection scores [T, E] (the block check's reference side)."""
+    from ..reference.moe import moe
+    from ..seeded import SeededWeights
+    w = SeededWeights(cfg, seed, "experts")
+    x = np.asarray(x, np.float32)
+    routes: dict[int, np.ndarray] = {}
+    y = moe(cfg, w, layer, x, routes)
+    return {"y": y, "routes": routes[layer], "scores": selection_scores(w, layer, x)}
+
+
+def selection_scores(weights: Any, layer: int, xn: np.ndarray) -> np.ndarray:
+    """The router's selection scores [T, E] of FFN inputs xn [T, D]: sigmoid(gate xn) + bias."""
+    p = f"layers.{layer}.ffn."
+    return sigmoid(xn @ np.asarray(weight(weights, p + "gate"), np.float32).T) + np.asarray(
+        weight(weights, p + "gate_bias"))

@@ -108,6 +108,52 @@ def _rel(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     return d / np.maximum(np.linalg.norm(want.astype(np.float64), axis=-1), 1e-30)
 
 
+def compare_routes(e: dict[str, Any], r: dict[str, Any], what: str,
+                   log=print) -> tuple[np.ndarray, int, bool]:
+    """(rows whose expert sets agree, ties, no difference but ties): a row whose set differs from the
+    reference's is a tie when each swapped pair's reference selection scores lie within TIE (or within
+    twice the row's score noise where the implementation gives its own ``scores``)."""
+    n = len(r["routes"])
+    keep, ties, ok = np.ones(n, bool), 0, True
+    for i in range(n):
+        r_set, d_set = set(r["routes"][i].tolist()), set(e["routes"][i].tolist())
+        if r_set == d_set:
+            continue
+        keep[i] = False
+        s = r["scores"][i]
+        tie = max(TIE, 2 * float(np.abs(e["scores"][i] - s).max())) if "scores" in e else TIE
+        if all(abs(float(s[a]) - float(s[b])) < tie for a in r_set - d_set for b in d_set - r_set):
+            ties += 1
+        else:
+            ok = False
+            log(f"  {what}: row {i} routes to {sorted(d_set)}, reference {sorted(r_set)}")
+    return keep, ties, ok
+
+
+def check_moe_block(cfg, seed: int, layer: int, block: ops.MoE, scratch: ops.Scratch, rows: int = 4,
+                    log=print) -> dict[str, Any]:
+    """A MoE block the builder made of the seeded model's ``layer`` (router, fused_moe experts, shared
+    expert) against the reference's block on ``rows`` random rows: each row's relative error within TOL
+    and the routed experts equal except ties; a dict with ``passed``."""
+    from kernels_numba.device import to_device, zeros
+
+    from ..ddtree.scenarios import moe_reference
+    x = np.random.default_rng(seed * 7919 + layer).standard_normal((rows, cfg.hidden_size)).astype(np.float32)
+    ref = moe_reference(cfg, seed, layer, x)
+    h, meta = zeros((rows, cfg.hidden_size)), to_device(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.int32))
+    scratch.reserve(rows)
+    with ops.sim_speed():
+        ops.moe(h, to_device(x), block, scratch, meta, rows)
+        eng = {"y": download(h), "routes": download(head_rows(scratch.rids, rows))}
+    keep, ties, routes_ok = compare_routes(eng, ref, f"MoE block of layer {layer}", log)
+    err = float(_rel(eng["y"][keep], ref["y"][keep]).max()) if keep.any() else 0.0
+    out = {"check": f"MoE block of layer {layer} against the reference", "rows": rows, "max_rel_err": err,
+           "route_ties": ties, "tol": TOL, "passed": bool(err <= TOL and routes_ok)}
+    log(f"  check MoE block of layer {layer}, {rows} rows: max rel err {err:.2e}, routing ties {ties} "
+        f"(tol {TOL:g}) -> {'PASS' if out['passed'] else 'FAIL'}")
+    return out
+
+
 def compare_layer(cfg, seed: int, layer: int, experts: str, dense: str, eng: dict[str, Any],
                   ref: dict[str, Any], prefix: int = 16, tree_nodes: int = 16, log=print,
                   tol: float | None = None) -> list[dict]:
@@ -127,19 +173,7 @@ def compare_layer(cfg, seed: int, layer: int, experts: str, dense: str, eng: dic
         cache_err = float(_rel(e["rows"], r["rows"]).max())
         keep, ties, routes_ok = np.ones(n, bool), 0, True
         if r["routes"] is not None:
-            for i in range(n):
-                r_set, d_set = set(r["routes"][i].tolist()), set(e["routes"][i].tolist())
-                if r_set == d_set:
-                    continue
-                keep[i] = False
-                s = r["scores"][i]
-                tie = max(TIE, 2 * float(np.abs(e["scores"][i] - s).max())) if "scores" in e else TIE
-                if all(abs(float(s[a]) - float(s[b])) < tie for a in r_set - d_set for b in d_set - r_set):
-                    ties += 1
-                else:
-                    routes_ok = False
-                    log(f"  layer {layer} {name}: row {i} routes to {sorted(d_set)}, "
-                        f"reference {sorted(r_set)}")
+            keep, ties, routes_ok = compare_routes(e, r, f"layer {layer} {name}", log)
         worst = float(upd[keep].max()) if keep.any() else 0.0
         out.append({**base, "scenario": name, "rows": n, "max_rel_err": worst, "cache_rel_err": cache_err,
                     "route_ties": ties, "routes_match": routes_ok,
