@@ -165,7 +165,8 @@ def test_unknown_kinds_are_input_errors():
 
 def test_ep_whole_layer_is_the_built_layers_moe():
     """``bench ep``'s one-GPU baseline (``ep_layer.whole_layer``, through the builder) computes what the
-    built layer's MoE computes, with and without the shared expert."""
+    built layer's MoE computes, and its routed experts alone (as the ranks-in-turn part runs them) that
+    less the shared expert."""
     from kernels_numba.device import download, to_device
     from workbench.bench.ep_layer import whole_layer
     from workbench.engine.build import SeededSource, int4_experts
@@ -182,7 +183,8 @@ def test_ep_whole_layer_is_the_built_layers_moe():
         return download(h)
     want = run(lay.moe, ops.Scratch(5, [], [lay.moe]))
     np.testing.assert_allclose(run(*whole_layer(src, 1, 5)), want, rtol=1e-6, atol=1e-6)
-    m, sc = whole_layer(src, 1, 5, fused=int4_experts(SMALL, 3, 1), shared=False)
+    m, sc = whole_layer(src, 1, 5, fused=int4_experts(SMALL, 3, 1))
+    m = ops.moe_fused(m.router, m.fused)
     alone = lay.moe.shared
     h = to_device(np.zeros_like(x))
     with sim_speed():
