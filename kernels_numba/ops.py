@@ -32,6 +32,9 @@ float32 sums, SwiGLU's silu(gate) * up rounded to float16 before down; they diff
 The dflash drafter's kernels (``draft_attention.py``) are re-exported as ``draft_gather_rows``,
 ``draft_head_norm_rope`` (interleaved or rotate-half pairs) and ``draft_attention`` (GQA).
 
+Code outside the package reaches kernels through this module only (``dev/import_map.py --check``): the
+kernel ladders (``dev/kernels/``) take the kernels' builders from the last import group.
+
 The ops launch only: no host synchronisation and no allocation (``Scratch`` holds every work buffer
 and the MoE workspaces, made before any capture), so a sequence of ops can be captured in a CUDA graph.
 """
