@@ -2,12 +2,17 @@
 
     .venv/bin/python dev/import_map.py            # the map: arrows between parts, cycles, upward arrows
     .venv/bin/python dev/import_map.py --check    # exit 1 on a module cycle or an upward arrow not
-                                                  # known, or kernels_numba importing workbench
+                                                  # known, kernels_numba importing workbench, or code
+                                                  # outside it reaching a kernel past kernels_numba.ops
 
 A part is numformats, kernels_numba, a subpackage of workbench (``workbench.bench``) or a top-level
 module of it (``workbench.config``). Every import counts, those inside functions too (a deferred
 import still ties the two modules together). Parts sit in LAYERS, lowest first; an arrow from a part
 to a part of a higher layer points upward. Cycles are found between modules (strongly connected components).
+
+Outside kernels_numba/ (workbench/, dev/, notebooks/, tests/ but tests/kernels/, which tests the kernel
+modules themselves), kernels are reached through ``kernels_numba.ops`` only: an import of another
+kernels_numba module, or of a name the package exports other than its errors, is reported.
 """
 
 from __future__ import annotations
@@ -42,6 +47,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # Upward arrows and module cycles known and left for later; --check (and the test) fail on any other.
 KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset()
 KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset()
+
+# The one way into the kernels from outside kernels_numba/: ops, and the infrastructure that is no kernel
+# (device buffers, the simulator's executor, input checks); from the package itself, only its errors.
+KERNELS = "kernels_numba"
+KERNEL_DOORS = ("kernels_numba.ops", "kernels_numba.device", "kernels_numba.sim", "kernels_numba._validate")
+PACKAGE_ERRORS = frozenset({"KernelInputError", "LayoutError"})
+OUTSIDE = ("workbench", "dev", "notebooks", "tests")     # folders held to it
+EXEMPT = ("tests/kernels",)                                # the kernel modules' own tests
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -84,6 +97,38 @@ def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
                     found.add(t)
         graph[name] = found
     return graph
+
+
+def _door(module: str) -> bool:
+    return module == KERNELS or any(module == d or module.startswith(d + ".") for d in KERNEL_DOORS)
+
+
+def past_ops(root: Path = ROOT) -> list[str]:
+    """'file:line: what' for each import outside kernels_numba/ that reaches a kernel past ops."""
+    kernel_mods = {m for m in modules(root) if m.startswith(KERNELS + ".")}
+    out: list[tuple[str, int, str]] = []
+    for d in OUTSIDE:
+        for path in sorted((root / d).rglob("*.py")):
+            rel = path.relative_to(root)
+            if any(rel.is_relative_to(e) for e in EXEMPT):
+                continue
+            parts = rel.with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+                if isinstance(node, ast.Import):
+                    bad = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    src = _resolve(name, path.name == "__init__.py", node)
+                    if src != KERNELS:
+                        bad = [src]
+                    else:                                # a module of the package, or a name it exports
+                        bad = [f"{src}.{a.name}" for a in node.names
+                               if f"{src}.{a.name}" in kernel_mods or a.name not in PACKAGE_ERRORS]
+                else:
+                    continue
+                out += [(rel.as_posix(), node.lineno, b) for b in bad
+                        if (b == KERNELS or b.startswith(KERNELS + ".")) and not _door(b)]
+    return [f"{f}:{line}: {b}" for f, line, b in sorted(out)]
 
 
 def part(module: str) -> str:
@@ -183,13 +228,16 @@ def problems(graph: dict[str, set[str]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 on a cycle or an unknown upward arrow")
+    ap.add_argument("--check", action="store_true", help="exit 1 on a cycle, an unknown upward arrow or a "
+                    "kernel reached past kernels_numba.ops")
     ap.add_argument("--root", type=Path, default=ROOT, help="the tree to read (default: this checkout)")
     args = ap.parse_args(argv)
     graph = imports(modules(args.root))
+    doors = past_ops(args.root)
     print(report(graph))
+    print(f"\nimports past kernels_numba.ops: {len(doors)}")
     if args.check:
-        bad = problems(graph)
+        bad = problems(graph) + [f"past kernels_numba.ops: {d}" for d in doors]
         for b in bad:
             print(b, file=sys.stderr)
         return 1 if bad else 0

@@ -32,6 +32,9 @@ float32 sums, SwiGLU's silu(gate) * up rounded to float16 before down; they diff
 The dflash drafter's kernels (``draft_attention.py``) are re-exported as ``draft_gather_rows``,
 ``draft_head_norm_rope`` (interleaved or rotate-half pairs) and ``draft_attention`` (GQA).
 
+Code outside the package reaches kernels through this module only (``dev/import_map.py --check``): the
+kernel ladders (``dev/kernels/``) take the kernels' builders from the last import group.
+
 The ops launch only: no host synchronisation and no allocation (``Scratch`` holds every work buffer
 and the MoE workspaces, made before any capture), so a sequence of ops can be captured in a CUDA graph.
 """
@@ -66,6 +69,14 @@ from .rows import add_rows_kernel, to_f16_kernel
 from .sim import sim_speed  # noqa: F401 - the simulator's faster executor around a block of ops
 from .tokens import advance_kernel, argmax_kernel, copy_rows_kernel, embed_kernel
 from .tree import topk_logprobs, tree_compile_kernel
+
+# isort: split
+# The kernel ladders (dev/kernels/) check, time and disassemble the package kernels through ops: the
+# kernels' builders and the staged tiling's split-K sizes here, the calls the ops wrap in __all__'s group.
+from .int4_matmul import make_int4_matmul_kernel  # noqa: F401 - the tiled kernel's builder
+from .int4_staged import make_int4_staged_kernel  # noqa: F401 - the staged kernel's builder
+from .int4_staged import partials as staged_partials  # noqa: F401 - split-K workspace words of a tiling
+from .moe_gemm import make_moe_gemm_kernel  # noqa: F401 - fused_moe's stream-K GEMM builder
 
 PORTABLE = "portable"
 INT4_MATMUL = "int4_matmul"
@@ -627,3 +638,6 @@ __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Dense", "FUSED_MOE", "GROUPE
            "moe_workspace", "padded_keys", "portable_stack", "repack_experts", "rmsnorm", "route",
            "routed_experts", "router", "sim_speed", "swiglu", "swiglu_weights", "tiled_config",
            "topk_logprobs", "torch_view", "tree_compile", "unrepack_int4"]
+# the kernel ladders' group (dev/kernels/)
+__all__ += ["GemmWorkspace", "fused_moe", "int4_matmul", "make_int4_matmul_kernel", "make_int4_staged_kernel",
+            "make_moe_gemm_kernel", "prepare_moe", "repack_int4", "staged_partials"]

@@ -1,105 +1,55 @@
 """The W4A16 GEMV/GEMM on a GPU (docs/conventions.md): validate the package kernels, then time them.
 
-Run on a GPU:  python dev/kernels/int4_matmul.py [--quick | --ms M ...] [--ncu | --m16 | --ceiling
-                | --paired | --staged]
+Run on a GPU:  python dev/kernels/int4_matmul.py [--quick | --ms M ...] [--ncu | --m16 | --paired
+                | --staged]
 Offline:       NUMBA_ENABLE_CUDASIM=1 python dev/kernels/int4_matmul.py --check
 What it runs (every kernel checked against the reference before it is timed):
   default    the package kernel (v7: tensor cores with the weights as the A operand, repacked tiles,
              PDL, the PIN wait and coherent loads where measured faster) over the (MT, KS, CPW, KB)
              tilings at M = 1 .. 64 beside a same-size copy; choose_config is the winner of this sweep.
   --m16      M = 1 against 16 / 32 / 64 at the tunings that matter.
-  --ceiling  the load-only kernel (s0: the same 16-byte weight loads and grid, no math), without and
-             with PDL, beside the package kernel: the attainable rate per launch.
   --paired   v14 tile pairs (4-tuple configs, clusters of 2) beside the 3-tuple configs.
   --staged   int4_staged.py's tilings (v19) at M = 33 .. 64 beside the tiled kernel and cuBLAS bf16.
 The earlier rungs (v1-v6, v8-v13, v15-v18, v20), the text-patched variants and the timeline, floor
 and staged-part probes are in git history; docs/perf.md's ladders name the commit of each rung
-(the last tree that held them all: ``git show 0841025:dev/kernels/int4_matmul.py``).
+(the last tree that held them all: ``git show 0841025:dev/kernels/int4_matmul.py``). The load-only
+ceiling probe (s0, --ceiling), whose own kernel no ladder row rests on, is in
+``git show 5bc5dca:dev/kernels/int4_matmul.py``. The package kernels are reached through
+kernels_numba.ops only (dev/import_map.py --check).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import itertools
 import sys
 
 import numpy as np
-from numba import cuda, uint32
+from numba import cuda
 
-from kernels_numba.intrinsics import (
-    SIMULATED,
-    griddep_launch_dependents,
-    griddep_wait,
-    ld_once_v4,
-    ld_stream_v4,
-)
-
-
-@functools.cache
-def make_stream_kernel(K, KS, CPW, KB, PDL=False, TAIL=False, FLAT=False, PAD=0, ONCE=False):
-    """s0: the weight loads of a K x 16-row tile per block, no math; PDL: with the package's PDL pair
-    (next grid may launch at once; wait for the previous one after the loads are issued); TAIL: after
-    the wait, one read and one write per block (``out`` holds 1 + blocks words), the least a kernel
-    whose input is the previous kernel's output does after its wait. KB blocks split a tile's K: on
-    grid y, or with FLAT on x, next to each other in launch order (block b then reads bytes b * tile /
-    KB on, as the down tiling does). PAD: words of shared memory per block, to cap blocks per SM.
-    ONCE: coherent loads (ld_once_v4). With the .nc loads ptxas hoists the wait above every load
-    (offline SASS), so those builds wait before loading."""
-    load = ld_once_v4 if ONCE else ld_stream_v4
-    KC, TILE_W, NPAD = K // 64, K * 2, max(PAD, 32)
-
-    @cuda.jit
-    def stream_kernel(out, wq):
-        if PDL:
-            griddep_launch_dependents()
-        warp, lane = cuda.threadIdx.x >> 5, cuda.threadIdx.x & 31
-        bx, by = cuda.blockIdx.x, cuda.blockIdx.y
-        tile, kb = (bx // KB, bx % KB) if FLAT else (bx, by)
-        c0 = (kb * KS + warp) * CPW
-        base = tile * TILE_W + c0 * 128 + lane * 4
-        acc = uint32(0)
-        for ci in range(CPW):
-            if c0 + ci < KC:
-                w = load(wq, base + ci * 128)
-                acc ^= w[0] ^ w[1] ^ w[2] ^ w[3]
-        if PDL:
-            griddep_wait()
-        if TAIL and cuda.threadIdx.x == 0:
-            out[1 + cuda.blockIdx.x + cuda.gridDim.x * cuda.blockIdx.y] = out[0] ^ acc
-        elif acc == uint32(0x9E3779B9):          # practically never: keeps the loads alive
-            out[0] = acc
-        if PAD:
-            pad = cuda.shared.array(NPAD, uint32)
-            if acc == uint32(0x7F4A7C15):        # practically never: keeps the shared array
-                pad[lane] = acc
-                out[0] = pad[(lane + 1) & 31]
-    return stream_kernel
+from kernels_numba import ops
+from kernels_numba.device import SIMULATED
 
 
 def random_weights(n, k, gs, count, torch):
     """``count`` random repacked weights on the GPU (random words = random nibbles in any layout)."""
-    from kernels_numba.int4_layout import Int4Weight
     n16 = -(-n // 16)
     ws = []
     for _ in range(count):
         wq = torch.randint(-2**31, 2**31 - 1, (n16 * k * 2,), dtype=torch.int32, device="cuda")
         s = (torch.rand(n16 * 16 * (k // gs), device="cuda") * 0.01 + 0.001).half()
-        ws.append(Int4Weight(cuda.as_cuda_array(wq).view(np.uint32),
-                             cuda.as_cuda_array(s.view(torch.int32)).view(np.uint32), n, k, gs))
+        ws.append(ops.Int4Weight(cuda.as_cuda_array(wq).view(np.uint32),
+                                 cuda.as_cuda_array(s.view(torch.int32)).view(np.uint32), n, k, gs))
     return ws
 
 
 def check_against_reference(rng, m, n, k, gs, config=None, int4_matmul=None):
     """Real repack of a gen_quant4 weight; returns max |out - ref| / max |ref| (of the package's
     int4_matmul unless another is given)."""
-    from kernels_numba import repack_int4
     from workbench.quant.int4 import gen_quant4, int4_linear
     _, packed, scales = gen_quant4(n, k, gs, seed=int(rng.integers(1 << 30)))
-    if int4_matmul is None:
-        from kernels_numba import int4_matmul
+    int4_matmul = int4_matmul or ops.int4_matmul
     x = rng.standard_normal((m, k)).astype(np.float16)
-    w = repack_int4(packed, scales)
+    w = ops.repack_int4(packed, scales)
     out = np.full((m, n), np.nan, np.float32)
     if not SIMULATED:                      # the simulator (offline checks of the variants) takes numpy
         w, x_in, out = w.to_device(), cuda.to_device(x), cuda.to_device(out)
@@ -110,10 +60,9 @@ def check_against_reference(rng, m, n, k, gs, config=None, int4_matmul=None):
 
 
 def configs_for(m, k):
-    from kernels_numba.int4_matmul import tiled_config
-    mt = tiled_config(m, k)[0]
+    mt = ops.tiled_config(m, k)[0]
     kc = k // 64
-    out = [tiled_config(m, k)]
+    out = [ops.tiled_config(m, k)]
     for cpw in (1, 2, 4, 7, 8, 14, 16):
         ks = kc // cpw
         if kc % cpw == 0 and 2 <= ks <= 32 and (mt, ks, cpw) not in out:
@@ -133,8 +82,6 @@ def main(argv=None) -> int:
                     "configs) beside the package's 3-tuple configs, checked first and after the timed chain")
     ap.add_argument("--staged", action="store_true", help="the staged kernel's tilings at M = 33..64 "
                     "beside the tiled kernel and cuBLAS bf16, checked first")
-    ap.add_argument("--ceiling", action="store_true", help="per-launch ceilings at M = 1: the load-only "
-                    "kernel without and with PDL beside the package kernel")
     args = ap.parse_args(argv)
     if args.check:
         return check_package()
@@ -145,10 +92,7 @@ def main(argv=None) -> int:
         return paired_sweep(torch)
     if args.staged:
         return staged_sweep(torch)
-    if args.ceiling:
-        return ceiling(torch)
 
-    from kernels_numba import int4_matmul
     from workbench.bench.common import copy_bandwidth, time_op
     if args.ncu:
         for (n, k) in [(2048, 7168), (7168, 2048)]:
@@ -156,7 +100,7 @@ def main(argv=None) -> int:
             for m in (1, 16):
                 x = torch.randn(m, k, device="cuda").half()
                 for _ in range(3):
-                    int4_matmul(x, w)
+                    ops.int4_matmul(x, w)
         torch.cuda.synchronize()
         return 0
     rng = np.random.default_rng(0)
@@ -186,58 +130,10 @@ def main(argv=None) -> int:
             outs = [torch.empty(m, n, device="cuda") for _ in range(count)]
             for cfg in configs_for(m, k):
                 label = f"v4 N={n} K={k} M={m} cfg={cfg}"
-                us = time_rotating(torch, int4_matmul, x, ws, outs, cfg, label)
+                us = time_rotating(torch, ops.int4_matmul, x, ws, outs, cfg, label)
                 if us is not None:
                     gbs = nbytes / (us * 1e-6) / 1e9
                     print(f"{label}: {us:.2f} us {gbs:.0f} GB/s {100 * gbs / copy:.0f}% copy")
-    return 0
-
-
-def ceiling(torch):
-    """Per launch, 64 back-to-back over distinct weights in one graph: s0 (loads only), s0 with the
-    PDL pair launched with PDL (loads overlap the previous grid, the wait orders the grids as the
-    package kernel's does), and that with the least dependent work after the wait, at the package's
-    M = 1 tiling and, for gate/up, at smaller blocks that split K over KB blocks per tile (what a
-    split-K kernel could reach); each with .nc and with coherent loads (ONCE: only these stay before
-    the wait); then the package kernel."""
-    from kernels_numba import int4_matmul
-    from kernels_numba.launch import launch
-    from workbench.bench.common import copy_bandwidth, time_op
-    copy = copy_bandwidth()
-    print(f"copy {copy:.0f} GB/s")
-    count = 64
-    tilings = {(7168, 2048): [(4, 8, 1)], (2048, 7168): [(16, 7, 1), (8, 14, 1), (8, 7, 2), (4, 7, 4)]}
-    variants = [("s0 loads only", False, False), ("s0 loads only + PDL pair", True, False),
-                ("s0 + PDL pair + a read and a write per block after the wait", True, True)]
-    # TAIL variant only: gate/up K split over 2 / 4 blocks adjacent in launch order (FLAT), and the
-    # down tiling with 46 KB of shared memory per block (<= 4 blocks per SM, as the kernel)
-    probes = {(7168, 2048): [(4, 8, 1, False, 46 * 256)],
-              (2048, 7168): [(8, 7, 2, True, 0), (4, 7, 4, True, 0)]}
-    for (n, k), shape_tilings in tilings.items():
-        ws = random_weights(n, k, 32, count, torch)
-        nbytes = n * k // 2 + n * (k // 32) * 2
-        sink = cuda.device_array(1 + n // 16 * max(t[2] for t in shape_tilings), np.uint32)
-
-        def pct(us, nbytes=nbytes):
-            return f"{us:.2f} us, {100 * nbytes / (us * 1e-6) / 1e9 / copy:.0f}% copy"
-        runs = [((*t, False, 0), v) for t, v in itertools.product(shape_tilings, variants)] + \
-            [(t, variants[2]) for t in probes[(n, k)]]
-        for ((ks, cpw, kb, flat, pad), (name, pdl, tail)), once in itertools.product(runs, (False, True)):
-            kern = make_stream_kernel(k, ks, cpw, kb, pdl, tail, flat, pad, once)
-            grid = (n // 16 * kb, 1) if flat else (n // 16, kb)
-            calls = [(kern, grid, ks * 32, (sink, w.wq), pdl) for w in ws]
-
-            def fn(calls=calls):
-                st = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-                for kern, grid, block, args, pdl in calls:
-                    launch(kern, grid, block, st, args, pdl)
-            extra = (" FLAT" if flat else "") + (f" PAD={pad * 4 // 1024} KB" if pad else "")
-            print(f"{name} N={n} K={k} KS={ks} CPW={cpw} KB={kb}{extra} {'once' if once else 'nc'}: "
-                  f"{pct(time_op(fn, calls=count, reps=10)['median_us'])}")
-        x = torch.randn(1, k, device="cuda").half()
-        outs = [torch.empty(1, n, device="cuda") for _ in ws]
-        us = time_rotating(torch, int4_matmul, x, ws, outs, None, "package")
-        print(f"package int4_matmul M=1 N={n} K={k}: {pct(us)}")
     return 0
 
 
@@ -268,7 +164,6 @@ def time_plans(torch, impls, plans, runs=lambda name, cfg: True, compare=False):
     """Per K2 shape of ``plans`` ({(N, K): [(M, config), ...]}) 64 random weights, then every
     implementation ``runs`` allows at every (M, config), timed over them back to back; ``compare``:
     each timed chain's outputs (NaN before it) against the package default's."""
-    from kernels_numba import int4_matmul
     for (n, k), plan in plans.items():
         ws = random_weights(n, k, 32, 64, torch)
         for m, cfg in plan:
@@ -276,7 +171,7 @@ def time_plans(torch, impls, plans, runs=lambda name, cfg: True, compare=False):
             if compare:
                 ref = torch.stack([torch.zeros(m, n, device="cuda") for _ in ws])
                 for w, r in zip(ws, ref, strict=True):
-                    int4_matmul(x, w, out=r)
+                    ops.int4_matmul(x, w, out=r)
             for name, fn in impls.items():
                 if runs(name, cfg):
                     outs = [torch.full((m, n), float("nan"), device="cuda") for _ in ws]
@@ -294,19 +189,17 @@ def time_plans(torch, impls, plans, runs=lambda name, cfg: True, compare=False):
 def check_package() -> int:
     """The package kernel against the reference at M = 1 / 3 / 16, one 16-row tile or two, K = 1024; 1 if
     any fails (no torch: runs in the simulator too; --paired checks the tile pairs on a GPU)."""
-    from kernels_numba import int4_matmul
     rng = np.random.default_rng(11)
     bad = 0
     for m, n, k, cfg in [(1, 16, 1024, (1, 2, 8)), (3, 32, 1024, (1, 4, 4)), (16, 16, 1024, (2, 2, 8))]:
-        bad += not check_print(rng, "package", m, n, k, cfg, int4_matmul)
+        bad += not check_print(rng, "package", m, n, k, cfg, ops.int4_matmul)
     return int(bad > 0)
 
 
 def m16_ratio(torch):
     """M = 1 vs 16 (and 32, 64) on both K2 shapes, one run over the same 64 weights per shape: the
     package kernel at the tunings that matter, each checked first."""
-    from kernels_numba import int4_matmul
-    impls = {"package": int4_matmul}
+    impls = {"package": ops.int4_matmul}
     rng = np.random.default_rng(1)
     for name, fn in impls.items():
         for m, n, k, cfg in [(5, 2048, 7168, (1, 16, 7)), (1, 7168, 2048, (1, 4, 8)),
@@ -330,13 +223,12 @@ _PAIRED_PLANS = {(2048, 7168): [(1, (1, 16, 7)), (16, (2, 16, 7)), (16, (2, 16, 
 def paired_sweep(torch):
     """_PAIRED_PLANS: every config checked against the reference (odd M inside its bucket), timed over
     64 weights back to back, and its chained outputs then compared with the package default's."""
-    from kernels_numba import int4_matmul
-    impls = {"package": int4_matmul}
+    impls = {"package": ops.int4_matmul}
     rng = np.random.default_rng(14)
     for (n, k), plan in _PAIRED_PLANS.items():
         for m, cfg in plan:
             for mm in sorted({m, max(m - 3, 1)}):
-                check_print(rng, "package", mm, n, k, cfg, int4_matmul)
+                check_print(rng, "package", mm, n, k, cfg, ops.int4_matmul)
     time_plans(torch, impls, _PAIRED_PLANS, compare=True)
     return 0
 
@@ -344,7 +236,7 @@ def paired_sweep(torch):
 # --staged: int4_staged.py's tilings (MT, NT, S, PW, PX) per K2 shape, beside the tiled kernel's config
 # for the same rows and cuBLAS bf16
 def _staged_plans():
-    from kernels_numba.int4_staged import Staged
+    Staged = ops.Staged
     # the tilings the v19 ladder kept an eye on (docs/perf.md; the rest are in its logs)
     # the first of each: the package's default (choose_config at M = 64)
     gu = [Staged(4, 4, 8, 4, 4), Staged(4, 8, 8, 4, 4), Staged(8, 8, 8, 4, 3), Staged(4, 8, 8, 2, 2)]
@@ -354,41 +246,31 @@ def _staged_plans():
 
 def _workspace(torch, cfgs, n, m=64):
     """A split-K workspace (torch tensors) for M rows of N outputs at any of ``cfgs``."""
-    import kernels_numba.int4_staged as st
-    from kernels_numba.int4_matmul import GemmWorkspace
-    words, cells = (max(v) for v in zip(*(st.partials(c, -(-n // 16), -(-m // (8 * c.mt))) for c in cfgs),
-                                        strict=True))
-    return GemmWorkspace(torch.zeros(max(words, 1), device="cuda"),
-                         torch.zeros(max(cells, 1), dtype=torch.int32, device="cuda"))
+    words, cells = (max(v) for v in zip(*(ops.staged_partials(c, -(-n // 16), -(-m // (8 * c.mt)))
+                                          for c in cfgs), strict=True))
+    return ops.GemmWorkspace(torch.zeros(max(words, 1), device="cuda"),
+                             torch.zeros(max(cells, 1), dtype=torch.int32, device="cuda"))
 
 
 def staged_sweep(torch, ms=(33, 48, 64)):
-    """Per K2 shape and M: cuBLAS bf16, the tiled kernel and every staged tiling of _staged_plans in the
-    package's build, each tiling checked against the reference first."""
+    """Per K2 shape and M: cuBLAS bf16, the tiled kernel and every staged tiling of _staged_plans, each
+    tiling checked against the reference first."""
     import functools as ft
 
-    import kernels_numba.int4_staged as st
-    from kernels_numba import int4_matmul
-    from kernels_numba.int4_matmul import choose_config, tiled_config
     from workbench.bench.common import time_op
-    im = sys.modules["kernels_numba.int4_matmul"]            # (the package's name is the function)
-    builds = {"package": st.make_int4_staged_kernel}
     rng = np.random.default_rng(15)
     ok = True
-    for bname, make in builds.items():
-        im.make_int4_staged_kernel = make
-        for (n, k), cfgs in _staged_plans().items():
-            for i, cfg in enumerate(cfgs):
-                for m in (64, 37, 100) if i == 0 else (64, 37):
-                    ok &= check_print(rng, bname, m, n, k, cfg, int4_matmul)
-    im.make_int4_staged_kernel = st.make_int4_staged_kernel
+    for (n, k), cfgs in _staged_plans().items():
+        for i, cfg in enumerate(cfgs):
+            for m in (64, 37, 100) if i == 0 else (64, 37):
+                ok &= check_print(rng, "package", m, n, k, cfg, ops.int4_matmul)
     if not ok:
-        print("a staged build failed its check: not timed")
+        print("a staged tiling failed its check: not timed")
         return 1
     for (n, k), cfgs in _staged_plans().items():
         ws = random_weights(n, k, 32, 64, torch)
         wbf = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(64)]
-        fn = ft.partial(int4_matmul, workspace=_workspace(torch, cfgs, n, max(ms)))
+        fn = ft.partial(ops.int4_matmul, workspace=_workspace(torch, cfgs, n, max(ms)))
         for m in ms:
             x = torch.randn(m, k, device="cuda").half()
             xbf = x.bfloat16()
@@ -399,15 +281,13 @@ def staged_sweep(torch, ms=(33, 48, 64)):
                     xbf @ w.t()
             cub = time_op(cublas, calls=64, reps=10)["median_us"]
             print(f"cuBLAS bf16 N={n} K={k} M={m}: {cub:.2f} us", flush=True)
-            plan = [("tiled", tiled_config(m, k, 32, n))] + [(b, c) for b in builds for c in cfgs]
+            plan = [("tiled", ops.tiled_config(m, k, 32, n))] + [("package", c) for c in cfgs]
             for bname, cfg in plan:
-                im.make_int4_staged_kernel = builds.get(bname, st.make_int4_staged_kernel)
-                tag = "default " if cfg == choose_config(m, k, 32, n) and bname != "tiled" else ""
+                tag = "default " if cfg == ops.choose_config(m, k, 32, n) and bname != "tiled" else ""
                 label = f"{tag}{bname} N={n} K={k} M={m} cfg={cfg}"
                 us = time_rotating(torch, fn, x, ws, outs, cfg, label)
                 if us is not None:
                     print(f"{label}: {us:.2f} us, x cuBLAS {cub / us:.2f}", flush=True)
-            im.make_int4_staged_kernel = st.make_int4_staged_kernel
     return 0
 
 

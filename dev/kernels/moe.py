@@ -11,7 +11,8 @@ What it runs (every path checked against workbench.reference.moe at a small shap
   --diag          each stage's time from prefix graphs at the default config and any EXTRA_CONFIGS.
 The earlier rungs (v1-v5, the v6dp and load-only variants made by text patches) are in git history;
 docs/perf.md's ladder names the commit of each (the last tree that held them all:
-``git show 0841025:dev/kernels/moe.py``).
+``git show 0841025:dev/kernels/moe.py``). The package kernels are reached through kernels_numba.ops only
+(dev/import_map.py --check).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 
 import numpy as np
 
+from kernels_numba import ops
 from workbench.bench.kernels_moe import (
     ALT_CONFIGS,
     EXPERT_BYTES,
@@ -37,7 +39,6 @@ def check_small(torch):
 
     from numba import cuda
 
-    from kernels_numba.moe import choose_moe_config, fused_moe, moe_workspace, prepare_moe
     from workbench.config import preset
     from workbench.quant.int4 import gen_quant4
     from workbench.reference.moe import moe, moe_gate
@@ -60,7 +61,7 @@ def check_small(torch):
     def stk(nm, j):
         return np.stack([t[j] for t in st[(False, nm)]])
     shared = [a for nm in ("w1", "w3", "w2") for a in st[(True, nm)][0]]
-    mw = prepare_moe(stk("w1", 0), stk("w1", 1), stk("w3", 0), stk("w3", 1), stk("w2", 0), stk("w2", 1),
+    mw = ops.prepare_moe(stk("w1", 0), stk("w1", 1), stk("w3", 0), stk("w3", 1), stk("w2", 0), stk("w2", 1),
                      shared=shared).to_device()
     for t in (1, 5, 33):
         x = rng.standard_normal((t, d)).astype(np.float16)
@@ -70,10 +71,10 @@ def check_small(torch):
         nt_cfgs = [{"gu": (16, 1, 2, 2), "dn": (16, 1, 2, 4), "blocks": 132, "maxreg": 128},
                    {"gu": (16, 1, 3, 4), "dn": (16, 1, 2, 8), "blocks": 132, "maxreg": 128}]
         for name, kcfg in [("package", None), ("NT=2/4", nt_cfgs[0]), ("NT=4/8", nt_cfgs[1]),
-                           ("GEMV path", choose_moe_config(d, i, 1))]:
+                           ("GEMV path", ops.choose_moe_config(d, i, 1))]:
             out = torch.full((t, d), float("nan"), device="cuda")
-            ws = moe_workspace(t, 4, mw, config=kcfg)
-            fused_moe(xd, idd, wd, mw, out=out, workspace=ws, config=kcfg, check_routing=True)
+            ws = ops.moe_workspace(t, 4, mw, config=kcfg)
+            ops.fused_moe(xd, idd, wd, mw, out=out, workspace=ws, config=kcfg, check_routing=True)
             cuda.synchronize()
             err = float(np.abs(out.cpu().numpy() - ref).max() / np.abs(ref).max())
             print(f"check {name} fused_moe T={t}: rel err {err:.2e}", "OK" if err < 1e-3 else "FAIL")
@@ -82,14 +83,13 @@ def check_small(torch):
 def token_sweep(torch, tokens):
     """The default config beside the GEMV path (its config at T = 1) at every T of ``tokens`` (the 70%
     target is for T = 1 to 64)."""
-    from kernels_numba.moe import choose_moe_config
     from workbench.bench.common import copy_bandwidth
     copy = copy_bandwidth()
     print(f"copy {copy:.0f} GB/s")
     mw = k2_random_experts(torch)
     for t in tokens:
-        base = choose_moe_config(7168, 2048, t)
-        for name, cfg in (("default", base), ("GEMV path", choose_moe_config(7168, 2048, 1))):
+        base = ops.choose_moe_config(7168, 2048, t)
+        for name, cfg in (("default", base), ("GEMV path", ops.choose_moe_config(7168, 2048, 1))):
             if name == "default" or "gemv" not in base:
                 med, uniq = time_version(torch, mw, t, cfg)
                 floor = uniq * EXPERT_BYTES / (copy * 1e3)
@@ -100,16 +100,15 @@ def token_sweep(torch, tokens):
 
 def time_version(torch, mw, t, cfg, reps=24):
     """(median us, floor us) of one graph-captured layer call, routing rotated over 8 sets."""
-    from kernels_numba.moe import fused_moe, moe_workspace
     id_sets = routings(torch, t, 8, seed=t)
     ids = id_sets[0].clone()
     x = torch.randn(t, mw.w13.k, device="cuda").half()
     tw = torch.rand(t, 8, device="cuda")
     out = torch.empty(t, mw.w13.k, device="cuda")
-    ws = moe_workspace(t, 8, mw, config=cfg)
+    ws = ops.moe_workspace(t, 8, mw, config=cfg)
 
     def fn():
-        fused_moe(x, ids, tw, mw, out=out, workspace=ws, stream=torch.cuda.current_stream(), config=cfg)
+        ops.fused_moe(x, ids, tw, mw, out=out, workspace=ws, stream=torch.cuda.current_stream(), config=cfg)
     samples, uniq = timed_replays(torch, graph_of(torch, fn), ids, id_sets, reps, n_shared=mw.n_shared)
     return float(np.median(samples)), float(np.median(uniq))
 
@@ -125,8 +124,7 @@ EXTRA_CONFIGS = [{"gu": (16, 1, 2, 1), "dn": (16, 2, 2, 1), "blocks": 132, "maxr
 
 def v3_configs(quick):
     """(warps per block, chunks per step, steps in flight, n-tiles per unit) per GEMM, blocks, regs."""
-    from kernels_numba.moe import choose_moe_config
-    out = [choose_moe_config(7168, 2048, tokens=64)] + ALT_CONFIGS + EXTRA_CONFIGS
+    out = [ops.choose_moe_config(7168, 2048, tokens=64)] + ALT_CONFIGS + EXTRA_CONFIGS
     return out[:3] if quick else out
 
 
@@ -176,19 +174,17 @@ def main(argv=None) -> int:
 
 def ncu_calls(torch):
     """One eager v3 layer call per T (ncu profiles its launches); prints the GEMMs' register use."""
-    from kernels_numba.moe import choose_moe_config, fused_moe, moe_workspace
-    from kernels_numba.moe_gemm import make_moe_gemm_kernel
     mw = k2_random_experts(torch)
     for t in (1, 64):
         ids = routings(torch, t, 1, seed=t)[0]
         x = torch.randn(t, 7168, device="cuda").half()
-        cfg = choose_moe_config(7168, 2048, tokens=64)
-        fused_moe(x, ids, torch.rand(t, 8, device="cuda"), mw, workspace=moe_workspace(t, 8, mw, config=cfg),
-                  config=cfg)
+        cfg = ops.choose_moe_config(7168, 2048, tokens=64)
+        ops.fused_moe(x, ids, torch.rand(t, 8, device="cuda"), mw,
+                      workspace=ops.moe_workspace(t, 8, mw, config=cfg), config=cfg)
         torch.cuda.synchronize()
         for name, args in (("gate_up", (7168, 2048, 32, True, *cfg["gu"])), ("down", (2048, 7168, 32, False,
                                                                                      *cfg["dn"]))):
-            k = make_moe_gemm_kernel(*args, cfg["maxreg"])
+            k = ops.make_moe_gemm_kernel(*args, cfg["maxreg"])
             print(f"T={t} {name} {cfg}: regs/thread {k.get_regs_per_thread()}, "
                   f"local bytes/thread {k.get_local_mem_per_thread()}", flush=True)
     return 0
@@ -211,12 +207,11 @@ def prefix_times(torch, stages, ids, id_sets, reps, n_shared):
 
 def stage_breakdown(torch, mw):
     """Each stage of the package layer call (T = 1 and 64): the difference of consecutive prefixes."""
-    from kernels_numba.moe import moe_stages
     for t in (1, 64):
         id_sets = routings(torch, t, 1, seed=t)
         ids = id_sets[0].clone()
         x = torch.randn(t, 7168, device="cuda").half()
-        stages, _, _ = moe_stages(x, ids, torch.rand(t, 8, device="cuda"), mw)
+        stages, _, _ = ops.moe_stages(x, ids, torch.rand(t, 8, device="cuda"), mw)
         times, _ = prefix_times(torch, stages, ids, id_sets, 12, mw.n_shared)
         for n, med in enumerate(times):
             print(f"stages T={t} up to {stages[n][0]}: {med:.1f} us "
@@ -226,12 +221,11 @@ def stage_breakdown(torch, mw):
 def diagnose(torch, tokens, extra):
     """Per-stage and whole-layer time of the package at the default config and ``extra`` ones: each
     stage is the difference of consecutive prefix graphs (align; + gate/up; + down; + combine)."""
-    import kernels_numba.moe as moe_mod
     from workbench.bench.common import copy_bandwidth
     copy = copy_bandwidth()
     print(f"copy {copy:.0f} GB/s")
     mw = k2_random_experts(torch)
-    base = moe_mod.choose_moe_config(7168, 2048, tokens=64)
+    base = ops.choose_moe_config(7168, 2048, tokens=64)
     for t in tokens:
         id_sets = routings(torch, t, 8, seed=t)
         ids = id_sets[0].clone()
@@ -239,8 +233,8 @@ def diagnose(torch, tokens, extra):
         tw = torch.rand(t, 8, device="cuda")
         for cfg in [base, *extra]:
             try:
-                ws = moe_mod.moe_workspace(t, 8, mw, config=cfg)
-                stages, _, _ = moe_mod.moe_stages(x, ids, tw, mw, workspace=ws, config=cfg)
+                ws = ops.moe_workspace(t, 8, mw, config=cfg)
+                stages, _, _ = ops.moe_stages(x, ids, tw, mw, workspace=ws, config=cfg)
                 times, ue = prefix_times(torch, stages, ids, id_sets, 16, mw.n_shared)
             except Exception as e:  # noqa: BLE001 - a config that does not build or launch
                 print(f"diag T={t} {cfg}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)

@@ -5,7 +5,7 @@ Per build (K2 gate/up and down at M = 1 and 16, the package's configs): register
 instructions before / after the last griddepcontrol.wait (ACQBULK), 16-byte loads before / after it
 (weights and, after the wait, x), and the ten most frequent opcodes after it. --staged:
 int4_staged.py's tilings at M = 64. --moe: the fused-MoE GEMMs at K2 width
-(package configs for T = 1 and T = 4; no PDL wait there, so every count lands "after"). --dump: the
+(package configs for T = 64 and T = 16; no PDL wait there, so every count lands "after"). --dump: the
 SASS listings.
 
 Pipeline: numba's compile_ptx (sm_90) -> nvJitLink (cuda.bindings, a numba-cuda dependency) ->
@@ -13,6 +13,7 @@ nvdisasm. nvdisasm comes from the ``nvidia-cuda-nvdisasm`` wheel (``pip install
 nvidia-cuda-nvdisasm``), from PATH, or from $NVDISASM. Register caps are the package's: the kernel
 factory's ``max_registers`` is passed to nvJitLink as -maxrregcount.
 The local nvJitLink rejects static shared memory over 48 KB (those builds are reported as failed).
+The kernel builders come from kernels_numba.ops (dev/import_map.py --check).
 """
 
 from __future__ import annotations
@@ -76,15 +77,15 @@ def summary(listing: str, log: str) -> str:
     is_w = re.compile(r"LDG\.E(\.NA)?\.128")                      # 16-byte loads (weights; x loads too)
     before = sum(1 for ln in lines[:cut] if is_w.search(ln)) if waits else 0
     after = sum(1 for ln in lines[cut + 1:] if is_w.search(ln))
-    ops = collections.Counter()
+    opcodes = collections.Counter()
     for ln in lines[cut + 1:]:
         m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", ln)
         if m:
-            ops[m.group(2)] += 1
+            opcodes[m.group(2)] += 1
     regs = re.findall(r"used (\d+) registers", log)
     spill = re.findall(r"(\d+) bytes spill stores", log)
     stack = re.findall(r"(\d+) bytes stack frame", log)
-    top = " ".join(f"{k} {v}" for k, v in ops.most_common(10))
+    top = " ".join(f"{k} {v}" for k, v in opcodes.most_common(10))
     return (f"{regs[0] if regs else '?'} registers, {spill[0] if spill else '?'} B spill, "
             f"{stack[0] if stack else '?'} B stack, {len(lines)} instructions: "
             f"{max(cut, 0)} / {len(lines) - cut - 1} before / after the wait, 16-B loads {before} / {after} "
@@ -99,12 +100,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from numba import types as T
 
-    import kernels_numba.int4_matmul  # noqa: F401 - the module (the package's name is the function)
+    from kernels_numba import ops
     a = lambda d: T.Array(d, 1, "C")                              # noqa: E731
     sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), T.int64, T.int64)
-    impls = {"package": sys.modules["kernels_numba.int4_matmul"].int4_matmul}
-    builds = [(f"{name} K={k} {cfg}", fn.__globals__["make_int4_matmul_kernel"](k, 32, *cfg), sig)
-              for name, fn in impls.items() for k, cfg in BUILDS]
+    builds = [(f"package K={k} {cfg}", ops.make_int4_matmul_kernel(k, 32, *cfg), sig) for k, cfg in BUILDS]
     if args.moe:
         builds += moe_builds(a)
     if args.staged:
@@ -128,18 +127,17 @@ def staged_builds(a):
     the ladder's (dev/kernels/int4_matmul.py --staged)."""
     from numba import types as T
 
-    from kernels_numba.int4_matmul import choose_config
-    from kernels_numba.int4_staged import make_int4_staged_kernel
+    from kernels_numba import ops
     sys.path.insert(0, str(Path(__file__).parent))
     from int4_matmul import _staged_plans
     out = []
     for (n, k), plan in _staged_plans().items():
-        cfgs = {choose_config(64, k, 32, n), *plan}
+        cfgs = {ops.choose_config(64, k, 32, n), *plan}
         for c in sorted(cfgs, key=str):
             cnt = T.int32 if c.splits > 1 else T.uint32
             sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64,
                    T.int64)
-            kernel = make_int4_staged_kernel(k, 32, c.mt, c.nt, c.splits, c.pw, c.px)
+            kernel = ops.make_int4_staged_kernel(k, 32, c.mt, c.nt, c.splits, c.pw, c.px)
             out.append((f"staged N={n} K={k} {c}", kernel, sig))
     return out
 
@@ -148,18 +146,17 @@ def moe_builds(a):
     """(label, kernel, signature) of the package's fused-MoE gate/up and down GEMMs, K2 width."""
     from numba import types as T
 
-    from kernels_numba.moe import choose_moe_config
-    from kernels_numba.moe_gemm import make_moe_gemm_kernel
+    from kernels_numba import ops
     gsig = (a(T.uint16), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
             a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
     dsig = (a(T.float32), a(T.uint16)) + gsig[2:]
     out = []
-    for t in (64, 4):                     # the stream-K tilings (T = 1 takes moe_gemv.py's path)
-        cfg = choose_moe_config(7168, 2048, tokens=t)
+    for t in (64, 16):                    # the stream-K tilings (T <= 8 takes moe_gemv.py's path)
+        cfg = ops.choose_moe_config(7168, 2048, tokens=t)
         out.append((f"moe gate_up T={t} {cfg['gu']}",
-                    make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"]), gsig))
+                    ops.make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"]), gsig))
         out.append((f"moe down T={t} {cfg['dn']}",
-                    make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]), dsig))
+                    ops.make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]), dsig))
     return out
 
 

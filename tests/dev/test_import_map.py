@@ -1,5 +1,6 @@
 """dev/import_map.py: the import graph it reads from the source finds cycles and upward arrows, and the
-repository has no module cycle (but the known one) and no kernels_numba module importing workbench."""
+repository has no module cycle (but the known one) and no kernels_numba module importing workbench;
+outside kernels_numba/ (and its own tests) kernels are reached through kernels_numba.ops only."""
 
 from __future__ import annotations
 
@@ -54,4 +55,39 @@ def test_repository_has_no_new_cycle_and_kernels_import_nothing_from_workbench(i
     for m in graph:
         im.layer(im.part(m))                                   # every part sits in a layer
     bad = [p for p in im.problems(graph) if not p.startswith("upward")]
+    assert not bad, "\n".join(bad)
+
+
+def test_imports_past_ops_are_reported(im, tmp_path, capsys):
+    _tree(tmp_path, {
+        "kernels_numba/__init__.py": "", "kernels_numba/ops.py": "", "kernels_numba/moe.py": "",
+        "kernels_numba/device.py": "", "kernels_numba/sim/__init__.py": "",
+        "workbench/__init__.py": "",
+        "workbench/config.py": """\
+            import kernels_numba
+            import kernels_numba.ops
+            from kernels_numba import KernelInputError, device, ops
+            from kernels_numba.device import zeros
+            from kernels_numba.sim import sim_speed
+            """,
+        "dev/kernels/ladder.py": "def f():\n    from kernels_numba.moe import fused_moe\n",
+        "dev/names.py": "from kernels_numba import moe, ops, repack_int4\nimport kernels_numba.moe as m\n",
+        "notebooks/n.py": "from kernels_numba.moe_gemm import make_moe_gemm_kernel\n",
+        "tests/kernels/test_moe.py": "from kernels_numba.moe import fused_moe\n",    # the kernels' own tests
+        "tests/engine/test_x.py": "from kernels_numba.intrinsics import ld_once_v4\n",
+    })
+    assert im.past_ops(tmp_path) == [
+        "dev/kernels/ladder.py:2: kernels_numba.moe",                          # inside a function
+        "dev/names.py:1: kernels_numba.moe", "dev/names.py:1: kernels_numba.repack_int4",
+        "dev/names.py:2: kernels_numba.moe",
+        "notebooks/n.py:1: kernels_numba.moe_gemm",
+        "tests/engine/test_x.py:1: kernels_numba.intrinsics",
+    ]
+    assert im.main(["--check", "--root", str(tmp_path)]) == 1
+    assert "past kernels_numba.ops: dev/kernels/ladder.py:2: kernels_numba.moe" in capsys.readouterr().err
+
+
+def test_repository_reaches_kernels_through_ops_only(im):
+    assert (ROOT / "dev" / "kernels" / "moe.py").exists()                  # the scan reads the ladders
+    bad = im.past_ops()
     assert not bad, "\n".join(bad)
