@@ -2,17 +2,20 @@
 
     .venv/bin/python dev/depth_compose.py --out reports/bench --acceptance RUN1.csv --rounds RUN2.csv
 
+RUN1.csv is a run's CSV, or a composed set whose ``run_collapsed`` rows (and metadata) are RUN1's.
+
 Why two: in RUN1 (6839a9f) the stand-in's INT4 codes were uniform in [-8, 7]; their common offset pulled
 every hidden state one way and every token routed to the same 8 experts, so its verify costs are too low
 (8 distinct experts at any budget), but its DDTree runs equal AR token for token, so its tau(p, B) is the
-oracle's acceptance. In RUN2 (43522bd, codes in [-7, 7]) the routing is near uniform (a verify of B + 1
-rows touches 15-205 distinct experts), its parts and round times are the stand-in's, but its 512-row
-prompt prefill gave a different first token run to run (AR against AR too), so its oracle runs lost the
-oracle's truth at token 0 and their tau is void. The set: RUN2's parts, AR and per-round phase times
-(every round of a run: a round's cost does not depend on what is accepted), with tau from RUN1 (oracle,
-same p and B) or from the trained code pair (``pair_tau``): ms per token = RUN2's round / tau. A (p, B)
-that RUN2 left out takes the mean round of RUN2's other p at that B. RUN1's own rows are kept as
-``table = run_collapsed``.
+oracle's acceptance. In RUN2 (codes in [-7, 7]) the routing is near uniform (a verify of B + 1 rows touches
+15-205 distinct experts) and its parts and round times are the stand-in's, but its oracle runs lose the
+oracle's truth at the first verify: the root row of a verify (B + 1 rows) and AR's one-row decode take
+kernels that sum in another order, and through 61 layers of random routing that difference moves AR's
+second token (top-2 margin 0.20 there), so every run departs from AR at token 1 and its tau is void. The
+set: RUN2's parts, AR and per-round phase times (every round of a run: a round's cost does not depend on
+what is accepted), with tau from RUN1 (oracle, same p and B) or from the trained code pair
+(``pair_tau``): ms per token = RUN2's round / tau. A (p, B) that RUN2 left out takes the mean round of
+RUN2's other p at that B. RUN1's own rows are kept as ``table = run_collapsed``.
 """
 
 from __future__ import annotations
@@ -25,14 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench.bench.results import result_set  # noqa: E402
-
 from workbench.bench.k2_depth import pair_tau, plot  # noqa: E402
 from workbench.config import preset  # noqa: E402
 from workbench.fileio import write_json_atomic, write_text_atomic  # noqa: E402
 from workbench.k2proj import depth_parts, project_depth  # noqa: E402
-from workbench.report.benchdata import read_csv  # noqa: E402
-from workbench.report.tables import write_csv  # noqa: E402
+from workbench.results import read_csv, result_set, write_csv  # noqa: E402
 
 PHASES = (("drafter_ms_per_round", 1.0), ("draft_ms_per_round", 1.0), ("build_us_per_round", 1e-3),
           ("verify_ms_per_round", 1.0), ("walk_us_per_round", 1e-3))
@@ -53,6 +53,9 @@ def main() -> int:
     m1 = json.loads(a.acceptance.with_suffix(".json").read_text())
     m2 = json.loads(a.rounds.with_suffix(".json").read_text())
     r1, r2 = read_csv(a.acceptance), read_csv(a.rounds)
+    if any(r["table"] == "run_collapsed" for r in r1):            # a composed set: RUN1 is inside it
+        r1 = [{**r, "table": "run"} for r in r1 if r["table"] == "run_collapsed"]
+        m1 = {**m1["runs"][0], "checks": m1["checks_run1"]}
     run1, run2 = m1["git_sha"], m2["git_sha"]
     tau1 = {(r["source"], int(r["budget"])): float(r["tau"]) for r in r1
             if r["table"] == "run" and r["source"].startswith("oracle")}
@@ -93,17 +96,22 @@ def main() -> int:
          "the same 8 experts (verify costs too low); every DDTree run equal to AR: its tau is used",
          "checks_passed": m1["checks_passed"], "elapsed_s": m1["elapsed_s"]},
         {"git_sha": run2, "time_utc": m2["time_utc"], "what": "INT4 codes in [-7, 7]: near-uniform routing; "
-         "parts, AR and round phases used; its 512-row prefill gave a different first token run to run, so "
-         "its oracle tau is void", "checks_passed": m2["checks_passed"], "elapsed_s": m2["elapsed_s"]}],
+         "parts, AR and round phases used; its prefill repeats bit for bit, but a verify's root row and AR's "
+         "one-row decode sum in another order and AR's token 1 (margin 0.20) differs, so its oracle tau is "
+         "void", "checks_passed": m2["checks_passed"], "elapsed_s": m2["elapsed_s"],
+         "prefill_repeat": m2.get("prefill_repeat")}],
         "checks_run1": m1["checks"], "composition": __doc__.split("\n\n", 2)[2].strip(),
         "pair_set": pair_set}
     write_json_atomic(rs.meta, meta)
     plot(rows, rs.plot, f"{m2['weights']}, {m2['sets']} distinct MoE sets (runs {run1}, {run2})")
     logs = []
     for src, name in ((a.acceptance, run1), (a.rounds, run2)):
-        con = src.parent / "console.log"
+        con, old = src.parent / "console.log", src.with_suffix(".log")
         if con.is_file():
             logs.append(f"==== run {name}: console ====\n{con.read_text()}")
+        elif old.is_file():                                      # a composed set's log: that run's part
+            logs += [f"==== run {part}" for part in old.read_text().split("==== run ")[1:]
+                     if part.startswith(name)]
     write_text_atomic(rs.log, "\n".join(logs))
     print(f"wrote {rs.csv}, {rs.meta}, {rs.plot}, {rs.log}")
     return 0

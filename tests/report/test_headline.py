@@ -238,3 +238,18 @@ def test_notebooks_05_and_06_show_the_depth_set_in_the_smoke_profile(tmp_path):
     assert "tokens/s (measured)" in head[0] and "tokens/s (projected)" in head[0]
     assert {r["source"] for r in rows("06_depth_pair")} == {"ar", "pair code (replayed)"}
     assert "commit abc1234" in (out / "05_ddtree_budget.html").read_text()
+
+
+def test_a_composed_set_says_which_run_gave_what(tmp_path):
+    """A set ``dev/depth_compose.py`` made of two runs names both on the page, and what each gave; a
+    set of one run says nothing of the kind."""
+    bench = tmp_path / "bench"
+    write_depth_set(bench)
+    assert "Composed" not in words(page(tmp_path / "one", bench))
+    meta_path = next(bench.glob("k2_depth_*.json"))
+    meta = json.loads(meta_path.read_text())
+    meta["runs"] = [{"git_sha": "1111111"}, {"git_sha": "2222222"}]
+    meta_path.write_text(json.dumps(meta))
+    text = words(page(tmp_path / "two", bench))
+    assert "Composed of two runs: the oracle's tau from 1111111" in text
+    assert "parts and round times from 2222222" in text

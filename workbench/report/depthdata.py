@@ -60,6 +60,17 @@ class DepthSet:
         """Where and when: 'MEASURED on NVIDIA H200, commit abc1234, 2026-12-03 10:00 UTC'."""
         return f"MEASURED on {self.hardware}, commit {self.commit}, {self.date}"
 
+    @property
+    def composition(self) -> str:
+        """'' for one run; for a set composed of runs (``dev/depth_compose.py``), what each gave."""
+        runs = self.meta.get("runs") or []
+        if len(runs) < 2:
+            return ""
+        return (f"Composed of two runs: the oracle's tau from {runs[0].get('git_sha')} (routing collapsed, "
+                f"its DDTree runs equal to AR), parts and round times from {runs[1].get('git_sha')} (its "
+                "own DDTree runs depart from AR at a near-tie, so their tau is void); every row names its "
+                "run.")
+
     def runs(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if r.get("table") == "run"]
 

@@ -83,7 +83,7 @@ def _measured(ds: depthdata.DepthSet) -> dict[str, Any]:
                 f"the {ds.stand_in}. Its tokens mean nothing and its routing is near uniform (the worst case "
                 "for a tree's distinct experts); the oracle's acceptance is set by p, the trained pair's is "
                 f"its measured accepted lengths ({ds.meta.get('pair_set') or 'no pair set'}) replayed on "
-                "this stand-in's measured round times.",
+                f"this stand-in's measured round times. {ds.composition}".rstrip(),
                 "PROJECTED: the same set's measured parts (embedding, layers, lm_head, drafter, tree build, "
                 f"host) composed into a step (k2proj.project_depth), on {ds.hardware}, commit {ds.commit}."]}
 
