@@ -4,6 +4,8 @@ Simulator tier: tiny shapes, every M bucket (MT = 1, 2, 4, 8 and M > 64), every 
 split-K path, odd N, NaN-poisoned outputs, bad inputs rejected before launch. GPU tier: K2 shapes.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from kernels_numba import KernelInputError, int4_matmul, repack_int4
 from kernels_numba.int4_layout import Int4Weight
 from kernels_numba.int4_matmul import GemmWorkspace, choose_config, gemm_workspace
 from kernels_numba.int4_staged import Staged
+from kernels_numba.sim import sim_speed
 from workbench.quant.int4 import gen_quant4, int4_linear, pack_int4
 
 from .helpers import SIMULATED, assert_close, dev, gpu, host, needs_gpu, poisoned
@@ -22,12 +25,15 @@ def _weight(n, k, g, seed):
     return (w if SIMULATED else w.to_device()), packed, scales
 
 
-def _check(m, n, k, g, seed, config=None, workspace=None):
+def _check(m, n, k, g, seed, config=None, workspace=None, fast=False):
+    """int4_matmul against the reference; ``fast``: under ``sim_speed`` (the configuration sweeps; the
+    simulator's pooled executor runs the same kernel tens of times faster than numba's plain one)."""
     rng = np.random.default_rng(seed)
     w, packed, scales = _weight(n, k, g, seed)
     x = rng.standard_normal((m, k)).astype(np.float16)
     out = poisoned((m, n))
-    int4_matmul(dev(x), w, out=out, config=config, workspace=workspace)
+    with sim_speed() if fast else contextlib.nullcontext():
+        int4_matmul(dev(x), w, out=out, config=config, workspace=workspace)
     assert_close(host(out), int4_linear(x, packed, scales), what=f"M={m} N={n} K={k} G={g} {config}")
 
 
@@ -53,17 +59,17 @@ def test_guarded_and_group_configs():
 def test_tuned_k2_down_configs():
     """The tuned configs for K = 2048 (4 warps x 8 chunks, no guards), as chosen by default: M <= 8
     and the M = 32 bucket (MT = 4)."""
-    _check(2, 16, 2048, 32, 4)
-    _check(29, 16, 2048, 32, 6)
+    _check(2, 16, 2048, 32, 4, fast=True)
+    _check(29, 16, 2048, 32, 6, fast=True)
 
 
 def test_paired_configs():
     """KP = 2, tile pairs in clusters of 2 (the simulator's clusters have one block, which computes both
     halves of K; the exchange of halves runs in the GPU tier): M buckets 1, 2, 4, G = 64, two grid rows."""
-    _check(13, 32, 1024, 32, 1, config=(2, 8, 2, 2))
-    _check(3, 64, 512, 64, 2, config=(1, 4, 2, 2))
-    _check(29, 32, 1024, 32, 3, config=(4, 16, 1, 2))
-    _check(70, 32, 512, 32, 4, config=(2, 8, 1, 2))
+    _check(13, 32, 1024, 32, 1, config=(2, 8, 2, 2), fast=True)
+    _check(3, 64, 512, 64, 2, config=(1, 4, 2, 2), fast=True)
+    _check(29, 32, 1024, 32, 3, config=(4, 16, 1, 2), fast=True)
+    _check(70, 32, 512, 32, 4, config=(2, 8, 1, 2), fast=True)
 
 
 def test_staged_split_k_reuses_its_workspace():
@@ -73,8 +79,8 @@ def test_staged_split_k_reuses_its_workspace():
     assert choose_config(56, 256, 32, 32) == Staged(4, 2, 2, 4, 4)
     assert choose_config(32, 256, 32, 32) == (4, 4, 1)
     ws = gemm_workspace(56, [(32, 256, 32)])
-    _check(56, 32, 256, 32, 11, workspace=ws)
-    _check(33, 32, 256, 32, 12, workspace=ws)
+    _check(56, 32, 256, 32, 11, workspace=ws, fast=True)
+    _check(33, 32, 256, 32, 12, workspace=ws, fast=True)
     assert not host(ws.cnt).any()
 
 
@@ -83,12 +89,12 @@ def test_staged_tilings():
     weight and 2 x stages); G = 128 groups that start in another block's share (6 splits of 6 chunks);
     M = 20 in the MT = 4 bucket; split K over three grid rows of the MT = 2 bucket (M = 40); deep rings,
     and fewer weight than x stages (weight chunk c then in a younger commit group than x chunk c)."""
-    _check(70, 16, 128, 64, 13, config=Staged(8, 1, 1, 2, 2))
-    _check(40, 32, 256, 32, 17, config=Staged(2, 2, 2, 2, 3))
-    _check(20, 16, 512, 32, 18, config=Staged(4, 1, 1, 2, 5))
-    _check(40, 32, 1024, 32, 19, config=Staged(4, 2, 2, 6, 5))
-    _check(20, 16, 512, 32, 16, config=Staged(4, 1, 1, 3, 2))
-    _check(20, 16, 384, 128, 14, config=Staged(4, 1, 6, 3, 3))
+    _check(70, 16, 128, 64, 13, config=Staged(8, 1, 1, 2, 2), fast=True)
+    _check(40, 32, 256, 32, 17, config=Staged(2, 2, 2, 2, 3), fast=True)
+    _check(20, 16, 512, 32, 18, config=Staged(4, 1, 1, 2, 5), fast=True)
+    _check(40, 32, 1024, 32, 19, config=Staged(4, 2, 2, 6, 5), fast=True)
+    _check(20, 16, 512, 32, 16, config=Staged(4, 1, 1, 3, 2), fast=True)
+    _check(20, 16, 384, 128, 14, config=Staged(4, 1, 6, 3, 3), fast=True)
 
 
 def test_staged_bad_config_and_workspace():

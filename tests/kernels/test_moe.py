@@ -1,5 +1,9 @@
-"""fused_moe against workbench.reference.moe.moe (routing from the reference moe_gate), both tiers."""
+"""fused_moe against workbench.reference.moe.moe (routing from the reference moe_gate), both tiers.
 
+The basic cases run under numba's plain simulator; the configuration sweeps under ``sim_speed`` (the
+simulator's pooled executor: the same kernels, tens of times faster)."""
+
+import contextlib
 from dataclasses import replace
 
 import numpy as np
@@ -36,14 +40,15 @@ def _model(cfg, seed, group=32):
     return w, (mw if SIMULATED else mw.to_device())
 
 
-def _check(cfg, t, seed, config=None, group=32):
+def _check(cfg, t, seed, config=None, group=32, plain=False):
     w, mw = _model(cfg, seed, group)
     x = np.random.default_rng(seed + 1).standard_normal((t, cfg.hidden_size)).astype(np.float16)
     xf = x.astype(np.float32)
     idx, tw = moe_gate(cfg, xf, w["layers.0.ffn.gate"], w["layers.0.ffn.gate_bias"])
     out = poisoned((t, cfg.hidden_size))
-    fused_moe(dev(x), dev(idx.astype(np.int32)), dev(tw.astype(np.float32)), mw, out=out,
-              config=config, check_routing=True)
+    with contextlib.nullcontext() if plain else sim_speed():
+        fused_moe(dev(x), dev(idx.astype(np.int32)), dev(tw.astype(np.float32)), mw, out=out,
+                  config=config, check_routing=True)
     # h = silu(gate) * up is rounded to float16 before the down projection (as in the reference), so a
     # summation-order difference in gate/up can move h by one f16 ulp (2^-11 relative): tolerance 2e-3
     assert_close(host(out), moe(cfg, w, 0, xf), rtol=2e-3, atol_rel=2e-3, what=f"T={t}")
@@ -52,7 +57,7 @@ def _check(cfg, t, seed, config=None, group=32):
 
 @pytest.mark.parametrize("t", [1, 3])
 def test_tiny_matches_reference(t):
-    _check(preset("tiny"), t, seed=t, config=SMALL)
+    _check(preset("tiny"), t, seed=t, config=SMALL, plain=True)
 
 
 # stream-K shares (warps per block, chunks per step, steps in flight, n-tiles per unit): one warp doing
@@ -154,8 +159,9 @@ def test_gemv_path_without_shared_experts_equals_stream_k():
     mw = mw if SIMULATED else mw.to_device()
     x = dev(rng.standard_normal((1, d)).astype(np.float16))
     ids, tw = dev(np.array([[5, 2]], np.int32)), dev(np.array([[0.7, 0.3]], np.float32))
-    got = fused_moe(x, ids, tw, mw, check_routing=True)
-    want = fused_moe(x, ids, tw, mw, config=SMALL, check_routing=True)
+    with sim_speed():
+        got = fused_moe(x, ids, tw, mw, check_routing=True)
+        want = fused_moe(x, ids, tw, mw, config=SMALL, check_routing=True)
     assert_close(host(got), host(want), rtol=2e-3, atol_rel=2e-3, what="no shared")
 
 
@@ -196,11 +202,12 @@ def test_gemv_path_flags_bad_ids_and_clears_the_flag():
     tw = dev(np.ones((1, 2), np.float32))
     ws = moe_workspace(1, 2, mw)
     out = poisoned((1, cfg.hidden_size))
-    with pytest.raises(KernelInputError, match="outside"):
+    with pytest.raises(KernelInputError, match="outside"), sim_speed():
         fused_moe(x, dev(np.array([[3, 8]], np.int32)), tw, mw, out=out, workspace=ws, check_routing=True)
     # the bad pair adds exactly 0: the same as a good expert at weight 0 (and the flag is cleared)
-    want = fused_moe(x, dev(np.array([[3, 5]], np.int32)), dev(np.array([[1, 0]], np.float32)), mw,
-                     workspace=ws, check_routing=True)
+    with sim_speed():
+        want = fused_moe(x, dev(np.array([[3, 5]], np.int32)), dev(np.array([[1, 0]], np.float32)), mw,
+                         workspace=ws, check_routing=True)
     np.testing.assert_array_equal(host(out), host(want))
 
 

@@ -212,32 +212,28 @@ def test_a_set_without_parts_shows_the_measurement_without_a_projection(tmp_path
 
 
 @pytest.mark.slow
-def test_notebooks_05_and_06_show_the_depth_set_in_the_smoke_profile(tmp_path):
-    """05 and 06 in the smoke profile, pointed at the fixture set: measured beside projected per budget and
-    source, the split by part, the answer on top of 06, the pair's replayed rows."""
+def check_depth_pages(out: Path) -> list[tuple[bool, str]]:
+    """05 and 06 of a smoke report run with ``depth_bench_dir`` on the fixture set (``write_depth_set``;
+    ``test_notebooks``' one smoke run passes it): measured beside projected per budget and source, the
+    split by part, the answer on top of 06, the pair's replayed rows."""
     import csv
-    bench, out = tmp_path / "bench", tmp_path / "out"
-    write_depth_set(bench)
-    p = argparse.ArgumentParser()
-    report.add_arguments(p)
-    rc = report.run(p.parse_args(["--profile", "smoke", "--only", "05,06", "--out", str(out), "--quiet",
-                                  "-p", f"depth_bench_dir={json.dumps(str(bench))}"]))
-    runs = {r["name"]: r for r in json.loads((out / "manifest.json").read_text())["notebooks"]}
-    assert rc == 0, {n: r["reason"] for n, r in runs.items()}
 
     def rows(name):
         with open(out / "data" / f"{name}.csv", newline="") as f:
             return list(csv.DictReader(f))
-    sbs = rows("05_depth_side_by_side")
-    assert len(sbs) == 10 and all(r["measured_ms_per_token"] and r["projected_ms_per_token"] for r in sbs)
-    split = rows("05_depth_split")
-    assert [r["budget"] for r in split] == ["0", "1", "4", "8"] and "MoE routed experts" in split[0]
+    sbs, split, head = rows("05_depth_side_by_side"), rows("05_depth_split"), rows("06_headline")
     figures = ("05_depth_split", "06_headline", "00_headline")
-    assert all((out / "figures" / f"{n}.png").is_file() for n in figures)
-    head = rows("06_headline")
-    assert "tokens/s (measured)" in head[0] and "tokens/s (projected)" in head[0]
-    assert {r["source"] for r in rows("06_depth_pair")} == {"ar", "pair code (replayed)"}
-    assert "commit abc1234" in (out / "05_ddtree_budget.html").read_text()
+    return [
+        (len(sbs) == 10 and all(r["measured_ms_per_token"] and r["projected_ms_per_token"] for r in sbs),
+         "05: measured beside projected for each of the fixture's 10 runs"),
+        ([r["budget"] for r in split] == ["0", "1", "4", "8"] and "MoE routed experts" in split[0],
+         "05: the split by part per budget"),
+        (all((out / "figures" / f"{n}.png").is_file() for n in figures), "05/06/index: the depth figures"),
+        ("tokens/s (measured)" in head[0] and "tokens/s (projected)" in head[0], "06: the answer on top"),
+        ({r["source"] for r in rows("06_depth_pair")} == {"ar", "pair code (replayed)"},
+         "06: the pair's replayed rows"),
+        ("commit abc1234" in (out / "05_ddtree_budget.html").read_text(), "05: the set's commit"),
+    ]
 
 
 def test_a_composed_set_says_which_run_gave_what(tmp_path):

@@ -17,6 +17,8 @@ import nbformat
 import pytest
 
 from tests.report.browser import open_page
+from tests.report.depth_fixture import write_depth_set
+from tests.report.test_headline import check_depth_pages
 from workbench.commands import report
 from workbench.report.profiles import NOTEBOOKS
 
@@ -117,7 +119,8 @@ def check_05(out: Path) -> list[tuple[bool, str]]:
 
 @pytest.mark.slow
 def test_smoke_profile_of_every_notebook(tmp_path):
-    out = tmp_path / "reports"
+    out, depth = tmp_path / "reports", tmp_path / "depth"
+    write_depth_set(depth)                       # 05 and 06 show the fixture's K2-depth set
     p = argparse.ArgumentParser()
     report.add_arguments(p)
     rc = report.run(
@@ -130,6 +133,8 @@ def test_smoke_profile_of_every_notebook(tmp_path):
                 "--quiet",
                 "--param",
                 f"bench_dir={json.dumps(str(BENCH_FIXTURE))}",
+                "--param",
+                f"depth_bench_dir={json.dumps(str(depth))}",
             ]
         )
     )
@@ -146,7 +151,7 @@ def test_smoke_profile_of_every_notebook(tmp_path):
         )
         for n, r in runs.items()
     ]
-    for fn in (check_01, check_02, check_03, check_04, check_05):
+    for fn in (check_01, check_02, check_03, check_04, check_05, check_depth_pages):
         checks += fn(out)
     for name in NOTEBOOKS:
         checks += clean_report(out, name)
