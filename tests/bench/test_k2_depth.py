@@ -84,3 +84,16 @@ def test_side_by_side_of_the_committed_set_fills_every_term():
         assert np.isfinite(r["projected_ms_per_token"]) and r["projected_ms_per_token"] > 0
         if r["budget"]:
             assert r["topk_us_per_round"] > 0 and r["host_us_per_round"] > 0 and r["drafter_us_per_round"] > 0
+
+
+def test_cost_curve_of_the_fixed_runs_takes_verify_per_budget_and_the_rest_at_the_largest():
+    """verify(B + 1 rows) per fixed run; the rest of a round (drafter, draft, build, walk) at the largest
+    B, whatever the order the runs come in."""
+    from workbench.bench.k2_depth import depth_cost_curve
+
+    def run(b, verify_ms, draft_ms):
+        return {"budget": b, "verify_ms_per_round": verify_ms, "drafter_ms_per_round": 0.5,
+                "draft_ms_per_round": draft_ms, "build_us_per_round": 40.0, "walk_us_per_round": 60.0}
+    c = depth_cost_curve([run(4, 30.0, 10.0), run(1, 21.0, 8.0), run(2, 24.0, 9.0)])
+    assert c.rows == (2, 3, 5) and c.verify_us == (21000.0, 24000.0, 30000.0)
+    assert c.round_us == (0.5 + 10.0) * 1e3 + 40.0 + 60.0

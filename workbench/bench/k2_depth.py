@@ -617,7 +617,8 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
             log(f"DDTree p={p} cost-aware FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
             left_out.append(f"p={p} cost-aware (failed)")
             continue
-        row = run_row(r, _agreement(r, ar[:n_tokens], margins), ar_ms, f"oracle p={p}", auto.max_nodes)
+        row = run_row(r, _agreement(r, ar[:n_tokens], margins), ar_ms, f"oracle p={p}, cost-aware",
+                      auto.max_nodes)
         checks.append(row.pop("check"))
         best = min(fixed, key=lambda f: f["ms_per_token"])
         emit({**row, "table": "cost_aware", "best_fixed_budget": best["budget"],
