@@ -7,6 +7,8 @@ One layer alone (``check_layer``, what ``bench k2`` / ``bench depth`` run): ``en
 scenarios of ``ddtree.scenarios.layer_inputs`` (a P-row prefix, a decode step, a verify of a random
 tree) on a ``layer.LayerRig``, ``layer_reference`` on the reference (minutes of numpy at K2 size: any
 process), ``compare_layer`` compares each row's update y - x, the latent rows and the routed experts.
+One MoE block alone (``check_moe_block``, what ``bench ep`` runs before its shares): the block against
+``ddtree.scenarios.moe_reference`` on a few random rows, routing ties counted as the layer check does.
 """
 
 from __future__ import annotations
