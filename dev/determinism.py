@@ -84,12 +84,17 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--preset", default="k2_6")
     a = ap.parse_args()
-    from numba import cuda
-
     from kernels_numba import device, ops
+    from kernels_numba.sim import sim_speed
     ops.BLAS = ops.BLAS or device.SIMULATED            # a dry run of this script on CPU
     cfg = _config(True)[0] if a.preset == "dry" else preset(a.preset)
     model = build_model(cfg, RandomSource(cfg, 0), sets=a.sets)
+    with sim_speed():                                   # the simulator's fast executor (a no-op on a GPU)
+        run(a, cfg, model)
+
+
+def run(a, cfg, model) -> None:
+    from numba import cuda
     res: dict = {"engine": None, "layers": []}
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, a.prompt).astype(np.int64)
     res["engine"] = engine_probe(cfg, model, prompt, a.reps)

@@ -97,3 +97,22 @@ def test_cost_curve_of_the_fixed_runs_takes_verify_per_budget_and_the_rest_at_th
     c = depth_cost_curve([run(4, 30.0, 10.0), run(1, 21.0, 8.0), run(2, 24.0, 9.0)])
     assert c.rows == (2, 3, 5) and c.verify_us == (21000.0, 24000.0, 30000.0)
     assert c.round_us == (0.5 + 10.0) * 1e3 + 40.0 + 60.0
+
+
+def test_root_row_and_decode_row_agree_on_a_small_stand_in():
+    """``root_vs_decode`` on the stand-in in miniature (random weights, four MoE layers over two sets):
+    the root of a 3-row chain and the one-row step of the same token at the same position see the same
+    keys, so every layer's row differs only by float order (here: not at all past 1e-5) and routes alike.
+    A root that saw its children (a causal mask the wrong way round) would differ from the first layer."""
+    from tests.engine.common import blas_on
+    from tests.engine.test_build import CFG, PROMPT
+    from workbench.bench.k2_depth import root_vs_decode
+    from workbench.engine.build import RandomSource, build_model
+    from workbench.engine.runtime import Engine
+    from kernels_numba.sim import sim_speed
+    with blas_on(), sim_speed():
+        model = build_model(CFG, RandomSource(CFG, seed=6), sets=2)
+        eng = Engine(CFG, None, max_len=len(PROMPT) + 8, max_rows=len(PROMPT), model=model)
+        res = root_vs_decode(eng, PROMPT, 5, rows=3)
+    assert len(res["hidden_rel_diff"]) == CFG.num_hidden_layers
+    assert max(res["hidden_rel_diff"]) < 1e-5 and res["first_layer"] is None, res

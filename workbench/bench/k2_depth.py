@@ -315,6 +315,62 @@ def prefill_repeat(engine, prompt: np.ndarray) -> dict[str, Any]:
             "max_abs_logit_diff": float(np.abs(l1 - l2).max())}
 
 
+def root_vs_decode(engine, prompt: np.ndarray, token: int, rows: int = 2) -> dict[str, Any]:
+    """Where a verify's root row and AR's one-row decode part: after the prompt's prefill, ``token`` at
+    position P run layer by layer alone (AR's step) and as the first of ``rows`` rows (a verify's root,
+    followed by a chain of copies), each layer's row-0 hidden state and routed experts compared. Returns
+    the largest relative difference of the hidden state per layer, the first MoE layer whose experts
+    differ, the experts swapped there and the one-row path's selection scores of them (sigmoid(logit) +
+    bias: their gap is the near-tie the two paths' float sums fell on either side of)."""
+    from kernels_numba import ops
+    from kernels_numba.device import download, head_rows
+
+    from ..engine.model import launch_layer, step_rows
+    b, p = engine.buf, len(prompt)
+
+    def trace(n: int) -> list[dict[str, Any]]:
+        engine.prefill(prompt)
+        t = b.max_rows
+        ids, depth, vis = np.zeros(t, np.int32), np.zeros(t, np.int32), np.zeros((t, t), np.uint8)
+        ids[:n], depth[:n], vis[:n, :n] = token, np.arange(n), np.tril(np.ones((n, n), np.uint8))
+        engine.put(b.ids, ids)
+        engine.put(b.depth, depth)
+        engine.put(b.vis, vis)
+        engine.set_meta(p, n)
+        engine.scratch.reserve(n)
+        ops.embed(b.h, engine.model.embed, b.ids, b.meta, n, engine.stream)
+        step_rows(engine, n, engine.stream)
+        out = []
+        for i, lay in enumerate(engine.model.layers):
+            launch_layer(engine, lay, engine.cache_views[i], n, engine.stream)
+            row = {"h": engine.fetch(head_rows(b.h, 1))[0].astype(np.float64)}
+            if lay.moe is not None:                       # b.x: the layer's FFN input, what the router saw
+                row.update(x=engine.fetch(head_rows(b.x, 1))[0].astype(np.float64),
+                           experts=set(engine.fetch(head_rows(engine.scratch.rids, 1))[0].tolist()))
+            out.append(row)
+        return out
+
+    def host(a) -> np.ndarray:
+        return a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(download(a))
+
+    pairs = list(zip(trace(1), trace(rows), strict=True))
+    rel = [float(np.linalg.norm(a["h"] - c["h"]) / max(np.linalg.norm(a["h"]), 1e-30)) for a, c in pairs]
+    res: dict[str, Any] = {"rows": rows, "token": int(token), "hidden_rel_diff": rel, "first_layer": None}
+    for i, (a, c) in enumerate(pairs):
+        if "experts" in a and a["experts"] != c["experts"]:
+            r = engine.model.layers[i].moe.router
+            gate, bias = host(r.gate_t).astype(np.float64), host(r.bias).astype(np.float64)
+            sel = 1.0 / (1.0 + np.exp(-(a["x"] @ gate))) + bias                          # [E]
+            only_one, only_tree = sorted(a["experts"] - c["experts"]), sorted(c["experts"] - a["experts"])
+            res.update(first_layer=i, decode_only=only_one, tree_only=only_tree,
+                       scores_decode_only=[float(sel[e]) for e in only_one],
+                       scores_tree_only=[float(sel[e]) for e in only_tree],
+                       score_gap=float(min(sel[only_one]) - max(sel[only_tree])),
+                       ffn_input_rel_diff=float(np.linalg.norm(a["x"] - c["x"]) / np.linalg.norm(a["x"])))
+            break
+    return res
+
+
 def run_row(r: dict[str, Any], agree: dict[str, Any], ar_ms: float, source: str,
             budget: int) -> dict[str, Any]:
     """A DDTree run's result row (and, under "check", its greedy == AR check). A round's time is over
@@ -550,6 +606,12 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     with sim_speed():                                   # where a run-to-run difference enters, if one does
         meta["prefill_repeat"] = prefill_repeat(engine, prompt)
     log(f"prefill twice: {meta['prefill_repeat']}")
+    with sim_speed():                                   # where AR's step and a verify's root part, if they do
+        meta["root_vs_decode"] = root_vs_decode(engine, prompt, int(ar[0]), min(max(budgets) + 1, 4))
+    rvd = meta["root_vs_decode"]
+    log(f"root row vs decode row: first MoE layer routing apart {rvd['first_layer']}, "
+        f"selection-score gap there {rvd.get('score_gap')}, hidden-state difference at the last layer "
+        f"{rvd['hidden_rel_diff'][-1]:.2e}")
     meta["ar_margins_below_near_tie"] = int((margins < NEAR_TIE).sum())
     emit({"table": "run", "source": "ar", "budget": 0, "tokens": ar_n - 1, "rounds": ar_n - 1, "tau": 1.0,
           "ms_per_token": ar_ms, "round_ms": ar_ms, "speedup": 1.0, "tokens_equal_ar": True})
