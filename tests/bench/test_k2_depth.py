@@ -104,12 +104,12 @@ def test_root_row_and_decode_row_agree_on_a_small_stand_in():
     the root of a 3-row chain and the one-row step of the same token at the same position see the same
     keys, so every layer's row differs only by float order (here: not at all past 1e-5) and routes alike.
     A root that saw its children (a causal mask the wrong way round) would differ from the first layer."""
+    from kernels_numba.sim import sim_speed
     from tests.engine.common import blas_on
     from tests.engine.test_build import CFG, PROMPT
     from workbench.bench.k2_depth import root_vs_decode
     from workbench.engine.build import RandomSource, build_model
     from workbench.engine.runtime import Engine
-    from kernels_numba.sim import sim_speed
     with blas_on(), sim_speed():
         model = build_model(CFG, RandomSource(CFG, seed=6), sets=2)
         eng = Engine(CFG, None, max_len=len(PROMPT) + 8, max_rows=len(PROMPT), model=model)
