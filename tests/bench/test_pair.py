@@ -10,24 +10,10 @@ from workbench.bench import common, pair
 from workbench.refs import golden_bundle
 
 
-def test_loop_runs_ar_and_every_budget_and_matches_ar(monkeypatch):
-    monkeypatch.setattr(pair, "WARM_TOKENS", 3)
-    b = golden_bundle("tiny")
-    prompts = [("a", np.asarray(b.prompt[:5], np.int64))]
-    rows: list[dict] = []
-    pair.bench_bundle(str(b.path), prompts, 5, (1, 4), rows)
-    assert [(r["prompt"], r["mode"], r["budget"]) for r in rows] == [("a", "ar", 0), ("a", "ddtree", 1),
-                                                                      ("a", "ddtree", 4)]
-    assert all(r["tokens_equal_ar"] for r in rows)                       # greedy DDTree == AR
-    ar, _, b4 = pair.summarize(rows)
-    assert ar["speedup"] == 1.0 and ar["tau"] == 1.0
-    assert b4["tok_s"] == pytest.approx(rows[2]["tokens"] / rows[2]["seconds"]) and b4["tau"] >= 1.0
-    assert 1 <= rows[2]["rounds"] <= 4
-
-
-def test_cost_aware_runs_beside_the_fixed_budgets_on_their_own_curve(monkeypatch):
-    """--cost-aware: the curve is read off the fixed budgets' runs (verify at B + 1 rows), and the
-    cost-aware rows (mode ddtree_auto, budget = the largest B) still give AR's tokens."""
+def test_loop_runs_ar_every_budget_then_the_cost_aware_one_all_equal_to_ar(monkeypatch):
+    """AR and every fixed budget per prompt, greedy DDTree == AR; with --cost-aware the curve is read off
+    the fixed budgets' runs (verify at B + 1 rows), and the cost-aware rows (mode ddtree_auto, budget =
+    the largest B) still give AR's tokens."""
     monkeypatch.setattr(pair, "WARM_TOKENS", 3)
     b = golden_bundle("tiny")
     prompts = [("a", np.asarray(b.prompt[:5], np.int64))]
@@ -35,6 +21,13 @@ def test_cost_aware_runs_beside_the_fixed_budgets_on_their_own_curve(monkeypatch
     calls = []
     curve = pair.bench_bundle(str(b.path), prompts, 5, (1, 4), rows, cost_aware=True,
                               progress=lambda d, t, what: calls.append((d, t, what)))
+    assert [(r["prompt"], r["mode"], r["budget"]) for r in rows[:3]] == [("a", "ar", 0), ("a", "ddtree", 1),
+                                                                          ("a", "ddtree", 4)]
+    assert all(r["tokens_equal_ar"] for r in rows)                       # greedy DDTree == AR
+    ar, _, b4, _ = pair.summarize(rows)
+    assert ar["speedup"] == 1.0 and ar["tau"] == 1.0
+    assert b4["tok_s"] == pytest.approx(rows[2]["tokens"] / rows[2]["seconds"]) and b4["tau"] >= 1.0
+    assert 1 <= rows[2]["rounds"] <= 4
     assert [(d, t) for d, t, _ in calls] == [(0, 2), (1, 2)]      # the prompt, then its cost-aware run
     assert "cost-aware" in calls[1][2]
     assert curve.rows == (2, 5) and curve.round_us >= 0
