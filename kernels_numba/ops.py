@@ -61,7 +61,7 @@ from .kv import kv_compact_kernel
 from .launch import launch
 from .linear import linear as _linear
 from .mla import make_mla_attention, mla_prep_kernel
-from .moe import MoEWeights, choose_moe_config, fused_moe, moe_stages, moe_workspace, prepare_moe  # noqa: F401 - moe_workspace re-exported  # noqa: F401 - bench kernels' configs and per-stage times
+from .moe import MoEWeights, choose_moe_config, fused_moe, moe_stages, moe_workspace, prepare_moe  # noqa: F401 - bench kernels' configs and per-stage times
 from .moe_gemv import moe_act_kernel
 from .rmsnorm import rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
 from .router import make_route

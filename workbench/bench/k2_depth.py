@@ -322,36 +322,26 @@ def root_vs_decode(engine, prompt: np.ndarray, token: int, rows: int = 2) -> dic
     the largest relative difference of the hidden state per layer, the first MoE layer whose experts
     differ, the experts swapped there and the one-row path's selection scores of them (sigmoid(logit) +
     bias: their gap is the near-tie the two paths' float sums fell on either side of)."""
-    from kernels_numba import ops
-    from kernels_numba.device import download, head_rows
+    from kernels_numba.device import head_rows
 
-    from ..engine.model import launch_layer, step_rows
-    b, p = engine.buf, len(prompt)
+    from ..engine.build import host_array
+    from ..engine.model import launch_forward
+    from ..reference.layers import sigmoid
+    b = engine.buf
 
     def trace(n: int) -> list[dict[str, Any]]:
         engine.prefill(prompt)
-        t = b.max_rows
-        ids, depth, vis = np.zeros(t, np.int32), np.zeros(t, np.int32), np.zeros((t, t), np.uint8)
-        ids[:n], depth[:n], vis[:n, :n] = token, np.arange(n), np.tril(np.ones((n, n), np.uint8))
-        engine.put(b.ids, ids)
-        engine.put(b.depth, depth)
-        engine.put(b.vis, vis)
-        engine.set_meta(p, n)
-        engine.scratch.reserve(n)
-        ops.embed(b.h, engine.model.embed, b.ids, b.meta, n, engine.stream)
-        step_rows(engine, n, engine.stream)
-        out = []
-        for i, lay in enumerate(engine.model.layers):
-            launch_layer(engine, lay, engine.cache_views[i], n, engine.stream)
+        engine.load_chain(np.full(n, token, np.int64), len(prompt))
+        out: list[dict[str, Any]] = []
+
+        def record(i: int) -> None:
             row = {"h": engine.fetch(head_rows(b.h, 1))[0].astype(np.float64)}
-            if lay.moe is not None:                       # b.x: the layer's FFN input, what the router saw
+            if engine.model.layers[i].moe is not None:    # b.x: the layer's FFN input, what the router saw
                 row.update(x=engine.fetch(head_rows(b.x, 1))[0].astype(np.float64),
                            experts=set(engine.fetch(head_rows(engine.scratch.rids, 1))[0].tolist()))
             out.append(row)
+        launch_forward(engine, n, engine.stream, after_layer=record)
         return out
-
-    def host(a) -> np.ndarray:
-        return a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(download(a))
 
     pairs = list(zip(trace(1), trace(rows), strict=True))
     rel = [float(np.linalg.norm(a["h"] - c["h"]) / max(np.linalg.norm(a["h"]), 1e-30)) for a, c in pairs]
@@ -359,8 +349,8 @@ def root_vs_decode(engine, prompt: np.ndarray, token: int, rows: int = 2) -> dic
     for i, (a, c) in enumerate(pairs):
         if "experts" in a and a["experts"] != c["experts"]:
             r = engine.model.layers[i].moe.router
-            gate, bias = host(r.gate_t).astype(np.float64), host(r.bias).astype(np.float64)
-            sel = 1.0 / (1.0 + np.exp(-(a["x"] @ gate))) + bias                          # [E]
+            gate, bias = host_array(r.gate_t).astype(np.float64), host_array(r.bias).astype(np.float64)
+            sel = sigmoid(a["x"] @ gate) + bias                                           # [E]
             only_one, only_tree = sorted(a["experts"] - c["experts"]), sorted(c["experts"] - a["experts"])
             res.update(first_layer=i, decode_only=only_one, tree_only=only_tree,
                        scores_decode_only=[float(sel[e]) for e in only_one],

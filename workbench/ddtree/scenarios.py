@@ -236,7 +236,6 @@ def layer_reference(cfg: ModelConfig, seed: int, layer: int, experts: str = "int
 def moe_reference(cfg: ModelConfig, seed: int, layer: int, x: np.ndarray) -> dict[str, Any]:
     """The seeded model's MoE block of ``layer`` (W4A16 experts, the rest as stored) on rows x [T, D]:
     its output y [T, D], routes [T, K] and selection scores [T, E] (the block check's reference side)."""
-    from ..reference.moe import moe
     from ..seeded import SeededWeights
     w = SeededWeights(cfg, seed, "experts")
     x = np.asarray(x, np.float32)

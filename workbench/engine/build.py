@@ -174,8 +174,7 @@ class SeededSource(MappingSource):
     def __init__(self, cfg: ModelConfig, seed: int, dense: DenseKind | str = DenseKind.FP32,
                  experts: ExpertKind | str = ExpertKind.INT4, workers: int = 1) -> None:
         from ..seeded import SeededWeights
-        super().__init__(cfg, SeededWeights(cfg, seed), dense=kind(DenseKind, dense, "dense"),
-                         workers=max(1, workers))
+        super().__init__(cfg, SeededWeights(cfg, seed), dense=dense, workers=max(1, workers))
         self.seed, self.kind = int(seed), kind(ExpertKind, experts, "experts")
         self.stacks = self.seed
 
@@ -401,7 +400,7 @@ def build_model(cfg: ModelConfig, src, sets: int | None = None, log=None) -> Dev
 
 # ---- back to the host (checks) ----------------------------------------------------------------------
 
-def _host(x) -> np.ndarray:
+def host_array(x) -> np.ndarray:
     """A device array, memoryview or torch tensor as a host array."""
     if hasattr(x, "detach"):
         return x.detach().cpu().numpy() if str(x.dtype) != "torch.bfloat16" else \
@@ -418,7 +417,7 @@ def _w16(bits: np.ndarray) -> Any:
 
 def _matrix(w_t) -> Any:
     """A projection's W.T [K, N] (device) as the reference's [N, K]: W16A16 for bf16, else float32."""
-    a = _host(w_t)
+    a = host_array(w_t)
     if a.dtype == np.uint16:
         return _w16(a.T)
     return np.ascontiguousarray(a.T, np.float32)
@@ -439,15 +438,15 @@ def fused_expert(fw: ops.MoEWeights, e: int) -> list[tuple[np.ndarray, np.ndarra
     out = []
     x = fw.w13.experts
     q13, s13 = len(fw.w13.wq) // x, len(fw.w13.sq) // x
-    wq = _host(fw.w13.wq[e * q13:(e + 1) * q13]).reshape(fw.w13.n16, 2, -1)
-    sq = _host(fw.w13.sq[e * s13:(e + 1) * s13]).reshape(fw.w13.n16, 2, -1)
+    wq = host_array(fw.w13.wq[e * q13:(e + 1) * q13]).reshape(fw.w13.n16, 2, -1)
+    sq = host_array(fw.w13.sq[e * s13:(e + 1) * s13]).reshape(fw.w13.n16, 2, -1)
     for half in (0, 1):
         out.append(ops.unrepack_int4(ops.Int4Weight(np.ascontiguousarray(wq[:, half]).reshape(-1),
                                             np.ascontiguousarray(sq[:, half]).reshape(-1),
                                             fw.w13.n, fw.w13.k, fw.w13.group_size)))
     q2, s2 = len(fw.w2.wq) // x, len(fw.w2.sq) // x
-    out.append(ops.unrepack_int4(ops.Int4Weight(_host(fw.w2.wq[e * q2:(e + 1) * q2]),
-                                        _host(fw.w2.sq[e * s2:(e + 1) * s2]),
+    out.append(ops.unrepack_int4(ops.Int4Weight(host_array(fw.w2.wq[e * q2:(e + 1) * q2]),
+                                        host_array(fw.w2.sq[e * s2:(e + 1) * s2]),
                                         fw.w2.n, fw.w2.k, fw.w2.group_size)))
     return out
 
@@ -459,24 +458,24 @@ def layer_weights(cfg: ModelConfig, lay: DeviceLayer, i: int, experts=None) -> d
     p, a = f"layers.{i}.", f"layers.{i}.attn."
     q = cfg.q_lora_rank
     a1 = _matrix(lay.a1.wt)                                                           # [Q+C+R, D]
-    w: dict[str, Any] = {p + "attn_norm": _host(lay.attn_norm), p + "ffn_norm": _host(lay.ffn_norm),
-                         a + "kv_norm": _host(lay.kv_norm), a + "wo": _matrix(lay.wo.wt)}
+    w: dict[str, Any] = {p + "attn_norm": host_array(lay.attn_norm), p + "ffn_norm": host_array(lay.ffn_norm),
+                         a + "kv_norm": host_array(lay.kv_norm), a + "wo": _matrix(lay.wo.wt)}
     if q is not None:
         w.update({a + "wq_a": _rows_of(a1, 0, q), a + "wkv_a": _rows_of(a1, q, None),
-                  a + "q_norm": _host(lay.q_norm), a + "wq_b": _matrix(lay.wq_b.wt)})
+                  a + "q_norm": host_array(lay.q_norm), a + "wq_b": _matrix(lay.wq_b.wt)})
     else:
         w.update({a + "wq": _rows_of(a1, 0, cfg.num_attention_heads * cfg.qk_head_dim),
                   a + "wkv_a": _rows_of(a1, cfg.num_attention_heads * cfg.qk_head_dim, None)})
-    kvb = _host(lay.attn.wkv_b)                                                       # [H*(N+V), C]
+    kvb = host_array(lay.attn.wkv_b)                                                       # [H*(N+V), C]
     w[a + "wkv_b"] = _w16(kvb) if kvb.dtype == np.uint16 else np.asarray(kvb, np.float32)
     f = p + "ffn"
     if lay.mlp is not None:
         w.update(_swiglu_weights(lay.mlp, f))
         return w
     m = lay.moe
-    gate_t = _host(m.router.gate_t)                                                   # [D, E]
+    gate_t = host_array(m.router.gate_t)                                                   # [D, E]
     w[f + ".gate"] = np.ascontiguousarray(gate_t.T, np.float32)
-    w[f + ".gate_bias"] = _host(m.router.bias)
+    w[f + ".gate_bias"] = host_array(m.router.bias)
     if m.shared is not None:
         w.update(_swiglu_weights(m.shared, f + ".shared"))
     if m.path != ops.FUSED_MOE or m.fused.n_shared:
@@ -500,7 +499,7 @@ def model_weights(model: DeviceModel, sets: int | None = None) -> dict[str, Any]
     """A whole built model downloaded as a weights mapping of its source layers (small models: every
     expert), for ``cycled``."""
     cfg = model.cfg
-    w: dict[str, Any] = {"embed": _host(model.embed), "norm": _host(model.norm),
+    w: dict[str, Any] = {"embed": host_array(model.embed), "norm": host_array(model.norm),
                          "head": _matrix(model.head.wt)}
     for i, lay in enumerate(model.layers):
         j = source_layer(cfg, i, sets)

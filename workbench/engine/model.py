@@ -14,11 +14,12 @@ from __future__ import annotations
 from kernels_numba import ops
 
 
-def launch_forward(eng, rows: int, stream, taps: tuple[int, ...] = ()) -> None:
+def launch_forward(eng, rows: int, stream, taps: tuple[int, ...] = (), after_layer=None) -> None:
     """Launch the forward of ``eng`` (a runtime.Engine) for ``rows`` grid rows on ``stream``.
 
     Reads ids/depth/vis/meta from the engine's buffers, appends latent rows at meta[0] + i,
     leaves logits [rows, Vo] and argmax [rows]; copies the outputs of layers ``taps`` into feats.
+    ``after_layer(i)``, if given, runs on the host after layer i is launched (eager diagnostics).
     """
     m, b, cfg, s = eng.model, eng.buf, eng.cfg, stream
     eps = cfg.rms_norm_eps
@@ -26,6 +27,8 @@ def launch_forward(eng, rows: int, stream, taps: tuple[int, ...] = ()) -> None:
     step_rows(eng, rows, s)                                                   # shared by every layer
     for i, lay in enumerate(m.layers):
         launch_layer(eng, lay, eng.cache_views[i], rows, s)
+        if after_layer is not None:
+            after_layer(i)
         if i in taps:
             ops.copy_rows(eng.feat_views[taps.index(i)], b.h, b.meta, rows, s)
     ops.rmsnorm(b.x, b.h, m.norm, eps, b.meta, rows, s)

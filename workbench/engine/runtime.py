@@ -86,9 +86,18 @@ class Engine:
     def prefill(self, tokens: np.ndarray) -> None:
         """Run the prompt [P] from position 0 (causal); leaves logits/amax for its P rows."""
         p = int(tokens.shape[0])
-        t = self.buf.max_rows
-        if p > t or p >= self.buf.max_len:
+        if p > self.buf.max_rows or p >= self.buf.max_len:
             raise InputError(f"prompt of {p} tokens exceeds the engine's sizes "
+                             f"(rows {self.buf.max_rows}, cache {self.buf.max_len})")
+        self.load_chain(tokens, 0)
+        launch_forward(self, p, self.stream, self.taps)
+
+    def load_chain(self, tokens: np.ndarray, start: int) -> None:
+        """A step's rows: ``tokens`` [N] at positions start.., each seeing the cache and the rows before
+        it (a prefill's from 0)."""
+        p, t = int(tokens.shape[0]), self.buf.max_rows
+        if p > t or start + p > self.buf.max_len:
+            raise InputError(f"{p} rows at position {start} exceed the engine's sizes "
                              f"(rows {t}, cache {self.buf.max_len})")
         ids = np.zeros(t, np.int32)
         ids[:p] = tokens
@@ -96,13 +105,11 @@ class Engine:
         depth[:p] = np.arange(p)
         vis = np.zeros((t, t), np.uint8)
         vis[:p, :p] = np.tril(np.ones((p, p), np.uint8))
-        s = self.stream
         self.put(self.buf.ids, ids)
         self.put(self.buf.depth, depth)
         self.put(self.buf.vis, vis)
-        self.set_meta(0, p)
+        self.set_meta(start, p)
         self.scratch.reserve(p)
-        launch_forward(self, p, s, self.taps)
 
     def decode_step(self) -> StepGraph:
         """The one-token decode step (captured on first use): forward over row 0, then the device-side
