@@ -91,10 +91,11 @@ def test_measured_local_share_replaces_the_interpolated_one(tmp_path):
     write_csv([dict(turn, world=8, rows=1, us=9.0), dict(turn, world=8, rows=5, us=40.0),
                dict(turn, world=4, rows=1, us=14.0),
                dict(impl="expert parallel", phase="total", world=8, rows=1, us=500.0)], rs.csv)
-    write_json_atomic(rs.meta, {"bench": "ep_moe", "time_utc": "x"})
+    write_json_atomic(rs.meta, {"bench": "ep_moe", "time_utc": "x", "git_sha": "abc1234"})
     rows, meta = k2proj.load_ep(tmp_path)
     local = k2proj.ep_local(rows, 8)
     assert local == {1: 9.0, 5: 40.0} and meta["bench"] == "ep_moe" and k2proj.ep_local(rows, 2) == {}
+    assert {r["run"] for r in rows} == {"abc1234"}            # one run's set: its rows name its commit
     times = {"dense": {1: 100.0, 5: 200.0, 9: 300.0}, "moe": {1: 50.0, 5: 400.0, 9: 600.0},
              "experts": {1: 20.0, 5: 300.0, 9: 450.0}}
     rows = k2proj.project_ep(preset("k2"), times, {4: 3.0, 8: 4.0}, local=local)     # 9 rows: not measured

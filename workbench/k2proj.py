@@ -134,9 +134,15 @@ def experts_us(times: dict[str, dict[int, float]], u: float) -> float:
 
 
 def load_ep(bench_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
-    """(rows, metadata) of the current ``bench ep`` set, or None."""
+    """(rows, metadata) of the current ``bench ep`` set, or None; every row names the run that measured it
+    (``run``: a merged set's column, else the set's own commit)."""
     rs = current_set(bench_dir, "ep_moe")
-    return None if rs is None else (read_csv(rs.csv), rs.read_meta())
+    if rs is None:
+        return None
+    rows, meta = read_csv(rs.csv), rs.read_meta()
+    for r in rows:
+        r["run"] = r.get("run") or meta.get("git_sha", "?")
+    return rows, meta
 
 
 def ep_local(rows: list[dict[str, Any]], world: int) -> dict[int, float]:
