@@ -18,6 +18,7 @@ import math
 import numpy as np
 from numba import cuda
 
+from ._validate import empty
 from .blockops import TPB, block_argmax
 from .device import SIMULATED
 
@@ -25,6 +26,10 @@ BIG = 2 ** 30
 
 
 SORT_MAX = 2048                 # vocabularies up to this size are sorted in shared memory
+# larger ones in chunks of CHUNK logits, the chunks' K best merged (32 KB of shared memory each):
+# K2's 163,840 in 40 chunks at K <= 102
+CHUNK_MAX = MERGE_MAX = 4096
+CHUNK = 256 if SIMULATED else CHUNK_MAX
 TOPK_MAX_THREADS = 1024
 # block size of the sorting top-k: one bitonic comparator per thread and step at V = 2048 (a 256-thread
 # block looping over 4 comparators each spent 131 us on the pair's 15 x 2048 table, latency-bound)
@@ -41,11 +46,16 @@ def _precedes(ka, ia, kb, ib):
 def _row_lse(shf, shd, logits, src):
     """float64 logsumexp of logits[src, :], identical in every thread of the block (blockDim a power
     of two <= TOPK_MAX_THREADS): per-thread partials, then shared-memory tree reductions."""
+    return _range_lse(shf, shd, logits, src, 0, logits.shape[1])
+
+
+@cuda.jit(device=True)
+def _range_lse(shf, shd, logits, src, lo, hi):
+    """``_row_lse`` of logits[src, lo:hi]."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    v_count = logits.shape[1]
     m = -math.inf
-    for j in range(tid, v_count, nt):
+    for j in range(lo + tid, hi, nt):
         m = max(m, logits[src, j])
     shf[tid] = m
     cuda.syncthreads()
@@ -57,7 +67,7 @@ def _row_lse(shf, shd, logits, src):
         h //= 2
     m64 = np.float64(shf[0])
     acc = np.float64(0.0)
-    for j in range(tid, v_count, nt):
+    for j in range(lo + tid, hi, nt):
         acc += math.exp(np.float64(logits[src, j]) - m64)
     shd[tid] = acc
     cuda.syncthreads()
@@ -70,35 +80,15 @@ def _row_lse(shf, shd, logits, src):
     return m64 + math.log(shd[0])
 
 
-@cuda.jit
-def topk_sort_kernel(out, logits, row0, k):
-    """V <= SORT_MAX: bitonic sort of the padded row's (logit, id) pairs in shared memory
-    (log2(V)^2 / 2 barrier steps, independent of K; comparator p of a step joins i = p with a zero
-    bit inserted at the stride's position and j = i + stride). grid (L,), block (nt,), nt a power of
-    two <= TOPK_MAX_THREADS."""
-    row = cuda.blockIdx.x
-    src = row0 + row
+@cuda.jit(device=True)
+def _bitonic(keys, idx, n2):
+    """Sort the block's shared (key, id) pairs [n2], n2 a power of two, into top-k order (position 0
+    first): log2(n2)^2 / 2 barrier steps; comparator p of a step joins i = p with a zero bit inserted
+    at the stride's position and j = i + stride. The caller has synchronised after filling them."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    shf = cuda.shared.array(TOPK_MAX_THREADS, np.float32)
-    shd = cuda.shared.array(TOPK_MAX_THREADS, np.float64)
-    keys = cuda.shared.array(SORT_MAX, np.float32)
-    idx = cuda.shared.array(SORT_MAX, np.int32)
-    v_count = logits.shape[1]
-    lse = _row_lse(shf, shd, logits, src)
-    n2 = 1
-    while n2 < v_count:
-        n2 *= 2
-    for i in range(tid, n2, nt):
-        if i < v_count:
-            keys[i] = logits[src, i]
-            idx[i] = i
-        else:
-            keys[i] = -math.inf
-            idx[i] = BIG
-    cuda.syncthreads()
     size = 2
-    while size <= n2:                                        # bitonic network: position 0 = first in order
+    while size <= n2:
         stride = size // 2
         while stride > 0:
             for p in range(tid, n2 // 2, nt):
@@ -120,6 +110,34 @@ def topk_sort_kernel(out, logits, row0, k):
             cuda.syncthreads()
             stride //= 2
         size *= 2
+
+
+@cuda.jit
+def topk_sort_kernel(out, logits, row0, k):
+    """V <= SORT_MAX: bitonic sort of the padded row's (logit, id) pairs in shared memory (independent
+    of K). grid (L,), block (nt,), nt a power of two <= TOPK_MAX_THREADS."""
+    row = cuda.blockIdx.x
+    src = row0 + row
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    shf = cuda.shared.array(TOPK_MAX_THREADS, np.float32)
+    shd = cuda.shared.array(TOPK_MAX_THREADS, np.float64)
+    keys = cuda.shared.array(SORT_MAX, np.float32)
+    idx = cuda.shared.array(SORT_MAX, np.int32)
+    v_count = logits.shape[1]
+    lse = _row_lse(shf, shd, logits, src)
+    n2 = 1
+    while n2 < v_count:
+        n2 *= 2
+    for i in range(tid, n2, nt):
+        if i < v_count:
+            keys[i] = logits[src, i]
+            idx[i] = i
+        else:
+            keys[i] = -math.inf
+            idx[i] = BIG
+    cuda.syncthreads()
+    _bitonic(keys, idx, n2)
     for r in range(tid, k, nt):
         out[0, row, r] = np.float64(keys[r]) - lse
         out[1, row, r] = idx[r]
@@ -155,15 +173,116 @@ def topk_rounds_kernel(out, logits, row0, k):
         pi = bi
 
 
-def topk_logprobs(out, logits, row0, k: int, n_rows: int, stream=0) -> None:
+@cuda.jit
+def topk_chunk_kernel(part_v, part_i, part_lse, logits, row0, k, chunk):
+    """Large V, stage 1: block (c, row) sorts logits[row0 + row, c*chunk : (c+1)*chunk] in shared memory
+    and keeps its first K pairs (part_v / part_i [L, S, K]; -inf / BIG past the chunk's end) and the
+    chunk's float64 logsumexp (part_lse [L, S]). grid (S, L), block (nt,); chunk <= CHUNK_MAX."""
+    c = cuda.blockIdx.x
+    row = cuda.blockIdx.y
+    src = row0 + row
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    shf = cuda.shared.array(TOPK_MAX_THREADS, np.float32)
+    shd = cuda.shared.array(TOPK_MAX_THREADS, np.float64)
+    keys = cuda.shared.array(CHUNK_MAX, np.float32)
+    idx = cuda.shared.array(CHUNK_MAX, np.int32)
+    lo = c * chunk
+    hi = min(lo + chunk, logits.shape[1])
+    lse = _range_lse(shf, shd, logits, src, lo, hi)
+    n2 = 1
+    while n2 < hi - lo:
+        n2 *= 2
+    for i in range(tid, n2, nt):
+        if lo + i < hi:
+            keys[i] = logits[src, lo + i]
+            idx[i] = lo + i
+        else:
+            keys[i] = -math.inf
+            idx[i] = BIG
+    cuda.syncthreads()
+    _bitonic(keys, idx, n2)
+    for r in range(tid, k, nt):
+        if r < n2:
+            part_v[row, c, r] = keys[r]
+            part_i[row, c, r] = idx[r]
+        else:
+            part_v[row, c, r] = -math.inf
+            part_i[row, c, r] = BIG
+    if tid == 0:
+        part_lse[row, c] = lse
+
+
+@cuda.jit
+def topk_merge_kernel(out, part_v, part_i, part_lse, k):
+    """Large V, stage 2: the S chunks' K candidates of a row sorted in shared memory, the first K written
+    as ``topk_logprobs`` does, the chunks' logsumexps combined in chunk order. grid (L,), block (nt,);
+    S * K <= MERGE_MAX."""
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    keys = cuda.shared.array(MERGE_MAX, np.float32)
+    idx = cuda.shared.array(MERGE_MAX, np.int32)
+    tot = cuda.shared.array(1, np.float64)
+    s_count = part_v.shape[1]
+    n = s_count * k
+    n2 = 1
+    while n2 < n:
+        n2 *= 2
+    for i in range(tid, n2, nt):
+        if i < n:
+            keys[i] = part_v[row, i // k, i % k]
+            idx[i] = part_i[row, i // k, i % k]
+        else:
+            keys[i] = -math.inf
+            idx[i] = BIG
+    if tid == 0:                                         # logsumexp of the chunks' logsumexps, in order
+        m = -math.inf
+        for c in range(s_count):
+            m = max(m, part_lse[row, c])
+        acc = np.float64(0.0)
+        for c in range(s_count):
+            acc += math.exp(part_lse[row, c] - m)
+        tot[0] = m + math.log(acc)
+    cuda.syncthreads()
+    _bitonic(keys, idx, n2)
+    lse = tot[0]
+    for r in range(tid, k, nt):
+        out[0, row, r] = np.float64(keys[r]) - lse
+        out[1, row, r] = idx[r]
+
+
+_PARTS: dict = {}
+
+
+def _chunk_parts(n_rows: int, s: int, k: int):
+    """Stage 1's outputs for (L, S, K), allocated once per shape (the draft runs every round)."""
+    key = (n_rows, s, k)
+    if key not in _PARTS:
+        _PARTS[key] = (empty((n_rows, s, k), np.float32), empty((n_rows, s, k), np.int32),
+                       empty((n_rows, s), np.float64))
+    return _PARTS[key]
+
+
+def topk_logprobs(out, logits, row0, k: int, n_rows: int, stream=0, chunk: int = 0) -> None:
     """out [2, L, >=K] float64: out[0] = top-k log-softmax values, out[1] = their token ids (exact in
     float64; one array, so the host fetches the table with one copy), of rows row0 .. row0+L-1 of
     logits [*, V] float32; order: value descending, ties to the lower id; log-softmax in float64
-    like ``workbench.ddtree.tree.top_k_log_probs``. Sorts in shared memory when V <= SORT_MAX
-    (TOPK_THREADS threads per row: 1024 on the GPU, 32 under the simulator), else K selection rounds.
+    like ``workbench.ddtree.tree.top_k_log_probs``. V <= SORT_MAX: one block per row sorts it in shared
+    memory (TOPK_THREADS threads: 1024 on the GPU, 32 under the simulator). Larger V: S blocks per row
+    each sort a chunk of ``chunk`` (default CHUNK) logits and keep K, one block per row merges the S K
+    candidates, when S K <= MERGE_MAX; else K rounds of a block-wide argmax (a warp per row).
     """
-    if logits.shape[1] <= SORT_MAX:
+    v = logits.shape[1]
+    chunk = chunk or CHUNK
+    s = -(-v // chunk)
+    if v <= SORT_MAX:
         topk_sort_kernel[n_rows, TOPK_THREADS, stream](out, logits, np.int32(row0), np.int32(k))
+    elif chunk <= CHUNK_MAX and s * k <= MERGE_MAX:
+        pv, pi, pl = _chunk_parts(n_rows, s, k)
+        topk_chunk_kernel[(s, n_rows), TOPK_THREADS, stream](pv, pi, pl, logits, np.int32(row0), np.int32(k),
+                                                            np.int32(chunk))
+        topk_merge_kernel[n_rows, TOPK_THREADS, stream](out, pv, pi, pl, np.int32(k))
     else:
         topk_rounds_kernel[n_rows, TPB, stream](out, logits, np.int32(row0), np.int32(k))
 

@@ -24,11 +24,10 @@ def _logits(kind: str, n_pos: int, vocab: int, seed: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind,vocab,k", [("random", 70, 9), ("ties", 70, 9), ("oracle", 70, 9),
-                                          ("ties", 64, 64), ("random", 1, 1), ("ties", 2048, 64),
-                                          ("ties", 2100, 3)])
+                                          ("ties", 64, 64), ("random", 1, 1), ("ties", 2048, 64)])
 def test_topk_logprob_kernel_matches_reference(kind, vocab, k):
     """V <= 2048 takes the shared-memory bitonic sort (V = 2048: the trained pair's, the full
-    network), V = 2100 the K-round selection."""
+    network); larger V the chunked one (next test)."""
     n_pos = 5
     logits = _logits(kind, n_pos + 2, vocab, 1)
     out = zeros((2, n_pos, k + 2), np.float64)
@@ -41,9 +40,28 @@ def test_topk_logprob_kernel_matches_reference(kind, vocab, k):
     assert np.isnan(got[:, :, k:]).all()
 
 
+@pytest.mark.parametrize("kind,vocab,k,chunk", [("random", 2100, 64, 0), ("ties", 3000, 7, 512),
+                                                ("oracle", 2049, 9, 0)])
+def test_chunked_topk_matches_reference(kind, vocab, k, chunk):
+    """V > 2048 in chunks (the default's, or ``chunk``): each chunk's K best and logsumexp, then one
+    merge per row; chunks that end short of ``chunk`` (2100 = 8 x 256 + 52: K = 64 past its length;
+    2049 = 8 x 256 + 1, a chunk of one). Under ``sim_speed`` (the same kernels, a faster executor)."""
+    from kernels_numba.sim import sim_speed
+    n_pos = 2
+    logits = _logits(kind, n_pos + 1, vocab, 4)
+    out = zeros((2, n_pos, k), np.float64)
+    lp_want, ids_want = top_k_log_probs(logits[1:], k)
+    with sim_speed():
+        topk_logprobs(out, to_device(logits), 1, k, n_pos, chunk=chunk)
+    got = download(out)
+    np.testing.assert_array_equal(got[1], ids_want)
+    np.testing.assert_allclose(got[0], lp_want, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("nt", [32, 64])
 def test_topk_sort_and_rounds_kernels_agree(nt):
-    """Both top-k kernels on the same row (the sort at a GPU-like block size too)."""
+    """Both top-k kernels on the same row (the sort at a GPU-like block size too); the rounds kernel is
+    the large-V path when the chunks' candidates exceed one merge."""
     logits = _logits("ties", 2, 300, 7)
     a, b = zeros((2, 2, 8), np.float64), zeros((2, 2, 8), np.float64)
     d_logits = to_device(logits)
