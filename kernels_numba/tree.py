@@ -112,6 +112,27 @@ def _bitonic(keys, idx, n2):
         size *= 2
 
 
+@cuda.jit(device=True)
+def _sorted_range(keys, idx, logits, src, lo, hi):
+    """logits[src, lo:hi] with their ids into the shared keys / idx, padded to n2 (the next power of two)
+    with (-inf, BIG), sorted into top-k order; returns n2."""
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    n2 = 1
+    while n2 < hi - lo:
+        n2 *= 2
+    for i in range(tid, n2, nt):
+        if lo + i < hi:
+            keys[i] = logits[src, lo + i]
+            idx[i] = lo + i
+        else:
+            keys[i] = -math.inf
+            idx[i] = BIG
+    cuda.syncthreads()
+    _bitonic(keys, idx, n2)
+    return n2
+
+
 @cuda.jit
 def topk_sort_kernel(out, logits, row0, k):
     """V <= SORT_MAX: bitonic sort of the padded row's (logit, id) pairs in shared memory (independent
@@ -124,20 +145,8 @@ def topk_sort_kernel(out, logits, row0, k):
     shd = cuda.shared.array(TOPK_MAX_THREADS, np.float64)
     keys = cuda.shared.array(SORT_MAX, np.float32)
     idx = cuda.shared.array(SORT_MAX, np.int32)
-    v_count = logits.shape[1]
     lse = _row_lse(shf, shd, logits, src)
-    n2 = 1
-    while n2 < v_count:
-        n2 *= 2
-    for i in range(tid, n2, nt):
-        if i < v_count:
-            keys[i] = logits[src, i]
-            idx[i] = i
-        else:
-            keys[i] = -math.inf
-            idx[i] = BIG
-    cuda.syncthreads()
-    _bitonic(keys, idx, n2)
+    _sorted_range(keys, idx, logits, src, 0, logits.shape[1])
     for r in range(tid, k, nt):
         out[0, row, r] = np.float64(keys[r]) - lse
         out[1, row, r] = idx[r]
@@ -190,18 +199,7 @@ def topk_chunk_kernel(part_v, part_i, part_lse, logits, row0, k, chunk):
     lo = c * chunk
     hi = min(lo + chunk, logits.shape[1])
     lse = _range_lse(shf, shd, logits, src, lo, hi)
-    n2 = 1
-    while n2 < hi - lo:
-        n2 *= 2
-    for i in range(tid, n2, nt):
-        if lo + i < hi:
-            keys[i] = logits[src, lo + i]
-            idx[i] = lo + i
-        else:
-            keys[i] = -math.inf
-            idx[i] = BIG
-    cuda.syncthreads()
-    _bitonic(keys, idx, n2)
+    n2 = _sorted_range(keys, idx, logits, src, lo, hi)
     for r in range(tid, k, nt):
         if r < n2:
             part_v[row, c, r] = keys[r]
