@@ -13,7 +13,7 @@ W4A16). The choice is made at preparation and recorded in ``.path``, which the o
 | ``linear`` | - | SGEMM | linear |
 | ``mla_attention`` | - | batched SGEMMs, masked softmax | mla.py |
 | ``swiglu`` (dense MLP, shared) | f16(x), int4_matmul [gate; up], act, int4_matmul down, + h | SGEMMs | ffn |
-| ``moe`` (router, experts, shared) | f16(x), fused_moe (+ INT4 shared expert), + h | router SGEMM | ffn |
+| ``moe`` (router, experts, shared) | f16(x), fused_moe (+ INT4 shared expert), + h | sliced logits | ffn |
 
 ``Bf16Host`` matrices (W16A16: ``linear``, ``swiglu``, ``mla_attention``) run on the BLAS path as bf16
 GEMMs, at any size; bf16 routed experts (``Bf16Host`` with ``out16``) as grouped GEMMs over the
@@ -64,7 +64,7 @@ from .mla import make_mla_attention, mla_prep_kernel
 from .moe import MoEWeights, choose_moe_config, fused_moe, moe_stages, moe_workspace, prepare_moe  # noqa: F401 - bench kernels' configs and per-stage times
 from .moe_gemv import moe_act_kernel
 from .rmsnorm import rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
-from .router import make_route
+from .router import SLICE_WARPS, logit_slices, logit_slices_kernel, make_route
 from .rows import add_rows_kernel, to_f16_kernel
 from .sim import sim_speed  # noqa: F401 - the simulator's faster executor around a block of ops
 from .tokens import advance_kernel, argmax_kernel, copy_rows_kernel, embed_kernel
@@ -83,6 +83,7 @@ INT4_MATMUL = "int4_matmul"
 FUSED_MOE = "fused_moe"
 BLAS_PATH = "blas"
 GROUPED_MM = "grouped_mm"
+SLICED = "sliced"             # a large router gate: logits in slices of D by many blocks (router.py)
 BLAS = on_gpu()                              # FP32 ops may take the BLAS path (tests turn it on on CPU)
 BLAS_MIN_ELEMENTS = 1 << 20                  # ... for weights of at least this many elements (4 MB)
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
@@ -193,26 +194,28 @@ def mla_weights(wkv_b, fast: bool = True) -> MLA:
 
 @dataclass(frozen=True)
 class Router:
-    """The noaux_tc router: gate_t [D, E] (a torch tensor on the BLAS path, where the kernel selects
-    from logits an SGEMM wrote), bias [E] on the device, and its kernel (router.py)."""
+    """The noaux_tc router: gate_t [D, E] and bias [E] on the device and its kernel (router.py). PORTABLE:
+    the kernel computes a row's logits in its own block; SLICED (a gate of at least BLAS_MIN_ELEMENTS
+    where the BLAS path would run): ``logit_slices_kernel`` writes them in S slices, the kernel sums
+    and selects."""
     path: str
     gate_t: Any
     bias: Any
     kernel: Any
     top_k: int
     n_experts: int
+    slices: int = 0
 
 
 def router(gate: np.ndarray, bias: np.ndarray, top_k: int, n_group: int, topk_group: int,
            norm_topk: bool, scaling: float, fast: bool = True) -> Router:
     """gate [E, D], bias [E] and the routing constants of ``workbench.reference.moe.moe_gate``."""
     gate = np.asarray(gate, np.float32)
-    e = gate.shape[0]
-    on_blas = _blas(gate.size, fast)
-    kernel = make_route(e, top_k, n_group, topk_group, norm_topk, scaling, from_logits=on_blas)
-    gate_t = blas.weight(gate.T) if on_blas else to_device(gate.T)
-    return Router(BLAS_PATH if on_blas else PORTABLE, gate_t, to_device(np.asarray(bias, np.float32)),
-                  kernel, int(top_k), e)
+    e, d = gate.shape
+    slices = logit_slices(d) if _blas(gate.size, fast) else 0
+    kernel = make_route(e, top_k, n_group, topk_group, norm_topk, scaling, slices=slices)
+    return Router(SLICED if slices else PORTABLE, to_device(np.ascontiguousarray(gate.T)),
+                  to_device(np.asarray(bias, np.float32)), kernel, int(top_k), e, slices)
 
 
 @dataclass(frozen=True)
@@ -419,7 +422,7 @@ class Scratch:
     def __init__(self, rows: int, swiglus: list[SwiGLU], moes: list[MoE], routers: tuple = ()) -> None:
         self.rows = rows
         all_routers = [*(m.router for m in moes), *routers]
-        blas_routers = [r for r in all_routers if r.path == BLAS_PATH]
+        sliced = [r for r in all_routers if r.path == SLICED]
         k = max((r.top_k for r in all_routers), default=1)
         sw = [*swiglus, *(m.shared for m in moes if m.shared is not None)]
         port = [s for s in sw if s.path == PORTABLE]
@@ -439,7 +442,8 @@ class Scratch:
         self.gu = zeros(max(rows * 2 * width, 1))                               # [T, 2I] gate || up
         self.h16 = zeros(max(rows * width, 1), np.uint16)                       # [T, I] f16(silu(g) * u)
         self.act = zeros(max(rows * max((s.width for s in on_blas), default=0), 1))  # [T, I] silu(g) * u
-        self.logits = zeros(max(rows * max((r.n_experts for r in blas_routers), default=0), 1))  # [T, E]
+        per_row = max((r.n_experts * r.slices for r in sliced), default=0)
+        self.logits = zeros(max(rows * per_row, 1))                               # [S*T, E] sliced logits
         self.gemm = gemm_workspace(rows, [(m.n, m.k, m.group_size) for s in fast for m in (s.w13, s.w2)])
         self._fused = {_ws_key(m.fused, k): m.fused for m in fused}
         self._ws: dict = {}
@@ -565,13 +569,14 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
 
 def route(ids, wts, x, r: Router, sc: Scratch, meta, rows: int, stream=0) -> None:
     """ids, wts [T, K] = the router's choice for x [T, D] (``sc`` made with this router: its logits)."""
-    if r.path == BLAS_PATH:                   # logits by SGEMM, then the kernel selects from them
-        if len(sc.logits) < rows * r.n_experts:
-            raise KernelInputError(f"the scratch holds no [{rows}, {r.n_experts}] router logits: "
-                                   "make it with this router (Scratch(..., routers=...))")
-        logits = rows_view(sc.logits, rows, r.n_experts)
-        blas.linear(logits, x, r.gate_t, rows, stream=stream)
-        r.kernel[rows, (TPB, KS), stream](ids, wts, logits, r.bias, r.bias, meta)
+    if r.path == SLICED:                      # logits in slices by many blocks, then the kernel selects
+        if len(sc.logits) < rows * r.n_experts * r.slices:
+            raise KernelInputError(f"the scratch holds no [{r.slices} x {rows}, {r.n_experts}] router "
+                                   "logits: make it with this router (Scratch(..., routers=...))")
+        parts = rows_view(sc.logits, r.slices * rows, r.n_experts)
+        grid = (-(-r.n_experts // TPB), r.slices)
+        logit_slices_kernel[grid, (TPB, SLICE_WARPS), stream](parts, x, r.gate_t, meta)
+        r.kernel[rows, (TPB, KS), stream](ids, wts, parts, r.gate_t, r.bias, meta)
     else:
         r.kernel[rows, (TPB, KS), stream](ids, wts, x, r.gate_t, r.bias, meta)
 

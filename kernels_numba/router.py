@@ -1,11 +1,16 @@
 """The noaux_tc sigmoid router on the device, mirroring ``workbench.reference.moe.moe_gate``.
 
 Legend: T rows, n = meta[1] live rows, D model width, E routed experts, K experts per token,
-G routing groups. One (32, KS)-thread block per row: the threads compute the E gate logits (or
-read them, where an SGEMM computed them: ``from_logits``); thread 0 applies the (tiny) group
-limit; each of the K picks is a max over the block (per-thread scan, then a shared-memory tree:
-one thread scanning 384 experts K times took ~280 us on the H200), ties to the lowest index,
-exactly as the reference's stable argsort does.
+G routing groups, S slices of D. One (32, KS)-thread block per row: the threads compute the E gate
+logits, or sum them from S partial slices (``slices``: ``logit_slices_kernel`` wrote them); thread 0
+applies the (tiny) group limit; each of the K picks is a max over the block (per-thread scan, then a
+shared-memory tree: one thread scanning 384 experts K times took ~280 us on the H200), ties to the
+lowest index, exactly as the reference's stable argsort does.
+
+``logit_slices_kernel`` reads a large gate (K2's: 7,168 x 384 float32, 11 MB) with many blocks, and
+sums each row's logit in an order that does not depend on how many rows run: a row's routing in a
+tree verify is then bit for bit its routing in a one-row decode (a cuBLAS SGEMM picks its kernel,
+hence its summation order, by the row count).
 """
 
 from __future__ import annotations
@@ -30,19 +35,78 @@ def sigmoid_ref(x):
     return e / (np.float32(1.0) + e)
 
 
+SLICE_D = 512         # features per slice of the sliced logits (K2: 14 slices)
+SLICE_WARPS = 8       # warps per block, each over SLICE_D / SLICE_WARPS features of the slice
+SLICE_ROWS = 8        # rows per pass over the slice (one accumulator each per thread)
+
+
+def logit_slices(d: int) -> int:
+    """S: the slices of D the sliced logits sum separately."""
+    return -(-d // SLICE_D)
+
+
+@cuda.jit
+def logit_slices_kernel(parts, x, gate_t, meta):
+    """parts [S*T, E] (row s*T + t: slice s of row t) = x[t, slice s] @ gate_t[slice s, :] for the live rows.
+    grid (ceil(E/32), S), block (32, SLICE_WARPS): thread (c, w) sums features w*F .. w*F + F - 1 of
+    the slice (F = SLICE_D / SLICE_WARPS) in order for expert 32*bx + c, the warps' sums then add in
+    warp order; the rows go SLICE_ROWS at a time through shared memory. Every row's sum is the same
+    sequence of float32 operations whatever the number of rows."""
+    c = cuda.threadIdx.x
+    w = cuda.threadIdx.y
+    e = cuda.blockIdx.x * 32 + c
+    s = cuda.blockIdx.y
+    n = meta[1]
+    d_all = gate_t.shape[0]
+    n_exp = gate_t.shape[1]
+    t_all = parts.shape[0] // cuda.gridDim.y
+    f = SLICE_D // SLICE_WARPS
+    d0 = s * SLICE_D
+    xs = cuda.shared.array((SLICE_ROWS, SLICE_D), np.float32)
+    red = cuda.shared.array((SLICE_WARPS, SLICE_ROWS, 32), np.float32)
+    acc = cuda.local.array(SLICE_ROWS, np.float32)
+    lin = w * 32 + c
+    for t0 in range(0, n, SLICE_ROWS):
+        for i in range(lin, SLICE_ROWS * SLICE_D, 32 * SLICE_WARPS):
+            t = i // SLICE_D
+            d = d0 + i % SLICE_D
+            xs[t, i % SLICE_D] = x[t0 + t, d] if t0 + t < n and d < d_all else np.float32(0.0)
+        cuda.syncthreads()
+        for t in range(SLICE_ROWS):
+            acc[t] = np.float32(0.0)
+        if e < n_exp:
+            for j in range(w * f, w * f + f):
+                if d0 + j < d_all:
+                    g = gate_t[d0 + j, e]
+                    for t in range(SLICE_ROWS):
+                        acc[t] += xs[t, j] * g
+        for t in range(SLICE_ROWS):
+            red[w, t, c] = acc[t]
+        cuda.syncthreads()
+        if w == 0 and e < n_exp:
+            for t in range(SLICE_ROWS):
+                if t0 + t < n:
+                    v = np.float32(0.0)
+                    for u in range(SLICE_WARPS):
+                        v += red[u, t, c]
+                    parts[s * t_all + t0 + t, e] = v
+        cuda.syncthreads()
+
+
 def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_topk: bool, scaling: float,
-               ks: int = KS, from_logits: bool = False):
-    """kernel(ids [T, K] int32, wts [T, K] f32, x [T, D], gate_t [D, E], bias [E], meta); grid (T,),
-    block (32, ks): thread (e, s) sums every ks-th feature of expert e's gate logit. ``from_logits``:
-    x is the logits [T, E] and gate_t is not read."""
-    key = (n_experts, top_k, n_group, topk_group, norm_topk, scaling, ks, from_logits)
+               ks: int = KS, slices: int = 0):
+    """kernel(ids [T, K] int32, wts [T, K] f32, x, gate_t [D, E], bias [E], meta); grid (T,), block
+    (32, ks). ``slices`` 0: x [T, D] and thread (e, s) sums every ks-th feature of expert e's gate
+    logit; S >= 1: x is [S*T, E] of S partial logits per row (``logit_slices_kernel``; S = 1: whole
+    logits), summed in slice order, and gate_t is not read."""
+    key = (n_experts, top_k, n_group, topk_group, norm_topk, scaling, ks, slices)
     if key in _CACHE:
         return _CACHE[key]
     E, K, G, TG = n_experts, top_k, n_group, topk_group
     EG = E // G
     NORM = bool(norm_topk)
     SCALE = np.float32(scaling)
-    LOGITS = bool(from_logits)
+    NS = int(slices)
     NT = TPB * ks
     if NT & (NT - 1):
         raise KernelInputError(f"the router's top-K tree wants a power-of-two block, got {NT} threads")
@@ -64,9 +128,11 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
         cand_v = cuda.shared.array(NT, np.float32)
         for e in range(tid, E, TPB):
             acc = np.float32(0.0)
-            if LOGITS:
+            if NS:
                 if ty == 0:
-                    acc = x[row, e]
+                    rows_all = x.shape[0] // NS
+                    for sl in range(NS):
+                        acc += x[sl * rows_all + row, e]
             else:
                 for d in range(ty, gate_t.shape[0], ks):
                     acc += x[row, d] * gate_t[d, e]

@@ -79,7 +79,7 @@ def test_mla_attention_blas_equals_the_kernel(on_blas, q_lora):
                           cfg.softmax_scale, h, c, r, nn, v, 24, rows, att=att)
 
 
-def test_swiglu_and_router_blas_equal_portable(on_blas):
+def test_swiglu_and_router_fast_paths_equal_portable(on_blas):
     rng = np.random.default_rng(3)
     cfg = preset("tiny")
     rows, d, i, e = 3, cfg.hidden_size, 48, cfg.n_routed_experts
@@ -97,7 +97,7 @@ def test_swiglu_and_router_blas_equal_portable(on_blas):
         rt = ops.router(gate, bias, cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group, cfg.norm_topk_prob,
                         cfg.routed_scaling_factor, fast=fast)
         m = ops.moe_weights(rt, experts, None, fast=fast)
-        assert (sw.path, rt.path) == ((ops.BLAS_PATH,) * 2 if fast else (ops.PORTABLE,) * 2)
+        assert (sw.path, rt.path) == ((ops.BLAS_PATH, ops.SLICED) if fast else (ops.PORTABLE,) * 2)
         sc = ops.Scratch(rows, [sw], [m])
         sc.reserve(rows)
         hs, hm = zeros((rows, d)), zeros((rows, d))
@@ -109,7 +109,7 @@ def test_swiglu_and_router_blas_equal_portable(on_blas):
     np.testing.assert_allclose(got[0][1], got[1][1], rtol=1e-5, atol=1e-6)
 
 
-def test_blas_router_without_its_logits_buffer_is_a_one_line_error(on_blas):
+def test_sliced_router_without_its_logits_buffer_is_a_one_line_error(on_blas):
     cfg = preset("tiny")
     rng = np.random.default_rng(4)
     e = cfg.n_routed_experts
