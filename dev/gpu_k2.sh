@@ -15,7 +15,7 @@
 #                dev/k2_slice_engine.py --experts bf16 --engine <saved> --ref <dev/k2_slice_reference.py --experts bf16 --out>
 #   engine       bench engine (tiny2's decode step: the row kernels' change)                 ~120 s
 #   tier_blas    GPU tier of the BLAS path and W16A16 tests                                  ~150 s
-#   tier_int4    GPU tier of int4_matmul (both kernels) and the engine tests                 ~100 s
+#   tier_int4    GPU tier of int4_matmul (both kernels) and the engine tests (cut at 240 s after 113 tests at e5fd01e)  ~300 s
 #   kernels      bench kernels (int4_matmul, fused_moe against their baselines)              ~190 s
 #   profile      dev/profile_k2_attention.py: the attention step's kernels by device time   ~40 s
 #   staged       dev/kernels/int4_matmul.py --staged: the staged W4A16 kernel's builds and tilings
@@ -60,7 +60,7 @@ for step in $STEPS; do
     engine) run engine 240 python3 -m workbench bench engine --out "$OUT/engine" ;;
     tier_blas) run tier_blas 240 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                  tests/kernels/test_blas.py tests/engine tests/bench/test_k2_layer.py -k "blas or w16a16 and not k2_slice" ;;
-    tier_int4) run tier_int4 240 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
+    tier_int4) run tier_int4 420 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                  tests/kernels/test_int4_matmul.py tests/engine ;;
     kernels) run kernels 300 python3 -m workbench bench kernels --out "$OUT/kernels" ;;
     profile) run profile 120 python3 dev/profile_k2_attention.py --rows 1,17 ;;
