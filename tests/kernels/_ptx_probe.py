@@ -1,7 +1,7 @@
 """Run WITHOUT the simulator (subprocess of test_compile_ptx.py): compile every shipped kernel for sm_90
 with cuda.compile_ptx (no GPU or driver needed) and print one JSON object of instruction counts.
 
-    python tests/kernels/_ptx_probe.py [int4_matmul] [int4_staged] [moe_gemm] [moe_glue] [rows]   # none: all
+    python tests/kernels/_ptx_probe.py [GROUP ...]      # GROUPS below; none: all
 """
 
 import json
@@ -17,6 +17,7 @@ from kernels_numba.moe import choose_moe_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
 from kernels_numba.moe_gemv import make_moe_gemv_kernel, moe_act_kernel
+from kernels_numba.router import logit_slices_kernel
 from kernels_numba.rows import add_rows_kernel, to_f16_kernel
 
 KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
@@ -109,9 +110,14 @@ def row_builds() -> dict:
     return out
 
 
+def router_builds() -> dict:
+    """The sliced router logits (router.py; the route kernel itself calls device functions)."""
+    f2 = T.float32[:, ::1]
+    return {"router slices": counts(logit_slices_kernel, (f2, f2, f2, _sig(T.int32)))}
+
+
 GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds, "moe_gemm": moe_gemm_builds,
-          "moe_glue": moe_glue_builds,
-          "rows": row_builds}
+          "moe_glue": moe_glue_builds, "rows": row_builds, "router": router_builds}
 
 
 def main(groups: list[str]) -> None:

@@ -93,3 +93,8 @@ def test_latent_stores_round_only_into_a_bf16_cache(row_counts):
     ptx_counts = row_counts
     assert ptx_counts["stored_as bf16"]["cvt_bf16"] == 1
     assert ptx_counts["stored_as float32"]["cvt_bf16"] == 0
+
+
+def test_sliced_router_logits_keep_their_accumulators_in_registers():
+    c = probe("router")["router slices"]
+    assert c["local"] == 0 and c["bar"] >= 2
