@@ -3,14 +3,13 @@ weights, layer by layer: the GPU-tier case `tests/engine/test_build.py::
 test_random_source_matches_reference_on_its_downloaded_weights` (its config, seed and prompt), whose second
 token differs on the H200 (reports/bench/gpu_tier_int4_e5fd01e2c0a1.log).
 
-    KDTREE_GPU=1 python dev/probe_random_source.py      # on a GPU; under the simulator it runs too
+    python dev/probe_random_source.py      # on a GPU (NUMBA_ENABLE_CUDASIM=1: the same under the simulator)
 
 The prompt and the reference's first token go through one prefill on both sides; every layer's output
 is tapped on the engine and captured on the reference. Prints, per layer, the largest relative
 difference over the rows and at the last row, and at each MoE layer the reference's gap between its
-K-th and (K+1)-th selection scores at the last row (a routing near-tie when small) and whether the
-engine's next layer already parts. A weights mismatch shows from layer 0; a near-tie as a jump at one
-MoE layer with a small gap there.
+K-th and (K+1)-th selection scores at the last row and over all rows (a routing near-tie when small).
+A weights mismatch shows from layer 0; a near-tie as a jump at one MoE layer with a small gap there.
 """
 
 from __future__ import annotations

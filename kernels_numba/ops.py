@@ -64,7 +64,7 @@ from .mla import make_mla_attention, mla_prep_kernel
 from .moe import MoEWeights, choose_moe_config, fused_moe, moe_stages, moe_workspace, prepare_moe  # noqa: F401 - bench kernels' configs and per-stage times
 from .moe_gemv import moe_act_kernel
 from .rmsnorm import rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
-from .router import SLICE_WARPS, logit_slices, logit_slices_kernel, make_route
+from .router import SLICE_WARPS, logit_slice_count, logit_slices_kernel, make_route
 from .rows import add_rows_kernel, to_f16_kernel
 from .sim import sim_speed  # noqa: F401 - the simulator's faster executor around a block of ops
 from .tokens import advance_kernel, argmax_kernel, copy_rows_kernel, embed_kernel
@@ -212,7 +212,7 @@ def router(gate: np.ndarray, bias: np.ndarray, top_k: int, n_group: int, topk_gr
     """gate [E, D], bias [E] and the routing constants of ``workbench.reference.moe.moe_gate``."""
     gate = np.asarray(gate, np.float32)
     e, d = gate.shape
-    slices = logit_slices(d) if _blas(gate.size, fast) else 0
+    slices = logit_slice_count(d) if _blas(gate.size, fast) else 0
     kernel = make_route(e, top_k, n_group, topk_group, norm_topk, scaling, slices=slices)
     return Router(SLICED if slices else PORTABLE, to_device(np.ascontiguousarray(gate.T)),
                   to_device(np.asarray(bias, np.float32)), kernel, int(top_k), e, slices)

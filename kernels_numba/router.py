@@ -40,7 +40,7 @@ SLICE_WARPS = 8       # warps per block, each over SLICE_D / SLICE_WARPS feature
 SLICE_ROWS = 8        # rows per pass over the slice (one accumulator each per thread)
 
 
-def logit_slices(d: int) -> int:
+def logit_slice_count(d: int) -> int:
     """S: the slices of D the sliced logits sum separately."""
     return -(-d // SLICE_D)
 

@@ -45,8 +45,9 @@ DRAFTERS = ("oracle", "dflash")
 def _simulated(i: int, d: str, bud: int) -> bool:
     """Bundle i's simulated cases: budgets 1 / 4 / 16 with the drafters in turn, odd bundles starting with
     the other drafter (a pairwise cover of bundle x drafter x budget at a third of the runs)."""
-    return bud == 64 and (BUNDLES[i], d) in SIM_64 or \
-        bud < 64 and DRAFTERS[(i + BUDGETS.index(bud)) % 2] == d
+    if bud == 64:
+        return (BUNDLES[i], d) in SIM_64
+    return DRAFTERS[(i + BUDGETS.index(bud)) % 2] == d
 
 
 CASES = [(n, d, bud) for i, n in enumerate(BUNDLES) for d in DRAFTERS for bud in BUDGETS

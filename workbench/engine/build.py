@@ -466,14 +466,14 @@ def layer_weights(cfg: ModelConfig, lay: DeviceLayer, i: int, experts=None) -> d
     else:
         w.update({a + "wq": _rows_of(a1, 0, cfg.num_attention_heads * cfg.qk_head_dim),
                   a + "wkv_a": _rows_of(a1, cfg.num_attention_heads * cfg.qk_head_dim, None)})
-    kvb = host_array(lay.attn.wkv_b)                                                       # [H*(N+V), C]
+    kvb = host_array(lay.attn.wkv_b)                                                  # [H*(N+V), C]
     w[a + "wkv_b"] = _w16(kvb) if kvb.dtype == np.uint16 else np.asarray(kvb, np.float32)
     f = p + "ffn"
     if lay.mlp is not None:
         w.update(_swiglu_weights(lay.mlp, f))
         return w
     m = lay.moe
-    gate_t = host_array(m.router.gate_t)                                                   # [D, E]
+    gate_t = host_array(m.router.gate_t)                                              # [D, E]
     w[f + ".gate"] = np.ascontiguousarray(gate_t.T, np.float32)
     w[f + ".gate_bias"] = host_array(m.router.bias)
     if m.shared is not None:
