@@ -23,6 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels_numba import ops  # noqa: E402
+from kernels_numba.device import head_rows  # noqa: E402
 from workbench.config import preset  # noqa: E402
 from workbench.engine.build import Cycled, RandomSource, build_model, model_weights  # noqa: E402
 from workbench.engine.runtime import Engine  # noqa: E402
@@ -73,6 +74,21 @@ def main() -> None:
             g = gaps[moe_layers.index(i)]
             line += f"; reference selection gap (K-th - (K+1)-th): last row {g[-1]:.2e}, least {g.min():.2e}"
         print(line)
+    # the test's own path: the prompt's prefill, then one-row steps, against the reference's generation
+    from workbench.engine.ar import engine_ar_generate
+    gen = engine_ar_generate(Engine(CFG, None, max_len=len(PROMPT) + 4, max_rows=len(PROMPT), model=model),
+                             PROMPT, 3, return_logits=True)
+    want = greedy_generate(CFG, w, PROMPT, 3)
+    for k in range(3):
+        print(f"step {k}: engine token {gen.tokens[k]}, reference {want.tokens[k]}, logit error "
+              f"{np.abs(gen.logits[k] - want.logits[k]).max():.3e}")
+    print(f"reference forward over the {len(seq)} rows vs its generation's step 1: logit error "
+          f"{np.abs(ref.logits[-1] - want.logits[1]).max():.3e}")
+    eng.prefill(seq)
+    last = eng.fetch(head_rows(eng.buf.logits, len(seq)))[-1]
+    print(f"engine prefill over the {len(seq)} rows, last row: logit error "
+          f"{np.abs(last - ref.logits[-1]).max():.3e} against the reference's forward, "
+          f"{np.abs(last - gen.logits[1]).max():.3e} against its own step 1")
 
 
 if __name__ == "__main__":

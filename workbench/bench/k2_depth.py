@@ -602,6 +602,15 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     log(f"root row vs decode row: first MoE layer routing apart {rvd['first_layer']}, "
         f"selection-score gap there {rvd.get('score_gap')}, hidden-state difference at the last layer "
         f"{rvd['hidden_rel_diff'][-1]:.2e}")
+    by_rows = {}                                        # the same at every verify size the run uses
+    for n in sorted({b + 1 for b in budgets} - {rvd["rows"]}):
+        with sim_speed():
+            r = root_vs_decode(engine, prompt, int(ar[0]), n)
+        first = next((i for i, d in enumerate(r["hidden_rel_diff"]) if d > 0), None)
+        by_rows[n] = {"first_layer_differing": first, "first_layer_routing_apart": r["first_layer"],
+                      "score_gap": r.get("score_gap"), "last_layer_rel_diff": r["hidden_rel_diff"][-1]}
+        log(f"root row of {n} rows vs decode row: {by_rows[n]}")
+    meta["root_vs_decode_by_rows"] = by_rows
     meta["ar_margins_below_near_tie"] = int((margins < NEAR_TIE).sum())
     emit({"table": "run", "source": "ar", "budget": 0, "tokens": ar_n - 1, "rounds": ar_n - 1, "tau": 1.0,
           "ms_per_token": ar_ms, "round_ms": ar_ms, "speedup": 1.0, "tokens_equal_ar": True})
