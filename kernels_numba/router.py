@@ -36,8 +36,9 @@ def sigmoid_ref(x):
 
 
 SLICE_D = 512         # features per slice of the sliced logits (K2: 14 slices)
-SLICE_WARPS = 8       # warps per block, each over SLICE_D / SLICE_WARPS features of the slice
+SLICE_WARPS = 16      # warps per block, each over SLICE_D / SLICE_WARPS features of the slice
 SLICE_ROWS = 8        # rows per pass over the slice (one accumulator each per thread)
+SLICE_LOADS = 8       # gate values a thread has in flight before it uses them (a 1-row pass is latency)
 
 
 def logit_slice_count(d: int) -> int:
@@ -49,9 +50,10 @@ def logit_slice_count(d: int) -> int:
 def logit_slices_kernel(parts, x, gate_t, meta):
     """parts [S*T, E] (row s*T + t: slice s of row t) = x[t, slice s] @ gate_t[slice s, :] for the live rows.
     grid (ceil(E/32), S), block (32, SLICE_WARPS): thread (c, w) sums features w*F .. w*F + F - 1 of
-    the slice (F = SLICE_D / SLICE_WARPS) in order for expert 32*bx + c, the warps' sums then add in
-    warp order; the rows go SLICE_ROWS at a time through shared memory. Every row's sum is the same
-    sequence of float32 operations whatever the number of rows."""
+    the slice (F = SLICE_D / SLICE_WARPS) in order for expert 32*bx + c (its gate values loaded
+    SLICE_LOADS at a time, so a one-row pass waits F / SLICE_LOADS memory latencies, not F), the warps'
+    sums then add in warp order; the rows go SLICE_ROWS at a time through shared memory. Every row's
+    sum is the same sequence of float32 operations whatever the number of rows."""
     c = cuda.threadIdx.x
     w = cuda.threadIdx.y
     e = cuda.blockIdx.x * 32 + c
@@ -65,6 +67,7 @@ def logit_slices_kernel(parts, x, gate_t, meta):
     xs = cuda.shared.array((SLICE_ROWS, SLICE_D), np.float32)
     red = cuda.shared.array((SLICE_WARPS, SLICE_ROWS, 32), np.float32)
     acc = cuda.local.array(SLICE_ROWS, np.float32)
+    g = cuda.local.array(SLICE_LOADS, np.float32)
     lin = w * 32 + c
     for t0 in range(0, n, SLICE_ROWS):
         for i in range(lin, SLICE_ROWS * SLICE_D, 32 * SLICE_WARPS):
@@ -74,12 +77,19 @@ def logit_slices_kernel(parts, x, gate_t, meta):
         cuda.syncthreads()
         for t in range(SLICE_ROWS):
             acc[t] = np.float32(0.0)
-        if e < n_exp:
+        if e < n_exp and d0 + w * f + f <= d_all:              # a whole span: loads in batches
+            for j0 in range(w * f, w * f + f, SLICE_LOADS):
+                for u in range(SLICE_LOADS):
+                    g[u] = gate_t[d0 + j0 + u, e]
+                for u in range(SLICE_LOADS):
+                    for t in range(SLICE_ROWS):
+                        acc[t] += xs[t, j0 + u] * g[u]
+        elif e < n_exp:                                         # the last slice's tail, one at a time
             for j in range(w * f, w * f + f):
                 if d0 + j < d_all:
-                    g = gate_t[d0 + j, e]
+                    gj = gate_t[d0 + j, e]
                     for t in range(SLICE_ROWS):
-                        acc[t] += xs[t, j] * g
+                        acc[t] += xs[t, j] * gj
         for t in range(SLICE_ROWS):
             red[w, t, c] = acc[t]
         cuda.syncthreads()

@@ -17,6 +17,7 @@ import pytest
 
 from workbench.config import preset
 from workbench.reference.generate import greedy_generate, top2_margin
+from workbench.reference.model import LatentCache, forward
 
 from .common import E2E, GPU, blas_on, sure_steps
 from .test_ar import W16A16_ATOL
@@ -33,14 +34,32 @@ def _engine(model):
     return Engine(CFG, None, max_len=len(PROMPT) + N + 2, max_rows=len(PROMPT), model=model)
 
 
-def _same_tokens(model, ref_weights) -> None:
+def _settled(ref_weights, ref) -> int:
+    """The steps before the first whose logits the reference itself gives two ways more than the tolerance
+    apart (step by step, as generated, and in one forward over the whole sequence): a routing near-tie
+    that float summation order decides, so no implementation owes the reference's token past it."""
+    seq = np.concatenate([PROMPT, ref.tokens[:-1]])
+    whole = forward(CFG, ref_weights, seq, LatentCache.empty(CFG, len(seq))).logits[len(PROMPT) - 1:]  # [N,V]
+    apart = np.flatnonzero(np.abs(whole - ref.logits).max(axis=1) > W16A16_ATOL)
+    return int(apart[0]) if apart.size else N
+
+
+def _reference(ref_weights):
+    """(the reference's generation, the steps whose tokens and the steps whose logits it owes an
+    implementation within the tolerance)."""
+    ref = greedy_generate(CFG, ref_weights, PROMPT, N)
+    settled = _settled(ref_weights, ref)
+    sure = sure_steps([top2_margin(lg) for lg in ref.logits], W16A16_ATOL, N)
+    return ref, min(sure, settled), min(sure + 1, settled)
+
+
+def _same_tokens(model, ref_weights, reference=None):
     from workbench.engine.ar import engine_ar_generate
     got = engine_ar_generate(_engine(model), PROMPT, N, return_logits=True)
-    ref = greedy_generate(CFG, ref_weights, PROMPT, N)
-    sure = sure_steps([top2_margin(lg) for lg in ref.logits], W16A16_ATOL, N)
-    assert sure >= 2, "the random model's margins leave nothing to compare"
-    np.testing.assert_array_equal(got.tokens[:sure], ref.tokens[:sure])
-    err = np.abs(got.logits[:sure + 1] - ref.logits[:sure + 1]).max(axis=1)
+    ref, tokens, logits = reference or _reference(ref_weights)
+    assert tokens >= 2, "the random model's margins leave nothing to compare"
+    np.testing.assert_array_equal(got.tokens[:tokens], ref.tokens[:tokens])
+    err = np.abs(got.logits[:logits] - ref.logits[:logits]).max(axis=1)
     assert err.max() <= W16A16_ATOL, f"logit error per step {err}"
     return ref
 
@@ -74,14 +93,19 @@ def test_mapping_source_cycled_sets_match_reference():
 @E2E
 def test_random_source_matches_reference_on_its_downloaded_weights():
     """Random weights drawn in the kernels' layouts, downloaded back (tile layout unpacked), give the
-    reference the engine's tokens."""
+    reference the engine's tokens. The draws differ between the simulator and a GPU: the first seed whose
+    reference settles two steps (no routing near-tie its own summation order decides) is compared."""
     from workbench.engine.build import Cycled, RandomSource, build_model, model_weights
-    with blas_on():
-        model = build_model(CFG, RandomSource(CFG, seed=6), sets=SETS)
-    w = model_weights(model, SETS)
+    for seed in (6, 7, 8):
+        with blas_on():
+            model = build_model(CFG, RandomSource(CFG, seed=seed), sets=SETS)
+        w = Cycled(CFG, model_weights(model, SETS), SETS)
+        reference = _reference(w)
+        if reference[1] >= 2:
+            break
     scale = w["layers.1.ffn.experts.0.w2.scale"]
     assert scale.dtype == np.float16 and (scale > 0).all()
-    _same_tokens(model, Cycled(CFG, w, SETS))
+    _same_tokens(model, w, reference)
 
 
 def test_random_source_needs_the_tile_layout():
