@@ -15,7 +15,7 @@
 #                dev/k2_slice_engine.py --experts bf16 --engine <saved> --ref <dev/k2_slice_reference.py --experts bf16 --out>
 #   engine       bench engine (tiny2's decode step: the row kernels' change)                 ~120 s
 #   tier_blas    GPU tier of the BLAS path and W16A16 tests                                  ~150 s
-#   tier_int4    GPU tier of int4_matmul (both kernels) and the engine tests (cut at 240 s after 113 tests at e5fd01e)  ~300 s
+#   tier_int4    GPU tier of int4_matmul (both kernels) and the engine tests (330 s cut it after 117 tests at 430af85)  ~500 s
 #   kernels      bench kernels (int4_matmul, fused_moe against their baselines)              ~190 s
 #   profile      dev/profile_k2_attention.py: the attention step's kernels by device time   ~40 s
 #   staged       dev/kernels/int4_matmul.py --staged: the staged W4A16 kernel's builds and tilings
@@ -25,6 +25,7 @@
 #                then timed (on a machine of P GPUs, --worlds 1,2,4,8 gives the scaling run)  ~200 s
 #   tier_ep      GPU tier of tests/parallel (NCCL, as many ranks as GPUs) and the routed-slice test  ~90 s
 #   probe_random dev/probe_random_source.py: the random-weights test model against the reference, per layer  ~30 s
+#   router       dev/kernels/router.py: the sliced router beside cuBLAS SGEMM logits at 1-65 rows     ~60 s
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -60,7 +61,7 @@ for step in $STEPS; do
     engine) run engine 240 python3 -m workbench bench engine --out "$OUT/engine" ;;
     tier_blas) run tier_blas 240 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                  tests/kernels/test_blas.py tests/engine tests/bench/test_k2_layer.py -k "blas or w16a16 and not k2_slice" ;;
-    tier_int4) run tier_int4 420 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
+    tier_int4) run tier_int4 540 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                  tests/kernels/test_int4_matmul.py tests/engine ;;
     kernels) run kernels 300 python3 -m workbench bench kernels --out "$OUT/kernels" ;;
     profile) run profile 120 python3 dev/profile_k2_attention.py --rows 1,17 ;;
@@ -69,6 +70,7 @@ for step in $STEPS; do
     tier_ep) run tier_ep 200 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                tests/parallel tests/kernels/test_moe.py::test_routed_slice_is_the_stack_of_those_experts ;;
     probe_random) run probe_random 120 python3 dev/probe_random_source.py ;;
+    router) run "router_${KDTREE_GIT_SHA}" 150 python3 dev/kernels/router.py ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done

@@ -1,7 +1,7 @@
 """Where a model built from random weights on the device parts from the reference on its own downloaded
 weights, layer by layer: the GPU-tier case `tests/engine/test_build.py::
 test_random_source_matches_reference_on_its_downloaded_weights` (its config, seed and prompt), whose second
-token differs on the H200 (reports/bench/gpu_tier_int4_e5fd01e2c0a1.log).
+token differed on the H200 at e5fd01e (its output there: reports/bench/gpu_tier_int4_430af85a5fd4.log).
 
     python dev/probe_random_source.py      # on a GPU (NUMBA_ENABLE_CUDASIM=1: the same under the simulator)
 
@@ -10,6 +10,9 @@ is tapped on the engine and captured on the reference. Prints, per layer, the la
 difference over the rows and at the last row, and at each MoE layer the reference's gap between its
 K-th and (K+1)-th selection scores at the last row and over all rows (a routing near-tie when small).
 A weights mismatch shows from layer 0; a near-tie as a jump at one MoE layer with a small gap there.
+Then the test's own path (the prompt's prefill, then one-row steps) against the reference's generation
+step by step, the reference's one forward against its own generation (a near-tie the reference itself
+resolves two ways shows here), and the engine's prefill against both.
 """
 
 from __future__ import annotations
