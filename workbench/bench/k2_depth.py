@@ -315,38 +315,44 @@ def prefill_repeat(engine, prompt: np.ndarray) -> dict[str, Any]:
             "max_abs_logit_diff": float(np.abs(l1 - l2).max())}
 
 
-def root_vs_decode(engine, prompt: np.ndarray, token: int, rows: int = 2) -> dict[str, Any]:
-    """Where a verify's root row and AR's one-row decode part: after the prompt's prefill, ``token`` at
-    position P run layer by layer alone (AR's step) and as the first of ``rows`` rows (a verify's root,
-    followed by a chain of copies), each layer's row-0 hidden state and routed experts compared. Returns
-    the largest relative difference of the hidden state per layer, the first MoE layer whose experts
-    differ, the experts swapped there and the one-row path's selection scores of them (sigmoid(logit) +
-    bias: their gap is the near-tie the two paths' float sums fell on either side of)."""
+def _trace(engine, prompt: np.ndarray, steps, slots) -> list[list[dict[str, Any]]]:
+    """After the prompt's prefill, each of ``steps`` (a callable that loads its rows, and its row count)
+    run layer by layer; per step, per layer, per row in ``slots``: the hidden state ``h``, and at a MoE
+    layer the FFN input ``x`` (what the router saw) and the routed ``experts``."""
     from kernels_numba.device import head_rows
 
-    from ..engine.build import host_array
     from ..engine.model import launch_forward
-    from ..reference.layers import sigmoid
     b = engine.buf
+    engine.prefill(prompt)
+    out = []
+    for (load, n), rows in zip(steps, slots, strict=True):
+        load()
+        layers: list[list[dict[str, Any]]] = []
 
-    def trace(n: int) -> list[dict[str, Any]]:
-        engine.prefill(prompt)
-        engine.load_chain(np.full(n, token, np.int64), len(prompt))
-        out: list[dict[str, Any]] = []
-
-        def record(i: int) -> None:
-            row = {"h": engine.fetch(head_rows(b.h, 1))[0].astype(np.float64)}
-            if engine.model.layers[i].moe is not None:    # b.x: the layer's FFN input, what the router saw
-                row.update(x=engine.fetch(head_rows(b.x, 1))[0].astype(np.float64),
-                           experts=set(engine.fetch(head_rows(engine.scratch.rids, 1))[0].tolist()))
-            out.append(row)
+        def record(i: int, n: int = n, layers: list = layers, rows: list = rows) -> None:
+            h = engine.fetch(head_rows(b.h, n))
+            moe = engine.model.layers[i].moe is not None
+            if moe:
+                x = engine.fetch(head_rows(b.x, n))
+                ids = engine.fetch(head_rows(engine.scratch.rids, n))
+            layers.append([{"h": h[s].astype(np.float64)} | ({"x": x[s].astype(np.float64),
+                           "experts": set(ids[s].tolist())} if moe else {}) for s in rows])
         launch_forward(engine, n, engine.stream, after_layer=record)
-        return out
+        out.append(layers)
+    return out
 
-    pairs = list(zip(trace(1), trace(rows), strict=True))
-    rel = [float(np.linalg.norm(a["h"] - c["h"]) / max(np.linalg.norm(a["h"]), 1e-30)) for a, c in pairs]
-    res: dict[str, Any] = {"rows": rows, "token": int(token), "hidden_rel_diff": rel, "first_layer": None}
-    for i, (a, c) in enumerate(pairs):
+
+def _parting(engine, one: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, Any]:
+    """Two traces of one row, layer by layer (``_trace``): the relative difference of the hidden state per
+    layer, the first MoE layer whose experts differ, the experts swapped there and the first trace's
+    selection scores of them (sigmoid(logit) + bias: their gap is the near-tie the two float sums fell on
+    either side of)."""
+    from ..engine.build import host_array
+    from ..reference.layers import sigmoid
+    rel = [float(np.linalg.norm(a["h"] - c["h"]) / max(np.linalg.norm(a["h"]), 1e-30))
+           for a, c in zip(one, other, strict=True)]
+    res: dict[str, Any] = {"hidden_rel_diff": rel, "first_layer": None}
+    for i, (a, c) in enumerate(zip(one, other, strict=True)):
         if "experts" in a and a["experts"] != c["experts"]:
             r = engine.model.layers[i].moe.router
             gate, bias = host_array(r.gate_t).astype(np.float64), host_array(r.bias).astype(np.float64)
@@ -359,6 +365,48 @@ def root_vs_decode(engine, prompt: np.ndarray, token: int, rows: int = 2) -> dic
                        ffn_input_rel_diff=float(np.linalg.norm(a["x"] - c["x"]) / np.linalg.norm(a["x"])))
             break
     return res
+
+
+def root_vs_decode(engine, prompt: np.ndarray, token: int, rows: int = 2) -> dict[str, Any]:
+    """Where a verify's root row and AR's one-row decode part: after the prompt's prefill, ``token`` at
+    position P run layer by layer alone (AR's step) and as the first of ``rows`` rows (a verify's root,
+    followed by a chain of copies); row 0 compared layer by layer (``_parting``)."""
+    p = len(prompt)
+
+    def chain(n: int):
+        return (lambda: engine.load_chain(np.full(n, token, np.int64), p)), n
+    (one,) = _trace(engine, prompt, [chain(1)], [[0]])
+    (other,) = _trace(engine, prompt, [chain(rows)], [[0]])
+    return {"rows": rows, "token": int(token),
+            **_parting(engine, [lay[0] for lay in one], [lay[0] for lay in other])}
+
+
+def tree_vs_decode(engine, prompt: np.ndarray, path: np.ndarray) -> list[dict[str, Any]]:
+    """Where a tree's other rows and AR's decode steps part: the D tokens of ``path`` decoded one by one
+    after the prompt (AR), and verified as one tree of 2D - 1 rows in which every path node after the
+    root follows a sibling (another token at the same depth, same parent), so its key sits two slots
+    on per depth where AR's sits one position on. Per depth, the path row against AR's step
+    (``_parting``): equal at every depth when the verify's rows sum as AR's do."""
+    p, d_max = len(prompt), len(path)
+    vocab = engine.cfg.vocab_size
+    tokens, depths, parents, slot = [int(path[0])], [0], [-1], [0]
+    for d in range(1, d_max):
+        for tok in ((int(path[d]) + 1) % vocab, int(path[d])):          # the sibling first, then the path
+            tokens.append(tok)
+            depths.append(d)
+            parents.append(slot[-1])
+        slot.append(len(tokens) - 1)
+    n = len(tokens)
+    vis = np.eye(n, dtype=bool)
+    for i in range(1, n):
+        vis[i] |= vis[parents[i]]
+    steps = [((lambda d=d: engine.load_chain(np.asarray(path[d:d + 1], np.int64), p + d)), 1)
+             for d in range(d_max)]
+    ar = _trace(engine, prompt, steps, [[0]] * d_max)
+    (tree,) = _trace(engine, prompt, [(lambda: engine.load_rows(np.asarray(tokens), np.asarray(depths),
+                                                                  vis, p), n)], [slot])
+    return [{"depth": d, "slot": slot[d], **_parting(engine, [lay[0] for lay in ar[d]],
+                                                     [lay[d] for lay in tree])} for d in range(d_max)]
 
 
 def run_row(r: dict[str, Any], agree: dict[str, Any], ar_ms: float, source: str,
@@ -611,6 +659,13 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
                       "score_gap": r.get("score_gap"), "last_layer_rel_diff": r["hidden_rel_diff"][-1]}
         log(f"root row of {n} rows vs decode row: {by_rows[n]}")
     meta["root_vs_decode_by_rows"] = by_rows
+    with sim_speed():                                   # a tree's other rows: keys at slots, not positions
+        tvd = tree_vs_decode(engine, prompt, ar[:3])
+    meta["tree_vs_decode"] = [{"depth": t["depth"], "slot": t["slot"], "first_layer_differing": next(
+        (i for i, d in enumerate(t["hidden_rel_diff"]) if d > 0), None), "first_layer_routing_apart":
+        t["first_layer"], "score_gap": t.get("score_gap"), "last_layer_rel_diff": t["hidden_rel_diff"][-1]}
+        for t in tvd]
+    log(f"tree rows (each after a sibling) vs AR's steps: {meta['tree_vs_decode']}")
     meta["ar_margins_below_near_tie"] = int((margins < NEAR_TIE).sum())
     emit({"table": "run", "source": "ar", "budget": 0, "tokens": ar_n - 1, "rounds": ar_n - 1, "tau": 1.0,
           "ms_per_token": ar_ms, "round_ms": ar_ms, "speedup": 1.0, "tokens_equal_ar": True})

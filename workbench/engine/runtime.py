@@ -95,6 +95,12 @@ class Engine:
     def load_chain(self, tokens: np.ndarray, start: int) -> None:
         """A step's rows: ``tokens`` [N] at positions start.., each seeing the cache and the rows before
         it (a prefill's from 0)."""
+        p = int(tokens.shape[0])
+        self.load_rows(tokens, np.arange(p), np.tril(np.ones((p, p), bool)), start)
+
+    def load_rows(self, tokens: np.ndarray, depths: np.ndarray, visible: np.ndarray, start: int) -> None:
+        """A step's rows in general: ``tokens`` [N] at positions start + depths [N], row i seeing the cache
+        and the rows j with visible[i, j] (a tree's ancestor-or-self mask)."""
         p, t = int(tokens.shape[0]), self.buf.max_rows
         if p > t or start + p > self.buf.max_len:
             raise InputError(f"{p} rows at position {start} exceed the engine's sizes "
@@ -102,9 +108,9 @@ class Engine:
         ids = np.zeros(t, np.int32)
         ids[:p] = tokens
         depth = np.zeros(t, np.int32)
-        depth[:p] = np.arange(p)
+        depth[:p] = depths
         vis = np.zeros((t, t), np.uint8)
-        vis[:p, :p] = np.tril(np.ones((p, p), np.uint8))
+        vis[:p, :p] = visible
         self.put(self.buf.ids, ids)
         self.put(self.buf.depth, depth)
         self.put(self.buf.vis, vis)
