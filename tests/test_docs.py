@@ -96,12 +96,20 @@ def test_bench_results_one_set_per_benchmark_and_an_indexed_history():
     readme = (bench / "README.md").read_text(encoding="utf-8")
     current, _, retired = readme.partition("## Retired")
     assert all(p.stem in current for p in files), sorted(p.name for p in files if p.stem not in current)
-    commit = re.search(r"last held by commit `([0-9a-f]{7,})`", retired).group(1)
-    listed = re.findall(r"^\| `([^`]+?)(?: / [^`]*)?` \|", retired, flags=re.MULTILINE)
-    assert listed and not any((bench / n).exists() for n in listed), "a retired file is still in the tree"
-    have = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True)
-    if have.returncode:
-        pytest.skip(f"commit {commit} is not in this clone (shallow): retired files not checked")
-    gone = [n for n in listed if subprocess.run(["git", "cat-file", "-e", f"{commit}:reports/bench/{n}"],
-                                                cwd=ROOT, capture_output=True).returncode]
-    assert not gone, f"not at {commit}: {gone}"
+    held: dict[str, str] = {}                       # retired file -> the commit its section names
+    commit = None
+    for line in retired.splitlines():
+        named = re.search(r"last held by commit `([0-9a-f]{7,})`", line)
+        commit = named.group(1) if named else commit
+        row = re.match(r"\| `([^`]+?)(?: / [^`]*)?` \|", line)
+        if row:
+            assert commit, f"{row.group(1)} is listed before any commit"
+            held[row.group(1)] = commit
+    assert held and not any((bench / n).exists() for n in held), "a retired file is still in the tree"
+    for c in set(held.values()):
+        have = subprocess.run(["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=ROOT, capture_output=True)
+        if have.returncode:
+            pytest.skip(f"commit {c} is not in this clone (shallow): retired files not checked")
+    gone = [f"{n} at {c}" for n, c in held.items() if subprocess.run(
+        ["git", "cat-file", "-e", f"{c}:reports/bench/{n}"], cwd=ROOT, capture_output=True).returncode]
+    assert not gone, f"not there: {gone}"

@@ -84,7 +84,8 @@ def test_side_by_side_of_the_committed_set_fills_every_term():
     for r in rows:
         assert np.isfinite(r["projected_ms_per_token"]) and r["projected_ms_per_token"] > 0
         if r["budget"]:
-            assert r["topk_us_per_round"] >= 0 and r["host_us_per_round"] > 0 and r["drafter_us_per_round"] > 0
+            assert r["topk_us_per_round"] >= 0
+            assert r["host_us_per_round"] > 0 and r["drafter_us_per_round"] > 0
 
 
 def test_cost_curve_of_the_fixed_runs_takes_verify_per_budget_and_the_rest_at_the_largest():

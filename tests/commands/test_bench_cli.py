@@ -120,10 +120,11 @@ def test_depth_flags_reach_the_benchmark_and_a_failed_check_exits_1(monkeypatch,
     monkeypatch.setattr(workbench.bench.k2_depth, "bench", fake_bench)
     monkeypatch.setattr(workbench.results, "retire_others", lambda rs: [])
     argv = ["bench", "depth", "--out", str(tmp_path), "--sets", "9", "--prompt", "600", "--budgets", "1,4",
-            "--oracle-p", "0.9", "--reps", "5", "--deadline", "100", "--drafter", "none"]
+            "--oracle-p", "0.9", "--reps", "5", "--deadline", "100", "--drafter", "none",
+            "--oracle", "calibrated"]
     assert main(argv) == 0
     assert seen == dict(sets=9, prompt_len=600, n_tokens=128, budgets=(1, 4), ps=(0.9,), reps=5, seed=0,
-                        deadline_s=100.0, check=True, drafter="none", dry_run=False)
+                        deadline_s=100.0, check=True, drafter="none", oracle="calibrated", dry_run=False)
     assert main(["bench", "depth", "--out", str(tmp_path)]) == 0
     assert seen["budgets"] == workbench.bench.k2_depth.BUDGETS                # not bench pair's default
     passed[0] = False

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from workbench.ddtree.oracle import MARGIN, OracleDrafter, oracle_logits
+from workbench.ddtree.oracle import CALIBRATED_P, MARGIN, MIN_GAP, OracleDrafter, oracle_logits
 from workbench.errors import InputError
 
 
@@ -25,6 +25,28 @@ def test_oracle_top_token():
     np.testing.assert_array_equal(a[3], b[1])
     past = oracle_logits(seq, 50, 98, 4, 1.0, seed=4)                              # positions 99..102
     assert past.shape == (4, 50) and past[0].argmax() == seq[99]
+
+
+def test_calibrated_oracle_puts_probability_p_on_its_top_token():
+    """The same draws as the margin oracle (the same top token, the other logits untouched); the top
+    token's softmax probability is p, clipped, and it stays on top even where p is tiny."""
+    seq = np.arange(400) % 997
+    for vocab, p in ((1000, 0.8), (1000, 0.5), (20000, 0.9), (1000, 1.0)):
+        margin = oracle_logits(seq, vocab, 20, 7, p, seed=3)                        # [7, V]
+        cal = oracle_logits(seq, vocab, 20, 7, p, seed=3, calibrated=True)
+        assert (cal.argmax(axis=1) == margin.argmax(axis=1)).all()
+        top = margin.argmax(axis=1)
+        others = np.ones_like(cal, bool)
+        others[np.arange(7), top] = False
+        np.testing.assert_array_equal(cal[others], margin[others])
+        z = cal.astype(np.float64)
+        prob = np.exp(z[np.arange(7), top] - z.max(axis=1)) / np.exp(z - z.max(axis=1, keepdims=True)).sum(1)
+        np.testing.assert_allclose(prob, min(p, CALIBRATED_P[1]), rtol=1e-4)
+    tiny = oracle_logits(seq, 1000, 20, 7, 0.0, seed=3, calibrated=True)      # p = 0: on top by MIN_GAP
+    srt = np.sort(tiny, axis=1)
+    assert np.all(srt[:, -1] - srt[:, -2] >= MIN_GAP * 0.999)
+    drafter = OracleDrafter(seq, 1000, 8, 0.8, seed=3, calibrated=True)
+    assert drafter.calibrated and not OracleDrafter(seq, 1000, 8, 0.8, seed=3).calibrated
 
 
 def test_oracle_bad_inputs():

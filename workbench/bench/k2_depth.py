@@ -52,6 +52,7 @@ import numpy as np
 
 BUDGETS = (1, 2, 4, 8, 16, 32, 64)
 ORACLE_P = (0.8, 0.5, 0.9, 0.7)            # run in this order: the most telling first
+ORACLES = ("margin", "calibrated")          # the oracle's kinds (workbench.ddtree.oracle)
 TAPS = (1, 12, 24, 35, 47, 58)             # Kimi-K2.6-DFlash's target_layer_ids
 BLOCK = 8                                  # its block size
 MIN_SETS = 8
@@ -79,6 +80,10 @@ def add_arguments(parser) -> None:
     opt("--deadline", type=float, default=470.0,
         help="depth: seconds after the start past which no new run starts")
     opt("--no-check", action="store_true", help="leave out the layer checks")
+    opt("--oracle", choices=ORACLES, default="margin",
+        help="depth: the oracle's top token MARGIN logits above the rest (margin) or at probability p "
+             "(calibrated: the draft's probabilities say how often it is right, as the cost-aware budget "
+             "assumes)")
     opt("--drafter", choices=("engine", "none"), default="engine",
         help="depth: run the DFlash-shape drafter's forward every round (engine) or not")
     opt("--dry-run", action="store_true",
@@ -102,7 +107,8 @@ def run_set(args, progress=None):
         raise InputError("budgets >= 1, oracle p in [0, 1], --tokens >= 2 and --prompt >= 1")
     return bench(Path(args.out), sets=args.sets, prompt_len=args.prompt, n_tokens=args.tokens,
                  budgets=budgets, ps=ps, reps=args.reps, seed=args.seed, deadline_s=args.deadline,
-                 check=not args.no_check, drafter=args.drafter, dry_run=args.dry_run, progress=progress)
+                 check=not args.no_check, drafter=args.drafter, oracle=args.oracle, dry_run=args.dry_run,
+                 progress=progress)
 
 
 def run(args, progress=None) -> int:
@@ -241,9 +247,15 @@ def make_drafter(engine, seed: int, log):
 
 # ---- runs ---------------------------------------------------------------------------------------------
 
+def oracle_source(p: float, oracle: str = "margin") -> str:
+    """A run's acceptance source: "oracle p=0.8", or "oracle p=0.8, calibrated"."""
+    return f"oracle p={p}" + ("" if oracle == "margin" else f", {oracle}")
+
+
 def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequence: np.ndarray,
-               seed: int, drafter=None, probe_rounds: int = 8) -> dict[str, Any]:
-    """One greedy DDTree generation with the oracle drafter at ``p`` through the engine's round methods
+               seed: int, drafter=None, probe_rounds: int = 8, oracle: str = "margin") -> dict[str, Any]:
+    """One greedy DDTree generation with the oracle drafter at ``p`` (``oracle``: its kind, ``--oracle``)
+    through the engine's round methods
     (as ``engine.ddtree.engine_ddtree_generate`` runs them) with ``drafter(state)`` ahead of each draft;
     per-phase wall times, and the distinct experts of the verify's last MoE layer in the first rounds
     (their copies are left out of the times)."""
@@ -255,7 +267,7 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
     from ..ddtree.oracle import OracleDrafter
     from ..engine.rounds import EngineSpecState
     cfg = engine.cfg
-    draft = OracleDrafter(sequence, cfg.vocab_size, BLOCK, p, seed)
+    draft = OracleDrafter(sequence, cfg.vocab_size, BLOCK, p, seed, calibrated=oracle == "calibrated")
     clock = dict.fromkeys(("drafter", "draft", "build", "verify", "walk"), 0.0)
     distinct: list[int] = []
     walls: list[float] = []                                   # per round: wall s
@@ -518,7 +530,7 @@ def check_engine_side(cfg, model, layer: int, seed: int) -> tuple[dict, dict]:
 
 def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 128, budgets=BUDGETS,
           ps=ORACLE_P, reps: int = 20, seed: int = 0, deadline_s: float = 470.0, check: bool = True,
-          drafter: str = "engine", dry_run: bool = False, progress=None):
+          drafter: str = "engine", oracle: str = "margin", dry_run: bool = False, progress=None):
     """Build, check and time the stand-in; writes the result set ``k2_depth_<commit>`` into ``out_dir``.
     progress: ``progress(done, total, what)`` before each stage and each DDTree run."""
     from kernels_numba import ops
@@ -555,7 +567,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     pair, pair_set = pair_tau(Path("reports/bench"))
     meta.update(model=f"k2_6 ({cfg.num_hidden_layers} layers)" if not dry_run else "tiny2-like dry run",
                 weights=LABEL, prompt_tokens=prompt_len, new_tokens=n_tokens, budgets=list(budgets),
-                oracle_p=list(ps), reps=reps, seed=seed, taps=list(taps), block_size=BLOCK,
+                oracle_p=list(ps), oracle=oracle, reps=reps, seed=seed, taps=list(taps), block_size=BLOCK,
                 pair_set=pair_set, pair_tau={str(b): t for b, t in sorted(pair.items())},
                 acceptance=("oracle drafter at p (the AR run's tokens as the true continuation), and the "
                             "trained code pair's tau(B) = its tokens / rounds over the current pair set's "
@@ -692,7 +704,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     # ---- DDTree: one short untimed generation first (the host tree heap's compile, the first captures)
     stage("DDTree warm-up")
     t = time.perf_counter()
-    ddtree_run(engine, prompt, min(16, n_tokens), budgets[0], ps[0], sequence, seed, fwd)
+    ddtree_run(engine, prompt, min(16, n_tokens), budgets[0], ps[0], sequence, seed, fwd, oracle=oracle)
     log(f"DDTree warm-up in {time.perf_counter() - t:.1f} s")
     round_ms: dict[int, list[float]] = {}
     est: dict[int, float] = {}
@@ -706,7 +718,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
                 continue
             t = time.perf_counter()
             try:
-                r = ddtree_run(engine, prompt, n_tokens, b, p, sequence, seed, fwd)
+                r = ddtree_run(engine, prompt, n_tokens, b, p, sequence, seed, fwd, oracle=oracle)
             except Exception as ex:  # noqa: BLE001 - one run's failure
                 log(f"DDTree p={p} B={b} FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
                 left_out.append(f"p={p} B={b} (failed)")
@@ -716,25 +728,25 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
                 emit({"table": "part", "part": "drafter", "rows": BLOCK, "context": context,
                       "us": draft_timed(timer)})
                 draft_timed = None
-            row = run_row(r, _agreement(r, ar[:n_tokens], margins), ar_ms, f"oracle p={p}", b)
+            row = run_row(r, _agreement(r, ar[:n_tokens], margins), ar_ms, oracle_source(p, oracle), b)
             checks.append(row.pop("check"))
             round_ms.setdefault(b, []).append(row["round_ms"])
             emit(row)
             save()
         # the cost-aware budget over this p's measured curve, against its best fixed budget
-        fixed = [r for r in rows if r.get("table") == "run" and r.get("source") == f"oracle p={p}"]
+        fixed = [r for r in rows if r.get("table") == "run" and r.get("source") == oracle_source(p, oracle)]
         if len(fixed) < 2 or time.perf_counter() - t_start + max(est.values()) > deadline_s:
             left_out.append(f"p={p} cost-aware")
             continue
         try:
             auto = TreeBudget(max(r["budget"] for r in fixed), depth_cost_curve(fixed))
-            r = ddtree_run(engine, prompt, n_tokens, auto, p, sequence, seed, fwd)
+            r = ddtree_run(engine, prompt, n_tokens, auto, p, sequence, seed, fwd, oracle=oracle)
         except Exception as ex:  # noqa: BLE001 - one run's failure
             log(f"DDTree p={p} cost-aware FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
             left_out.append(f"p={p} cost-aware (failed)")
             continue
-        row = run_row(r, _agreement(r, ar[:n_tokens], margins), ar_ms, f"oracle p={p}, cost-aware",
-                      auto.max_nodes)
+        row = run_row(r, _agreement(r, ar[:n_tokens], margins), ar_ms,
+                      f"{oracle_source(p, oracle)}, cost-aware", auto.max_nodes)
         checks.append(row.pop("check"))
         best = min(fixed, key=lambda f: f["ms_per_token"])
         emit({**row, "table": "cost_aware", "best_fixed_budget": best["budget"],
@@ -807,7 +819,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     a.set(xscale="log", xlabel="budget B (tree nodes)", ylabel="ms per generated token",
           title="measured (solid) and projected (dashed)")
     a.legend(fontsize=7)
-    sel = sorted((r for r in runs if r["source"] == "oracle p=0.8"), key=lambda r: r["budget"])
+    sel = sorted((r for r in runs if r["source"] in (oracle_source(0.8), oracle_source(0.8, "calibrated"))),
+                 key=lambda r: r["budget"])
     if sel:
         x = np.arange(len(sel))
         bottom = np.zeros(len(sel))

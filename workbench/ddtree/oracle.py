@@ -15,16 +15,22 @@ import numpy as np
 from ..errors import InputError
 
 MARGIN = 4.0      # the top token's logit sits this far above every other logit
+CALIBRATED_P = (1e-3, 1.0 - 1e-3)   # a calibrated top token's probability is p clipped to this range
+MIN_GAP = 1e-3    # ... and its logit at least this far above the largest other one
 
 
 def oracle_logits(sequence: np.ndarray, vocab: int, start: int, n_drafted: int, p: float,
-                  seed: int) -> np.ndarray:
+                  seed: int, calibrated: bool = False) -> np.ndarray:
     """Draft logits [L, V] float32 for positions start+1 .. start+L.
 
     sequence: [S] the true token at every absolute position (prompt, then the target's continuation).
     Per position: logits ~ N(0, 1) from ``default_rng([seed, position])``; with probability p the true
-    token is put on top (MARGIN above the largest other logit), otherwise a uniformly chosen other token
-    is, and the true token keeps its random logit. Past the known sequence a random token is on top.
+    token is put on top, otherwise a uniformly chosen other token is, and the true token keeps its random
+    logit. Past the known sequence a random token is on top. The top token's logit: MARGIN above the
+    largest other one (its softmax probability then falls with the vocabulary: about 2% at 163,840), or,
+    ``calibrated``, the one that gives it softmax probability p (clipped to CALIBRATED_P, and at least
+    MIN_GAP above the others), so that the draft's probabilities say how often it is right, as a trained
+    drafter's do; the same draws either way.
     """
     out = np.empty((n_drafted, vocab), dtype=np.float32)
     for i in range(n_drafted):
@@ -38,7 +44,15 @@ def oracle_logits(sequence: np.ndarray, vocab: int, start: int, n_drafted: int, 
             top = true if hit else (other + (other >= true))               # uniform over tokens != true
         else:
             top = other
-        row[top] = np.delete(row, top).max() + MARGIN if vocab > 1 else 0.0
+        if vocab == 1:
+            row[top] = 0.0
+        elif calibrated:
+            rest = np.delete(row, top)
+            q = min(max(p, CALIBRATED_P[0]), CALIBRATED_P[1])
+            lse = rest.max() + np.log(np.exp(rest - rest.max()).sum())                # log sum exp(rest)
+            row[top] = max(lse + np.log(q / (1.0 - q)), rest.max() + MIN_GAP)
+        else:
+            row[top] = np.delete(row, top).max() + MARGIN
         out[i] = row
     return out
 
@@ -46,12 +60,14 @@ def oracle_logits(sequence: np.ndarray, vocab: int, start: int, n_drafted: int, 
 class OracleDrafter:
     """``propose(state)`` -> oracle logits [L, V] for the block after ``state.bonus`` at ``state.start``.
 
-    sequence: prompt followed by the target's true (greedy) continuation; p in [0, 1]; seed >= 0.
+    sequence: prompt followed by the target's true (greedy) continuation; p in [0, 1]; seed >= 0;
+    calibrated: the top token's probability is p (``oracle_logits``).
     """
 
     capture: tuple[int, ...] = ()
 
-    def __init__(self, sequence: Any, vocab: int, block_size: int, p: float, seed: int = 0) -> None:
+    def __init__(self, sequence: Any, vocab: int, block_size: int, p: float, seed: int = 0,
+                 calibrated: bool = False) -> None:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
             raise InputError(f"oracle p must be a number in [0, 1], got {p!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -60,6 +76,8 @@ class OracleDrafter:
             raise InputError(f"oracle block_size must be an int >= 2, got {block_size!r}")
         self.sequence = np.asarray(sequence, dtype=np.int64)
         self.vocab, self.block_size, self.p, self.seed = int(vocab), block_size, float(p), int(seed)
+        self.calibrated = bool(calibrated)
 
     def propose(self, state: Any) -> np.ndarray:
-        return oracle_logits(self.sequence, self.vocab, state.start, self.block_size - 1, self.p, self.seed)
+        return oracle_logits(self.sequence, self.vocab, state.start, self.block_size - 1, self.p, self.seed,
+                             self.calibrated)

@@ -188,11 +188,12 @@ def oracle_table(engine: Engine, drafter: OracleDrafter, rows: int):
     """The oracle's logits for positions 0 .. rows-1 [rows, V] on the device, kept on the engine (one table
     at a time) for the next generation with the same oracle: at K2's vocabulary a table takes seconds
     of host time."""
-    key = (drafter.p, drafter.seed, drafter.vocab, rows, drafter.sequence.tobytes())
+    key = (drafter.p, drafter.seed, drafter.calibrated, drafter.vocab, rows, drafter.sequence.tobytes())
     hit = engine.drafters.get("oracle")
     if hit is None or hit[0] != key:
         engine.drafters.pop("oracle", None)                                  # free the old one first
-        table = oracle_logits(drafter.sequence, drafter.vocab, -1, rows, drafter.p, drafter.seed)
+        table = oracle_logits(drafter.sequence, drafter.vocab, -1, rows, drafter.p, drafter.seed,
+                              drafter.calibrated)
         engine.drafters["oracle"] = (key, to_device(table))
     return engine.drafters["oracle"][1]
 
