@@ -25,7 +25,8 @@
 #                then timed (on a machine of P GPUs, --worlds 1,2,4,8 gives the scaling run)  ~200 s
 #   tier_ep      GPU tier of tests/parallel (NCCL, as many ranks as GPUs) and the routed-slice test  ~90 s
 #   probe_random dev/probe_random_source.py: the random-weights test model against the reference, per layer  ~30 s
-#   router       dev/kernels/router.py: the sliced router beside cuBLAS SGEMM logits at 1-65 rows     ~60 s
+#   router       dev/kernels/router.py: the sliced router beside cuBLAS SGEMM logits at 1-65 rows, its parts
+#                alone and six sliced-logits configurations, each checked first                    ~120 s
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -70,7 +71,7 @@ for step in $STEPS; do
     tier_ep) run tier_ep 200 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                tests/parallel tests/kernels/test_moe.py::test_routed_slice_is_the_stack_of_those_experts ;;
     probe_random) run probe_random 120 python3 dev/probe_random_source.py ;;
-    router) run "router_${KDTREE_GIT_SHA}" 150 python3 dev/kernels/router.py ;;
+    router) run "router_${KDTREE_GIT_SHA}" 240 python3 dev/kernels/router.py ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done

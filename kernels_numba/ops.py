@@ -77,6 +77,7 @@ from .int4_matmul import make_int4_matmul_kernel  # noqa: F401 - the tiled kerne
 from .int4_staged import make_int4_staged_kernel  # noqa: F401 - the staged kernel's builder
 from .int4_staged import partials as staged_partials  # noqa: F401 - split-K workspace words of a tiling
 from .moe_gemm import make_moe_gemm_kernel  # noqa: F401 - fused_moe's stream-K GEMM builder
+from .router import make_logit_slices  # noqa: F401 - the sliced router logits' builder
 
 PORTABLE = "portable"
 INT4_MATMUL = "int4_matmul"

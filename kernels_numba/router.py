@@ -41,66 +41,83 @@ SLICE_ROWS = 8        # rows per pass over the slice (one accumulator each per t
 SLICE_LOADS = 8       # gate values a thread has in flight before it uses them (a 1-row pass is latency)
 
 
-def logit_slice_count(d: int) -> int:
+def logit_slice_count(d: int, slice_d: int = SLICE_D) -> int:
     """S: the slices of D the sliced logits sum separately."""
-    return -(-d // SLICE_D)
+    return -(-d // slice_d)
 
 
-@cuda.jit
-def logit_slices_kernel(parts, x, gate_t, meta):
-    """parts [S*T, E] (row s*T + t: slice s of row t) = x[t, slice s] @ gate_t[slice s, :] for the live rows.
-    grid (ceil(E/32), S), block (32, SLICE_WARPS): thread (c, w) sums features w*F .. w*F + F - 1 of
-    the slice (F = SLICE_D / SLICE_WARPS) in order for expert 32*bx + c (its gate values loaded
-    SLICE_LOADS at a time, so a one-row pass waits F / SLICE_LOADS memory latencies, not F), the warps'
-    sums then add in warp order; the rows go SLICE_ROWS at a time through shared memory. Every row's
-    sum is the same sequence of float32 operations whatever the number of rows."""
-    c = cuda.threadIdx.x
-    w = cuda.threadIdx.y
-    e = cuda.blockIdx.x * 32 + c
-    s = cuda.blockIdx.y
-    n = meta[1]
-    d_all = gate_t.shape[0]
-    n_exp = gate_t.shape[1]
-    t_all = parts.shape[0] // cuda.gridDim.y
-    f = SLICE_D // SLICE_WARPS
-    d0 = s * SLICE_D
-    xs = cuda.shared.array((SLICE_ROWS, SLICE_D), np.float32)
-    red = cuda.shared.array((SLICE_WARPS, SLICE_ROWS, 32), np.float32)
-    acc = cuda.local.array(SLICE_ROWS, np.float32)
-    g = cuda.local.array(SLICE_LOADS, np.float32)
-    lin = w * 32 + c
-    for t0 in range(0, n, SLICE_ROWS):
-        for i in range(lin, SLICE_ROWS * SLICE_D, 32 * SLICE_WARPS):
-            t = i // SLICE_D
-            d = d0 + i % SLICE_D
-            xs[t, i % SLICE_D] = x[t0 + t, d] if t0 + t < n and d < d_all else np.float32(0.0)
-        cuda.syncthreads()
-        for t in range(SLICE_ROWS):
-            acc[t] = np.float32(0.0)
-        if e < n_exp and d0 + w * f + f <= d_all:              # a whole span: loads in batches
-            for j0 in range(w * f, w * f + f, SLICE_LOADS):
-                for u in range(SLICE_LOADS):
-                    g[u] = gate_t[d0 + j0 + u, e]
-                for u in range(SLICE_LOADS):
-                    for t in range(SLICE_ROWS):
-                        acc[t] += xs[t, j0 + u] * g[u]
-        elif e < n_exp:                                         # the last slice's tail, one at a time
-            for j in range(w * f, w * f + f):
-                if d0 + j < d_all:
-                    gj = gate_t[d0 + j, e]
-                    for t in range(SLICE_ROWS):
-                        acc[t] += xs[t, j] * gj
-        for t in range(SLICE_ROWS):
-            red[w, t, c] = acc[t]
-        cuda.syncthreads()
-        if w == 0 and e < n_exp:
-            for t in range(SLICE_ROWS):
-                if t0 + t < n:
-                    v = np.float32(0.0)
-                    for u in range(SLICE_WARPS):
-                        v += red[u, t, c]
-                    parts[s * t_all + t0 + t, e] = v
-        cuda.syncthreads()
+def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS, loads: int = SLICE_LOADS):
+    """The sliced logits kernel for slices of ``slice_d`` features, ``warps`` warps a block and ``loads``
+    gate values in flight a thread (slice_d a multiple of warps * loads)."""
+    key = ("slices", slice_d, warps, loads)
+    if key in _CACHE:
+        return _CACHE[key]
+    if slice_d % (warps * loads):
+        raise KernelInputError(f"a slice of {slice_d} features does not split into {warps} warps x "
+                               f"{loads} loads")
+    SD, NW, NL, NR = slice_d, warps, loads, SLICE_ROWS
+    F = SD // NW
+
+    @cuda.jit
+    def logit_slices(parts, x, gate_t, meta):
+        """parts [S*T, E] (row s*T + t: slice s of row t) = x[t, slice s] @ gate_t[slice s, :] for the live
+        rows. grid (ceil(E/32), S), block (32, NW): thread (c, w) sums features w*F .. w*F + F - 1 of the
+        slice (F = SD / NW) in order for expert 32*bx + c (its gate values loaded NL at a time, so a
+        one-row pass waits F / NL memory latencies, not F), the warps' sums then add in warp order; the
+        rows go NR at a time through shared memory. Every row's sum is the same sequence of float32
+        operations whatever the number of rows."""
+        c = cuda.threadIdx.x
+        w = cuda.threadIdx.y
+        e = cuda.blockIdx.x * 32 + c
+        s = cuda.blockIdx.y
+        n = meta[1]
+        d_all = gate_t.shape[0]
+        n_exp = gate_t.shape[1]
+        t_all = parts.shape[0] // cuda.gridDim.y
+        d0 = s * SD
+        xs = cuda.shared.array((NR, SD), np.float32)
+        red = cuda.shared.array((NW, NR, 32), np.float32)
+        acc = cuda.local.array(NR, np.float32)
+        g = cuda.local.array(NL, np.float32)
+        lin = w * 32 + c
+        for t0 in range(0, n, NR):
+            for i in range(lin, NR * SD, 32 * NW):
+                t = i // SD
+                d = d0 + i % SD
+                xs[t, i % SD] = x[t0 + t, d] if t0 + t < n and d < d_all else np.float32(0.0)
+            cuda.syncthreads()
+            for t in range(NR):
+                acc[t] = np.float32(0.0)
+            if e < n_exp and d0 + w * F + F <= d_all:              # a whole span: loads in batches
+                for j0 in range(w * F, w * F + F, NL):
+                    for u in range(NL):
+                        g[u] = gate_t[d0 + j0 + u, e]
+                    for u in range(NL):
+                        for t in range(NR):
+                            acc[t] += xs[t, j0 + u] * g[u]
+            elif e < n_exp:                                         # the last slice's tail, one at a time
+                for j in range(w * F, w * F + F):
+                    if d0 + j < d_all:
+                        gj = gate_t[d0 + j, e]
+                        for t in range(NR):
+                            acc[t] += xs[t, j] * gj
+            for t in range(NR):
+                red[w, t, c] = acc[t]
+            cuda.syncthreads()
+            if w == 0 and e < n_exp:
+                for t in range(NR):
+                    if t0 + t < n:
+                        v = np.float32(0.0)
+                        for u in range(NW):
+                            v += red[u, t, c]
+                        parts[s * t_all + t0 + t, e] = v
+            cuda.syncthreads()
+
+    _CACHE[key] = logit_slices
+    return logit_slices
+
+
+logit_slices_kernel = make_logit_slices()       # the package's configuration
 
 
 def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_topk: bool, scaling: float,
