@@ -67,9 +67,8 @@ class DepthSet:
         if len(runs) < 2:
             return ""
         return (f"Composed of two runs: the oracle's tau from {runs[0].get('git_sha')} (routing collapsed, "
-                f"its DDTree runs equal to AR), parts and round times from {runs[1].get('git_sha')} (its "
-                "own DDTree runs depart from AR at a near-tie, so their tau is void); every row names its "
-                "run.")
+                f"its DDTree runs equal to AR), parts and round times from {runs[1].get('git_sha')} "
+                f"({runs[1].get('what', '').split('; ')[-1]}); every row names its run.")
 
     def runs(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if r.get("table") == "run"]
