@@ -139,3 +139,11 @@ def test_tree_rows_and_decode_steps_agree_on_a_small_stand_in():
     for r in res:
         assert len(r["hidden_rel_diff"]) == CFG.num_hidden_layers
         assert max(r["hidden_rel_diff"]) < 1e-5 and r["first_layer"] is None, r
+
+
+def test_parting_summary_names_the_first_layer_apart_and_the_last_difference():
+    r = {"hidden_rel_diff": [0.0, 0.0, 3e-8, 0.4], "first_layer": 3, "score_gap": 1e-5}
+    assert k2_depth.parting_summary(r) == {"first_layer_differing": 2, "first_layer_routing_apart": 3,
+                                           "score_gap": 1e-5, "last_layer_rel_diff": 0.4}
+    same = k2_depth.parting_summary({"hidden_rel_diff": [0.0, 0.0], "first_layer": None})
+    assert same["first_layer_differing"] is None and same["score_gap"] is None

@@ -255,10 +255,9 @@ def oracle_source(p: float, oracle: str = "margin") -> str:
 def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequence: np.ndarray,
                seed: int, drafter=None, probe_rounds: int = 8, oracle: str = "margin") -> dict[str, Any]:
     """One greedy DDTree generation with the oracle drafter at ``p`` (``oracle``: its kind, ``--oracle``)
-    through the engine's round methods
-    (as ``engine.ddtree.engine_ddtree_generate`` runs them) with ``drafter(state)`` ahead of each draft;
-    per-phase wall times, and the distinct experts of the verify's last MoE layer in the first rounds
-    (their copies are left out of the times)."""
+    through the engine's round methods (as ``engine.ddtree.engine_ddtree_generate`` runs them) with
+    ``drafter(state)`` ahead of each draft; per-phase wall times, and the distinct experts of the
+    verify's last MoE layer in the first rounds (their copies are left out of the times)."""
     from kernels_numba.device import download, head_rows
     from kernels_numba.sim import sim_speed
 
@@ -377,6 +376,14 @@ def _parting(engine, one: list[dict[str, Any]], other: list[dict[str, Any]]) -> 
                        ffn_input_rel_diff=float(np.linalg.norm(a["x"] - c["x"]) / np.linalg.norm(a["x"])))
             break
     return res
+
+
+def parting_summary(r: dict[str, Any]) -> dict[str, Any]:
+    """A ``_parting`` result in short: the first layer differing at all, the first routing apart, the
+    selection-score gap there and the difference after the last layer."""
+    return {"first_layer_differing": next((i for i, d in enumerate(r["hidden_rel_diff"]) if d > 0), None),
+            "first_layer_routing_apart": r["first_layer"], "score_gap": r.get("score_gap"),
+            "last_layer_rel_diff": r["hidden_rel_diff"][-1]}
 
 
 def root_vs_decode(engine, prompt: np.ndarray, token: int, rows: int = 2) -> dict[str, Any]:
@@ -665,18 +672,12 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     by_rows = {}                                        # the same at every verify size the run uses
     for n in sorted({b + 1 for b in budgets} - {rvd["rows"]}):
         with sim_speed():
-            r = root_vs_decode(engine, prompt, int(ar[0]), n)
-        first = next((i for i, d in enumerate(r["hidden_rel_diff"]) if d > 0), None)
-        by_rows[n] = {"first_layer_differing": first, "first_layer_routing_apart": r["first_layer"],
-                      "score_gap": r.get("score_gap"), "last_layer_rel_diff": r["hidden_rel_diff"][-1]}
+            by_rows[n] = parting_summary(root_vs_decode(engine, prompt, int(ar[0]), n))
         log(f"root row of {n} rows vs decode row: {by_rows[n]}")
     meta["root_vs_decode_by_rows"] = by_rows
     with sim_speed():                                   # a tree's other rows: keys at slots, not positions
-        tvd = tree_vs_decode(engine, prompt, ar[:3])
-    meta["tree_vs_decode"] = [{"depth": t["depth"], "slot": t["slot"], "first_layer_differing": next(
-        (i for i, d in enumerate(t["hidden_rel_diff"]) if d > 0), None), "first_layer_routing_apart":
-        t["first_layer"], "score_gap": t.get("score_gap"), "last_layer_rel_diff": t["hidden_rel_diff"][-1]}
-        for t in tvd]
+        meta["tree_vs_decode"] = [{"depth": t["depth"], "slot": t["slot"], **parting_summary(t)}
+                                  for t in tree_vs_decode(engine, prompt, ar[:3])]
     log(f"tree rows (each after a sibling) vs AR's steps: {meta['tree_vs_decode']}")
     meta["ar_margins_below_near_tie"] = int((margins < NEAR_TIE).sum())
     emit({"table": "run", "source": "ar", "budget": 0, "tokens": ar_n - 1, "rounds": ar_n - 1, "tau": 1.0,
