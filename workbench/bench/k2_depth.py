@@ -406,24 +406,21 @@ def tree_vs_decode(engine, prompt: np.ndarray, path: np.ndarray) -> list[dict[st
     root follows a sibling (another token at the same depth, same parent), so its key sits two slots
     on per depth where AR's sits one position on. Per depth, the path row against AR's step
     (``_parting``): equal at every depth when the verify's rows sum as AR's do."""
+    from ..ddtree.scenarios import ancestor_inputs
     p, d_max = len(prompt), len(path)
     vocab = engine.cfg.vocab_size
-    tokens, depths, parents, slot = [int(path[0])], [0], [-1], [0]
+    tokens, parents, slot = [int(path[0])], [-1], [0]
     for d in range(1, d_max):
         for tok in ((int(path[d]) + 1) % vocab, int(path[d])):          # the sibling first, then the path
             tokens.append(tok)
-            depths.append(d)
             parents.append(slot[-1])
         slot.append(len(tokens) - 1)
-    n = len(tokens)
-    vis = np.eye(n, dtype=bool)
-    for i in range(1, n):
-        vis[i] |= vis[parents[i]]
+    vis, pos = ancestor_inputs(parents, p)
     steps = [((lambda d=d: engine.load_chain(np.asarray(path[d:d + 1], np.int64), p + d)), 1)
              for d in range(d_max)]
     ar = _trace(engine, prompt, steps, [[0]] * d_max)
-    (tree,) = _trace(engine, prompt, [(lambda: engine.load_rows(np.asarray(tokens), np.asarray(depths),
-                                                                  vis, p), n)], [slot])
+    (tree,) = _trace(engine, prompt, [(lambda: engine.load_rows(np.asarray(tokens), pos - p, vis, p),
+                                       len(tokens))], [slot])
     return [{"depth": d, "slot": slot[d], **_parting(engine, [lay[0] for lay in ar[d]],
                                                      [lay[d] for lay in tree])} for d in range(d_max)]
 
