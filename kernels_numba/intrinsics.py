@@ -16,6 +16,8 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``cp_async_wait(n)`` | ``cp.async.wait_group n`` (n a compile-time int): all but the newest n done | no-op |
 | ``dequant_i4x8(w)`` | 4 lop3 + shift, ``sub``/``fma`` ``.f16x2``: 8 nibbles -> 4 half2 | numpy f16 |
 | ``mma_16816(a0..a3, b0, b1, c0..c3)`` | ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` | exchange |
+| ``mma_16816_bf16(a0..a3, b0, b1, c0..c3)`` | the same with ``.bf16`` operands | exchange |
+| ``f32_to_bf162(a, b)`` | ``cvt.rn.bf16x2.f32``: bf16 pair, low = a, high = b | numpy bit rounding |
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
 | ``f32_to_h2(a, b)`` | two ``cvt.rn.f16.f32`` packed low = a, high = b | numpy float16 |
 | ``stored_as(a, v)`` | ``v`` as ``a``'s element: itself (float32), ``cvt.rn.bf16.f32`` (int16 bits) | numpy |
@@ -219,25 +221,45 @@ _DR = np.stack([_G, _G, _G + 8, _G + 8], 1)             # C/D row and column of 
 _DC = np.stack([2 * _T, 2 * _T + 1, 2 * _T, 2 * _T + 1], 1)
 
 
-def _sim_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    """One lane's share of mma.m16n8k16: deposit, wait for the warp; lane 0 computes D once."""
-    st, lane, th = _warp_state()
-    st["slots"][lane] = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-    _warp_wait(st, th)
-    if lane == 0:
-        v = st["slots"]
-        regs = (np.array([s[:6] for s in v], dtype=np.int64) & 0xFFFFFFFF).astype(np.uint32)   # [32, 6]
-        h = regs.view(np.float16).reshape(32, 6, 2).astype(np.float64)                      # [32, 6, 2]
-        A = np.zeros((16, 16))
-        B = np.zeros((16, 8))
-        A[_AR, _AC] = h[:, :4, :]
-        B[_BK, _BN] = h[:, 4:, :]
-        C = np.zeros((16, 8))
-        C[_DR, _DC] = np.array([s[6:] for s in v], dtype=np.float64)                         # [32, 4]
-        st["result"] = (A @ B + C)[_DR, _DC].astype(np.float32)   # f16 products exact; per lane [32, 4]
-    _warp_wait(st, th)
-    d = st["result"][lane]
-    return d[0], d[1], d[2], d[3]
+def _bf16_pairs_to_f64(regs: np.ndarray) -> np.ndarray:
+    """uint32 words of bf16 pairs [..] -> float64 [.., 2] (low half first): a bf16 is the top 16 bits of
+    its float32."""
+    halves = regs[..., None] >> np.array([0, 16], np.uint32) & 0xFFFF
+    return (halves.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _sim_mma_of(bf16: bool):
+    def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """One lane's share of mma.m16n8k16: deposit, wait for the warp; lane 0 computes D once."""
+        st, lane, th = _warp_state()
+        st["slots"][lane] = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        _warp_wait(st, th)
+        if lane == 0:
+            v = st["slots"]
+            regs = (np.array([s[:6] for s in v], dtype=np.int64) & 0xFFFFFFFF).astype(np.uint32)   # [32, 6]
+            h = (_bf16_pairs_to_f64(regs) if bf16 else
+                 regs.view(np.float16).reshape(32, 6, 2).astype(np.float64))                      # [32, 6, 2]
+            A = np.zeros((16, 16))
+            B = np.zeros((16, 8))
+            A[_AR, _AC] = h[:, :4, :]
+            B[_BK, _BN] = h[:, 4:, :]
+            C = np.zeros((16, 8))
+            C[_DR, _DC] = np.array([s[6:] for s in v], dtype=np.float64)                         # [32, 4]
+            st["result"] = (A @ B + C)[_DR, _DC].astype(np.float32)   # 16-bit products exact; [32, 4]
+        _warp_wait(st, th)
+        d = st["result"][lane]
+        return d[0], d[1], d[2], d[3]
+    return mma
+
+
+_sim_mma = _sim_mma_of(bf16=False)
+_sim_mma_bf16 = _sim_mma_of(bf16=True)
+
+
+def _sim_f32_to_bf162(a, b):
+    u = np.array([a, b], dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16                 # round to nearest even (finite values)
+    return np.uint32(int(r[0]) | (int(r[1]) << 16))
 
 
 # ---- GPU intrinsics ------------------------------------------------------------------------
@@ -314,6 +336,28 @@ def _build_gpu():
                 "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=True)
             return _tuple(context, builder, sig.return_type, builder.call(asm, ints + flts), 4)
         return f32x4(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
+
+    @intrinsic
+    def mma_16816_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        def codegen(context, builder, sig, args):
+            pairs = list(zip(args, sig.args, strict=True))
+            ints = [context.cast(builder, v, t, types.uint32) for v, t in pairs[:6]]
+            flts = [context.cast(builder, v, t, types.float32) for v, t in pairs[6:]]
+            fty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            asm = ir.InlineAsm(
+                fty, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, "
+                "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=True)
+            return _tuple(context, builder, sig.return_type, builder.call(asm, ints + flts), 4)
+        return f32x4(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
+
+    @intrinsic
+    def f32_to_bf162(typingctx, a, b):
+        def codegen(context, builder, sig, args):
+            x = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args, strict=True)]
+            fty = ir.FunctionType(i32, [f32, f32])                 # cvt.rn.bf16x2.f32 d, hi, lo
+            return builder.call(ir.InlineAsm(fty, "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f"), x)
+        return types.uint32(a, b), codegen
 
     @intrinsic
     def h2_to_f32(typingctx, u):
@@ -524,7 +568,8 @@ def _build_gpu():
 
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"),
             _ld("ld.global.L1::no_allocate.v4.u32"), dequant_i4x8,
-            mma_16816, h2_to_f32, f32_to_h2, stored_as, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
+            mma_16816, mma_16816_bf16, f32_to_bf162, h2_to_f32, f32_to_h2, stored_as, ld_u32, ld_cg_f32,
+            ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
             mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait)
@@ -539,6 +584,8 @@ if SIMULATED:
     cp_async_wait = lambda n: None                       # noqa: E731 - the simulator's copies are synchronous
     dequant_i4x8 = _sim_dequant
     mma_16816 = _sim_mma
+    mma_16816_bf16 = _sim_mma_bf16
+    f32_to_bf162 = _sim_f32_to_bf162
     h2_to_f32 = _sim_h2_to_f32
     f32_to_h2 = _sim_f32_to_h2
     stored_as = _sim_stored_as
@@ -554,7 +601,8 @@ if SIMULATED:
     mbar_wait = lambda s, i, p: _sim_syncthreads()      # noqa: E731 - every store before it is done
     st_async_f32 = _sim_st_async_f32
 else:
-    (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, h2_to_f32, f32_to_h2, stored_as, ld_u32,
+    (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, mma_16816_bf16, f32_to_bf162, h2_to_f32,
+     f32_to_h2, stored_as, ld_u32,
      ld_cg_f32, ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for, griddep_launch_dependents,
      globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx, mbar_wait,
      st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait) = _build_gpu()

@@ -114,7 +114,7 @@ def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
     stream = as_stream(stream)
     cfg = _check_config(config or choose_moe_config(d, i, n_tok, g), d, i, g)
     gemv = "gemv" in cfg
-    part = _part_size(_stream_k_config(d, i, n_tok) if gemv else cfg)     # either path fits by default
+    part = _part_size(stream_k_config(d, i, n_tok) if gemv else cfg)     # either path fits by default
     return MoEWorkspace(empty(p, np.int32, stream), empty(p * 8, np.int32, stream),
                         empty(p * 8, np.int32, stream), empty(2, np.int32, stream),
                         empty(p * i, np.uint16, stream), empty(p * d, np.float32, stream),
@@ -132,8 +132,10 @@ def _check_config(cfg, d: int, i: int, g: int = 32) -> dict:
         except (KeyError, TypeError, ValueError):
             raise KernelInputError(f"bad MoE config {cfg}: the GEMV path needs gu and dn (warps per "
                                    "block, chunks per warp) and maxreg") from None
+        tiled, rows = cfg.get("tiled", False), cfg.get("rows", 1 if "tiled" not in cfg else None)
         if (cfg["gemv"] is not True or g != 32 or ksgu * cpwgu != d // 64 or ksdn * cpwdn != i // 64
-                or not 32 <= reg <= 255 or not 1 <= ksgu <= 32 or not 1 <= ksdn <= 32):
+                or not 32 <= reg <= 255 or not 1 <= ksgu <= 32 or not 1 <= ksdn <= 32
+                or not isinstance(tiled, bool) or not isinstance(rows, int) or not 1 <= rows <= 65535):
             raise KernelInputError(f"bad MoE config {cfg} for D={d} I={i} G={g}")
         return cfg
     try:
@@ -164,27 +166,31 @@ def _sm_count() -> int:
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-# the GEMV path is the default up to this many tokens (G = 32): up to 8 it measured at least as fast as
-# stream-K at K2 width, beyond it slower, as each pair reads its own expert (docs/perf.md, MoE v8)
+# the per-pair GEMV path is the default up to this many tokens (G = 32): up to 8 it measured at least as
+# fast as stream-K at K2 width (docs/perf.md, MoE v8); above, the tiled GEMV path reads each expert once
+# per 8-pair tile and computes every pair exactly as the per-pair path does (a verify's rows equal decode's)
 GEMV_TOKENS = 8
+TILE_ROWS = 64                 # the tiled path's grid rows: each walks tiles row, row + 64, ...
 
 
 def choose_moe_config(d: int, i: int, tokens: int = 1, g: int = 32) -> dict:
-    """Up to GEMV_TOKENS tokens at G = 32: the GEMV path (moe_gemv.py; its tiling per GEMM as (warps
-    per block, chunks per warp): K2 gate/up (8, 14) and down (4, 8), measured best of four at T = 1).
-    Otherwise, per stream-K GEMM (warps per block, chunks per step, steps in flight, n-tiles per unit),
-    the persistent grid's block count and the register cap: the best of the v3-v5 sweeps on the H200
-    at T = 1..64 (docs/perf.md). Stream-K balances any amount of work; only down changes with
-    ``tokens``: 4 chunks per step and one n-tile per unit measured faster at T = 4, 16 and 32 (slower
-    at T = 64), so it is used for 2 <= T <= 32."""
-    if tokens <= GEMV_TOKENS and g == 32:
+    """At G = 32: the GEMV path (moe_gemv.py; its tiling per GEMM as (warps per block, chunks per warp):
+    K2 gate/up (8, 14) and down (4, 8), measured best of four at T = 1), per pair up to GEMV_TOKENS
+    tokens, over moe_align's expert tiles above (``tiled``, TILE_ROWS grid rows). Otherwise, per
+    stream-K GEMM (warps per block, chunks per step, steps in flight, n-tiles per unit), the persistent
+    grid's block count and the register cap: the best of the v3-v5 sweeps on the H200 at T = 1..64
+    (docs/perf.md). Stream-K balances any amount of work; only down changes with ``tokens``: 4 chunks
+    per step and one n-tile per unit measured faster at T = 4, 16 and 32 (slower at T = 64), so it is
+    used for 2 <= T <= 32."""
+    if g == 32:
         gu_t, dn_t = gemv_tiling(d, 2 if SIMULATED else 8), gemv_tiling(i, 1 if SIMULATED else 4)
         if gu_t and dn_t:
-            return {"gemv": True, "gu": gu_t, "dn": dn_t, "maxreg": 128}
-    return _stream_k_config(d, i, tokens)
+            cfg = {"gemv": True, "gu": gu_t, "dn": dn_t, "maxreg": 128}
+            return cfg if tokens <= GEMV_TOKENS else {**cfg, "tiled": True, "rows": TILE_ROWS}
+    return stream_k_config(d, i, tokens)
 
 
-def _stream_k_config(d: int, i: int, tokens: int) -> dict:
+def stream_k_config(d: int, i: int, tokens: int) -> dict:
     def sc(k, want):
         kc = k // 64
         return max(c for c in range(1, want + 1) if kc % c == 0)
@@ -278,7 +284,8 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
 
 
 def _gemv_stages(x, ids, tw, weights: MoEWeights, out, ws: MoEWorkspace, cfg: dict, wts):
-    """The GEMV path's four stages (moe_gemv.py), all launched with PDL."""
+    """The GEMV path's stages (moe_gemv.py), all launched with PDL: gate_up, act, down, combine, after
+    moe_align's expert tiles when ``cfg`` is tiled."""
     w13q, w13s, w2q, w2s = wts
     t, k = ids.shape
     d, i = weights.w13.k, weights.w13.n
@@ -287,16 +294,26 @@ def _gemv_stages(x, ids, tw, weights: MoEWeights, out, ws: MoEWorkspace, cfg: di
         raise KernelInputError("workspace has no room for the GEMV path's gate/up outputs: make it with "
                                "moe_workspace(..., config=...)")
     (ksgu, cpwgu), (ksdn, cpwdn), reg = cfg["gu"], cfg["dn"], cfg["maxreg"]
-    gate_up = make_moe_gemv_kernel(d, ksgu, cpwgu, True, reg)
-    down = make_moe_gemv_kernel(i, ksdn, cpwdn, False, reg)
+    tiled = cfg.get("tiled", False)
+    gate_up = make_moe_gemv_kernel(d, ksgu, cpwgu, True, reg, tiled)
+    down = make_moe_gemv_kernel(i, ksdn, cpwdn, False, reg, tiled)
     combine = make_combine_kernel(d, k, weights.n_shared)
     route = (flat(ids), flat(tw), ws.meta, t, k, weights.n_routed)
+    tiles = (ws.tile_expert, ws.tile_rows)
+    rows = min(p, cfg["rows"]) if tiled else p
     h16 = ws.h.view(np.float16)
-    return [
-        ("gate_up", lambda s: launch(gate_up, (2 * (i // 16), p), ksgu * 32, s,
-                                     (ws.gu, flat(x), w13q, w13s, *route, i // 16))),
+    stages = [
+        ("gate_up", lambda s: launch(gate_up, (2 * (i // 16), rows), ksgu * 32, s,
+                                     (ws.gu, flat(x), w13q, w13s, *route, i // 16, *tiles))),
         ("act", lambda s: launch(moe_act_kernel, (-(-i // 128), p), 128, s, (ws.h, ws.gu, i))),
-        ("down", lambda s: launch(down, (d // 16, p), ksdn * 32, s, (ws.y, h16, w2q, w2s, *route, d // 16))),
+        ("down", lambda s: launch(down, (d // 16, rows), ksdn * 32, s,
+                                  (ws.y, h16, w2q, w2s, *route, d // 16, *tiles))),
         ("combine", lambda s: launch(combine, (-(-d // 128), t), 128, s,
                                      (flat(out), ws.y, t, flat(ids), weights.n_routed))),
     ]
+    if tiled:
+        nthr, xe = align_threads(weights.w13.experts), weights.w13.experts
+        align = make_align_kernel(xe, nthr)
+        args = (*tiles, ws.meta, flat(ids), t, k, weights.n_routed, p, ws.cnt_gu, 0, ws.arrival)
+        stages.insert(0, ("align", lambda s: align[1, nthr, s](*args)))
+    return stages

@@ -61,19 +61,22 @@ def gemv_tiling(k: int, want_warps: int) -> tuple[int, int] | None:
 
 
 @functools.cache
-def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int):
+def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, TILED: bool = False):
     """GATE_UP: the gate/up GEMV over the pair layout of prepare_moe (K = D); else the down GEMV
-    (K = I, x router weight, coherent weight loads before the wait)."""
+    (K = I, x router weight, coherent weight loads before the wait). TILED: each block row walks
+    moe_align's 8-pair expert tiles (grid-stride over ``meta[0]`` tiles), the tile's pairs in the MMA's
+    8 activation columns, so an expert is read once per tile; else block row p is pair p alone."""
     KC = K // 64
     NS = K // 32                   # scale groups per row
     TILE_W = KC * 128              # uint32 words per 16-row tile
     NRED = KS * 4 * 32
     NWL, NSL = CPW * 4, CPW * 2
+    NCOL = 8 if TILED else 1       # activation columns stored
     opts = {} if SIMULATED else {"max_registers": maxreg}
 
     @cuda.jit(**opts)
-    def moe_gemv_kernel(dst, act, wq, sq, topk_ids, topk_w, meta, n_tok, k_top, n_routed, n16):
-        p = cuda.blockIdx.y
+    def moe_gemv_kernel(dst, act, wq, sq, topk_ids, topk_w, meta, n_tok, k_top, n_routed, n16,
+                        tile_expert, tile_rows):
         tile = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         warp = tid >> 5
@@ -81,73 +84,90 @@ def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int):
         g = lane >> 2
         t = lane & 3
         red = cuda.shared.array(NRED, float32)
-        if GATE_UP:
-            griddep_wait()                                    # topk_ids may be the previous kernel's
-            griddep_launch_dependents()                       # after the wait: the routing is final
-            if p == 0 and tile == 0 and tid == 0:
-                meta[1] = 0
-        tk = n_tok * k_top
-        if p < tk:
-            e = topk_ids[p]
-            ok = 0 <= e < n_routed
-            wgt = topk_w[p] if ok else ZERO
-            e = e if ok else 0
-            row = p // k_top
-        else:
-            e = n_routed + (p - tk) // n_tok
-            ok = True
-            wgt = float32(1.0)
-            row = (p - tk) % n_tok
-        if not GATE_UP:
-            row = p                                           # h holds one row per pair
-        mat = (e * n16 + (tile >> 1)) * 2 + (tile & 1) if GATE_UP else e * n16 + tile
-        c0 = warp * CPW
-        wbase = mat * TILE_W + c0 * 128 + lane * 4
-        sbase = (mat * NS + c0 * 2) * 8 + g
         wl = cuda.local.array(NWL, uint32)
         sl = cuda.local.array(NSL, uint32)
-        for ci in range(CPW):
-            if GATE_UP:
-                w = ld_stream_v4(wq, wbase + ci * 128)
-            else:
-                w = ld_once_v4(wq, wbase + ci * 128)
-            for j in range(4):
-                wl[ci * 4 + j] = w[j]
-            for j in range(2):
-                sl[ci * 2 + j] = sq[sbase + (ci * 2 + j) * 8]
-        if not GATE_UP:
-            griddep_wait()                                    # h is act's output
-            griddep_launch_dependents()
-            if not ok and tile == 0 and tid == 0:
-                meta[1] = 1
         acc = cuda.local.array(4, float32)
-        for i in range(4):
-            acc[i] = ZERO
-        xb = row * K + c0 * 64 + 8 * t
-        for ci in range(CPW):
-            for h in range(2):
-                a = dequant_i4x8(wl[ci * 4 + 2 * h])
-                b = dequant_i4x8(wl[ci * 4 + 2 * h + 1])
-                s_lo, s_hi = h2_to_f32(sl[ci * 2 + h])
-                xv = ld_v4(act, xb + ci * 64 + 32 * h)
-                d = mma_16816(a[0], a[1], a[2], a[3], xv[0], xv[1], ZERO, ZERO, ZERO, ZERO)
-                d = mma_16816(b[0], b[1], b[2], b[3], xv[2], xv[3], d[0], d[1], d[2], d[3])
-                acc[0] += s_lo * d[0]
-                acc[1] += s_lo * d[1]
-                acc[2] += s_hi * d[2]
-                acc[3] += s_hi * d[3]
-        for i in range(4):
-            red[(warp * 4 + i) * 32 + lane] = acc[i]
-        cuda.syncthreads()
-        if tid < 16:                                          # row tid of the tile, activation column 0
-            r = 2 * (tid >> 3)                                # c0 (row g) or c2 (row g + 8) of lane 4 g
-            s = ZERO
-            for w_ in range(KS):
-                s += red[(w_ * 4 + r) * 32 + 4 * (tid & 7)]
-            if GATE_UP:
-                dst[(2 * p + (tile & 1)) * n16 * 16 + (tile >> 1) * 16 + tid] = s
+        tk = n_tok * k_top
+        c0 = warp * CPW
+        if GATE_UP or TILED:
+            griddep_wait()                                # topk_ids / the tiles may be the previous kernel's
+            griddep_launch_dependents()                   # after the wait: the routing is final
+            if GATE_UP and not TILED and cuda.blockIdx.y == 0 and tile == 0 and tid == 0:
+                meta[1] = 0
+        n_items = meta[0] if TILED else cuda.gridDim.y
+        for item in range(cuda.blockIdx.y, n_items, cuda.gridDim.y):
+            if TILED:
+                e = tile_expert[item]
+                ok = True
             else:
-                dst[p * n16 * 16 + tile * 16 + tid] = wgt * s
+                p = item
+                if p < tk:
+                    e = topk_ids[p]
+                    ok = 0 <= e < n_routed
+                    e = e if ok else 0
+                else:
+                    e = n_routed + (p - tk) // n_tok
+                    ok = True
+            mat = (e * n16 + (tile >> 1)) * 2 + (tile & 1) if GATE_UP else e * n16 + tile
+            wbase = mat * TILE_W + c0 * 128 + lane * 4
+            sbase = (mat * NS + c0 * 2) * 8 + g
+            for ci in range(CPW):
+                if GATE_UP:
+                    w = ld_stream_v4(wq, wbase + ci * 128)
+                else:
+                    w = ld_once_v4(wq, wbase + ci * 128)
+                for j in range(4):
+                    wl[ci * 4 + j] = w[j]
+                for j in range(2):
+                    sl[ci * 2 + j] = sq[sbase + (ci * 2 + j) * 8]
+            if not GATE_UP and not TILED and item == cuda.blockIdx.y:
+                griddep_wait()                            # h is act's output
+                griddep_launch_dependents()
+                if not ok and tile == 0 and tid == 0:
+                    meta[1] = 1
+            pg = tile_rows[item * 8 + g] if TILED else item   # this lane's activation column's pair
+            if pg < 0:
+                pg = tile_rows[item * 8]                  # padding columns read a real row, never stored
+            if GATE_UP:
+                row = pg // k_top if pg < tk else (pg - tk) % n_tok
+            else:
+                row = pg                                  # h holds one row per pair
+            for i in range(4):
+                acc[i] = ZERO
+            xb = row * K + c0 * 64 + 8 * t
+            for ci in range(CPW):
+                for h in range(2):
+                    a = dequant_i4x8(wl[ci * 4 + 2 * h])
+                    b = dequant_i4x8(wl[ci * 4 + 2 * h + 1])
+                    s_lo, s_hi = h2_to_f32(sl[ci * 2 + h])
+                    xv = ld_v4(act, xb + ci * 64 + 32 * h)
+                    d = mma_16816(a[0], a[1], a[2], a[3], xv[0], xv[1], ZERO, ZERO, ZERO, ZERO)
+                    d = mma_16816(b[0], b[1], b[2], b[3], xv[2], xv[3], d[0], d[1], d[2], d[3])
+                    acc[0] += s_lo * d[0]
+                    acc[1] += s_lo * d[1]
+                    acc[2] += s_hi * d[2]
+                    acc[3] += s_hi * d[3]
+            for i in range(4):
+                red[(warp * 4 + i) * 32 + lane] = acc[i]
+            cuda.syncthreads()
+            for o in range(tid, 16 * NCOL, KS * 32):      # output row r of the tile, activation column j
+                r = o & 15
+                j = o >> 4
+                p = tile_rows[item * 8 + j] if TILED else item
+                if p >= 0:
+                    ri = 2 * (r >> 3) + (j & 1)           # c0/c1 (row g) or c2/c3 (row g + 8) ...
+                    li = 4 * (r & 7) + (j >> 1)           # ... of lane 4 g + j / 2
+                    s = ZERO
+                    for w_ in range(KS):
+                        s += red[(w_ * 4 + ri) * 32 + li]
+                    if GATE_UP:
+                        dst[(2 * p + (tile & 1)) * n16 * 16 + (tile >> 1) * 16 + r] = s
+                    else:
+                        wgt = float32(1.0)
+                        if p < tk:
+                            wgt = topk_w[p] if ok else ZERO
+                        dst[p * n16 * 16 + tile * 16 + r] = wgt * s
+            cuda.syncthreads()                            # red is the next item's
 
     return moe_gemv_kernel
 

@@ -15,9 +15,12 @@ W4A16). The choice is made at preparation and recorded in ``.path``, which the o
 | ``swiglu`` (dense MLP, shared) | f16(x), int4_matmul [gate; up], act, int4_matmul down, + h | SGEMMs | ffn |
 | ``moe`` (router, experts, shared) | f16(x), fused_moe (+ INT4 shared expert), + h | sliced logits | ffn |
 
-``Bf16Host`` matrices (W16A16: ``linear``, ``swiglu``, ``mla_attention``) run on the BLAS path as bf16
-GEMMs, at any size; bf16 routed experts (``Bf16Host`` with ``out16``) as grouped GEMMs over the
-(token, expert) pairs sorted by expert (``GROUPED_MM``: ``blas.experts_grouped``).
+``Bf16Host`` matrices (W16A16: ``linear``, ``swiglu``) run on the W16A16 tensor-core kernel
+(``w16a16.py``: each row summed as it would be alone, so a verify's rows equal decode's) where a GPU is
+present (``W16_KERNEL``) and N, K are multiples of 16, else on the BLAS path as bf16 GEMMs; the W16A16
+attention core (``mla_attention``) runs on the BLAS path; bf16 routed experts (``Bf16Host`` with
+``out16``) as grouped GEMMs over the (token, expert) pairs sorted by expert (``GROUPED_MM``:
+``blas.experts_grouped``).
 FP32 ops take the BLAS path (``blas.py``: torch over the same buffers, cuBLAS on a GPU) where a GPU
 is present (``BLAS``) and the weight has at least ``BLAS_MIN_ELEMENTS`` elements: there one
 thread per output column of the portable kernels reads far below the copy rate, while at toy
@@ -46,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from . import blas, ffn
+from . import blas, ffn, w16a16
 from ._validate import KernelInputError, flat
 from .blas import padded_keys  # noqa: F401 - the key rows the BLAS attention pads to
 from .blas import view as torch_view  # noqa: F401 - a torch tensor over a device array (no copy)
@@ -61,7 +64,16 @@ from .kv import kv_compact_kernel
 from .launch import launch
 from .linear import linear as _linear
 from .mla import make_mla_attention, mla_prep_kernel
-from .moe import MoEWeights, choose_moe_config, fused_moe, moe_stages, moe_workspace, prepare_moe  # noqa: F401 - bench kernels' configs and per-stage times
+from .moe import (  # noqa: F401 - bench kernels' configs and per-stage times
+    TILE_ROWS,
+    MoEWeights,
+    choose_moe_config,
+    fused_moe,
+    moe_stages,
+    moe_workspace,
+    prepare_moe,
+    stream_k_config,
+)
 from .moe_gemv import moe_act_kernel
 from .rmsnorm import rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
 from .router import SLICE_WARPS, logit_slice_count, logit_slices_kernel, make_route
@@ -69,6 +81,7 @@ from .rows import add_rows_kernel, to_f16_kernel
 from .sim import sim_speed  # noqa: F401 - the simulator's faster executor around a block of ops
 from .tokens import advance_kernel, argmax_kernel, copy_rows_kernel, embed_kernel
 from .tree import topk_logprobs, tree_compile_kernel
+from .w16a16 import Bf16Weight, repack_w16, unrepack_w16  # noqa: F401 - re-exported (engine build, readback)
 
 # isort: split
 # The kernel ladders (dev/kernels/) check, time and disassemble the package kernels through ops: the
@@ -87,6 +100,8 @@ GROUPED_MM = "grouped_mm"
 SLICED = "sliced"             # a large router gate: logits in slices of D by many blocks (router.py)
 BLAS = on_gpu()                              # FP32 ops may take the BLAS path (tests turn it on on CPU)
 BLAS_MIN_ELEMENTS = 1 << 20                  # ... for weights of at least this many elements (4 MB)
+W16A16 = "w16a16"
+W16_KERNEL = on_gpu()                        # bf16 weights on the W16A16 kernel (tests turn it on on CPU)
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
 
@@ -164,15 +179,37 @@ class Dense:
     path: str
     wt: Any
 
+    @property
+    def n(self) -> int:
+        """Output features N."""
+        return self.wt.n if self.path == W16A16 else int(self.wt.shape[1])
+
 
 def dense(w, fast: bool = True) -> Dense:
-    """W [N, K]: any float dtype (widened to float32 exactly), or a ``Bf16Host`` (W16A16, BLAS path)."""
+    """W [N, K]: any float dtype (widened to float32 exactly), or a ``Bf16Host`` (W16A16)."""
     if isinstance(w, Bf16Host):
-        return Dense(BLAS_PATH, _bf16(w))
+        return dense_w16(_bf16(w))
     wt = np.asarray(w, np.float32).T
     if _blas(wt.size, fast):
         return Dense(BLAS_PATH, blas.weight(wt))
     return Dense(PORTABLE, to_device(wt))
+
+
+def _w16_fits(w_t) -> bool:
+    return W16_KERNEL and w_t.shape[0] % 16 == 0 and w_t.shape[1] % 16 == 0
+
+
+def dense_w16(w_t) -> Dense:
+    """A W16A16 projection from W.T [K, N] as a torch bfloat16 tensor where the ops run: repacked for the
+    W16A16 kernel where it runs (``W16_KERNEL``, N and K multiples of 16), else on the BLAS path."""
+    return Dense(W16A16, repack_w16(w_t)) if _w16_fits(w_t) else Dense(BLAS_PATH, w_t)
+
+
+def swiglu_w16(width: int, dim: int, w13_t, w2_t) -> SwiGLU:
+    """A W16A16 SwiGLU from W13.T [D, 2I] and W2.T [I, D] (torch bfloat16 where the ops run)."""
+    if _w16_fits(w13_t) and _w16_fits(w2_t):
+        return SwiGLU(W16A16, width, dim, w13=repack_w16(w13_t), w2=repack_w16(w2_t))
+    return SwiGLU(BLAS_PATH, width, dim, w13=w13_t, w2=w2_t)
 
 
 @dataclass(frozen=True)
@@ -222,8 +259,8 @@ def router(gate: np.ndarray, bias: np.ndarray, top_k: int, n_group: int, topk_gr
 @dataclass(frozen=True)
 class SwiGLU:
     """``w2 (silu(w1 x) * (w3 x))`` of width I over D: an INT4_MATMUL pair (w13 = [w1; w3] [2I, D] and
-    w2 [D, I], repacked), a BLAS pair (w13 / w2 as torch [D, 2I] / [I, D]) or a PORTABLE one-expert
-    stack (ffn.py layouts)."""
+    w2 [D, I], repacked), a W16A16 pair (``Bf16Weight`` of the same), a BLAS pair (w13 / w2 as torch
+    [D, 2I] / [I, D]) or a PORTABLE one-expert stack (ffn.py layouts)."""
     path: str
     width: int
     dim: int
@@ -252,7 +289,7 @@ def swiglu_weights(w1, w3, w2, fast: bool = True) -> SwiGLU:
         if n16 != 3:
             raise KernelInputError("a SwiGLU is W16A16 in all three matrices or in none")
         w13 = Bf16Host(np.concatenate([np.asarray(w1.bits), np.asarray(w3.bits)]))      # [2I, D]
-        return SwiGLU(BLAS_PATH, width, dim, w13=_bf16(w13), w2=_bf16(w2))
+        return swiglu_w16(width, dim, _bf16(w13), _bf16(w2))
     if fast and all(isinstance(m, Int4Host) for m in (w1, w3, w2)) and group_size(w1) == group_size(w3):
         w13 = _repack(Int4Host(np.concatenate([np.asarray(w1.packed), np.asarray(w3.packed)]),
                                np.concatenate([_scales32(w1), _scales32(w3)])))
@@ -428,7 +465,7 @@ class Scratch:
         sw = [*swiglus, *(m.shared for m in moes if m.shared is not None)]
         port = [s for s in sw if s.path == PORTABLE]
         fast = [s for s in sw if s.path == INT4_MATMUL]
-        on_blas = [s for s in sw if s.path == BLAS_PATH]
+        on_blas = [s for s in sw if s.path in (BLAS_PATH, W16A16)]
         fused = [m for m in moes if m.path == FUSED_MOE]
         self.rids = zeros((rows, k), np.int32)                                  # [T, K] routed ids
         self.rwts = zeros((rows, k))                                            # [T, K] routed weights
@@ -478,7 +515,9 @@ def embed(h, table, ids, meta, rows: int, stream=0) -> None:
 
 def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False) -> None:
     """out [T, N] (+)= x [T, K] @ W.T."""
-    if w.path == BLAS_PATH:
+    if w.path == W16A16:
+        w16a16.linear(kernel_array(out), kernel_array(x), w.wt, rows, accumulate, stream)
+    elif w.path == BLAS_PATH:
         blas.linear(out, x, w.wt, rows, accumulate=accumulate, stream=stream)
     else:
         _linear(out, x, w.wt, meta, rows, accumulate=accumulate, stream=stream)
@@ -560,6 +599,12 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
         int4_gemm(kernel_array(h16, np.float16), w.w2, kernel_array(y), sc.gemm, stream)
         _add(h, y, meta, rows, stream)
         return
+    if w.path == W16A16:
+        gu, a = rows_view(sc.gu, rows, 2 * w.width), rows_view(sc.act, rows, w.width)
+        w16a16.linear(kernel_array(gu), kernel_array(x), w.w13, rows, stream=stream)
+        w16a16.silu_mul(kernel_array(a), kernel_array(gu), rows, stream)
+        w16a16.linear(kernel_array(h), kernel_array(a), w.w2, rows, accumulate=True, stream=stream)
+        return
     if w.path == BLAS_PATH:
         blas.swiglu(h, x, w.w13, w.w2, rows_view(sc.gu, rows, 2 * w.width), rows_view(sc.act, rows, w.width),
                     rows, stream)
@@ -634,7 +679,8 @@ def tree_compile(ids, depth, vis, meta, ctl, stream=0) -> None:
     tree_compile_kernel[1, TPB, stream](ids, depth, vis, meta, ctl)
 
 
-__all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Dense", "FUSED_MOE", "GROUPED_MM", "INT4_MATMUL",
+__all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Bf16Weight", "W16A16", "dense_w16", "swiglu_w16",
+           "unrepack_w16", "Dense", "FUSED_MOE", "GROUPED_MM", "INT4_MATMUL",
            "Int4Host", "Int4Weight", "LayoutError", "MLA", "MoE", "MoEWeights", "PORTABLE", "Router",
            "Scratch", "Staged", "SwiGLU", "advance", "argmax", "attention_rows", "attention_rows_buffers",
            "choose_config", "choose_moe_config", "copy_rows", "dense", "draft_attention",
@@ -645,5 +691,6 @@ __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Dense", "FUSED_MOE", "GROUPE
            "routed_experts", "router", "sim_speed", "swiglu", "swiglu_weights", "tiled_config",
            "topk_logprobs", "torch_view", "tree_compile", "unrepack_int4"]
 # the kernel ladders' group (dev/kernels/)
-__all__ += ["GemmWorkspace", "fused_moe", "int4_matmul", "make_int4_matmul_kernel", "make_int4_staged_kernel",
+__all__ += ["GemmWorkspace", "TILE_ROWS", "stream_k_config",
+            "fused_moe", "int4_matmul", "make_int4_matmul_kernel", "make_int4_staged_kernel",
             "make_moe_gemm_kernel", "prepare_moe", "repack_int4", "staged_partials"]

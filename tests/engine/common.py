@@ -88,12 +88,18 @@ def w16a16_model(name: str):
 
 
 @functools.cache
-def w16a16_engine(name: str):
-    """An engine on ``w16a16_model(name)`` (W16A16 runs on the BLAS path; the rest where ops puts it)."""
+def w16a16_engine(name: str, kernel: bool = False):
+    """An engine on ``w16a16_model(name)``: its projections on the BLAS path, or on the W16A16 kernel
+    (``kernel``; the attention core stays on the BLAS path); the rest where ops puts it."""
+    from kernels_numba import ops
     from workbench.engine.runtime import Engine
     b, w, _ = w16a16_model(name)
-    with blas_on():
-        return Engine(b.config, w, max_len=len(b.prompt) + len(b.golden) + 3, max_rows=len(b.prompt))
+    saved, ops.W16_KERNEL = ops.W16_KERNEL, kernel
+    try:
+        with blas_on():
+            return Engine(b.config, w, max_len=len(b.prompt) + len(b.golden) + 3, max_rows=len(b.prompt))
+    finally:
+        ops.W16_KERNEL = saved
 
 
 @functools.cache

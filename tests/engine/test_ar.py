@@ -6,6 +6,7 @@ The GPU tier checks every golden token from the bundle prompt, the simulator the
 import numpy as np
 import pytest
 
+from kernels_numba import ops
 from tests.engine.common import (
     ATOL,
     BUNDLES,
@@ -101,17 +102,21 @@ def test_engine_ar_sampled_equals_reference(seed):  # CI: 3-token prompt, 3 toke
 
 
 @E2E
-def test_engine_ar_w16a16_matches_reference():
-    """tiny with its dense projections and attention core W16A16 (bf16 operands, bf16 latent cache) on
-    the BLAS path, against the reference's W16A16. Both sum in float32 in their own order, and an
-    activation next to a bf16 rounding boundary then rounds differently in the two; through the bf16
-    cache such a flip stays in every later step. Measured on the CPU over 5 random prompts x 10 steps
-    of tiny and tiny2: logits up to 8.7e-2 apart, the same tokens everywhere. So: tokens equal up to
-    the first step whose reference top-2 margin is under 2 x W16A16_ATOL, logits within W16A16_ATOL."""
+@pytest.mark.parametrize("kernel", [False, True])
+def test_engine_ar_w16a16_matches_reference(kernel):
+    """tiny with its dense projections and attention core W16A16 (bf16 operands, bf16 latent cache), the
+    projections on the BLAS path or on the W16A16 kernel (``kernel``), against the reference's W16A16.
+    Both sum in float32 in their own order, and an activation next to a bf16 rounding boundary then
+    rounds differently in the two; through the bf16 cache such a flip stays in every later step.
+    Measured on the CPU over 5 random prompts x 10 steps of tiny and tiny2: logits up to 8.7e-2 apart,
+    the same tokens everywhere. So: tokens equal up to the first step whose reference top-2 margin is
+    under 2 x W16A16_ATOL, logits within W16A16_ATOL."""
     from workbench.reference.generate import greedy_generate, top2_margin
     b, w, _ = w16a16_model("tiny")
     n = len(b.golden) if GPU else SIM_TOKENS // 2
-    res = engine_ar_generate(w16a16_engine("tiny"), b.prompt, n, return_logits=True)
+    eng = w16a16_engine("tiny", kernel)
+    assert {lay.wo.path for lay in eng.model.layers} == {ops.W16A16 if kernel else ops.BLAS_PATH}
+    res = engine_ar_generate(eng, b.prompt, n, return_logits=True)
     ref = greedy_generate(b.config, w, np.asarray(b.prompt, np.int64), n)
     sure = sure_steps([top2_margin(lg) for lg in ref.logits], W16A16_ATOL, n)   # and its logits compare
     np.testing.assert_array_equal(res.tokens[:sure], ref.tokens[:sure])

@@ -13,14 +13,16 @@ from numba import types as T
 from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel, tiled_config
 from kernels_numba.int4_staged import make_int4_staged_kernel
 from kernels_numba.intrinsics import stored_as
-from kernels_numba.moe import choose_moe_config
+from kernels_numba.moe import choose_moe_config, stream_k_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
 from kernels_numba.moe_gemv import make_moe_gemv_kernel, moe_act_kernel
 from kernels_numba.router import logit_slices_kernel
 from kernels_numba.rows import add_rows_kernel, to_f16_kernel
+from kernels_numba.w16a16 import make_w16a16_kernel, silu_mul_kernel, w16_tiling
 
 KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+        "mma_bf16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt_bf16x2": "cvt.rn.bf16x2.f32",
         "ldg_nc_v4": "ld.global.nc.L1::no_allocate.v4.u32",
         "ldg_v4": "ld.global.v4.u32", "ldg_once_v4": "ld.global.L1::no_allocate.v4.u32",
         "lop3": "lop3.b32", "hfma2": "fma.rn.f16x2", "local": ".local",
@@ -74,11 +76,11 @@ def moe_gemm_builds() -> dict:
     a, out = _sig, {}
     gsig = (a(T.uint16), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.int32), a(T.int32),
             a(T.float32), T.int64, T.int64, a(T.float32), a(T.int32), a(T.int32), T.int64)
-    cfg = choose_moe_config(7168, 2048, tokens=64)          # the stream-K GEMMs (T = 1: moe_gemv)
+    cfg = stream_k_config(7168, 2048, tokens=64)      # the stream-K GEMMs (G = 32 takes moe_gemv)
     out["moe gate_up"] = counts(make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"]), gsig)
     dsig = (a(T.float32), a(T.uint16)) + gsig[2:]
     out["moe down"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]), dsig)
-    cfg = choose_moe_config(7168, 2048, tokens=16)     # stream-K down for 9 <= T <= 32
+    cfg = stream_k_config(7168, 2048, tokens=16)   # stream-K down for 2 <= T <= 32
     out["moe down T=16"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]),
                                   dsig)
     return out
@@ -90,10 +92,12 @@ def moe_glue_builds() -> dict:
                               (a(T.int32), a(T.int32), a(T.int32), a(T.int32), *(T.int64,) * 4,
                                a(T.int32), T.int64, a(T.int32)))
     vsig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.int32), a(T.float32), a(T.int32),
-            *(T.int64,) * 4)
+            *(T.int64,) * 4, a(T.int32), a(T.int32))
     cfg = choose_moe_config(7168, 2048, 1)
-    out["moe gemv gate_up"] = counts(make_moe_gemv_kernel(7168, *cfg["gu"], True, cfg["maxreg"]), vsig)
-    out["moe gemv down"] = counts(make_moe_gemv_kernel(2048, *cfg["dn"], False, cfg["maxreg"]), vsig)
+    for tiled in (False, True):                             # per pair (T <= 8) and over expert tiles
+        name = "moe gemv tiled" if tiled else "moe gemv"
+        for stage, k, tiling, up in (("gate_up", 7168, cfg["gu"], True), ("down", 2048, cfg["dn"], False)):
+            out[f"{name} {stage}"] = counts(make_moe_gemv_kernel(k, *tiling, up, cfg["maxreg"], tiled), vsig)
     out["moe act"] = counts(moe_act_kernel, (a(T.uint16), a(T.float32), T.int64))
     csig = (a(T.float32), a(T.float32), T.int64, a(T.int32), T.int64)       # out, y, n_tok, ids, n_routed
     out["moe combine"] = counts(make_combine_kernel(7168, 8, 1), csig)
@@ -116,8 +120,19 @@ def router_builds() -> dict:
     return {"router slices": counts(logit_slices_kernel, (f2, f2, f2, _sig(T.int32)))}
 
 
+def w16a16_builds() -> dict:
+    a, out = _sig, {}
+    rows2d = T.float32[:, ::1]
+    for k, mt, acc in ((7168, 1, False), (8192, 9, True)):               # K2's a1 at decode, wo at B = 64
+        ks, cpw, nb = w16_tiling(k)
+        out[f"w16a16 K={k} MT={mt}"] = counts(make_w16a16_kernel(k, ks, cpw, nb, mt, acc),
+                                               (rows2d, rows2d, a(T.uint32), T.int64))
+    out["silu_mul"] = counts(silu_mul_kernel, (rows2d, rows2d, T.int64))
+    return out
+
+
 GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds, "moe_gemm": moe_gemm_builds,
-          "moe_glue": moe_glue_builds, "rows": row_builds, "router": router_builds}
+          "moe_glue": moe_glue_builds, "rows": row_builds, "router": router_builds, "w16a16": w16a16_builds}
 
 
 def main(groups: list[str]) -> None:

@@ -69,11 +69,12 @@ def test_moe_align_gemv_and_combine():
     ptx_counts = probe("moe_glue")
     assert ptx_counts["moe align"]["atom_shared"] >= 2 and ptx_counts["moe align"]["bar"] >= 4
     assert ptx_counts["moe combine"]["mma"] == 0 and ptx_counts["moe combine"]["pdl_wait"] == 1
-    for name in ("moe gemv gate_up", "moe gemv down"):       # the one-token path (moe_gemv.py)
-        c = ptx_counts[name]
-        assert c["mma"] >= 2 and c["local"] == 0 and c["pdl_wait"] == 1 and c["pdl_launch"] == 1, name
-    assert ptx_counts["moe gemv gate_up"]["ldg_nc_v4"] >= 1
-    assert ptx_counts["moe gemv down"]["ldg_once_v4"] >= 1 and ptx_counts["moe gemv down"]["ldg_nc_v4"] == 0
+    for name in ("moe gemv", "moe gemv tiled"):              # per pair and over expert tiles (moe_gemv.py)
+        for stage in ("gate_up", "down"):
+            c = ptx_counts[f"{name} {stage}"]
+            assert c["mma"] >= 2 and c["local"] == 0 and c["pdl_wait"] == 1 and c["pdl_launch"] == 1, name
+        assert ptx_counts[f"{name} gate_up"]["ldg_nc_v4"] >= 1
+        assert ptx_counts[f"{name} down"]["ldg_once_v4"] >= 1 and ptx_counts[f"{name} down"]["ldg_nc_v4"] == 0
     assert ptx_counts["moe act"]["pdl_wait"] == 1
 
 
@@ -98,3 +99,13 @@ def test_latent_stores_round_only_into_a_bf16_cache(row_counts):
 def test_sliced_router_logits_keep_their_accumulators_in_registers():
     c = probe("router")["router slices"]
     assert c["local"] == 0 and c["bar"] >= 2
+
+
+def test_w16a16_linear_streams_weights_into_bf16_mma():
+    c = probe("w16a16")
+    for name in ("w16a16 K=7168 MT=1", "w16a16 K=8192 MT=9"):
+        k = c[name]
+        assert k["mma_bf16"] >= 8 and k["cvt_bf16x2"] >= 2 and k["ldg_nc_v4"] >= 8, name   # 8 steps a batch
+        assert k["pdl_wait"] == 1 and k["pdl_launch"] == 1, name
+    assert c["w16a16 K=7168 MT=1"]["local"] == 0        # decode's accumulators in registers (9 tiles spill)
+    assert c["silu_mul"]["pdl_wait"] == 1

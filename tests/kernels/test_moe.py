@@ -135,16 +135,41 @@ def test_align_puts_each_experts_pairs_in_pair_order():
 
 
 def test_few_tokens_gemv_path():
-    """Up to GEMV_TOKENS tokens at G = 32 the default is the grouped-GEMV path (moe_gemv.py); more tokens
-    and G = 64 take the stream-K one; both match the reference."""
+    """At G = 32 the default is the GEMV path (moe_gemv.py): per pair up to GEMV_TOKENS tokens, over the
+    expert tiles above; G = 64 takes the stream-K one; all match the reference."""
     cfg = preset("tiny")
     d, i = cfg.hidden_size, cfg.moe_intermediate_size
-    assert all("gemv" in choose_moe_config(d, i, t) for t in range(1, GEMV_TOKENS + 1))
-    assert "gemv" not in choose_moe_config(d, i, GEMV_TOKENS + 1)
+    assert all("gemv" in choose_moe_config(d, i, t) and "tiled" not in choose_moe_config(d, i, t)
+               for t in range(1, GEMV_TOKENS + 1))
+    assert choose_moe_config(d, i, GEMV_TOKENS + 1).get("tiled") is True
     assert "gemv" not in choose_moe_config(d, i, 1, g=64)
     _check(cfg, 1, seed=31)
     _check(cfg, 3, seed=33)
+    _check(cfg, GEMV_TOKENS + 2, seed=34)
     _check(cfg, 1, seed=32, group=64)
+
+
+def test_tiled_gemv_rows_equal_the_per_pair_rows_bit_for_bit():
+    """The tiled path computes each pair as the per-pair path does: every token's output equals, bit for
+    bit, that token's output alone (T = 1) and its output in the per-pair path at T tokens; tiles of one
+    expert hold up to 8 pairs, so an expert with more than 8 spills into a second tile, and fewer grid
+    rows than tiles make a block walk several."""
+    cfg = preset("tiny")
+    d, i = cfg.hidden_size, cfg.moe_intermediate_size
+    _, mw = _model(cfg, 61)
+    t, k = 11, cfg.num_experts_per_tok
+    rng = np.random.default_rng(62)
+    x = rng.standard_normal((t, d)).astype(np.float16)
+    ids = np.stack([rng.choice(cfg.n_routed_experts, k, replace=False) for _ in range(t)]).astype(np.int32)
+    ids[:9, 0] = 3                                                 # expert 3 has 9 pairs: two tiles
+    tw = rng.random((t, k)).astype(np.float32)
+    base = choose_moe_config(d, i, 1)
+    with sim_speed():
+        tiled = host(fused_moe(dev(x), dev(ids), dev(tw), mw, config={**base, "tiled": True, "rows": 2}))
+        pairs = host(fused_moe(dev(x), dev(ids), dev(tw), mw, config=base))
+        alone = np.concatenate([host(fused_moe(dev(x[r:r + 1]), dev(ids[r:r + 1]), dev(tw[r:r + 1]), mw))
+                                for r in range(t)])
+    assert np.array_equal(tiled, pairs) and np.array_equal(tiled, alone)
 
 
 def test_gemv_path_without_shared_experts_equals_stream_k():
@@ -251,7 +276,8 @@ def test_bad_configs_raise_before_launch():
             fused_moe(x, ids, tw, mw, out=out, config=bad)
     gemv = {"gemv": True, "gu": (2, 1), "dn": (1, 1), "maxreg": 128}
     x1, ids1, tw1, out1 = x[:1], ids[:1], tw[:1], poisoned((1, cfg.hidden_size))
-    for bad in ({**gemv, "gu": (3, 1)}, {**gemv, "dn": (1, 2)}, {**gemv, "gemv": 1}, {**gemv, "maxreg": 16}):
+    for bad in ({**gemv, "gu": (3, 1)}, {**gemv, "dn": (1, 2)}, {**gemv, "gemv": 1}, {**gemv, "maxreg": 16},
+                {**gemv, "tiled": 1}, {**gemv, "tiled": True, "rows": 0}):
         with pytest.raises(KernelInputError, match="bad MoE config"):
             fused_moe(x1, ids1, tw1, mw, out=out1, config=bad)
     _, mw64 = _model(cfg, 9, group=64)
@@ -261,7 +287,7 @@ def test_bad_configs_raise_before_launch():
     x9 = dev(np.zeros((t9, cfg.hidden_size), np.float16))
     ids9, tw9 = dev(np.zeros((t9, 2), np.int32)), dev(np.ones((t9, 2), np.float32))
     with pytest.raises(KernelInputError, match="no room"):
-        fused_moe(x9, ids9, tw9, mw, workspace=moe_workspace(t9, 2, mw), config=gemv)
+        fused_moe(x9, ids9, tw9, mw, workspace=moe_workspace(t9, 2, mw, config=SMALL), config=gemv)
     big = {**SMALL, "blocks": 50}                           # more warps than the workspace was made for
     with pytest.raises(KernelInputError, match="part buffer"):
         fused_moe(x, ids, tw, mw, out=out, workspace=moe_workspace(2, 2, mw, config=SMALL), config=big)

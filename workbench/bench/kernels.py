@@ -10,8 +10,9 @@ Rows of the CSV (one per case x implementation), all timed with CUDA events on t
   a torch device copy of the same byte count, captured the same way, is the per-launch ceiling.
 - fused MoE at the K2 shape (384 experts + 1 shared, top-8, INT4 g32) for T = 1..64 tokens
   (kernels_moe.TOKENS): ``fused_moe`` through ``ops.experts_fused``, the engine's call (4 launches, one
-  graph, routing rotated over 8 random sets between replays; its default is the GEMV path up to
-  moe.GEMV_TOKENS tokens, stream-K above, and the other path's tilings are timed beside it),
+  graph, routing rotated over 8 random sets between replays; its default is the per-pair GEMV path up
+  to moe.GEMV_TOKENS tokens, the tiled GEMV path above, and the other paths and stream-K's tilings are
+  timed beside it),
   against the floor = (unique experts touched + shared) x 24.77 MB at the copy bandwidth, and
   against an eager torch per-expert loop (tinygemm per projection).
 GB/s = bytes the implementation must move (weights + scales + activations + outputs) / median time;

@@ -62,7 +62,7 @@ def _on_current_stream(torch, launch):
 
 def bench_moe(torch, copy, rows, log):
     from kernels_numba import ops
-    from kernels_numba.ops import choose_moe_config, moe_stages, moe_workspace
+    from kernels_numba.ops import TILE_ROWS, choose_moe_config, moe_stages, moe_workspace, stream_k_config
 
     mw = k2_random_experts(torch)
     tg = per_expert_tinygemm(torch)
@@ -73,10 +73,12 @@ def bench_moe(torch, copy, rows, log):
         tw = torch.rand(t, K, device="cuda")
         out = torch.empty(t, D, device="cuda")
         base, gemv = choose_moe_config(D, I, t), choose_moe_config(D, I, 1)
-        ws = moe_workspace(t, K, mw, config=gemv)   # room for both paths (a stream-K part buffer too)
-        cfgs = [("fused_moe (numba, 4 launches)", base)] + [
-            (f"fused_moe alt config {'GEMV path ' if c is gemv else ''}{c['gu']}/{c['dn']}", c)
-            for c in [*ALT_CONFIGS, gemv] if c != base]
+        tiled = {**gemv, "tiled": True, "rows": TILE_ROWS}
+        ws = moe_workspace(t, K, mw, config=gemv)   # room for every path (a stream-K part buffer too)
+        paths = {id(gemv): "GEMV path ", id(tiled): "tiled GEMV path "}
+        cfgs = [("fused_moe (numba, default)", base)] + [
+            (f"fused_moe alt config {paths.get(id(c), 'stream-K ')}{c['gu']}/{c['dn']}", c)
+            for c in [stream_k_config(D, I, t), *ALT_CONFIGS, gemv, tiled] if c != base]
         floor_us = None
         for impl, cfg in cfgs:
             run = functools.partial(ops.experts_fused, x, ids, tw, mw, out, ws, config=cfg)   # the engine's

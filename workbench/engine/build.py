@@ -237,7 +237,7 @@ class RandomSource:
 
     def dense(self, parts: list[tuple[str, tuple[int, int]]]) -> ops.Dense:
         k = parts[0][1][1]
-        return ops.Dense(ops.BLAS_PATH, self._linear_t(k, sum(s[0] for _, s in parts)))
+        return ops.dense_w16(self._linear_t(k, sum(s[0] for _, s in parts)))
 
     def mla(self, name: str, shape: tuple[int, int]) -> ops.MLA:
         n, c = shape
@@ -245,8 +245,7 @@ class RandomSource:
 
     def mlp(self, prefix: str, width: int) -> ops.SwiGLU:
         d = self.cfg.hidden_size
-        return ops.SwiGLU(ops.BLAS_PATH, width, d, w13=self._linear_t(d, 2 * width),
-                          w2=self._linear_t(width, d))
+        return ops.swiglu_w16(width, d, self._linear_t(d, 2 * width), self._linear_t(width, d))
 
     def _words(self, count: int):
         """``count`` uint32 words of INT4 codes uniform in [-7, 7] (nibbles u = q + 8 in 1..15, as the seeded
@@ -314,7 +313,7 @@ class RandomSource:
     def head(self) -> ops.Dense:
         d = self.cfg.hidden_size
         half = math.sqrt(3.0) * HEAD_LOGIT_STD / math.sqrt(d)                         # logits RMS ~3
-        return ops.Dense(ops.BLAS_PATH, self._uniform((d, self.cfg.vocab_size), half))
+        return ops.dense_w16(self._uniform((d, self.cfg.vocab_size), half))
 
 
 # ---- the builder ------------------------------------------------------------------------------------
@@ -395,7 +394,7 @@ def build_model(cfg: ModelConfig, src, sets: int | None = None, log=None) -> Dev
                 log(f"  built layer {j}")
         layers.append(built[j])
     return DeviceModel(cfg=cfg, embed=src.embed(), norm=src.vector("norm", cfg.hidden_size), head=src.head(),
-                       layers=layers, a1_width=int(layers[0].a1.wt.shape[1]))           # a1 W.T [D, A1]
+                       layers=layers, a1_width=layers[0].a1.n)
 
 
 # ---- back to the host (checks) ----------------------------------------------------------------------
@@ -416,7 +415,10 @@ def _w16(bits: np.ndarray) -> Any:
 
 
 def _matrix(w_t) -> Any:
-    """A projection's W.T [K, N] (device) as the reference's [N, K]: W16A16 for bf16, else float32."""
+    """A projection's W.T [K, N] (device) or repacked W16A16 weight as the reference's [N, K]: W16A16 for
+    bf16, else float32."""
+    if isinstance(w_t, ops.Bf16Weight):
+        return _w16(ops.unrepack_w16(w_t))
     a = host_array(w_t)
     if a.dtype == np.uint16:
         return _w16(a.T)
@@ -488,8 +490,8 @@ def layer_weights(cfg: ModelConfig, lay: DeviceLayer, i: int, experts=None) -> d
 
 
 def _swiglu_weights(s: ops.SwiGLU, prefix: str) -> dict[str, Any]:
-    if s.path != ops.BLAS_PATH:
-        raise ops.KernelInputError(f"layer_weights reads BLAS-path SwiGLUs, got {s.path}")
+    if s.path not in (ops.BLAS_PATH, ops.W16A16):
+        raise ops.KernelInputError(f"layer_weights reads BLAS-path and W16A16 SwiGLUs, got {s.path}")
     w13 = _matrix(s.w13)                                                              # [2I, D]
     return {prefix + ".w1": _rows_of(w13, 0, s.width), prefix + ".w3": _rows_of(w13, s.width, None),
             prefix + ".w2": _matrix(s.w2)}

@@ -30,7 +30,7 @@ class LayerRig:
 
     def __init__(self, cfg: ModelConfig, layer: int, lay, max_rows: int, max_len: int) -> None:
         self.cfg, self.layer, self.lay = cfg, layer, lay
-        a1_width = int(lay.a1.wt.shape[1])                     # [K, N]: a device array, memoryview or tensor
+        a1_width = lay.a1.n
         self.buf = allocate(SimpleNamespace(cfg=cfg, a1_width=a1_width, layers=[lay]), max_len, max_rows, 0)
         self.scratch = ops.Scratch(
             max_rows, [lay.mlp] if lay.mlp is not None else [], [lay.moe] if lay.moe is not None else []

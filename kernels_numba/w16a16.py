@@ -1,0 +1,193 @@
+"""The W16A16 linear on tensor cores: out [T, N] (+)= bf16(x) [T, K] @ W.T, bf16 weights, float32 sums.
+
+Legend: T rows (at most 8 MT, MT row tiles of 8), K input features, N output features (both multiples
+of 16), K16 = K/16 steps of the MMA, KS warps per block, CPW steps per warp and batch, NB batches
+(K16 = NB KS CPW).
+
+Every row is computed exactly as it would be alone: a row is one activation column of the MMA, and
+its sum runs in one order fixed by (K, KS, CPW, NB), whatever T is or where the row sits. So a
+verify's rows equal the decode rows of the same tokens bit for bit (cuBLAS picks another algorithm,
+and another summation order, as T grows), and DDTree's output can equal AR's token for token.
+
+Layout (``repack_w16``): W [N, K] in m16n8k16 A fragments: tile ``nt`` of 16 rows, step ``s`` of
+16 columns, 128 uint32 words, lane ``l = 4 g + t`` holding a0..a3 at words 4 l .. 4 l + 3 (a0: row g,
+columns 2t, 2t+1; a1: row g + 8; a2, a3: columns + 8; low half the lower column): one 16-byte load
+per lane and step.
+
+Block ``nt`` (grid N/16, KS warps): per batch b, warp w loads steps b KS CPW + w CPW .. + CPW into
+registers (the first batch before the PDL wait), then runs them over every row tile, chaining the
+MMA accumulators: row tile m, column g is row 8 m + g of x, its two bf16 pairs rounded from float32
+as they are read. Then the warps' partial sums meet in shared memory and add in warp order.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import cuda, float32, uint32
+
+from ._validate import KernelInputError, check
+from .device import SIMULATED
+from .intrinsics import f32_to_bf162, griddep_launch_dependents, griddep_wait, ld_stream_v4, mma_16816_bf16
+from .launch import launch
+
+ZERO = float32(0.0)
+ROW_TILES = (1, 2, 4, 9)       # the row-tile counts compiled: T <= 8, 16, 32, 72 rows
+
+
+@dataclass(frozen=True)
+class Bf16Weight:
+    """A repacked W16A16 matrix where the kernel reads it: ``words`` uint32 [N/16 * K/16 * 128] (a view
+    of ``owner``'s memory, which it keeps alive)."""
+    words: Any
+    n: int
+    k: int
+    owner: Any = None
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def repack_w16(w_t) -> Bf16Weight:
+    """W.T [K, N] bfloat16 (a torch tensor, on the device or the host) into the fragment layout, on the
+    same device (a GPU's weights never visit the host)."""
+    torch = _torch()
+    k, n = w_t.shape
+    if w_t.dtype != torch.bfloat16 or k % 16 or n % 16:
+        raise KernelInputError(f"a W16A16 weight is bfloat16 [K, N] with K, N multiples of 16, got "
+                               f"{w_t.dtype} {tuple(w_t.shape)}")
+    w = w_t.T.reshape(n // 16, 2, 8, k // 16, 2, 4, 2)        # (nt, row half, g, step, column half, t, lo/hi)
+    frag = w.permute(0, 3, 2, 5, 4, 1, 6).contiguous()        # (nt, step, g, t, a-register, lo/hi)
+    words = frag.view(torch.int16).view(-1).view(torch.int32)
+    view = words.numpy() if words.device.type == "cpu" else cuda.as_cuda_array(words)
+    return Bf16Weight(view.view(np.uint32), n, k, words)
+
+
+def unrepack_w16(w: Bf16Weight) -> np.ndarray:
+    """The inverse of ``repack_w16``: W [N, K] as uint16 bfloat16 bits on the host."""
+    a = np.asarray(w.words) if SIMULATED or isinstance(w.words, np.ndarray) else w.words.copy_to_host()
+    frag = a.view(np.uint16).reshape(w.n // 16, w.k // 16, 8, 4, 2, 2, 2)   # (nt, step, g, t, ch, rh, lo/hi)
+    return np.ascontiguousarray(frag.transpose(0, 5, 2, 1, 4, 3, 6)).reshape(w.n, w.k)
+
+
+def w16_tiling(k: int) -> tuple[int, int, int]:
+    """(KS warps, CPW steps per warp and batch, NB batches) with KS CPW NB = K/16: the most steps per
+    batch with KS <= 16 and CPW <= 8 (a warp's weights stay in registers), then the most per warp."""
+    k16 = k // 16
+    fits = [(ks * cpw, cpw, ks) for ks in range(1, 17) for cpw in range(1, 9) if k16 % (ks * cpw) == 0]
+    _, cpw, ks = max(fits)
+    return ks, cpw, k16 // (ks * cpw)
+
+
+def row_tiles(rows: int) -> int:
+    """The compiled row-tile count for ``rows`` rows (ROW_TILES)."""
+    need = -(-rows // 8)
+    for mt in ROW_TILES:
+        if mt >= need:
+            return mt
+    raise KernelInputError(f"the W16A16 linear takes at most {8 * ROW_TILES[-1]} rows, got {rows}")
+
+
+@functools.cache
+def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, ACC: bool):
+    """out [T, N] float32 (+= when ACC) = bf16(x [T, K] float32) @ W.T for rows < n_rows (<= 8 MT)."""
+    K16 = K // 16
+    NRED = KS * 4 * 32
+    NWL = CPW * 4
+    NACC = MT * 4
+
+    @cuda.jit
+    def w16a16_kernel(out, x, wq, n_rows):
+        nt = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+        red = cuda.shared.array(NRED, float32)
+        wl = cuda.local.array(NWL, uint32)
+        acc = cuda.local.array(NACC, float32)
+        for i in range(NACC):
+            acc[i] = ZERO
+        for b in range(NB):
+            s0 = b * KS * CPW + warp * CPW                         # this warp's first step in batch b
+            base = (nt * K16 + s0) * 128 + lane * 4
+            for ci in range(CPW):
+                w = ld_stream_v4(wq, base + ci * 128)
+                for j in range(4):
+                    wl[ci * 4 + j] = w[j]
+            if b == 0:
+                griddep_wait()                                     # x and out are the previous kernels'
+                griddep_launch_dependents()
+            for m in range(MT):
+                if m * 8 < n_rows:
+                    row = m * 8 + g
+                    row = row if row < n_rows else 0               # padding columns: a real row, not stored
+                    for ci in range(CPW):
+                        k0 = (s0 + ci) * 16 + 2 * t
+                        b0 = f32_to_bf162(x[row, k0], x[row, k0 + 1])
+                        b1 = f32_to_bf162(x[row, k0 + 8], x[row, k0 + 9])
+                        d = mma_16816_bf16(wl[ci * 4], wl[ci * 4 + 1], wl[ci * 4 + 2], wl[ci * 4 + 3], b0, b1,
+                                           acc[m * 4], acc[m * 4 + 1], acc[m * 4 + 2], acc[m * 4 + 3])
+                        for i in range(4):
+                            acc[m * 4 + i] = d[i]
+        for m in range(MT):
+            if m * 8 < n_rows:                                     # the same for every thread: no split sync
+                for i in range(4):
+                    red[(warp * 4 + i) * 32 + lane] = acc[m * 4 + i]
+                cuda.syncthreads()
+                for o in range(tid, 128, KS * 32):                 # output column r of the tile, row j
+                    r = o & 15
+                    j = o >> 4
+                    row = m * 8 + j
+                    if row < n_rows:
+                        ri = 2 * (r >> 3) + (j & 1)                # c0/c1 (column g) or c2/c3 (g + 8) ...
+                        li = 4 * (r & 7) + (j >> 1)                # ... of lane 4 g + j / 2
+                        s = ZERO
+                        for w_ in range(KS):
+                            s += red[(w_ * 4 + ri) * 32 + li]
+                        if ACC:
+                            out[row, nt * 16 + r] += s
+                        else:
+                            out[row, nt * 16 + r] = s
+                cuda.syncthreads()
+
+    return w16a16_kernel
+
+
+@cuda.jit
+def silu_mul_kernel(a, gu, n_rows):
+    """a [T, I] = silu(g) * u of gu [T, 2I] = [g || u] (float32), rows < n_rows; grid (I/128, rows)."""
+    griddep_wait()
+    griddep_launch_dependents()
+    row = cuda.blockIdx.y
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    width = a.shape[1]
+    if row < n_rows and i < width:
+        g = gu[row, i]
+        a[row, i] = g / (float32(1.0) + math.exp(-g)) * gu[row, width + i]
+
+
+def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0) -> None:
+    """out [T, N] (+)= bf16(x [T, K]) @ W.T for the first ``rows`` rows (float32 x and out)."""
+    if not isinstance(w, Bf16Weight):
+        raise KernelInputError("w must come from repack_w16")
+    x = check(x, "x", np.float32, (None, w.k))
+    out = check(out, "out", np.float32, (None, w.n))
+    if not 1 <= rows <= min(x.shape[0], out.shape[0]):
+        raise KernelInputError(f"rows must be in 1..{min(x.shape[0], out.shape[0])}, got {rows}")
+    ks, cpw, nb = w16_tiling(w.k)
+    kernel = make_w16a16_kernel(w.k, ks, cpw, nb, row_tiles(rows), accumulate)
+    launch(kernel, w.n // 16, ks * 32, stream, (out, x, w.words, rows))
+
+
+def silu_mul(a, gu, rows: int, stream=0) -> None:
+    """a [T, I] = silu(g) * u for gu [T, 2I] = [g || u], the first ``rows`` rows."""
+    width = a.shape[1]
+    launch(silu_mul_kernel, (-(-width // 128), rows), 128, stream, (a, gu, rows))

@@ -1,0 +1,111 @@
+"""The W16A16 tensor-core linear against the W16A16 definition (bf16 operands, float32 sums), both tiers;
+its rows equal, bit for bit, the same rows computed alone."""
+
+import numpy as np
+import pytest
+import torch
+
+from kernels_numba import KernelInputError
+from kernels_numba.sim import sim_speed
+from kernels_numba.w16a16 import linear, repack_w16, row_tiles, silu_mul, unrepack_w16, w16_tiling
+from numformats.bf16 import bf16
+
+from .helpers import SIMULATED, assert_close, dev, gpu, host, needs_gpu, poisoned
+
+
+def _weight(n, k, seed):
+    """W [N, K] as bf16 bits, its float32 values, and the repacked weight where the kernel runs."""
+    rng = np.random.default_rng(seed)
+    bits = bf16(rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k)).bits
+    w_t = torch.from_numpy(np.ascontiguousarray(bits.T).view(np.int16)).view(torch.bfloat16)
+    return bits, (bits.astype(np.uint32) << 16).view(np.float32), repack_w16(w_t if SIMULATED else w_t.cuda())
+
+
+def _x(t, k, seed):
+    return np.random.default_rng(seed).standard_normal((t, k)).astype(np.float32)
+
+
+def _ref(x, wf):
+    xb = (bf16(x).bits.astype(np.uint32) << 16).view(np.float32)
+    return xb.astype(np.float64) @ wf.T.astype(np.float64)
+
+
+def test_repack_round_trips_and_tilings_cover_k():
+    bits, _, w = _weight(48, 96, 1)
+    assert np.array_equal(unrepack_w16(w), bits)
+    for k in (64, 1536, 2048, 7168, 8192, 18432, 272):
+        ks, cpw, nb = w16_tiling(k)
+        assert ks * cpw * nb == k // 16 and ks <= 16 and cpw <= 8
+    assert w16_tiling(7168) == (14, 8, 4)
+    assert [row_tiles(r) for r in (1, 8, 9, 16, 17, 33, 65, 72)] == [1, 1, 2, 2, 4, 9, 9, 9]
+    with pytest.raises(KernelInputError, match="at most 72"):
+        row_tiles(73)
+
+
+@pytest.mark.parametrize("t,k,acc", [(1, 96, False), (11, 2560, True)])
+def test_linear_matches_the_w16a16_definition(t, k, acc):
+    n = 32
+    _, wf, w = _weight(n, k, 2)
+    x = _x(t + 2, k, 3)                                          # rows past ``t`` are not computed
+    base = _x(t + 2, n, 4)
+    out = dev(base.copy()) if acc else poisoned((t + 2, n))   # (the simulator works on the array itself)
+    with sim_speed():
+        linear(out, dev(x), w, t, accumulate=acc)
+    got = host(out)
+    want = _ref(x[:t], wf) + (base[:t] if acc else 0)
+    assert_close(got[:t], want, rtol=1e-5, atol_rel=1e-5, what=f"T={t} K={k}")
+    if acc:
+        assert np.array_equal(got[t:], base[t:])
+    else:
+        assert np.isnan(got[t:]).all()
+
+
+def test_rows_equal_the_rows_alone_bit_for_bit():
+    """A row's sum does not depend on how many rows run with it or where it sits (a verify's rows equal
+    decode's)."""
+    n, k = 32, 1024
+    _, _, w = _weight(n, k, 5)
+    x = _x(17, k, 6)
+    with sim_speed():
+        many = poisoned((17, n))
+        linear(many, dev(x), w, 17)
+        alone = []
+        for r in (0, 8, 16):
+            o = poisoned((1, n))
+            linear(o, dev(x[r:r + 1]), w, 1)
+            alone.append(host(o)[0])
+    assert np.array_equal(host(many)[[0, 8, 16]], np.stack(alone))
+
+
+def test_silu_mul_and_bad_input():
+    gu = _x(3, 64, 7)
+    a = poisoned((3, 32))
+    with sim_speed():
+        silu_mul(a, dev(gu), 2)
+    g, u = gu[:2, :32], gu[:2, 32:]
+    assert_close(host(a)[:2], g / (1 + np.exp(-g)) * u, rtol=1e-6, atol_rel=1e-6)
+    _, _, w = _weight(32, 96, 8)
+    with pytest.raises(KernelInputError, match="shape"):
+        linear(poisoned((2, 32)), dev(_x(2, 64, 9)), w, 2)
+    with pytest.raises(KernelInputError, match="rows must be"):
+        linear(poisoned((2, 32)), dev(_x(2, 96, 9)), w, 3)
+    with pytest.raises(KernelInputError, match="multiples of 16"):
+        repack_w16(torch.zeros(40, 24, dtype=torch.bfloat16))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("k,n", [(7168, 1536), (1536, 2048), (8192, 1024), (18432, 512)])
+def test_gpu_k2_shapes_rows_alone_and_reference(k, n):
+    """K2's projection depths: 65 rows equal each row alone bit for bit, and the definition."""
+    _, wf, w = _weight(n, k, 10)
+    x = _x(65, k, 11)
+    many = poisoned((65, n))
+    linear(many, dev(x), w, 65)
+    got = host(many)
+    for r in (0, 7, 8, 33, 64):
+        for rows in (1, r + 1):
+            o = poisoned((rows, n))
+            linear(o, dev(x[r + 1 - rows:r + 1]), w, rows)
+            assert np.array_equal(host(o)[-1], got[r]), (k, n, r, rows)
+    assert_close(got, _ref(x, wf), rtol=1e-4, atol_rel=1e-4, what=f"K={k} N={n}")
