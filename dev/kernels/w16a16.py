@@ -65,7 +65,7 @@ def main() -> None:
                 raise SystemExit(f"{name} at {t} rows: {err:.2e} of the largest output from cuBLAS")
             mb = k * n * 2 / 1e6
             for path, w in (("w16a16", kern), ("cublas_bf16", blas)):
-                us = timer(lambda s, w=w, o=o, t=t: ops.linear(o, x, w, meta, t, s))
+                us = timer(lambda s, w=w, o=o, t=t, x=x: ops.linear(o, x, w, meta, t, s))
                 print(f"{name},{k},{n},{t},{path},{us:.2f},{mb:.1f}", flush=True)
         del w_t, kern, blas
 
