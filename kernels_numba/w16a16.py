@@ -102,7 +102,9 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, ACC: bool):
     NWL = CPW * 4
     NACC = MT * 4
 
-    @cuda.jit
+    opts = {} if SIMULATED else {"max_registers": min(255, 65536 // (KS * 32)) // 8 * 8}   # KS warps fit
+
+    @cuda.jit(**opts)
     def w16a16_kernel(out, x, wq, n_rows):
         nt = cuda.blockIdx.x
         tid = cuda.threadIdx.x
@@ -183,8 +185,11 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0)
     if not 1 <= rows <= min(x.shape[0], out.shape[0]):
         raise KernelInputError(f"rows must be in 1..{min(x.shape[0], out.shape[0])}, got {rows}")
     ks, cpw, nb = w16_tiling(w.k)
-    kernel = make_w16a16_kernel(w.k, ks, cpw, nb, row_tiles(rows), accumulate)
-    launch(kernel, w.n // 16, ks * 32, stream, (out, x, w.words, rows))
+    most = 8 * ROW_TILES[-1]
+    for r0 in range(0, rows, most):                    # a prefill's rows, 72 at a time (rows are independent)
+        n = min(most, rows - r0)
+        kernel = make_w16a16_kernel(w.k, ks, cpw, nb, row_tiles(n), accumulate)
+        launch(kernel, w.n // 16, ks * 32, stream, (out[r0:], x[r0:], w.words, n) if r0 else (out, x, w.words, n))
 
 
 def silu_mul(a, gu, rows: int, stream=0) -> None:

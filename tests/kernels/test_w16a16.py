@@ -42,7 +42,7 @@ def test_repack_round_trips_and_tilings_cover_k():
         row_tiles(73)
 
 
-@pytest.mark.parametrize("t,k,acc", [(1, 96, False), (11, 2560, True)])
+@pytest.mark.parametrize("t,k,acc", [(1, 96, False), (11, 2560, True), (75, 32, False)])   # 75: two launches
 def test_linear_matches_the_w16a16_definition(t, k, acc):
     n = 32
     _, wf, w = _weight(n, k, 2)
@@ -83,7 +83,7 @@ def test_silu_mul_and_bad_input():
     with sim_speed():
         silu_mul(a, dev(gu), 2)
     g, u = gu[:2, :32], gu[:2, 32:]
-    assert_close(host(a)[:2], g / (1 + np.exp(-g)) * u, rtol=1e-6, atol_rel=1e-6)
+    assert_close(host(a)[:2], g / (1 + np.exp(-g)) * u, rtol=1e-5, atol_rel=1e-6)    # the GPU's expf: ulps
     _, _, w = _weight(32, 96, 8)
     with pytest.raises(KernelInputError, match="shape"):
         linear(poisoned((2, 32)), dev(_x(2, 64, 9)), w, 2)
