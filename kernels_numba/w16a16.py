@@ -189,7 +189,8 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0)
     for r0 in range(0, rows, most):                    # a prefill's rows, 72 at a time (rows are independent)
         n = min(most, rows - r0)
         kernel = make_w16a16_kernel(w.k, ks, cpw, nb, row_tiles(n), accumulate)
-        launch(kernel, w.n // 16, ks * 32, stream, (out[r0:], x[r0:], w.words, n) if r0 else (out, x, w.words, n))
+        part = (out[r0:], x[r0:]) if r0 else (out, x)
+        launch(kernel, w.n // 16, ks * 32, stream, (*part, w.words, n))
 
 
 def silu_mul(a, gu, rows: int, stream=0) -> None:
