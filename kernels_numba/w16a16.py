@@ -78,9 +78,10 @@ def unrepack_w16(w: Bf16Weight) -> np.ndarray:
 
 def w16_tiling(k: int) -> tuple[int, int, int]:
     """(KS warps, CPW steps per warp and batch, NB batches) with KS CPW NB = K/16: the most steps per
-    batch with KS <= 16 and CPW <= 8 (a warp's weights stay in registers), then the most per warp."""
+    batch with KS <= 8 (255 registers a thread still fit an SM: nine row tiles' accumulators) and
+    CPW <= 8 (a warp's weights stay in registers), then the most per warp."""
     k16 = k // 16
-    fits = [(ks * cpw, cpw, ks) for ks in range(1, 17) for cpw in range(1, 9) if k16 % (ks * cpw) == 0]
+    fits = [(ks * cpw, cpw, ks) for ks in range(1, 9) for cpw in range(1, 9) if k16 % (ks * cpw) == 0]
     _, cpw, ks = max(fits)
     return ks, cpw, k16 // (ks * cpw)
 
@@ -102,9 +103,8 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, ACC: bool):
     NWL = CPW * 4
     NACC = MT * 4
 
-    opts = {} if SIMULATED else {"max_registers": min(255, 65536 // (KS * 32)) // 8 * 8}   # KS warps fit
 
-    @cuda.jit(**opts)
+    @cuda.jit
     def w16a16_kernel(out, x, wq, n_rows):
         nt = cuda.blockIdx.x
         tid = cuda.threadIdx.x
