@@ -5,9 +5,10 @@ pseudo-experts, P = T*(K + S) (token, expert) pairs, G group size.
 
 Four launches, no host synchronisation, fixed grids (graph-capturable with a preallocated
 ``MoEWorkspace``): ``moe_align_kernel`` (1 block), ``moe_gemm_kernel`` gate/up and down, each a
-persistent stream-K grid (moe_gemm.py), ``moe_combine_kernel``. For up to GEMV_TOKENS tokens (decode
-and small draft trees) the default is moe_gemv.py's path instead: gate/up, act, down as grouped GEMVs,
-then the same combine. Mirrors workbench/reference/moe.py ``moe``: sum_k w_k SwiGLU_e(x) + shared
+persistent stream-K grid (moe_gemm.py), ``moe_combine_kernel``. At G = 32 the default is moe_gemv.py's
+path instead: gate/up, act, down as grouped GEMVs, then the same combine, per pair up to GEMV_TOKENS
+tokens (decode and small draft trees) and over the align kernel's expert tiles above (each pair's sum
+as alone, so a verify's rows equal decode's). Mirrors workbench/reference/moe.py ``moe``: sum_k w_k SwiGLU_e(x) + shared
 SwiGLU(x), each linear the W4A16 definition (activations rounded to f16, f32 accumulation);
 h = silu(gate) * up is rounded to f16 as the reference's down linear does.
 """

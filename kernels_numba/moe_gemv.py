@@ -1,4 +1,4 @@
-"""The fused MoE for few tokens: grouped GEMVs, one block per (pair, 16-row weight tile), no align.
+"""The fused MoE as grouped GEMVs: per pair for few tokens, over expert tiles above.
 
 Legend as in moe.py (T tokens, D model width, I expert width, E routed experts, K experts per token,
 S shared pseudo-experts, P = T*(K + S) pairs; pair p < T*K is (token p // K, expert topk_ids.flat[p],
@@ -6,9 +6,9 @@ weight topk_w.flat[p]), pair T*K + s*T + t is (token t, expert E + s, weight 1))
 
 At T = 1 every pair has its own expert, so there is nothing to align or to share between pairs, and
 the stream-K GEMMs (moe_gemm.py) pay for machinery that has no work: at K2 width this path runs at
-about three quarters of the bandwidth floor, stream-K at about half (docs/perf.md). With a
-few tokens few experts are shared; a shared one is read once per pair (the copies mostly from L2),
-so the path is the default up to moe.GEMV_TOKENS tokens. Four launches, all with PDL:
+about three quarters of the bandwidth floor, stream-K at about half (docs/perf.md). Up to
+moe.GEMV_TOKENS tokens a shared expert is read once per pair (the copies mostly from L2). Four launches,
+all with PDL:
 
   gate_up  grid (2 I/16, P): block (2 n + half, p) computes 16 rows of the gate (half 0) or up
            (half 1) projection of pair p's expert for p's token: ``gu[p, half I + 16 n + r]`` (f32).
@@ -19,6 +19,13 @@ so the path is the default up to moe.GEMV_TOKENS tokens. Four launches, all with
            the four triggers its dependents only after its own wait, so once down runs the routing
            is final.
   combine  moe_align.make_combine_kernel (sum over pairs in fixed order; it waits first).
+
+Tiled (above GEMV_TOKENS tokens): moe_align first puts each expert's pairs in tiles of 8; gate_up and
+down then walk the tiles (grid rows stride over ``meta[0]``), the tile's 8 pairs in the MMA's 8
+activation columns, so an expert is read once per tile, not once per pair. A column's result depends
+on its own operands only, and its sum runs in the per-pair path's order, so every pair's output equals,
+bit for bit, its output alone: a verify's rows equal the decode rows of the same tokens (stream-K,
+which splits K by the amount of work, does not).
 
 Each GEMV block is int4_matmul's M = 1 block (int4_matmul.py explains the layout and the MMA), its
 KS warps splitting K with CPW chunks each, the row's sum in fixed warp order; activation columns
@@ -94,8 +101,9 @@ def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, 
             griddep_launch_dependents()                   # after the wait: the routing is final
             if GATE_UP and not TILED and cuda.blockIdx.y == 0 and tile == 0 and tid == 0:
                 meta[1] = 0
-        n_items = meta[0] if TILED else cuda.gridDim.y
-        for item in range(cuda.blockIdx.y, n_items, cuda.gridDim.y):
+        first = cuda.blockIdx.y
+        end, step = (meta[0], cuda.gridDim.y) if TILED else (first + 1, 1)   # per pair: one item, no loop
+        for item in range(first, end, step):
             if TILED:
                 e = tile_expert[item]
                 ok = True
@@ -120,7 +128,7 @@ def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, 
                     wl[ci * 4 + j] = w[j]
                 for j in range(2):
                     sl[ci * 2 + j] = sq[sbase + (ci * 2 + j) * 8]
-            if not GATE_UP and not TILED and item == cuda.blockIdx.y:
+            if not GATE_UP and not TILED:
                 griddep_wait()                            # h is act's output
                 griddep_launch_dependents()
                 if not ok and tile == 0 and tid == 0:

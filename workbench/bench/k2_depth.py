@@ -80,10 +80,10 @@ def add_arguments(parser) -> None:
     opt("--deadline", type=float, default=470.0,
         help="depth: seconds after the start past which no new run starts")
     opt("--no-check", action="store_true", help="leave out the layer checks")
-    opt("--oracle", choices=ORACLES, default="margin",
-        help="depth: the oracle's top token MARGIN logits above the rest (margin) or at probability p "
-             "(calibrated: the draft's probabilities say how often it is right, as the cost-aware budget "
-             "assumes)")
+    opt("--oracle", choices=ORACLES, default="calibrated",
+        help="depth: the oracle's top token at probability p (calibrated: the draft's probabilities say "
+             "how often it is right, as a trained drafter's and as the cost-aware budget assumes) or "
+             "MARGIN logits above the rest (margin)")
     opt("--drafter", choices=("engine", "none"), default="engine",
         help="depth: run the DFlash-shape drafter's forward every round (engine) or not")
     opt("--dry-run", action="store_true",
