@@ -8,9 +8,9 @@ Four launches, no host synchronisation, fixed grids (graph-capturable with a pre
 persistent stream-K grid (moe_gemm.py), ``moe_combine_kernel``. At G = 32 the default is moe_gemv.py's
 path instead: gate/up, act, down as grouped GEMVs, then the same combine, per pair up to GEMV_TOKENS
 tokens (decode and small draft trees) and over the align kernel's expert tiles above (each pair's sum
-as alone, so a verify's rows equal decode's). Mirrors workbench/reference/moe.py ``moe``: sum_k w_k SwiGLU_e(x) + shared
-SwiGLU(x), each linear the W4A16 definition (activations rounded to f16, f32 accumulation);
-h = silu(gate) * up is rounded to f16 as the reference's down linear does.
+as alone, so a verify's rows equal decode's). Mirrors workbench/reference/moe.py ``moe``:
+sum_k w_k SwiGLU_e(x) + shared SwiGLU(x), each linear the W4A16 definition (activations rounded to
+f16, f32 accumulation); h = silu(gate) * up is rounded to f16 as the reference's down linear does.
 """
 
 from __future__ import annotations
@@ -121,7 +121,19 @@ def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
                         empty(p * i, np.uint16, stream), empty(p * d, np.float32, stream),
                         empty(part, np.float32, stream),
                         empty(p * (i // 16), np.int32, stream), empty(p * (d // 16), np.int32, stream),
-                        n_tok, empty(p * 2 * i if gemv or n_tok <= GEMV_TOKENS else 1, np.float32, stream))
+                        n_tok, _zeros(p * 2 * i if gemv or n_tok <= GEMV_TOKENS else 1, stream))
+
+
+def _zeros(n: int, stream):
+    """float32 zeros: the gate/up rows of pairs the tiled path drops (ids outside [0, E)) are never
+    written, and act still reads them (finite, so the simulator's exp does not overflow)."""
+    z = empty(n, np.float32, stream)
+    if SIMULATED:
+        z[:] = 0
+    else:
+        from numba import cuda
+        cuda.driver.device_memset(z, 0, z.nbytes, stream=stream)
+    return z
 
 
 def _check_config(cfg, d: int, i: int, g: int = 32) -> dict:

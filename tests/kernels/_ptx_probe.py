@@ -80,9 +80,6 @@ def moe_gemm_builds() -> dict:
     out["moe gate_up"] = counts(make_moe_gemm_kernel(7168, 2048, 32, True, *cfg["gu"], cfg["maxreg"]), gsig)
     dsig = (a(T.float32), a(T.uint16)) + gsig[2:]
     out["moe down"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]), dsig)
-    cfg = stream_k_config(7168, 2048, tokens=16)   # stream-K down for 2 <= T <= 32
-    out["moe down T=16"] = counts(make_moe_gemm_kernel(2048, 7168, 32, False, *cfg["dn"], cfg["maxreg"]),
-                                  dsig)
     return out
 
 
