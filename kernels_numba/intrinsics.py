@@ -17,7 +17,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``dequant_i4x8(w)`` | 4 lop3 + shift, ``sub``/``fma`` ``.f16x2``: 8 nibbles -> 4 half2 | numpy f16 |
 | ``mma_16816(a0..a3, b0, b1, c0..c3)`` | ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` | exchange |
 | ``mma_16816_bf16(a0..a3, b0, b1, c0..c3)`` | the same with ``.bf16`` operands | exchange |
-| ``f32_to_bf162(a, b)`` | ``cvt.rn.bf16x2.f32``: bf16 pair, low = a, high = b | numpy bit rounding |
+| ``bits_to_bf162(u, v)`` | ``cvt.rn.bf16x2.f32`` of two float32 given as bits: low = u, high = v | numpy |
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
 | ``f32_to_h2(a, b)`` | two ``cvt.rn.f16.f32`` packed low = a, high = b | numpy float16 |
 | ``stored_as(a, v)`` | ``v`` as ``a``'s element: itself (float32), ``cvt.rn.bf16.f32`` (int16 bits) | numpy |
@@ -256,9 +256,9 @@ _sim_mma = _sim_mma_of(bf16=False)
 _sim_mma_bf16 = _sim_mma_of(bf16=True)
 
 
-def _sim_f32_to_bf162(a, b):
-    u = np.array([a, b], dtype=np.float32).view(np.uint32).astype(np.uint64)
-    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16                 # round to nearest even (finite values)
+def _sim_bits_to_bf162(u, v):
+    w = np.array([int(u) & 0xFFFFFFFF, int(v) & 0xFFFFFFFF], dtype=np.uint64)
+    r = (w + 0x7FFF + ((w >> 16) & 1)) >> 16                 # round to nearest even (finite values)
     return np.uint32(int(r[0]) | (int(r[1]) << 16))
 
 
@@ -352,12 +352,13 @@ def _build_gpu():
         return f32x4(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
 
     @intrinsic
-    def f32_to_bf162(typingctx, a, b):
+    def bits_to_bf162(typingctx, u, v):
         def codegen(context, builder, sig, args):
-            x = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args, strict=True)]
-            fty = ir.FunctionType(i32, [f32, f32])                 # cvt.rn.bf16x2.f32 d, hi, lo
-            return builder.call(ir.InlineAsm(fty, "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f"), x)
-        return types.uint32(a, b), codegen
+            x = [context.cast(builder, a, t, types.uint32) for a, t in zip(args, sig.args, strict=True)]
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32, i32]), "{\n.reg .f32 lo, hi;\nmov.b32 lo, $1;\n"
+                               "mov.b32 hi, $2;\ncvt.rn.bf16x2.f32 $0, hi, lo;\n}", "=r,r,r")
+            return builder.call(asm, x)
+        return types.uint32(u, v), codegen
 
     @intrinsic
     def h2_to_f32(typingctx, u):
@@ -568,7 +569,7 @@ def _build_gpu():
 
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"),
             _ld("ld.global.L1::no_allocate.v4.u32"), dequant_i4x8,
-            mma_16816, mma_16816_bf16, f32_to_bf162, h2_to_f32, f32_to_h2, stored_as, ld_u32, ld_cg_f32,
+            mma_16816, mma_16816_bf16, bits_to_bf162, h2_to_f32, f32_to_h2, stored_as, ld_u32, ld_cg_f32,
             ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
@@ -585,7 +586,7 @@ if SIMULATED:
     dequant_i4x8 = _sim_dequant
     mma_16816 = _sim_mma
     mma_16816_bf16 = _sim_mma_bf16
-    f32_to_bf162 = _sim_f32_to_bf162
+    bits_to_bf162 = _sim_bits_to_bf162
     h2_to_f32 = _sim_h2_to_f32
     f32_to_h2 = _sim_f32_to_h2
     stored_as = _sim_stored_as
@@ -601,7 +602,8 @@ if SIMULATED:
     mbar_wait = lambda s, i, p: _sim_syncthreads()      # noqa: E731 - every store before it is done
     st_async_f32 = _sim_st_async_f32
 else:
-    (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, mma_16816_bf16, f32_to_bf162, h2_to_f32,
+    (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, mma_16816_bf16, bits_to_bf162,
+     h2_to_f32,
      f32_to_h2, stored_as, ld_u32,
      ld_cg_f32, ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for, griddep_launch_dependents,
      globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx, mbar_wait,

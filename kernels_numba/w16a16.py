@@ -11,13 +11,16 @@ and another summation order, as T grows), and DDTree's output can equal AR's tok
 
 Layout (``repack_w16``): W [N, K] in m16n8k16 A fragments: tile ``nt`` of 16 rows, step ``s`` of
 16 columns, 128 uint32 words, lane ``l = 4 g + t`` holding a0..a3 at words 4 l .. 4 l + 3 (a0: row g,
-columns 2t, 2t+1; a1: row g + 8; a2, a3: columns + 8; low half the lower column): one 16-byte load
-per lane and step.
+a1: row g + 8; a0, a1 the step's columns 4t, 4t + 1, a2, a3 its columns 4t + 2, 4t + 3; low half the
+lower column): one 16-byte load per lane and step. The MMA's k index 2t, 2t + 1, 2t + 8, 2t + 9 thus
+stands for the columns 4t .. 4t + 3, so a lane's activations are one 16-byte load of 4 floats too.
 
 Block ``nt`` (grid N/16, KS warps): per batch b, warp w loads steps b KS CPW + w CPW .. + CPW into
 registers (the first batch before the PDL wait), then runs them over every row tile, chaining the
-MMA accumulators: row tile m, column g is row 8 m + g of x, its two bf16 pairs rounded from float32
-as they are read. Then the warps' partial sums meet in shared memory and add in warp order.
+MMA accumulators: row tile m, column g is row 8 m + g of x (rows past the last read the last row and
+are never stored; no branch, so the loops unroll and the MT x 4 accumulators stay in registers), its
+two bf16 pairs rounded from the 4 floats as they are read. Then the warps' partial sums meet in shared
+memory and add in warp order.
 """
 
 from __future__ import annotations
@@ -30,13 +33,21 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32, uint32
 
-from ._validate import KernelInputError, check
+from ._validate import KernelInputError, check, flat
 from .device import SIMULATED
-from .intrinsics import f32_to_bf162, griddep_launch_dependents, griddep_wait, ld_stream_v4, mma_16816_bf16
+from .intrinsics import (
+    bits_to_bf162,
+    griddep_launch_dependents,
+    griddep_wait,
+    ld_stream_v4,
+    ld_v4,
+    mma_16816_bf16,
+)
 from .launch import launch
 
 ZERO = float32(0.0)
-ROW_TILES = (1, 2, 4, 9)       # the row-tile counts compiled: T <= 8, 16, 32, 72 rows
+ROW_TILES = (1, 2, 3, 5, 9)    # the row-tile counts compiled: T <= 8, 16, 24, 40, 72 rows (a verify of
+                               # B + 1 rows at B = 1..64 takes 1, 1, 1, 2, 3, 5, 9)
 
 
 @dataclass(frozen=True)
@@ -62,8 +73,8 @@ def repack_w16(w_t) -> Bf16Weight:
     if w_t.dtype != torch.bfloat16 or k % 16 or n % 16:
         raise KernelInputError(f"a W16A16 weight is bfloat16 [K, N] with K, N multiples of 16, got "
                                f"{w_t.dtype} {tuple(w_t.shape)}")
-    w = w_t.T.reshape(n // 16, 2, 8, k // 16, 2, 4, 2)        # (nt, row half, g, step, column half, t, lo/hi)
-    frag = w.permute(0, 3, 2, 5, 4, 1, 6).contiguous()        # (nt, step, g, t, a-register, lo/hi)
+    w = w_t.T.reshape(n // 16, 2, 8, k // 16, 4, 2, 2)        # (nt, row half, g, step, t, column half, lo/hi)
+    frag = w.permute(0, 3, 2, 4, 5, 1, 6).contiguous()        # (nt, step, g, t, a-register, lo/hi)
     words = frag.view(torch.int16).view(-1).view(torch.int32)
     view = words.numpy() if words.device.type == "cpu" else cuda.as_cuda_array(words)
     return Bf16Weight(view.view(np.uint32), n, k, words)
@@ -73,7 +84,7 @@ def unrepack_w16(w: Bf16Weight) -> np.ndarray:
     """The inverse of ``repack_w16``: W [N, K] as uint16 bfloat16 bits on the host."""
     a = np.asarray(w.words) if SIMULATED or isinstance(w.words, np.ndarray) else w.words.copy_to_host()
     frag = a.view(np.uint16).reshape(w.n // 16, w.k // 16, 8, 4, 2, 2, 2)   # (nt, step, g, t, ch, rh, lo/hi)
-    return np.ascontiguousarray(frag.transpose(0, 5, 2, 1, 4, 3, 6)).reshape(w.n, w.k)
+    return np.ascontiguousarray(frag.transpose(0, 5, 2, 1, 3, 4, 6)).reshape(w.n, w.k)
 
 
 def w16_tiling(k: int) -> tuple[int, int, int]:
@@ -127,18 +138,16 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, ACC: bool):
             if b == 0:
                 griddep_wait()                                     # x and out are the previous kernels'
                 griddep_launch_dependents()
-            for m in range(MT):
-                if m * 8 < n_rows:
-                    row = m * 8 + g
-                    row = row if row < n_rows else 0               # padding columns: a real row, not stored
-                    for ci in range(CPW):
-                        k0 = (s0 + ci) * 16 + 2 * t
-                        b0 = f32_to_bf162(x[row, k0], x[row, k0 + 1])
-                        b1 = f32_to_bf162(x[row, k0 + 8], x[row, k0 + 9])
-                        d = mma_16816_bf16(wl[ci * 4], wl[ci * 4 + 1], wl[ci * 4 + 2], wl[ci * 4 + 3], b0, b1,
-                                           acc[m * 4], acc[m * 4 + 1], acc[m * 4 + 2], acc[m * 4 + 3])
-                        for i in range(4):
-                            acc[m * 4 + i] = d[i]
+            for ci in range(CPW):
+                col = (s0 + ci) * 16 + 4 * t                       # this lane's 4 columns of step s0 + ci
+                for m in range(MT):                                # every tile, branch-free: rows past
+                    row = min(m * 8 + g, n_rows - 1)               # n_rows read the last row, never stored
+                    xv = ld_v4(x, row * K + col)
+                    d = mma_16816_bf16(wl[ci * 4], wl[ci * 4 + 1], wl[ci * 4 + 2], wl[ci * 4 + 3],
+                                       bits_to_bf162(xv[0], xv[1]), bits_to_bf162(xv[2], xv[3]),
+                                       acc[m * 4], acc[m * 4 + 1], acc[m * 4 + 2], acc[m * 4 + 3])
+                    for i in range(4):
+                        acc[m * 4 + i] = d[i]
         for m in range(MT):
             if m * 8 < n_rows:                                     # the same for every thread: no split sync
                 for i in range(4):
@@ -189,7 +198,7 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0)
     for r0 in range(0, rows, most):                    # a prefill's rows, 72 at a time (rows are independent)
         n = min(most, rows - r0)
         kernel = make_w16a16_kernel(w.k, ks, cpw, nb, row_tiles(n), accumulate)
-        part = (out[r0:], x[r0:]) if r0 else (out, x)
+        part = (out[r0:], flat(x[r0:])) if r0 else (out, flat(x))
         launch(kernel, w.n // 16, ks * 32, stream, (*part, w.words, n))
 
 

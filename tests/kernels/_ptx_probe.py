@@ -123,7 +123,7 @@ def w16a16_builds() -> dict:
     for k, mt, acc in ((7168, 1, False), (8192, 9, True)):               # K2's a1 at decode, wo at B = 64
         ks, cpw, nb = w16_tiling(k)
         out[f"w16a16 K={k} MT={mt}"] = counts(make_w16a16_kernel(k, ks, cpw, nb, mt, acc),
-                                               (rows2d, rows2d, a(T.uint32), T.int64))
+                                               (rows2d, a(T.float32), a(T.uint32), T.int64))
     out["silu_mul"] = counts(silu_mul_kernel, (rows2d, rows2d, T.int64))
     return out
 
