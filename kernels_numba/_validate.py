@@ -86,3 +86,13 @@ def empty(shape, dtype, stream=0):
     if SIMULATED:
         return np.empty(shape, dtype)
     return cuda.device_array(shape, dtype, stream=stream)
+
+
+def zeroed(n: int, dtype, stream=0):
+    """``n`` zeros of ``dtype`` on ``stream`` (a device memset)."""
+    a = empty(n, dtype, stream)
+    if SIMULATED:
+        a[:] = 0
+    else:
+        cuda.driver.device_memset(a, 0, a.nbytes, stream=stream)
+    return a

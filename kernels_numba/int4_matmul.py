@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, uint32, uint64
 
-from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, flat
+from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, flat, zeroed
 from .device import SIMULATED
 from .int4_layout import Int4Weight
 from .int4_staged import MAX_PX, MAX_SPLITS, Staged, make_int4_staged_kernel, partials
@@ -303,16 +303,7 @@ def gemm_workspace(rows: int, shapes, stream=0) -> GemmWorkspace:
         cfg = _staged_config(k, n)
         w, c = partials(cfg, -(-n // 16), -(-rows // (8 * cfg.mt)))
         words, cells = max(words, w), max(cells, c)
-    return GemmWorkspace(empty(words, np.float32, stream), _zeros_i32(cells, stream))
-
-
-def _zeros_i32(n: int, stream):
-    a = empty(n, np.int32, stream)
-    if SIMULATED:
-        a[:] = 0
-    else:
-        cuda.driver.device_memset(a, 0, a.nbytes, stream=stream)
-    return a
+    return GemmWorkspace(empty(words, np.float32, stream), zeroed(cells, np.int32, stream))
 
 
 def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int, ...] | Staged | None = None,
@@ -381,7 +372,7 @@ def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl:
         raise KernelInputError(f"M={m} exceeds the grid / int32 limits")
     words, cells = partials(cfg, weight.n16, grid[1])
     if words:
-        ws = ws or GemmWorkspace(empty(words, np.float32, stream), _zeros_i32(cells, stream))
+        ws = ws or GemmWorkspace(empty(words, np.float32, stream), zeroed(cells, np.int32, stream))
         part = check(flat(ws.part), "workspace.part", np.float32, (None,), align=4)
         cnt = check(flat(ws.cnt), "workspace.cnt", np.int32, (None,), align=4)
         if part.size < words or cnt.size < cells:

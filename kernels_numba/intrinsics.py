@@ -323,33 +323,24 @@ def _build_gpu():
             return _tuple(context, builder, sig.return_type, builder.call(asm, [v]), 4)
         return u32x4(w), codegen
 
-    @intrinsic
-    def mma_16816(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        def codegen(context, builder, sig, args):
-            pairs = list(zip(args, sig.args, strict=True))
-            ints = [context.cast(builder, v, t, types.uint32) for v, t in pairs[:6]]
-            flts = [context.cast(builder, v, t, types.float32) for v, t in pairs[6:]]
-            fty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
-            asm = ir.InlineAsm(
-                fty, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, "
-                "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=True)
-            return _tuple(context, builder, sig.return_type, builder.call(asm, ints + flts), 4)
-        return f32x4(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
+    def _mma(operand: str):
+        """mma.sync m16n8k16, row.col, float32 accumulators, ``operand`` (f16 / bf16) A and B."""
+        @intrinsic
+        def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            def codegen(context, builder, sig, args):
+                pairs = list(zip(args, sig.args, strict=True))
+                ints = [context.cast(builder, v, t, types.uint32) for v, t in pairs[:6]]
+                flts = [context.cast(builder, v, t, types.float32) for v, t in pairs[6:]]
+                fty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+                asm = ir.InlineAsm(
+                    fty, f"mma.sync.aligned.m16n8k16.row.col.f32.{operand}.{operand}.f32 {{$0, $1, $2, $3}}, "
+                    "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                    "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=True)
+                return _tuple(context, builder, sig.return_type, builder.call(asm, ints + flts), 4)
+            return f32x4(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
+        return mma
 
-    @intrinsic
-    def mma_16816_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        def codegen(context, builder, sig, args):
-            pairs = list(zip(args, sig.args, strict=True))
-            ints = [context.cast(builder, v, t, types.uint32) for v, t in pairs[:6]]
-            flts = [context.cast(builder, v, t, types.float32) for v, t in pairs[6:]]
-            fty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
-            asm = ir.InlineAsm(
-                fty, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, "
-                "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=True)
-            return _tuple(context, builder, sig.return_type, builder.call(asm, ints + flts), 4)
-        return f32x4(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), codegen
+    mma_16816, mma_16816_bf16 = _mma("f16"), _mma("bf16")
 
     @intrinsic
     def bits_to_bf162(typingctx, u, v):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import KernelInputError, as_stream, check, empty, flat
+from ._validate import KernelInputError, as_stream, check, empty, flat, zeroed
 from .device import SIMULATED
 from .int4_layout import Int4Weight, repack_int4
 from .launch import launch
@@ -116,24 +116,13 @@ def moe_workspace(n_tok: int, k_top: int, weights: MoEWeights, stream=0,
     cfg = _check_config(config or choose_moe_config(d, i, n_tok, g), d, i, g)
     gemv = "gemv" in cfg
     part = _part_size(stream_k_config(d, i, n_tok) if gemv else cfg)     # either path fits by default
+    # gu zeroed: act reads the gate/up rows of pairs the tiled path drops, which are never written
     return MoEWorkspace(empty(p, np.int32, stream), empty(p * 8, np.int32, stream),
                         empty(p * 8, np.int32, stream), empty(2, np.int32, stream),
                         empty(p * i, np.uint16, stream), empty(p * d, np.float32, stream),
                         empty(part, np.float32, stream),
                         empty(p * (i // 16), np.int32, stream), empty(p * (d // 16), np.int32, stream),
-                        n_tok, _zeros(p * 2 * i if gemv or n_tok <= GEMV_TOKENS else 1, stream))
-
-
-def _zeros(n: int, stream):
-    """float32 zeros: the gate/up rows of pairs the tiled path drops (ids outside [0, E)) are never
-    written, and act still reads them (finite, so the simulator's exp does not overflow)."""
-    z = empty(n, np.float32, stream)
-    if SIMULATED:
-        z[:] = 0
-    else:
-        from numba import cuda
-        cuda.driver.device_memset(z, 0, z.nbytes, stream=stream)
-    return z
+                        n_tok, zeroed(p * 2 * i if gemv or n_tok <= GEMV_TOKENS else 1, np.float32, stream))
 
 
 def _check_config(cfg, d: int, i: int, g: int = 32) -> dict:

@@ -58,11 +58,8 @@ def test_int4_staged_stages_x_in_shared_memory():
 
 
 def test_moe_stream_k_gemms():
-    ptx_counts = probe("moe_gemm")
-    for name in ("moe gate_up", "moe down"):                # (G != 32 only: G = 32 takes moe_gemv)
-        c = ptx_counts[name]
-        assert c["mma"] >= 2 and c["ldg_nc_v4"] >= 1 and c["ldg_v4"] >= 1 and c["local"] == 0, name
-    assert ptx_counts["moe gate_up"]["ldg_nc_v4"] >= 2                       # gate and up tiles per chunk
+    c = probe("moe_gemm")["moe down"]                       # (G != 32 only: G = 32 takes moe_gemv)
+    assert c["mma"] >= 2 and c["ldg_nc_v4"] >= 1 and c["ldg_v4"] >= 1 and c["local"] == 0
 
 
 def test_moe_align_gemv_and_combine():
