@@ -257,9 +257,9 @@ _sim_mma_bf16 = _sim_mma_of(bf16=True)
 
 
 def _sim_bits_to_bf162(u, v):
-    w = np.array([int(u) & 0xFFFFFFFF, int(v) & 0xFFFFFFFF], dtype=np.uint64)
-    r = (w + 0x7FFF + ((w >> 16) & 1)) >> 16                 # round to nearest even (finite values)
-    return np.uint32(int(r[0]) | (int(r[1]) << 16))
+    from numformats.bf16 import bf16
+    b = bf16(np.array([int(u) & 0xFFFFFFFF, int(v) & 0xFFFFFFFF], np.uint32).view(np.float32)).bits
+    return np.uint32(int(b[0]) | (int(b[1]) << 16))
 
 
 # ---- GPU intrinsics ------------------------------------------------------------------------
@@ -593,8 +593,7 @@ if SIMULATED:
     mbar_wait = lambda s, i, p: _sim_syncthreads()      # noqa: E731 - every store before it is done
     st_async_f32 = _sim_st_async_f32
 else:
-    (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, mma_16816_bf16, bits_to_bf162,
-     h2_to_f32,
+    (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, mma_16816_bf16, bits_to_bf162, h2_to_f32,
      f32_to_h2, stored_as, ld_u32,
      ld_cg_f32, ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for, griddep_launch_dependents,
      globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx, mbar_wait,

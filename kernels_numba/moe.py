@@ -134,10 +134,11 @@ def _check_config(cfg, d: int, i: int, g: int = 32) -> dict:
         except (KeyError, TypeError, ValueError):
             raise KernelInputError(f"bad MoE config {cfg}: the GEMV path needs gu and dn (warps per "
                                    "block, chunks per warp) and maxreg") from None
-        tiled, rows = cfg.get("tiled", False), cfg.get("rows", 1 if "tiled" not in cfg else None)
+        tiled, rows = cfg.get("tiled", False), cfg.get("rows", 1)          # rows: the tiled path's grid
         if (cfg["gemv"] is not True or g != 32 or ksgu * cpwgu != d // 64 or ksdn * cpwdn != i // 64
                 or not 32 <= reg <= 255 or not 1 <= ksgu <= 32 or not 1 <= ksdn <= 32
-                or not isinstance(tiled, bool) or not isinstance(rows, int) or not 1 <= rows <= 65535):
+                or not isinstance(tiled, bool) or (tiled and "rows" not in cfg)
+                or not isinstance(rows, int) or not 1 <= rows <= 65535):
             raise KernelInputError(f"bad MoE config {cfg} for D={d} I={i} G={g}")
         return cfg
     try:

@@ -465,7 +465,7 @@ class Scratch:
         sw = [*swiglus, *(m.shared for m in moes if m.shared is not None)]
         port = [s for s in sw if s.path == PORTABLE]
         fast = [s for s in sw if s.path == INT4_MATMUL]
-        on_blas = [s for s in sw if s.path in (BLAS_PATH, W16A16)]
+        f32_act = [s for s in sw if s.path in (BLAS_PATH, W16A16)]       # silu(g) * u kept in float32
         fused = [m for m in moes if m.path == FUSED_MOE]
         self.rids = zeros((rows, k), np.int32)                                  # [T, K] routed ids
         self.rwts = zeros((rows, k))                                            # [T, K] routed weights
@@ -474,12 +474,12 @@ class Scratch:
         self.slot0 = zeros((rows, 1), np.int32)                                 # its id (0) and weight (1)
         self.one = to_device(np.ones((rows, 1), np.float32))
         dim = max((x.dim for x in [*fast, *fused]), default=0)
-        width = max((s.width for s in [*fast, *on_blas]), default=0)
+        width = max((s.width for s in [*fast, *f32_act]), default=0)
         self.x16 = zeros(max(rows * dim, 1), np.uint16)                         # [T, D] f16 bits of x
         self.y = zeros(max(rows * dim, 1))                                      # [T, D] a block's output
         self.gu = zeros(max(rows * 2 * width, 1))                               # [T, 2I] gate || up
         self.h16 = zeros(max(rows * width, 1), np.uint16)                       # [T, I] f16(silu(g) * u)
-        self.act = zeros(max(rows * max((s.width for s in on_blas), default=0), 1))  # [T, I] silu(g) * u
+        self.act = zeros(max(rows * max((s.width for s in f32_act), default=0), 1))  # [T, I] silu(g) * u
         per_row = max((r.n_experts * r.slices for r in sliced), default=0)
         self.logits = zeros(max(rows * per_row, 1))                               # [S*T, E] sliced logits
         self.gemm = gemm_workspace(rows, [(m.n, m.k, m.group_size) for s in fast for m in (s.w13, s.w2)])

@@ -87,6 +87,7 @@ def unrepack_w16(w: Bf16Weight) -> np.ndarray:
     return np.ascontiguousarray(frag.transpose(0, 5, 2, 1, 3, 4, 6)).reshape(w.n, w.k)
 
 
+@functools.cache
 def w16_tiling(k: int) -> tuple[int, int, int]:
     """(KS warps, CPW steps per warp and batch, NB batches) with KS CPW NB = K/16: the most steps per
     batch with KS <= 8 (255 registers a thread still fit an SM: nine row tiles' accumulators) and
@@ -113,7 +114,6 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, ACC: bool):
     NRED = KS * 4 * 32
     NWL = CPW * 4
     NACC = MT * 4
-
 
     @cuda.jit
     def w16a16_kernel(out, x, wq, n_rows):
@@ -198,11 +198,14 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0)
     for r0 in range(0, rows, most):                    # a prefill's rows, 72 at a time (rows are independent)
         n = min(most, rows - r0)
         kernel = make_w16a16_kernel(w.k, ks, cpw, nb, row_tiles(n), accumulate)
-        part = (out[r0:], flat(x[r0:])) if r0 else (out, flat(x))
-        launch(kernel, w.n // 16, ks * 32, stream, (*part, w.words, n))
+        launch(kernel, w.n // 16, ks * 32, stream, (out[r0:], flat(x[r0:]), w.words, n))
 
 
 def silu_mul(a, gu, rows: int, stream=0) -> None:
     """a [T, I] = silu(g) * u for gu [T, 2I] = [g || u], the first ``rows`` rows."""
+    a = check(a, "a", np.float32, (None, None), align=4)
     width = a.shape[1]
+    gu = check(gu, "gu", np.float32, (None, 2 * width), align=4)
+    if not 1 <= rows <= min(a.shape[0], gu.shape[0]):
+        raise KernelInputError(f"rows must be in 1..{min(a.shape[0], gu.shape[0])}, got {rows}")
     launch(silu_mul_kernel, (-(-width // 128), rows), 128, stream, (a, gu, rows))

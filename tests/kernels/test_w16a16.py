@@ -84,6 +84,8 @@ def test_silu_mul_and_bad_input():
         silu_mul(a, dev(gu), 2)
     g, u = gu[:2, :32], gu[:2, 32:]
     assert_close(host(a)[:2], g / (1 + np.exp(-g)) * u, rtol=1e-5, atol_rel=1e-6)    # the GPU's expf: ulps
+    with pytest.raises(KernelInputError, match="gu: shape"):
+        silu_mul(poisoned((2, 32)), dev(_x(2, 48, 7)), 2)
     _, _, w = _weight(32, 96, 8)
     with pytest.raises(KernelInputError, match="shape"):
         linear(poisoned((2, 32)), dev(_x(2, 64, 9)), w, 2)

@@ -50,9 +50,10 @@ from typing import Any
 
 import numpy as np
 
+from ..ddtree.oracle import KINDS as ORACLE_KINDS
+
 BUDGETS = (1, 2, 4, 8, 16, 32, 64)
 ORACLE_P = (0.8, 0.5, 0.9, 0.7)            # run in this order: the most telling first
-ORACLES = ("margin", "calibrated")          # the oracle's kinds (workbench.ddtree.oracle)
 TAPS = (1, 12, 24, 35, 47, 58)             # Kimi-K2.6-DFlash's target_layer_ids
 BLOCK = 8                                  # its block size
 MIN_SETS = 8
@@ -80,7 +81,7 @@ def add_arguments(parser) -> None:
     opt("--deadline", type=float, default=470.0,
         help="depth: seconds after the start past which no new run starts")
     opt("--no-check", action="store_true", help="leave out the layer checks")
-    opt("--oracle", choices=ORACLES, default="calibrated",
+    opt("--oracle", choices=ORACLE_KINDS, default="calibrated",
         help="depth: the oracle's top token at probability p (calibrated: the draft's probabilities say "
              "how often it is right, as a trained drafter's and as the cost-aware budget assumes) or "
              "MARGIN logits above the rest (margin)")
@@ -253,7 +254,7 @@ def oracle_source(p: float, oracle: str = "margin") -> str:
 
 
 def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequence: np.ndarray,
-               seed: int, drafter=None, probe_rounds: int = 8, oracle: str = "margin") -> dict[str, Any]:
+               seed: int, drafter=None, probe_rounds: int = 8, oracle: str = "calibrated") -> dict[str, Any]:
     """One greedy DDTree generation with the oracle drafter at ``p`` (``oracle``: its kind, ``--oracle``)
     through the engine's round methods (as ``engine.ddtree.engine_ddtree_generate`` runs them) with
     ``drafter(state)`` ahead of each draft; per-phase wall times, and the distinct experts of the
@@ -534,7 +535,7 @@ def check_engine_side(cfg, model, layer: int, seed: int) -> tuple[dict, dict]:
 
 def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 128, budgets=BUDGETS,
           ps=ORACLE_P, reps: int = 20, seed: int = 0, deadline_s: float = 470.0, check: bool = True,
-          drafter: str = "engine", oracle: str = "margin", dry_run: bool = False, progress=None):
+          drafter: str = "engine", oracle: str = "calibrated", dry_run: bool = False, progress=None):
     """Build, check and time the stand-in; writes the result set ``k2_depth_<commit>`` into ``out_dir``.
     progress: ``progress(done, total, what)`` before each stage and each DDTree run."""
     from kernels_numba import ops

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import InputError
 
+KINDS = ("margin", "calibrated")   # how the top token's logit is set (``oracle_logits``)
 MARGIN = 4.0      # the top token's logit sits this far above every other logit
 CALIBRATED_P = (1e-3, 1.0 - 1e-3)   # a calibrated top token's probability is p clipped to this range
 MIN_GAP = 1e-3    # ... and its logit at least this far above the largest other one
@@ -48,9 +49,9 @@ def oracle_logits(sequence: np.ndarray, vocab: int, start: int, n_drafted: int, 
             row[top] = 0.0
         elif calibrated:
             rest = np.delete(row, top)
-            q = min(max(p, CALIBRATED_P[0]), CALIBRATED_P[1])
-            lse = rest.max() + np.log(np.exp(rest - rest.max()).sum())                # log sum exp(rest)
-            row[top] = max(lse + np.log(q / (1.0 - q)), rest.max() + MIN_GAP)
+            q, m = min(max(p, CALIBRATED_P[0]), CALIBRATED_P[1]), rest.max()
+            lse = m + np.log(np.exp(rest - m).sum())                                    # log sum exp(rest)
+            row[top] = max(lse + np.log(q / (1.0 - q)), m + MIN_GAP)
         else:
             row[top] = np.delete(row, top).max() + MARGIN
         out[i] = row
