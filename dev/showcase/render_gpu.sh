@@ -8,7 +8,8 @@
 # tool), the rendered showcase also goes to $OUT/showcase.tgz. A tree sent without its .git names its
 # commit in WORKBENCH_COMMIT (e.g. WORKBENCH_COMMIT=$(git rev-parse HEAD), run where the checkout is),
 # so that the index and every page say which commit they show; with git, a tree that differs from
-# HEAD outside reports/ is refused: the showcase must show a commit.
+# HEAD outside reports/ is refused: the showcase must show a commit. WHEELS_INSTALLED=1 skips the
+# install (the packages unpacked into $SITE beforehand, where the wheels would not fit the transfer).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
@@ -21,8 +22,10 @@ elif [ -z "${WORKBENCH_COMMIT:-}" ]; then
   echo "render_gpu: no git here: set WORKBENCH_COMMIT to the commit of the tree sent" >&2; exit 2
 fi
 export WORKBENCH_COMMIT=${WORKBENCH_COMMIT:-}
-ls .whl/*.whl >/dev/null || { echo "render_gpu: no wheels in .whl/ (run dev/showcase/fetch_wheels.sh)" >&2; exit 2; }
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+if [ "${WHEELS_INSTALLED:-0}" != 1 ]; then       # 1: $SITE already holds them (unpacked beforehand)
+  ls .whl/*.whl >/dev/null || { echo "render_gpu: no wheels in .whl/ (run dev/showcase/fetch_wheels.sh)" >&2; exit 2; }
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+fi
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 # the kdtree-workbench kernel for this python, and nbconvert's templates from the wheels' data
 "$PY" -m ipykernel install --prefix "$SITE/kernel" --name kdtree-workbench --display-name kdtree-workbench >/dev/null
