@@ -48,7 +48,8 @@ def test_small_layer_w16a16_matches_the_reference_w16a16(layer, monkeypatch):
     from workbench.engine.kinds import DenseKind
     monkeypatch.setattr(ops, "BLAS", True)
     rig = _rig(SMALL, layer, dense="bf16")
-    assert rig.lay.dense_kind == DenseKind.BF16 and rig.lay.a1.path == ops.BLAS_PATH
+    assert rig.lay.dense_kind == DenseKind.BF16
+    assert rig.lay.a1.path == (ops.W16A16 if ops.W16_KERNEL else ops.BLAS_PATH)   # the kernel on a GPU
     res = check_layer(SMALL, 3, rig, prefix=4, tree_nodes=16, log=lambda m: None)
     assert all(r["passed"] and r["dense"] == "bf16" for r in res), res
     assert max(r["max_rel_err"] for r in res) <= 2e-3            # at these widths few bf16 roundings flip

@@ -12,6 +12,7 @@ import functools
 import numpy as np
 import pytest
 
+from kernels_numba import ops
 from kernels_numba.sim import sim_speed
 from numformats.bf16 import bf16
 from tests.ddtree.common import dflash_layout
@@ -84,7 +85,8 @@ def test_device_dflash_w16a16_matches_reference_logits():
     with blas_on():
         _check_logits(name, b, w, dcfg, True, 1e-2)
         dev = DeviceDFlash(engine(name), w, dcfg)
-        assert dev.fc.path == dev.layers[0]["attn.wq"].path == dev.layers[0]["mlp"].path == "blas"
+        bf16_path = ops.W16A16 if ops.W16_KERNEL else ops.BLAS_PATH                # the kernel on a GPU
+        assert dev.fc.path == dev.layers[0]["attn.wq"].path == dev.layers[0]["mlp"].path == bf16_path
 
 
 @pytest.mark.slow
