@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 # lint (its S101 rule keeps assert out of the package, so no behaviour rests on it), then the suite
 test: $(STAMP) browser
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n 2 -p no:cacheprovider --durations=15
+	$(PY) -m pytest -q -n 3 --dist worksteal -p no:cacheprovider --durations=15
 
 # the notebooks into reports/local/ (git-ignored)
 report: $(STAMP)
