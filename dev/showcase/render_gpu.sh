@@ -9,7 +9,10 @@
 # commit in WORKBENCH_COMMIT (e.g. WORKBENCH_COMMIT=$(git rev-parse HEAD), run where the checkout is),
 # so that the index and every page say which commit they show; with git, a tree that differs from
 # HEAD outside reports/ is refused: the showcase must show a commit. WHEELS_INSTALLED=1 skips the
-# install (the packages unpacked into $SITE beforehand, where the wheels would not fit the transfer).
+# install, for packages unpacked into $SITE beforehand where the wheels beside the tree pass the device
+# tool's 64 MiB: here, `pip install --no-deps --only-binary=:all: --python-version 3.12 --platform
+# manylinux_2_28_x86_64 ... --target /tmp/sb .whl/*.whl`, numpy's tests removed, `tar cJf
+# .whl_site/site.tar.xz -C /tmp/sb .` (13 MB); there, `tar xJf .whl_site/site.tar.xz -C $SITE`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
