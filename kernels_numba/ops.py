@@ -102,6 +102,8 @@ BLAS = on_gpu()                              # FP32 ops may take the BLAS path (
 BLAS_MIN_ELEMENTS = 1 << 20                  # ... for weights of at least this many elements (4 MB)
 W16A16 = "w16a16"
 W16_KERNEL = on_gpu()                        # bf16 weights on the W16A16 kernel (tests turn it on on CPU)
+W16_MULTI_TILE = False                       # its NT column tiles a block from 17 rows: the same bits,
+                                             # checked in the simulator and the PTX probe, not yet timed
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
 
@@ -516,7 +518,7 @@ def embed(h, table, ids, meta, rows: int, stream=0) -> None:
 def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False) -> None:
     """out [T, N] (+)= x [T, K] @ W.T."""
     if w.path == W16A16:
-        w16a16.linear(kernel_array(out), kernel_array(x), w.wt, rows, accumulate, stream)
+        w16a16.linear(kernel_array(out), kernel_array(x), w.wt, rows, accumulate, stream, W16_MULTI_TILE)
     elif w.path == BLAS_PATH:
         blas.linear(out, x, w.wt, rows, accumulate=accumulate, stream=stream)
     else:
@@ -601,9 +603,11 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
         return
     if w.path == W16A16:
         gu, a = rows_view(sc.gu, rows, 2 * w.width), rows_view(sc.act, rows, w.width)
-        w16a16.linear(kernel_array(gu), kernel_array(x), w.w13, rows, stream=stream)
+        w16a16.linear(kernel_array(gu), kernel_array(x), w.w13, rows, stream=stream,
+                      multi_tile=W16_MULTI_TILE)
         w16a16.silu_mul(kernel_array(a), kernel_array(gu), rows, stream)
-        w16a16.linear(kernel_array(h), kernel_array(a), w.w2, rows, accumulate=True, stream=stream)
+        w16a16.linear(kernel_array(h), kernel_array(a), w.w2, rows, accumulate=True, stream=stream,
+                      multi_tile=W16_MULTI_TILE)
         return
     if w.path == BLAS_PATH:
         blas.swiglu(h, x, w.w13, w.w2, rows_view(sc.gu, rows, 2 * w.width), rows_view(sc.act, rows, w.width),

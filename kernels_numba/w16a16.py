@@ -1,8 +1,8 @@
 """The W16A16 linear on tensor cores: out [T, N] (+)= bf16(x) [T, K] @ W.T, bf16 weights, float32 sums.
 
 Legend: T rows (at most 8 MT, MT row tiles of 8), K input features, N output features (both multiples
-of 16), K16 = K/16 steps of the MMA, KS warps per block, CPW steps per warp and batch, NB batches
-(K16 = NB KS CPW).
+of 16), NT column tiles of 16 a block, K16 = K/16 steps of the MMA, KS warps per block, CPW steps per
+warp and batch, NB batches (K16 = NB KS CPW).
 
 Every row is computed exactly as it would be alone: a row is one activation column of the MMA, and
 its sum runs in one order fixed by (K, KS, CPW, NB), whatever T is or where the row sits. So a
@@ -15,12 +15,14 @@ a1: row g + 8; a0, a1 the step's columns 4t, 4t + 1, a2, a3 its columns 4t + 2, 
 lower column): one 16-byte load per lane and step. The MMA's k index 2t, 2t + 1, 2t + 8, 2t + 9 thus
 stands for the columns 4t .. 4t + 3, so a lane's activations are one 16-byte load of 4 floats too.
 
-Block ``nt`` (grid N/16, KS warps): per batch b, warp w loads steps b KS CPW + w CPW .. + CPW into
-registers (the first batch before the PDL wait), then runs them over every row tile, chaining the
-MMA accumulators: row tile m, column g is row 8 m + g of x (rows past the last read the last row and
-are never stored; no branch, so the loops unroll and the MT x 4 accumulators stay in registers), its
-two bf16 pairs rounded from the 4 floats as they are read. Then the warps' partial sums meet in shared
-memory and add in warp order.
+A block (grid N/16/NT, KS warps) owns NT column tiles: per batch b, warp w loads steps b KS CPW +
+w CPW .. + CPW of its tiles into registers, CPW/NT steps at a time (the first before the PDL wait),
+then runs them over every row tile, chaining the MMA accumulators: row tile m, column g is row 8 m + g
+of x (rows past the last read the last row and are never stored; no branch, so the loops unroll and
+the NT x MT x 4 accumulators stay in registers), its two bf16 pairs rounded from the 4 floats as they
+are read and fed to all NT tiles. Then the warps' partial sums meet in shared memory and add in warp
+order. Every accumulator still sums its steps in the same order, so NT changes no bit of the output;
+it divides the x each block reads (all of it) by NT, which is what bounds the kernel from 17 rows on.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from .launch import launch
 ZERO = float32(0.0)
 ROW_TILES = (1, 2, 3, 5, 9)    # the row-tile counts compiled: T <= 8, 16, 24, 40, 72 rows (a verify of
                                # B + 1 rows at B = 1..64 takes 1, 1, 1, 2, 3, 5, 9)
+MIN_BLOCKS = 132               # a wave of blocks on the H200's 132 SMs (tiles_per_block keeps one)
 
 
 @dataclass(frozen=True)
@@ -107,17 +110,32 @@ def row_tiles(rows: int) -> int:
     raise KernelInputError(f"the W16A16 linear takes at most {8 * ROW_TILES[-1]} rows, got {rows}")
 
 
+def tiles_per_block(n: int, mt: int, cpw: int, multi: bool) -> int:
+    """NT column tiles a block (each block reads all of x: NT tiles a block cut those reads NT-fold):
+    with ``multi``, from 17 rows, the most of 4, 2 that keeps a wave of blocks (MIN_BLOCKS), divides
+    CPW and keeps NT MT <= 12 accumulator tiles (past 48 floats numba's LLVM leaves the accumulators
+    in local memory); else 1."""
+    if not multi or mt <= 2:
+        return 1
+    for nt in (4, 2):
+        if (n // 16) % nt == 0 and n // (16 * nt) >= MIN_BLOCKS and cpw % nt == 0 and nt * mt <= 12:
+            return nt
+    return 1
+
+
 @functools.cache
-def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, ACC: bool):
-    """out [T, N] float32 (+= when ACC) = bf16(x [T, K] float32) @ W.T for rows < n_rows (<= 8 MT)."""
+def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC: bool):
+    """out [T, N] float32 (+= when ACC) = bf16(x [T, K] float32) @ W.T for rows < n_rows (<= 8 MT),
+    NT column tiles a block."""
     K16 = K // 16
     NRED = KS * 4 * 32
-    NWL = CPW * 4
-    NACC = MT * 4
+    PF = CPW // NT                                                 # steps per weight load, each tile
+    NWL = PF * NT * 4
+    NACC = NT * MT * 4
 
     @cuda.jit
     def w16a16_kernel(out, x, wq, n_rows):
-        nt = cuda.blockIdx.x
+        nt0 = cuda.blockIdx.x * NT
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
@@ -130,44 +148,56 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, ACC: bool):
             acc[i] = ZERO
         for b in range(NB):
             s0 = b * KS * CPW + warp * CPW                         # this warp's first step in batch b
-            base = (nt * K16 + s0) * 128 + lane * 4
-            for ci in range(CPW):
-                w = ld_stream_v4(wq, base + ci * 128)
-                for j in range(4):
-                    wl[ci * 4 + j] = w[j]
-            if b == 0:
-                griddep_wait()                                     # x and out are the previous kernels'
-                griddep_launch_dependents()
-            for ci in range(CPW):
-                col = (s0 + ci) * 16 + 4 * t                       # this lane's 4 columns of step s0 + ci
-                for m in range(MT):                                # every tile, branch-free: rows past
-                    row = min(m * 8 + g, n_rows - 1)               # n_rows read the last row, never stored
-                    xv = ld_v4(x, row * K + col)
-                    d = mma_16816_bf16(wl[ci * 4], wl[ci * 4 + 1], wl[ci * 4 + 2], wl[ci * 4 + 3],
-                                       bits_to_bf162(xv[0], xv[1]), bits_to_bf162(xv[2], xv[3]),
-                                       acc[m * 4], acc[m * 4 + 1], acc[m * 4 + 2], acc[m * 4 + 3])
+            for h in range(CPW // PF):                             # steps s0 + h PF .. + PF, every tile
+                for n in range(NT):
+                    base = ((nt0 + n) * K16 + s0 + h * PF) * 128 + lane * 4
+                    for ci in range(PF):
+                        w = ld_stream_v4(wq, base + ci * 128)
+                        wi = (n * PF + ci) * 4
+                        wl[wi] = w[0]
+                        wl[wi + 1] = w[1]
+                        wl[wi + 2] = w[2]
+                        wl[wi + 3] = w[3]
+                if b == 0 and h == 0:
+                    griddep_wait()                                 # x and out are the previous kernels'
+                    griddep_launch_dependents()
+                for ci in range(PF):
+                    col = (s0 + h * PF + ci) * 16 + 4 * t          # this lane's 4 columns of the step
+                    for m in range(MT):                            # every tile, branch-free: rows past
+                        row = min(m * 8 + g, n_rows - 1)           # n_rows read the last row, never stored
+                        xv = ld_v4(x, row * K + col)
+                        xa = bits_to_bf162(xv[0], xv[1])
+                        xb = bits_to_bf162(xv[2], xv[3])
+                        for n in range(NT):                        # one x fragment, NT weight tiles
+                            wi = (n * PF + ci) * 4
+                            ai = (n * MT + m) * 4
+                            d = mma_16816_bf16(wl[wi], wl[wi + 1], wl[wi + 2], wl[wi + 3], xa, xb,
+                                               acc[ai], acc[ai + 1], acc[ai + 2], acc[ai + 3])
+                            acc[ai] = d[0]                         # four statements, not a loop: one
+                            acc[ai + 1] = d[1]                     # more loop level and LLVM stops unrolling
+                            acc[ai + 2] = d[2]
+                            acc[ai + 3] = d[3]
+        for n in range(NT):
+            for m in range(MT):
+                if m * 8 < n_rows:                                 # the same for every thread: no split sync
                     for i in range(4):
-                        acc[m * 4 + i] = d[i]
-        for m in range(MT):
-            if m * 8 < n_rows:                                     # the same for every thread: no split sync
-                for i in range(4):
-                    red[(warp * 4 + i) * 32 + lane] = acc[m * 4 + i]
-                cuda.syncthreads()
-                for o in range(tid, 128, KS * 32):                 # output column r of the tile, row j
-                    r = o & 15
-                    j = o >> 4
-                    row = m * 8 + j
-                    if row < n_rows:
-                        ri = 2 * (r >> 3) + (j & 1)                # c0/c1 (column g) or c2/c3 (g + 8) ...
-                        li = 4 * (r & 7) + (j >> 1)                # ... of lane 4 g + j / 2
-                        s = ZERO
-                        for w_ in range(KS):
-                            s += red[(w_ * 4 + ri) * 32 + li]
-                        if ACC:
-                            out[row, nt * 16 + r] += s
-                        else:
-                            out[row, nt * 16 + r] = s
-                cuda.syncthreads()
+                        red[(warp * 4 + i) * 32 + lane] = acc[(n * MT + m) * 4 + i]
+                    cuda.syncthreads()
+                    for o in range(tid, 128, KS * 32):             # output column r of the tile, row j
+                        r = o & 15
+                        j = o >> 4
+                        row = m * 8 + j
+                        if row < n_rows:
+                            ri = 2 * (r >> 3) + (j & 1)            # c0/c1 (column g) or c2/c3 (g + 8) ...
+                            li = 4 * (r & 7) + (j >> 1)            # ... of lane 4 g + j / 2
+                            s = ZERO
+                            for w_ in range(KS):
+                                s += red[(w_ * 4 + ri) * 32 + li]
+                            if ACC:
+                                out[row, (nt0 + n) * 16 + r] += s
+                            else:
+                                out[row, (nt0 + n) * 16 + r] = s
+                    cuda.syncthreads()
 
     return w16a16_kernel
 
@@ -185,8 +215,10 @@ def silu_mul_kernel(a, gu, n_rows):
         a[row, i] = g / (float32(1.0) + math.exp(-g)) * gu[row, width + i]
 
 
-def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0) -> None:
-    """out [T, N] (+)= bf16(x [T, K]) @ W.T for the first ``rows`` rows (float32 x and out)."""
+def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
+           multi_tile: bool = False) -> None:
+    """out [T, N] (+)= bf16(x [T, K]) @ W.T for the first ``rows`` rows (float32 x and out);
+    ``multi_tile``: NT column tiles a block where ``tiles_per_block`` gives them (the same bits)."""
     if not isinstance(w, Bf16Weight):
         raise KernelInputError("w must come from repack_w16")
     x = check(x, "x", np.float32, (None, w.k))
@@ -197,8 +229,10 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0)
     most = 8 * ROW_TILES[-1]
     for r0 in range(0, rows, most):                    # a prefill's rows, 72 at a time (rows are independent)
         n = min(most, rows - r0)
-        kernel = make_w16a16_kernel(w.k, ks, cpw, nb, row_tiles(n), accumulate)
-        launch(kernel, w.n // 16, ks * 32, stream, (out[r0:], flat(x[r0:]), w.words, n))
+        mt = row_tiles(n)
+        nt = tiles_per_block(w.n, mt, cpw, multi_tile)
+        kernel = make_w16a16_kernel(w.k, ks, cpw, nb, mt, nt, accumulate)
+        launch(kernel, w.n // (16 * nt), ks * 32, stream, (out[r0:], flat(x[r0:]), w.words, n))
 
 
 def silu_mul(a, gu, rows: int, stream=0) -> None:

@@ -1,6 +1,8 @@
 """The W16A16 linear on a GPU at K2's projection shapes: the package kernel (``ops.linear`` on a
 ``dense_w16`` weight) beside its baseline, cuBLAS's bf16 GEMM with float32 output (the BLAS path,
-``torch.mm(bf16(x), W.T, out_dtype=float32)``), and the weight bytes each must read.
+``torch.mm(bf16(x), W.T, out_dtype=float32)``), and the weight bytes each must read; from 17 rows
+also the kernel with NT column tiles a block (``w16a16_nt``, ``ops.W16_MULTI_TILE``), checked equal
+to one tile a block bit for bit first.
 
     python dev/kernels/w16a16.py [--rows 1,2,5,9,17,33,65] [--reps 40] [--shapes a1,wq_b,wo,w13,w2,head]
 
@@ -63,9 +65,20 @@ def main() -> None:
             err = np.abs(got - want).max() / np.abs(want).max()
             if not err <= 1e-3:
                 raise SystemExit(f"{name} at {t} rows: {err:.2e} of the largest output from cuBLAS")
+            paths = [("w16a16", kern, False), ("cublas_bf16", blas, False)]
+            if t > 16:                                 # NT column tiles a block: the same bits, checked
+                ops.W16_MULTI_TILE = True
+                nt = rows_view(ref.reshape(-1), t, n)
+                ops.linear(nt, x, kern, meta, t)
+                ops.W16_MULTI_TILE = False
+                if not np.array_equal(download(nt), got):
+                    raise SystemExit(f"{name} at {t} rows: NT tiles a block differ from one tile a block")
+                paths.append(("w16a16_nt", kern, True))
             mb = k * n * 2 / 1e6
-            for path, w in (("w16a16", kern), ("cublas_bf16", blas)):
+            for path, w, multi in paths:
+                ops.W16_MULTI_TILE = multi
                 us = timer(lambda s, w=w, o=o, t=t, x=x: ops.linear(o, x, w, meta, t, s))
+                ops.W16_MULTI_TILE = False
                 print(f"{name},{k},{n},{t},{path},{us:.2f},{mb:.1f}", flush=True)
         del w_t, kern, blas
 

@@ -119,9 +119,9 @@ def router_builds() -> dict:
 def w16a16_builds() -> dict:
     a, out = _sig, {}
     rows2d = T.float32[:, ::1]
-    for k, mt, acc in ((7168, 1, False), (8192, 9, True)):               # K2's a1 at decode, wo at B = 64
-        ks, cpw, nb = w16_tiling(k)
-        out[f"w16a16 K={k} MT={mt}"] = counts(make_w16a16_kernel(k, ks, cpw, nb, mt, acc),
+    for k, mt, nt, acc in ((7168, 1, 1, False), (8192, 9, 1, True), (7168, 3, 4, False), (8192, 5, 2, True)):
+        ks, cpw, nb = w16_tiling(k)       # a1 at decode, wo at B = 64; NT tiles a block at B = 16 and 32
+        out[f"w16a16 K={k} MT={mt} NT={nt}"] = counts(make_w16a16_kernel(k, ks, cpw, nb, mt, nt, acc),
                                                (rows2d, a(T.float32), a(T.uint32), T.int64))
     out["silu_mul"] = counts(silu_mul_kernel, (rows2d, rows2d, T.int64))
     return out

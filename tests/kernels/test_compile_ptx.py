@@ -100,10 +100,11 @@ def test_sliced_router_logits_keep_their_accumulators_in_registers():
 
 def test_w16a16_linear_streams_weights_into_bf16_mma():
     c = probe("w16a16")
-    for name in ("w16a16 K=7168 MT=1", "w16a16 K=8192 MT=9"):
+    builds = {"w16a16 K=7168 MT=1 NT=1": 8, "w16a16 K=8192 MT=9 NT=1": 72,   # MMAs unrolled: the steps
+              "w16a16 K=7168 MT=3 NT=4": 24, "w16a16 K=8192 MT=5 NT=2": 40}   # of a load x MT x NT
+    for name, mmas in builds.items():
         k = c[name]
-        assert k["mma_bf16"] >= 8 and k["cvt_bf16x2"] >= 16 and k["ldg_nc_v4"] >= 8, name   # 8 steps a batch
+        assert k["mma_bf16"] == mmas and k["ldg_v4"] == mmas // int(name[-1]), name   # one x load, NT MMAs
+        assert k["ldg_nc_v4"] >= 8 and k["cvt_bf16x2"] >= 2 * k["ldg_v4"], name
         assert k["local"] == 0 and k["pdl_wait"] == 1 and k["pdl_launch"] == 1, name   # all in registers
-    nine = c["w16a16 K=8192 MT=9"]                      # unrolled: 8 steps x 9 row tiles, one x load each
-    assert nine["mma_bf16"] == 72 and nine["ldg_v4"] == 72
     assert c["silu_mul"]["pdl_wait"] == 1

@@ -77,6 +77,23 @@ def test_rows_equal_the_rows_alone_bit_for_bit():
     assert np.array_equal(host(many)[[0, 8, 16]], np.stack(alone))
 
 
+def test_column_tiles_per_block_change_no_bit(monkeypatch):
+    """NT column tiles a block (from 17 rows) sum every output in one tile's order."""
+    import kernels_numba.w16a16 as w16
+    n, k, t = 64, 1024, 17
+    _, _, w = _weight(n, k, 12)
+    x = dev(_x(t, k, 13))
+    monkeypatch.setattr(w16, "MIN_BLOCKS", 1)
+    outs = {}
+    for multi, nt in ((False, 1), (True, 4)):
+        assert w16.tiles_per_block(n, row_tiles(t), w16_tiling(k)[1], multi) == nt
+        outs[nt] = poisoned((t, n))
+        with sim_speed():
+            linear(outs[nt], x, w, t, multi_tile=multi)
+    assert np.array_equal(host(outs[4]), host(outs[1]))
+    assert [w16.tiles_per_block(n, row_tiles(r), 8, True) for r in (9, 33, 65)] == [1, 2, 1]   # NT MT <= 12
+
+
 def test_silu_mul_and_bad_input():
     gu = _x(3, 64, 7)
     a = poisoned((3, 32))
@@ -97,17 +114,19 @@ def test_silu_mul_and_bad_input():
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("k,n", [(7168, 1536), (1536, 2048), (8192, 1024), (18432, 512)])
-def test_gpu_k2_shapes_rows_alone_and_reference(k, n):
-    """K2's projection depths: 65 rows equal each row alone bit for bit, and the definition."""
+@pytest.mark.parametrize("k,n,multi", [(7168, 1536, False), (1536, 2048, False), (8192, 1024, False),
+                                       (18432, 512, False), (2048, 8448, True), (8192, 4352, True)])
+def test_gpu_k2_shapes_rows_alone_and_reference(k, n, multi):
+    """K2's projection depths: 65 rows equal each row alone bit for bit, and the definition (the last two
+    with NT = 4 and 2 column tiles a block at 17-40 rows)."""
     _, wf, w = _weight(n, k, 10)
     x = _x(65, k, 11)
     many = poisoned((65, n))
-    linear(many, dev(x), w, 65)
+    linear(many, dev(x), w, 65, multi_tile=multi)
     got = host(many)
     for r in (0, 7, 8, 33, 64):
         for rows in (1, r + 1):
             o = poisoned((rows, n))
-            linear(o, dev(x[r + 1 - rows:r + 1]), w, rows)
+            linear(o, dev(x[r + 1 - rows:r + 1]), w, rows, multi_tile=multi)
             assert np.array_equal(host(o)[-1], got[r]), (k, n, r, rows)
     assert_close(got, _ref(x, wf), rtol=1e-4, atol_rel=1e-4, what=f"K={k} N={n}")
