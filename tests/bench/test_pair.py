@@ -14,12 +14,12 @@ def test_loop_runs_ar_every_budget_then_the_cost_aware_one_all_equal_to_ar(monke
     """AR and every fixed budget per prompt, greedy DDTree == AR; with --cost-aware the curve is read off
     the fixed budgets' runs (verify at B + 1 rows), and the cost-aware rows (mode ddtree_auto, budget =
     the largest B) still give AR's tokens."""
-    monkeypatch.setattr(pair, "WARM_TOKENS", 3)
+    monkeypatch.setattr(pair, "WARM_TOKENS", 2)
     b = golden_bundle("tiny")
     prompts = [("a", np.asarray(b.prompt[:5], np.int64))]
     rows: list[dict] = []
     calls = []
-    curve = pair.bench_bundle(str(b.path), prompts, 5, (1, 4), rows, cost_aware=True,
+    curve = pair.bench_bundle(str(b.path), prompts, 3, (1, 4), rows, cost_aware=True,
                               progress=lambda d, t, what: calls.append((d, t, what)))
     assert [(r["prompt"], r["mode"], r["budget"]) for r in rows[:3]] == [("a", "ar", 0), ("a", "ddtree", 1),
                                                                           ("a", "ddtree", 4)]
