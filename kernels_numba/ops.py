@@ -81,7 +81,7 @@ from .rows import add_rows_kernel, to_f16_kernel
 from .sim import sim_speed  # noqa: F401 - the simulator's faster executor around a block of ops
 from .tokens import advance_kernel, argmax_kernel, copy_rows_kernel, embed_kernel
 from .tree import topk_logprobs, tree_compile_kernel
-from .w16a16 import Bf16Weight, repack_w16, unrepack_w16  # noqa: F401 - re-exported (engine build, readback)
+from .w16a16 import Bf16Weight, repack_w16, row_tiles, tiles_per_block, unrepack_w16  # noqa: F401 - re-exported
 
 # isort: split
 # The kernel ladders (dev/kernels/) check, time and disassemble the package kernels through ops: the

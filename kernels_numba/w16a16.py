@@ -110,15 +110,16 @@ def row_tiles(rows: int) -> int:
     raise KernelInputError(f"the W16A16 linear takes at most {8 * ROW_TILES[-1]} rows, got {rows}")
 
 
-def tiles_per_block(n: int, mt: int, cpw: int, multi: bool) -> int:
-    """NT column tiles a block (each block reads all of x: NT tiles a block cut those reads NT-fold):
-    with ``multi``, from 17 rows, the most of 4, 2 that keeps a wave of blocks (MIN_BLOCKS), divides
-    CPW and keeps NT MT <= 12 accumulator tiles (past 48 floats numba's LLVM leaves the accumulators
-    in local memory); else 1."""
+def tiles_per_block(w: Bf16Weight, mt: int, multi: bool) -> int:
+    """NT column tiles a block for ``mt`` row tiles (each block reads all of x: NT tiles a block cut
+    those reads NT-fold): with ``multi``, from 17 rows, the most of 4, 2 that keeps a wave of blocks
+    (MIN_BLOCKS), divides CPW and keeps NT MT <= 12 accumulator tiles (past 48 floats numba's LLVM
+    leaves the accumulators in local memory); else 1."""
     if not multi or mt <= 2:
         return 1
+    tiles, cpw = w.n // 16, w16_tiling(w.k)[1]
     for nt in (4, 2):
-        if (n // 16) % nt == 0 and n // (16 * nt) >= MIN_BLOCKS and cpw % nt == 0 and nt * mt <= 12:
+        if tiles % nt == 0 and tiles // nt >= MIN_BLOCKS and cpw % nt == 0 and nt * mt <= 12:
             return nt
     return 1
 
@@ -130,7 +131,7 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
     K16 = K // 16
     NRED = KS * 4 * 32
     PF = CPW // NT                                                 # steps per weight load, each tile
-    NWL = PF * NT * 4
+    NWL = CPW * 4                                                  # PF steps of NT tiles
     NACC = NT * MT * 4
 
     @cuda.jit
@@ -148,7 +149,7 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
             acc[i] = ZERO
         for b in range(NB):
             s0 = b * KS * CPW + warp * CPW                         # this warp's first step in batch b
-            for h in range(CPW // PF):                             # steps s0 + h PF .. + PF, every tile
+            for h in range(NT):                                    # steps s0 + h PF .. + PF, every tile
                 for n in range(NT):
                     base = ((nt0 + n) * K16 + s0 + h * PF) * 128 + lane * 4
                     for ci in range(PF):
@@ -230,7 +231,7 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
     for r0 in range(0, rows, most):                    # a prefill's rows, 72 at a time (rows are independent)
         n = min(most, rows - r0)
         mt = row_tiles(n)
-        nt = tiles_per_block(w.n, mt, cpw, multi_tile)
+        nt = tiles_per_block(w, mt, multi_tile)
         kernel = make_w16a16_kernel(w.k, ks, cpw, nb, mt, nt, accumulate)
         launch(kernel, w.n // (16 * nt), ks * 32, stream, (out[r0:], flat(x[r0:]), w.words, n))
 

@@ -1,8 +1,8 @@
 """The W16A16 linear on a GPU at K2's projection shapes: the package kernel (``ops.linear`` on a
 ``dense_w16`` weight) beside its baseline, cuBLAS's bf16 GEMM with float32 output (the BLAS path,
 ``torch.mm(bf16(x), W.T, out_dtype=float32)``), and the weight bytes each must read; from 17 rows
-also the kernel with NT column tiles a block (``w16a16_nt``, ``ops.W16_MULTI_TILE``), checked equal
-to one tile a block bit for bit first.
+also the kernel with NT column tiles a block where it takes more than one (``w16a16_nt``,
+``ops.W16_MULTI_TILE``), checked equal to one tile a block bit for bit first.
 
     python dev/kernels/w16a16.py [--rows 1,2,5,9,17,33,65] [--reps 40] [--shapes a1,wq_b,wo,w13,w2,head]
 
@@ -15,6 +15,7 @@ weights come from HBM); one CSV line per shape, row count and path (us per call,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -28,6 +29,16 @@ from workbench.bench.k2_depth import Timer  # noqa: E402
 
 SHAPES = {"a1": (7168, 2112), "wq_b": (1536, 12288), "wo": (8192, 7168), "w13": (7168, 4096),
           "w2": (2048, 7168), "head": (7168, 163840)}          # K, N of K2's W16A16 projections
+
+
+@contextlib.contextmanager
+def multi_tile(on: bool):
+    """ops.W16_MULTI_TILE set to ``on`` inside, restored after."""
+    saved, ops.W16_MULTI_TILE = ops.W16_MULTI_TILE, on
+    try:
+        yield
+    finally:
+        ops.W16_MULTI_TILE = saved
 
 
 def main() -> None:
@@ -66,19 +77,17 @@ def main() -> None:
             if not err <= 1e-3:
                 raise SystemExit(f"{name} at {t} rows: {err:.2e} of the largest output from cuBLAS")
             paths = [("w16a16", kern, False), ("cublas_bf16", blas, False)]
-            if t > 16:                                 # NT column tiles a block: the same bits, checked
-                ops.W16_MULTI_TILE = True
-                nt = rows_view(ref.reshape(-1), t, n)
-                ops.linear(nt, x, kern, meta, t)
-                ops.W16_MULTI_TILE = False
+            if ops.tiles_per_block(kern.wt, ops.row_tiles(t), True) > 1:   # NT column tiles a block:
+                nt = rows_view(ref.reshape(-1), t, n)                       # the same bits, checked
+                with multi_tile(True):
+                    ops.linear(nt, x, kern, meta, t)
                 if not np.array_equal(download(nt), got):
                     raise SystemExit(f"{name} at {t} rows: NT tiles a block differ from one tile a block")
                 paths.append(("w16a16_nt", kern, True))
             mb = k * n * 2 / 1e6
             for path, w, multi in paths:
-                ops.W16_MULTI_TILE = multi
-                us = timer(lambda s, w=w, o=o, t=t, x=x: ops.linear(o, x, w, meta, t, s))
-                ops.W16_MULTI_TILE = False
+                with multi_tile(multi):
+                    us = timer(lambda s, w=w, o=o, t=t, x=x: ops.linear(o, x, w, meta, t, s))
                 print(f"{name},{k},{n},{t},{path},{us:.2f},{mb:.1f}", flush=True)
         del w_t, kern, blas
 

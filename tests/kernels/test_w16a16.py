@@ -86,12 +86,12 @@ def test_column_tiles_per_block_change_no_bit(monkeypatch):
     monkeypatch.setattr(w16, "MIN_BLOCKS", 1)
     outs = {}
     for multi, nt in ((False, 1), (True, 4)):
-        assert w16.tiles_per_block(n, row_tiles(t), w16_tiling(k)[1], multi) == nt
+        assert w16.tiles_per_block(w, row_tiles(t), multi) == nt
         outs[nt] = poisoned((t, n))
         with sim_speed():
             linear(outs[nt], x, w, t, multi_tile=multi)
     assert np.array_equal(host(outs[4]), host(outs[1]))
-    assert [w16.tiles_per_block(n, row_tiles(r), 8, True) for r in (9, 33, 65)] == [1, 2, 1]   # NT MT <= 12
+    assert [w16.tiles_per_block(w, row_tiles(r), True) for r in (9, 33, 65)] == [1, 2, 1]   # NT MT <= 12
 
 
 def test_silu_mul_and_bad_input():
