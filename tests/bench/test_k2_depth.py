@@ -147,3 +147,33 @@ def test_parting_summary_names_the_first_layer_apart_and_the_last_difference():
                                            "score_gap": 1e-5, "last_layer_rel_diff": 0.4}
     same = k2_depth.parting_summary({"hidden_rel_diff": [0.0, 0.0], "first_layer": None})
     assert same["first_layer_differing"] is None and same["score_gap"] is None
+
+
+def test_round_drafter_takes_the_prompt_before_the_rounds_and_drafts_its_block_alike():
+    """``bench depth``'s drafter runs the prompt in ``start`` (untimed, as the target's prefill); the first
+    round replays the captured call on the prompt's last context row alone and drafts the block the
+    prompt's eager call drafted, then the next round appends its accepted rows as usual."""
+    from types import SimpleNamespace
+
+    from kernels_numba.sim import sim_speed
+    from tests.engine.common import engine
+    from tests.engine.test_dflash import public_model
+    from workbench.bench.k2_depth_drafter import RoundDrafter
+    from workbench.engine.dflash import DeviceDFlash
+    _, w, dcfg = public_model("tiny")
+    eng = engine("tiny")
+    eng.put(eng.buf.feats, np.random.default_rng(3).standard_normal(eng.buf.feats.shape).astype(np.float32))
+    dev = DeviceDFlash(eng, w, dcfg)
+    dev.prepare()
+    drafter = RoundDrafter(dev)
+    state = SimpleNamespace(bonus=9, start=5, new_rows=np.arange(5, dtype=np.int32))
+    with sim_speed():
+        drafter.start(state)
+        eager = eng.fetch(dev.logits)                                         # [L, V] of the prompt's call
+        drafter(state)
+        first = eng.fetch(dev.logits)
+        assert dev.length == 5 and not drafter.first
+        np.testing.assert_allclose(first, eager, rtol=0, atol=1e-5)
+        state.bonus, state.start, state.new_rows = 4, 7, np.array([0, 2], np.int32)   # two accepted
+        drafter(state)
+    assert dev.length == 7

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from workbench.ddtree.oracle import CALIBRATED_P, MARGIN, MIN_GAP, OracleDrafter, oracle_logits
+from workbench.ddtree.oracle import CALIBRATED_P, MARGIN, MIN_GAP, OracleDrafter, hit_rate, oracle_logits
 from workbench.errors import InputError
 
 
@@ -54,3 +54,12 @@ def test_oracle_bad_inputs():
         args = {"sequence": [1, 2], "vocab": 8, "block_size": 4, "p": 0.5, "seed": 0} | kw
         with pytest.raises(InputError):
             OracleDrafter(**args)
+
+
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_hit_rate_is_the_share_of_positions_drafted_with_the_truth_on_top(calibrated):
+    seq = np.random.default_rng(1).integers(0, 40, 300)
+    logits = oracle_logits(seq, 40, 99, 150, 0.6, 5, calibrated)                 # positions 100 .. 249
+    on_top = logits.argmax(axis=1) == seq[100:250]
+    assert hit_rate(5, range(100, 250), 40, 0.6) == on_top.mean()
+    assert 0.4 < on_top.mean() < 0.8                                           # about p, as drawn

@@ -168,6 +168,7 @@ def bench_verify(name: str, rows: list[dict]) -> None:
     """Verify-step replay time vs budget, with the decode step, device top-k and host build beside it."""
     from kernels_numba.device import to_device, zeros
     from kernels_numba.ops import topk_logprobs
+    from workbench.ddtree.budget import TreeBudget
     from workbench.ddtree.oracle import oracle_logits
     from workbench.engine.tree_host import build_tree_host
     b, w, dcfg = _bundle(name)
@@ -189,10 +190,11 @@ def bench_verify(name: str, rows: list[dict]) -> None:
         lp_h, tk_h = lpk_h[0], lpk_h[1].astype(np.int32)
         ctl = np.zeros(eng.buf.ctl.shape, np.int32)
         scores = np.zeros(budget + 1, np.float64)
-        build_tree_host(lp_h, tk_h, budget, n_pos, ctl, scores)        # compiled before timing
+        fixed = TreeBudget(budget).host_cost
+        build_tree_host(lp_h, tk_h, budget, n_pos, ctl, scores, *fixed)        # compiled before timing
         t0 = time.perf_counter()
         for _ in range(200):
-            n = build_tree_host(lp_h, tk_h, budget, n_pos, ctl, scores)
+            n = build_tree_host(lp_h, tk_h, budget, n_pos, ctl, scores, *fixed)
         build_us = (time.perf_counter() - t0) / 200 * 1e6
         ctl[4, :4] = (p, 0, 0, n + 1)
         step = eng.verify_step(budget)

@@ -542,6 +542,7 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     from kernels_numba.device import SIMULATED, on_gpu
 
     from ..ddtree.budget import TreeBudget
+    from ..ddtree.oracle import hit_rate
     from ..engine.ar import engine_ar_generate
     from ..engine.build import RandomSource, build_model
     from ..engine.runtime import Engine
@@ -678,6 +679,9 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
                                   for t in tree_vs_decode(engine, prompt, ar[:3])]
     log(f"tree rows (each after a sibling) vs AR's steps: {meta['tree_vs_decode']}")
     meta["ar_margins_below_near_tie"] = int((margins < NEAR_TIE).sum())
+    drafted = range(prompt_len + 1, prompt_len + n_tokens)         # the acceptance this seed's draws give
+    meta["oracle_hit_rate"] = {str(p): hit_rate(seed, drafted, cfg.vocab_size, p) for p in ps}
+    log(f"oracle hit rate as drawn at the {len(drafted)} drafted positions, per p: {meta['oracle_hit_rate']}")
     emit({"table": "run", "source": "ar", "budget": 0, "tokens": ar_n - 1, "rounds": ar_n - 1, "tau": 1.0,
           "ms_per_token": ar_ms, "round_ms": ar_ms, "speedup": 1.0, "tokens_equal_ar": True})
     sequence = np.concatenate([prompt, ar])

@@ -56,17 +56,27 @@ class RandomDFlash(DeviceDFlash):
 
 
 class RoundDrafter:
-    """``start(state)`` empties the drafter's cache for a generation; ``drafter(state)`` runs its forward for
-    the round at ``state`` (the prompt's call eager, a round's the captured graph), on the engine's stream."""
+    """``start(state)`` runs the drafter over the prompt (eager, before the rounds are timed: prefill work,
+    as the target's prefill is); ``drafter(state)`` runs its forward for the round at ``state`` (the
+    captured graph) on the engine's stream. The first round redoes the prompt's last context row, so it
+    replays the graph as every other round does."""
 
     def __init__(self, dev: RandomDFlash) -> None:
         self.dev = dev
+        self.first = False
 
     def start(self, state) -> None:
+        rows = state.new_rows                                                # the prompt's tap rows [P]
         self.dev.length = 0
+        self.dev.propose(state.bonus, state.start, rows, rows.size)
+        self.dev.eng.sync()
+        self.dev.length = state.start - 1
+        self.first = True
 
     def __call__(self, state) -> None:
-        self.dev.propose(state.bonus, state.start, state.new_rows, state.new_rows.size)
+        rows = state.new_rows[-1:] if self.first else state.new_rows
+        self.first = False
+        self.dev.propose(state.bonus, state.start, rows, rows.size)
 
 
 def random_drafter(engine, seed: int, log) -> tuple[RoundDrafter | None, str, Any]:

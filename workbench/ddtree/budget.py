@@ -141,6 +141,16 @@ class TreeBudget:
         rate = expected_tokens(scores)[cand] / (self.cost.round_us + self.cost.verify(cand + 1))
         return int(cand[np.flatnonzero(rate >= rate.max() * (1 - TIE))[-1]])
 
+    @property
+    def host_cost(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float]:
+        """``choose``'s inputs as the engine's compiled heap takes them (``engine.tree_host``): the
+        candidate sizes (empty for a fixed budget), the curve's rows and verify_us, round_us and TIE."""
+        if self.cost is None:
+            return np.zeros(0, np.int64), np.zeros(1), np.zeros(1), 0.0, TIE
+        c = self.cost
+        return (np.asarray(self.sizes, np.int64), np.asarray(c.rows, np.float64),
+                np.asarray(c.verify_us, np.float64), float(c.round_us), TIE)
+
     def cut(self, tree: Tree) -> Tree:
         """The tree this round verifies: the first ``choose(tree.scores)`` pops of ``tree``."""
         return tree.prefix(self.choose(tree.scores))

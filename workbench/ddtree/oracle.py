@@ -36,10 +36,7 @@ def oracle_logits(sequence: np.ndarray, vocab: int, start: int, n_drafted: int, 
     out = np.empty((n_drafted, vocab), dtype=np.float32)
     for i in range(n_drafted):
         pos = start + 1 + i
-        rng = np.random.default_rng([seed, pos])
-        row = rng.standard_normal(vocab)                                   # [V]
-        hit = rng.random() < p
-        other = int(rng.integers(vocab - 1)) if vocab > 1 else 0
+        row, hit, other = _draw(seed, pos, vocab, p)
         if pos < len(sequence):
             true = int(sequence[pos])
             top = true if hit else (other + (other >= true))               # uniform over tokens != true
@@ -56,6 +53,21 @@ def oracle_logits(sequence: np.ndarray, vocab: int, start: int, n_drafted: int, 
             row[top] = np.delete(row, top).max() + MARGIN
         out[i] = row
     return out
+
+
+def _draw(seed: int, pos: int, vocab: int, p: float) -> tuple[np.ndarray, bool, int]:
+    """The oracle's draws at ``pos``: random logits [V], whether the true token goes on top, and the
+    index of the other token put there if not."""
+    rng = np.random.default_rng([seed, pos])
+    row = rng.standard_normal(vocab)                                       # [V]
+    hit = bool(rng.random() < p)
+    return row, hit, int(rng.integers(vocab - 1)) if vocab > 1 else 0
+
+
+def hit_rate(seed: int, positions: range, vocab: int, p: float) -> float:
+    """The fraction of ``positions`` whose true token the oracle puts on top: p, as drawn for this seed
+    (a DDTree run's acceptance follows it; a calibrated oracle still states p)."""
+    return float(np.mean([_draw(seed, pos, vocab, p)[1] for pos in positions]))
 
 
 class OracleDrafter:

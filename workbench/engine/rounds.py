@@ -102,6 +102,7 @@ class EngineSpecState:
         # the verify steps are captured first: a capture's warm-up run overwrites what a prefill leaves
         self.steps = {s: engine.verify_step(s) for s in budget.sizes}
         self.step_for = [min(s for s in budget.sizes if s >= n) for n in range(b + 1)]   # N -> size
+        self.host_cost = budget.host_cost
         first, feats = self._prefill(prompt)
         p = len(prompt)
         self.start, self.bonus, self.tokens, self.rounds = p, first, [first], []
@@ -139,11 +140,12 @@ class EngineSpecState:
     @timed("build_s")
     def build_tree(self) -> int:
         """The best-first heap over the top-k table, into ctl rows 0-2 (root token left out), cut to the
-        budget's choice; returns N (the tree is ctl's first N + 1 columns)."""
+        budget's choice (a cost-aware heap stops once no larger tree can win); returns N (the tree is
+        ctl's first N + 1 columns)."""
         lpk = self.lpk.host
         np.copyto(self.ids_h, lpk[1], casting="unsafe")                      # token ids (exact in float64)
-        n = build_tree_host(lpk[0], self.ids_h, self.budget.max_nodes, self.n_pos, self.ctl, self.scores)
-        return self.budget.choose(self.scores[1:n + 1])
+        return build_tree_host(lpk[0], self.ids_h, self.budget.max_nodes, self.n_pos, self.ctl, self.scores,
+                               *self.host_cost)
 
     @timed("verify_s")
     def verify(self, n: int) -> np.ndarray:

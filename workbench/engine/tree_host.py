@@ -33,10 +33,35 @@ def _less(neg, paths, depth, a, b):
 
 
 @numba.njit(cache=False)
-def build_tree_host(lp, ids, budget, n_pos, out, scores):
+def _verify_us(rows, verify_us, n):
+    return np.interp(np.float64(n + 1), rows, verify_us)
+
+
+@numba.njit(cache=False)
+def _cost_aware_n(cand_n, cand_rate, count, tie):
+    """The largest candidate whose rate is within ``tie`` of the best (``TreeBudget.choose``'s rule)."""
+    best = cand_rate[0]
+    for i in range(1, count):
+        best = max(best, cand_rate[i])
+    pick = cand_n[0]
+    for i in range(count):
+        if cand_rate[i] >= best * (1.0 - tie):
+            pick = cand_n[i]
+    return pick, best
+
+
+@numba.njit(cache=False)
+def build_tree_host(lp, ids, budget, n_pos, out, scores, sizes, rows, verify_us, round_us, tie):
     """Best-first heap over lp/ids [L, K] (float64 / int); writes the tree into ``out`` (int32 [3, >=B+1]:
     tokens, depths, parents with the root at column 0, root token left for the caller) and each node's
-    log q(path) into ``scores`` (float64 [>=B+1], scores[0] = 0 for the root), and returns N."""
+    log q(path) into ``scores`` (float64 [>=B+1], scores[0] = 0 for the root), and returns N.
+
+    Fixed budget (``sizes`` empty): N is every node built. Cost-aware (``TreeBudget.host_cost``: the
+    candidate sizes, the cost curve, ``tie``): N is ``TreeBudget.choose`` over the pops, and the heap stops
+    as soon as no larger tree can win: the nodes still to pop have p <= p_n, so a tree of s > n nodes
+    has E(s) <= E(n) + (s - n) p_n, and once that bound's rate stays below the best candidate's at every
+    s <= B, the rest of the heap cannot change the choice.
+    """
     k = min(budget, lp.shape[1])
     cap = 2 * budget + 2
     neg = np.empty(cap, np.float64)
@@ -59,6 +84,11 @@ def build_tree_host(lp, ids, budget, n_pos, out, scores):
     heap[0] = 0
     size = 1
     n = 0
+    n_sizes = sizes.shape[0]
+    cand_n = np.empty(n_sizes + 1, np.int64)
+    cand_rate = np.empty(n_sizes + 1, np.float64)
+    count = 0
+    e = 1.0                                                  # E(n) = 1 + p_1 + ... + p_n
     while size > 0 and n < budget:
         top = heap[0]                                        # pop the minimum, sift down
         size -= 1
@@ -115,7 +145,27 @@ def build_tree_host(lp, ids, budget, n_pos, out, scores):
                     j = p
                 else:
                     break
-    return n
+        if n_sizes == 0:
+            continue
+        p_n = np.exp(scores[n])
+        e += p_n
+        if count < n_sizes and n == sizes[count]:            # a candidate size: its rate, then the bound
+            cand_n[count] = n
+            cand_rate[count] = e / (round_us + _verify_us(rows, verify_us, n))
+            count += 1
+            pick, best = _cost_aware_n(cand_n, cand_rate, count, tie)
+            bound = 0.0
+            for s in range(n + 1, budget + 1):
+                bound = max(bound, (e + (s - n) * p_n) / (round_us + _verify_us(rows, verify_us, s)))
+            if bound < best * (1.0 - tie):
+                return pick
+    if n_sizes == 0 or n == 0:
+        return n
+    if count == 0 or cand_n[count - 1] != n:                 # the heap ran out: the whole tree is one
+        cand_n[count] = n
+        cand_rate[count] = e / (round_us + _verify_us(rows, verify_us, n))
+        count += 1
+    return _cost_aware_n(cand_n, cand_rate, count, tie)[0]
 
 
 @numba.njit(cache=False)
