@@ -65,6 +65,7 @@ from .launch import launch
 from .linear import linear as _linear
 from .mla import make_mla_attention, mla_prep_kernel
 from .moe import (  # noqa: F401 - bench kernels' configs and per-stage times
+    GEMV_TOKENS,
     TILE_ROWS,
     MoEWeights,
     choose_moe_config,
@@ -74,6 +75,7 @@ from .moe import (  # noqa: F401 - bench kernels' configs and per-stage times
     prepare_moe,
     stream_k_config,
 )
+from .moe_align import expert_tiles  # noqa: F401 - the tiled MoE path's expert reads of a routing
 from .moe_gemv import moe_act_kernel
 from .rmsnorm import rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
 from .router import SLICE_WARPS, logit_slice_count, logit_slices_kernel, make_route
@@ -688,7 +690,8 @@ __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Bf16Weight", "W16A16", "dens
            "Int4Host", "Int4Weight", "LayoutError", "MLA", "MoE", "MoEWeights", "PORTABLE", "Router",
            "Scratch", "Staged", "SwiGLU", "advance", "argmax", "attention_rows", "attention_rows_buffers",
            "choose_config", "choose_moe_config", "copy_rows", "dense", "draft_attention",
-           "draft_gather_rows", "draft_head_norm_rope", "embed", "experts_fused", "fused_experts",
+           "draft_gather_rows", "draft_head_norm_rope", "embed", "expert_tiles", "experts_fused",
+           "fused_experts", "GEMV_TOKENS",
            "gemm_workspace", "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep",
            "mla_weights", "moe", "moe_fused", "moe_grouped", "moe_portable", "moe_stages", "moe_weights",
            "moe_workspace", "padded_keys", "portable_stack", "repack_experts", "rmsnorm", "route",

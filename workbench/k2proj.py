@@ -189,8 +189,9 @@ def depth_parts(rows: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
     for r in rows:
         if r.get("table") == "part" and _num(r.get("us")):
             out.setdefault(str(r["part"]), {})[int(r["rows"])] = float(r["us"])
-            if _num(r.get("unique_experts")):
-                out.setdefault(f"{r['part']}.unique", {})[int(r["rows"])] = float(r["unique_experts"])
+            for key, name in (("unique_experts", "unique"), ("expert_reads", "reads")):
+                if _num(r.get(key)):
+                    out.setdefault(f"{r['part']}.{name}", {})[int(r["rows"])] = float(r[key])
     return out
 
 
@@ -198,8 +199,9 @@ def project_depth(cfg: ModelConfig, parts: dict[str, dict[int, float]],
                   runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per measured run (AR and every DDTree source and budget): ``project`` from the stand-in's own parts
     (its dense and MoE layer times, the step's rows, embedding, lm_head, tree compile, the drafter's
-    round; the routed experts scaled by the distinct experts the run's verifies touched over those of
-    the part's random rows, ``experts_scale``) and the run's measured host phases (tree build, walk and
+    round; the routed experts scaled by the expert reads the run's verifies made over those of the
+    part's random rows, ``experts_scale``: tiles of 8 pairs on the tiled path, distinct experts below it
+    or in sets that recorded only those) and the run's measured host phases (tree build, walk and
     commit) and its draft phase beyond the drafter's graph (``topk_us_per_round``: the top-k over the
     vocabulary, its copy back and sync), at the run's tau; beside it the measured ms per token, their
     ratio, and the named rest: ``gap_ms_per_round``, the measured round less the projected one (the
@@ -207,6 +209,7 @@ def project_depth(cfg: ModelConfig, parts: dict[str, dict[int, float]],
     times = {"dense": parts["dense.layer"], "moe": parts["moe.layer"], "step": parts.get("moe.step_rows", {}),
              "experts": parts.get("moe.routed_experts", {})}
     unique = parts.get("moe.routed_experts.unique", {})
+    reads = parts.get("moe.routed_experts.reads", {})
     out = []
     for r in runs:
         b = int(r["budget"])
@@ -225,9 +228,15 @@ def project_depth(cfg: ModelConfig, parts: dict[str, dict[int, float]],
         terms = {"embed": parts.get("embed", {}), "head": parts.get("head", {}),
                  "tree": parts.get("tree", {}), "drafter": drafter, "host": {b: host + topk}}
         tau = float(r["tau"])
-        # the routed experts at the distinct experts the loop's verifies touched, not the parts' (random rows)
+        # the routed experts at the expert reads the loop's verifies made, not the parts' (random rows):
+        # the count fused_moe's path reads weights by where both sides give it, else distinct experts
+        read = _num(r.get("expert_reads")) or _mean_of(runs, b, "expert_reads")
         seen = _num(r.get("distinct_experts")) or _mean_of(runs, b, "distinct_experts")
-        overlap = {b: seen / unique[b + 1]} if b and seen and unique.get(b + 1) else None
+        overlap = None
+        if b and read and reads.get(b + 1):
+            overlap = {b: read / reads[b + 1]}
+        elif b and seen and unique.get(b + 1):
+            overlap = {b: seen / unique[b + 1]}
         row = project(cfg, times, {b: tau} if b else {}, overlap=overlap, terms=terms)[-1]
         proj_round = row["step_ms"]
         proj_tok = proj_round / tau

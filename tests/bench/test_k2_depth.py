@@ -72,6 +72,20 @@ def test_project_depth_on_parts_and_runs():
     want = 320 + 60 * moe + 8 + 700 + 6000 + 150 + 2000          # + drafter, host, draft beyond the drafter
     assert b2["projected_round_ms"] == pytest.approx(want / 1e3)
     assert b2["topk_us_per_round"] == pytest.approx(2000.0) and b2["experts_scale"] == pytest.approx(0.5)
+    # a set that records the expert reads (tiles on the tiled path) scales by those, not distinct experts
+    parts["moe.routed_experts.reads"] = {3: 40.0}
+    runs[1]["expert_reads"] = 30.0
+    _, b2 = k2proj.project_depth(preset("k2_6"), parts, runs)
+    assert b2["experts_scale"] == pytest.approx(0.75)
+    assert b2["projected_round_ms"] == pytest.approx((want + 60 * (0.5 - 0.25) * 180.0) / 1e3)
+
+
+def test_expert_load_reads_distinct_experts_up_to_the_gemv_rows_and_tiles_above():
+    from kernels_numba import ops
+    few = np.array([[1, 2], [1, 3]])                                       # 2 rows: the per-pair path
+    assert k2_depth.expert_load(few) == {"unique_experts": 3.0, "expert_tiles": 3.0, "expert_reads": 3.0}
+    many = np.repeat(np.array([[5, 6]]), ops.GEMV_TOKENS + 9, axis=0)        # 17 rows, two experts
+    assert k2_depth.expert_load(many) == {"unique_experts": 2.0, "expert_tiles": 6.0, "expert_reads": 6.0}
 
 
 def test_side_by_side_of_the_committed_set_fills_every_term():

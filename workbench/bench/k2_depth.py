@@ -25,9 +25,11 @@ What runs, in one process:
 4. DDTree at each budget B with the oracle drafter at each p (``workbench.ddtree.oracle``: the target's
    true token on top with probability p; the true continuation is the AR run's) through the engine's
    round methods (``engine.rounds.EngineSpecState``: draft, build_tree, verify, walk, commit), with the
-   drafter's forward (random bf16 weights, its proposals unused) run every round before the draft;
-   per round the wall time of each phase, and for the first rounds the distinct experts the verify's
-   last MoE layer touched.
+   drafter's forward (random bf16 weights, its proposals unused) run every round before the draft
+   (its prompt pass before the rounds, as the target's prefill); per round the wall time of each phase,
+   and for the first rounds the distinct experts the verify's last MoE layer touched and the expert
+   tiles they make (``ops.expert_tiles``: the tiled MoE path's weight reads); the oracle's hit rate as
+   drawn at the drafted positions (``oracle.hit_rate``: the acceptance each p gives this seed).
 5. the trained code pair's acceptance replayed: tau(B) = its tokens / rounds over the HumanEval prompts of
    the current ``pair`` set (model ``code``, the BF16 pair's measured DDTree runs), times this stand-in's
    measured round time at B (the mean over the oracle runs at B: a round's time does not depend on
@@ -176,6 +178,17 @@ class Timer:
         return float(statistics.median(spin_timed(lambda: g.run(None), self.reps, before=pre)))
 
 
+def expert_load(ids: np.ndarray) -> dict[str, float]:
+    """What a MoE layer's routing ids [T, K] make its routed experts read: the distinct experts, their
+    tiles of 8 pairs (``ops.expert_tiles``), and ``expert_reads``, the count fused_moe's path at T rows
+    reads weights by (per distinct expert up to ``ops.GEMV_TOKENS`` rows, where an expert's other pairs
+    mostly hit the L2; per tile above)."""
+    from kernels_numba import ops
+    unique, tiles = len(np.unique(ids)), ops.expert_tiles(ids)
+    return {"unique_experts": float(unique), "expert_tiles": float(tiles),
+            "expert_reads": float(tiles if len(ids) > ops.GEMV_TOKENS else unique)}
+
+
 def time_layer_parts(cfg, model, context: int, rows_list, timer: Timer, emit, seed: int = 0) -> None:
     """The dense layer and the first MoE layer per part (``k2_layer.LayerRig.parts``, the router's own
     routing) at each row count, after ``context`` cached random latent rows; "rest" = layer - parts."""
@@ -196,13 +209,13 @@ def time_layer_parts(cfg, model, context: int, rows_list, timer: Timer, emit, se
             rig.load(rng.standard_normal((n, cfg.hidden_size)).astype(np.float32), context, pos - context,
                      vis.astype(np.uint8))
             rig.step(n)                                       # the FFN input and the router's routing
-            uniq = float(len(np.unique(rig.routes(n)))) if kind == "moe" else None
+            load = expert_load(rig.routes(n)) if kind == "moe" else {}
             meas = {}
             for part, fn in rig.parts(n, own_routing=True).items():
                 meas[part] = timer(fn)
                 emit({"table": "part", "part": f"{kind}.{part}", "layer": layer, "rows": n,
                       "context": context, "us": meas[part],
-                      "unique_experts": uniq if part in ("routed_experts", "layer") else None})
+                      **(load if part in ("routed_experts", "layer") else {})})
             inner = [p for p in ("attention", "router", "routed_experts", "shared_expert", "dense_mlp")
                      if p in meas]
             emit({"table": "part", "part": f"{kind}.rest", "layer": layer, "rows": n, "context": context,
@@ -257,8 +270,8 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
                seed: int, drafter=None, probe_rounds: int = 8, oracle: str = "calibrated") -> dict[str, Any]:
     """One greedy DDTree generation with the oracle drafter at ``p`` (``oracle``: its kind, ``--oracle``)
     through the engine's round methods (as ``engine.ddtree.engine_ddtree_generate`` runs them) with
-    ``drafter(state)`` ahead of each draft; per-phase wall times, and the distinct experts of the
-    verify's last MoE layer in the first rounds (their copies are left out of the times)."""
+    ``drafter(state)`` ahead of each draft; per-phase wall times, and the distinct experts and expert
+    tiles of the verify's last MoE layer in the first rounds (their copies are left out of the times)."""
     from kernels_numba.device import download, head_rows
     from kernels_numba.sim import sim_speed
 
@@ -269,7 +282,7 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
     cfg = engine.cfg
     draft = OracleDrafter(sequence, cfg.vocab_size, BLOCK, p, seed, calibrated=oracle == "calibrated")
     clock = dict.fromkeys(("drafter", "draft", "build", "verify", "walk"), 0.0)
-    distinct: list[int] = []
+    probes: list[dict[str, float]] = []                       # per probed round: its last MoE layer's
     walls: list[float] = []                                   # per round: wall s
     with sim_speed():
         state = EngineSpecState(engine, draft, tree_budget(budget), GREEDY, np.asarray(prompt),
@@ -289,8 +302,8 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
             td = time.perf_counter()
             post = state.verify(n)
             te = time.perf_counter()
-            if len(distinct) < probe_rounds:
-                distinct.append(len(np.unique(download(head_rows(engine.scratch.rids, n + 1)))))
+            if len(probes) < probe_rounds:
+                probes.append(expert_load(download(head_rows(engine.scratch.rids, n + 1))))
             tf = time.perf_counter()
             acc, bonus = state.walk(n, post)
             state.commit(n, acc, bonus)
@@ -306,7 +319,8 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
             "round_tokens": [r.accepted_len for r in state.rounds],
             "tau": float(np.mean([r.accepted_len for r in state.rounds])),
             "tree_nodes": float(np.mean([r.tree_size for r in state.rounds])),
-            "distinct": float(np.mean(distinct)) if distinct else float("nan")}
+            **{k: float(np.mean([pr[k] for pr in probes])) if probes else float("nan")
+               for k in ("unique_experts", "expert_tiles", "expert_reads")}}
 
 
 def prefill_repeat(engine, prompt: np.ndarray) -> dict[str, Any]:
@@ -438,7 +452,8 @@ def run_row(r: dict[str, Any], agree: dict[str, Any], ar_ms: float, source: str,
             "rounds": agree["rounds"], "tau": agree["tokens"] / agree["rounds"], "ms_per_token": ms_tok,
             "round_ms": rms, "speedup": ar_ms / ms_tok, "tokens_equal_ar": agree["equal"],
             "first_mismatch": agree["first"], "tree_nodes": r["tree_nodes"],
-            "distinct_experts": r["distinct"], "drafter_ms_per_round": c["drafter"] * 1e3,
+            "distinct_experts": r["unique_experts"], "expert_tiles": r["expert_tiles"],
+            "expert_reads": r["expert_reads"], "drafter_ms_per_round": c["drafter"] * 1e3,
             "draft_ms_per_round": c["draft"] * 1e3, "build_us_per_round": c["build"] * 1e6,
             "verify_ms_per_round": c["verify"] * 1e3, "walk_us_per_round": c["walk"] * 1e6,
             "check": {"check": f"DDTree greedy == AR, {source} B={budget}", "passed": agree["passed"],
