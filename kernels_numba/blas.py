@@ -152,13 +152,15 @@ def attention_rows(att: AttentionRows, cos, sin, depth, vis, meta, rows: int, st
         torch.logical_not((keys < start) | (seen & (rel >= 0) & (rel < live)), out=att.hidden[:rows])
 
 
-def mla_attention(o, q, cache, wkv_b, att: AttentionRows, meta, scale: float, n_heads: int, c_rank: int,
-                  r_dim: int, nope: int, v_dim: int, rows: int, stream=0) -> None:
+def mla_attention(o, q, cache, wkv_b, att: AttentionRows, depth, vis, meta, scale: float, n_heads: int,
+                  c_rank: int, r_dim: int, nope: int, v_dim: int, rows: int, stream=0,
+                  core_kernel: bool = True) -> None:
     """Absorbed MLA of the grid's rows over the latent cache, as ``kernels_numba.mla``'s kernel, with the
     step's rope rows and key mask from ``att`` (``attention_rows``). Scores run over all S cache rows
     with the rest masked, so no shape depends on device values (capturable); cache rows are finite
     (zero-initialised, written by the model). A W16A16 core (bf16 ``wkv_b``) takes a bf16 cache (int16
-    bits over S8 rows)."""
+    bits over S8 rows) and runs its softmax and ctx on ``mla.make_mla_core_bf16`` with ``core_kernel``
+    (keys in logical order from ``depth`` / ``vis``: a verify row sums as the decode row of its token)."""
     torch = _torch()
     h, c, r, nn, v = n_heads, c_rank, r_dim, nope, v_dim
     with on(stream):
@@ -177,7 +179,8 @@ def mla_attention(o, q, cache, wkv_b, att: AttentionRows, meta, scale: float, n_
             if kv.dtype != torch.int16 or kv.shape[0] % 8:
                 raise KernelInputError("a W16A16 attention core takes a bf16 latent cache (int16 bits, "
                                        "rows a multiple of 8)")
-            _attention_bf16(o, kv.view(torch.bfloat16), w, q_nope, q_pe.transpose(0, 1), hidden, scale, nn)
+            _attention_bf16(o, kv, w, q_nope, q_pe.transpose(0, 1), hidden, depth, vis, meta, scale, nn,
+                            stream, core_kernel)
             return
         q_lat = torch.bmm(q_nope, w[:, :nn])                                   # [H, T, C]
         scores = torch.cat((q_lat, q_pe.transpose(0, 1)), dim=-1) @ kv.T * scale   # [H, T, S]: one GEMM
@@ -201,17 +204,40 @@ def _bmm16(a, b, f32: bool = False):
     return torch.bmm(a, b, out_dtype=torch.float32)
 
 
-def _attention_bf16(o, kvb, w, q_nope, q_pe, hidden, scale: float, nn: int) -> None:
+def kernel_view(t) -> Any:
+    """A numba kernel's argument over a torch tensor's memory (no copy)."""
+    if t.device.type == "cpu":
+        return t.numpy()
+    from numba import cuda
+    return cuda.as_cuda_array(t)
+
+
+def _attention_bf16(o, kv16, w, q_nope, q_pe, hidden, depth, vis, meta, scale: float, nn: int,
+                    stream, core_kernel: bool) -> None:
     """The W16A16 attention core (``workbench.reference.mla.mla_absorbed`` with a marked wkv_b) over the
-    bf16 latent cache kvb [S8, C+R] (mla_prep rounded its rows as it wrote them): every product takes
-    bf16 operands, scores and softmax are float32. q_nope [H, T, N_], q_pe [H, T, R] float32."""
+    bf16 latent cache kv16 [S8, C+R] (int16 bits; mla_prep rounded its rows as it wrote them): every
+    product takes bf16 operands, scores and softmax are float32. q_nope [H, T, N_], q_pe [H, T, R]
+    float32. The scores GEMM and the projections are cuBLAS's; softmax and p @ c_kv the core kernel's
+    (``core_kernel``), else torch's masked softmax and cuBLAS's p @ c_kv over the key index (``hidden``:
+    a verify row then sums its keys in another order than the decode row of its token)."""
+    from .blockops import TPB
+    from .mla import CORE_COLS, CORE_SLICES, core_heads_per_block, make_mla_core_bf16
     torch = _torch()
     h, t, c = q_nope.shape[0], q_nope.shape[1], w.shape[2]
+    kvb = kv16.view(torch.bfloat16)
     q_lat = _bmm16(q_nope.to(torch.bfloat16), w[:, :nn])                       # [H, T, C] bf16
     q_all = torch.cat((q_lat, q_pe.to(torch.bfloat16)), dim=-1)               # [H, T, C+R]: one score GEMM
-    scores = _bmm16(q_all.reshape(h * t, -1), kvb.T, f32=True).reshape(h, t, -1) * scale   # [H, T, S8] f32
-    p = scores.masked_fill(hidden, float("-inf")).softmax(dim=-1)
-    ctx = _bmm16(p.to(torch.bfloat16).reshape(h * t, -1), kvb[:, :c]).reshape(h, t, c)   # [H, T, C] bf16
+    scores = _bmm16(q_all.reshape(h * t, -1), kvb.T, f32=True).reshape(h, t, -1)   # [H, T, S8] f32
+    if core_kernel:
+        ctx = torch.empty((h, t, c), dtype=torch.bfloat16, device=scores.device)     # [H, T, C] bf16
+        hg = core_heads_per_block(h, kv16.shape[0])
+        core = make_mla_core_bf16(h, c, kv16.shape[0], hg)
+        core[(t, h // hg, -(-c // CORE_COLS)), (TPB, CORE_SLICES), stream](
+            kernel_view(ctx.view(torch.int16)), kernel_view(scores), kernel_view(kv16.view(torch.int32)),
+            depth, vis, meta, np.float32(scale))
+    else:
+        p = (scores * scale).masked_fill(hidden, float("-inf")).softmax(dim=-1)
+        ctx = _bmm16(p.to(torch.bfloat16).reshape(h * t, -1), kvb[:, :c]).reshape(h, t, c)
     out = _bmm16(ctx, w[:, nn:].transpose(1, 2))                               # [H, T, V] bf16
     view(o)[:t].view(t, h, -1).copy_(out.transpose(0, 1))
 

@@ -19,6 +19,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``mma_16816_bf16(a0..a3, b0, b1, c0..c3)`` | the same with ``.bf16`` operands | exchange |
 | ``bits_to_bf162(u, v)`` | ``cvt.rn.bf16x2.f32`` of two float32 given as bits: low = u, high = v | numpy |
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
+| ``bf162_to_f32(u)`` | a bf16 pair word's low and high halves as float32 (shift / mask, exact) | numpy |
 | ``f32_to_h2(a, b)`` | two ``cvt.rn.f16.f32`` packed low = a, high = b | numpy float16 |
 | ``stored_as(a, v)`` | ``v`` as ``a``'s element: itself (float32), ``cvt.rn.bf16.f32`` (int16 bits) | numpy |
 | ``ld_u32(a, i)`` | ``ld.global.nc.u32``: a 4-byte read-only word, no index wraparound code | ``a[i]`` |
@@ -113,6 +114,11 @@ def _h2_bits_to_f32(u):
 
 def _sim_h2_to_f32(u):
     return _h2_bits_to_f32(int(u) & 0xFFFFFFFF)
+
+
+def _sim_bf162_to_f32(u):
+    w = int(u) & 0xFFFFFFFF
+    return tuple(np.array([(w << 16) & 0xFFFFFFFF, w & 0xFFFF0000], np.uint32).view(np.float32))
 
 
 def _sim_f32_to_h2(a, b):
@@ -362,6 +368,15 @@ def _build_gpu():
         return types.UniTuple(types.float32, 2)(u), codegen
 
     @intrinsic
+    def bf162_to_f32(typingctx, u):
+        def codegen(context, builder, sig, args):
+            v = context.cast(builder, args[0], sig.args[0], types.uint32)
+            lo = builder.bitcast(builder.shl(v, ir.Constant(i32, 16)), f32)
+            hi = builder.bitcast(builder.and_(v, ir.Constant(i32, 0xFFFF0000)), f32)
+            return context.make_tuple(builder, sig.return_type, [lo, hi])
+        return types.UniTuple(types.float32, 2)(u), codegen
+
+    @intrinsic
     def f32_to_h2(typingctx, a, b):
         def codegen(context, builder, sig, args):
             x = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args, strict=True)]
@@ -560,8 +575,8 @@ def _build_gpu():
 
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"),
             _ld("ld.global.L1::no_allocate.v4.u32"), dequant_i4x8,
-            mma_16816, mma_16816_bf16, bits_to_bf162, h2_to_f32, f32_to_h2, stored_as, ld_u32, ld_cg_f32,
-            ld_acquire_i32, syncwarp, bcast0,
+            mma_16816, mma_16816_bf16, bits_to_bf162, h2_to_f32, bf162_to_f32, f32_to_h2, stored_as, ld_u32,
+            ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
             mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait)
@@ -579,6 +594,7 @@ if SIMULATED:
     mma_16816_bf16 = _sim_mma_bf16
     bits_to_bf162 = _sim_bits_to_bf162
     h2_to_f32 = _sim_h2_to_f32
+    bf162_to_f32 = _sim_bf162_to_f32
     f32_to_h2 = _sim_f32_to_h2
     stored_as = _sim_stored_as
     ld_u32 = _sim_ld_u32
@@ -594,7 +610,7 @@ if SIMULATED:
     st_async_f32 = _sim_st_async_f32
 else:
     (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, mma_16816_bf16, bits_to_bf162, h2_to_f32,
-     f32_to_h2, stored_as, ld_u32,
+     bf162_to_f32, f32_to_h2, stored_as, ld_u32,
      ld_cg_f32, ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for, griddep_launch_dependents,
      globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx, mbar_wait,
      st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait) = _build_gpu()

@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda
 
 from .blockops import KS, ROW_THREADS, TPB, block_lane, scale_row
-from .intrinsics import stored_as
+from .intrinsics import bf162_to_f32, stored_as
 from .rmsnorm import row_rms_scale
 from .rope import rope_pair
 
@@ -173,3 +173,144 @@ def make_mla_attention(n_heads: int, c_rank: int, r_dim: int, nope: int, v_dim: 
 
     _ATTN_CACHE[key] = mla_attention_kernel
     return mla_attention_kernel
+
+
+# ---- the W16A16 attention core in logical key order ---------------------------------------------------
+
+CORE_SLICES = 8                     # warps of a core block: key k goes to slice k % 8 ...
+CORE_UNROLL = 4                     # ... and to its accumulator (k // 8) % 4
+CORE_THREADS = 32 * CORE_SLICES
+CORE_COLS = 64                      # latent columns per block: a bf16 pair per lane
+MAX_TREE_DEPTH = 128                # a tree row's depth bound (its ancestors' map in shared memory)
+_CORE_CACHE: dict = {}
+
+
+def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
+    """The W16A16 attention core after the scores: masked softmax and ctx = bf16(p) @ c_kv, with every
+    row's keys in logical order (the cached rows by position, then its ancestors by depth, then
+    itself), so a sum's order depends on the key's position in the sequence only: a verify row equals,
+    bit for bit, the decode row of the same token at the same position, whatever slots its ancestors
+    and their siblings took.
+
+    kernel(ctx int16 [H, T, C] (bf16 bits), scores float32 [H, T, S8] (unscaled q . k over the cache
+    rows), cache int32 [S8, (C+R)/2] (bf16 pairs), depth [T] int32, vis [T', T'] uint8, meta, scale);
+    grid (T, H / hg, ceil(C / 64)), block (32, 8). Row i sees its nk = start + depth[i] + 1 keys: key k
+    is cache row k below start, then start + (the slot of i's ancestor at depth k - start). A row whose
+    depth is its slot (prefill, a chain) sees slots 0..i. p = bf16(softmax(scale * scores)); slice
+    s of the block sums keys k = s (mod 8), in four accumulators by (k // 8) mod 4, the slices meet
+    in fixed order, and ctx is rounded to bf16. A tree row deeper than MAX_TREE_DEPTH writes NaN, a row
+    past meta[1] zeros.
+    Shared memory: 4 * (hg * max_keys + 8 * hg * 64 + 256) + 512 bytes.
+    """
+    key = (n_heads, c_rank, max_keys, hg)
+    if key in _CORE_CACHE:
+        return _CORE_CACHE[key]
+    C2, MK, HG = c_rank // 2, max_keys, hg
+    S, U, NT, CW, MD = CORE_SLICES, CORE_UNROLL, CORE_THREADS, CORE_COLS, MAX_TREE_DEPTH
+
+    @cuda.jit
+    def mla_core_kernel(ctx, scores, cache, depth, vis, meta, scale):
+        row = cuda.blockIdx.x
+        h0 = cuda.blockIdx.y * HG
+        lane = cuda.threadIdx.x
+        sl = cuda.threadIdx.y
+        lt = sl * TPB + lane
+        col0 = cuda.blockIdx.z * CW
+        if row >= meta[1]:                                     # a row past the live ones: zeros
+            for i in range(lt, HG * CW, NT):
+                if col0 + i % CW < 2 * C2:
+                    ctx[h0 + i // CW, row, col0 + i % CW] = stored_as(ctx, np.float32(0.0))
+            return
+        c2 = cuda.blockIdx.z * (CW // 2) + lane                 # this lane's column pair
+        anc = cuda.shared.array(MD, np.int32)                  # slot of the ancestor at each depth
+        p = cuda.shared.array((HG, MK), np.float32)
+        red = cuda.shared.array(NT, np.float32)
+        part = cuda.shared.array((S, HG, CW), np.float32)
+        start = meta[0]
+        dr = depth[row]
+        tree = dr != row
+        bad = tree and dr >= MD
+        if tree and not bad:
+            for t in range(lt, row + 1, NT):
+                if vis[row, t] != 0 and depth[t] < MD:
+                    anc[depth[t]] = t
+        cuda.syncthreads()
+        nk = 0 if bad else start + dr + 1
+        for hh in range(HG):                                   # p = bf16(softmax), by logical key
+            m = -math.inf
+            for k in range(lt, nk, NT):
+                j = start + anc[k - start] if tree and k >= start else k
+                s = scores[h0 + hh, row, j] * scale
+                p[hh, k] = s
+                m = max(m, s)
+            red[lt] = m                                        # the max, by halving strides
+            cuda.syncthreads()
+            st = NT // 2
+            while st > 0:
+                if lt < st:
+                    red[lt] = max(red[lt], red[lt + st])
+                cuda.syncthreads()
+                st //= 2
+            m = red[0]
+            cuda.syncthreads()
+            z = np.float32(0.0)
+            for k in range(lt, nk, NT):
+                e = math.exp(p[hh, k] - m)
+                p[hh, k] = e
+                z += e
+            red[lt] = z                                        # the sum, in the same fixed order
+            cuda.syncthreads()
+            st = NT // 2
+            while st > 0:
+                if lt < st:
+                    red[lt] += red[lt + st]
+                cuda.syncthreads()
+                st //= 2
+            z = red[0]
+            cuda.syncthreads()
+            for k in range(lt, nk, NT):
+                p[hh, k] = bf162_to_f32(np.uint32(stored_as(ctx, p[hh, k] / z)) & np.uint32(0xFFFF))[0]
+        cuda.syncthreads()
+        acc = cuda.local.array((U, HG, 2), np.float32)
+        for u in range(U):
+            for hh in range(HG):
+                acc[u, hh, 0] = np.float32(0.0)
+                acc[u, hh, 1] = np.float32(0.0)
+        if c2 < C2:
+            k = sl
+            while k < nk:                                      # keys k, k + 8, ... of this slice
+                for u in range(U):
+                    kk = k + u * S
+                    if kk < nk:
+                        j = start + anc[kk - start] if tree and kk >= start else kk
+                        lo, hi = bf162_to_f32(cache[j, c2])
+                        for hh in range(HG):
+                            acc[u, hh, 0] += p[hh, kk] * lo
+                            acc[u, hh, 1] += p[hh, kk] * hi
+                k += U * S
+        for hh in range(HG):
+            for w in range(2):
+                part[sl, hh, 2 * lane + w] = (acc[0, hh, w] + acc[1, hh, w]) + (acc[2, hh, w] + acc[3, hh, w])
+        cuda.syncthreads()
+        for i in range(lt, HG * CW, NT):                       # the slices in order
+            hh = i // CW
+            col = i - hh * CW
+            if col0 + col < 2 * C2:
+                a = part[0, hh, col]
+                for t in range(1, S):
+                    a += part[t, hh, col]
+                if bad:
+                    a = math.nan
+                ctx[h0 + hh, row, col0 + col] = stored_as(ctx, a)
+
+    _CORE_CACHE[key] = mla_core_kernel
+    return mla_core_kernel
+
+
+def core_heads_per_block(n_heads: int, max_keys: int) -> int:
+    """Heads a core block takes (sharing its key loads): the most of 4, 2, 1 that divides H and keeps
+    p's shared rows within 32 KB (the heads a block takes do not change any sum's order)."""
+    for hg in (4, 2, 1):
+        if n_heads % hg == 0 and hg * max_keys * 4 <= 32 * 1024:
+            return hg
+    raise ValueError(f"the attention core holds at most {32 * 1024 // 4} keys, got {max_keys}")

@@ -18,9 +18,11 @@ W4A16). The choice is made at preparation and recorded in ``.path``, which the o
 ``Bf16Host`` matrices (W16A16: ``linear``, ``swiglu``) run on the W16A16 tensor-core kernel
 (``w16a16.py``: each row summed as it would be alone, so a verify's rows equal decode's) where a GPU is
 present (``W16_KERNEL``) and N, K are multiples of 16, else on the BLAS path as bf16 GEMMs; the W16A16
-attention core (``mla_attention``) runs on the BLAS path; bf16 routed experts (``Bf16Host`` with
-``out16``) as grouped GEMMs over the (token, expert) pairs sorted by expert (``GROUPED_MM``:
-``blas.experts_grouped``).
+attention core (``mla_attention``) runs its projections and scores on the BLAS path and its softmax and
+p @ c_kv on ``mla.make_mla_core_bf16`` (``W16_CORE_KERNEL``: every key summed at its position in the
+sequence, so a verify row equals its token's decode row whatever slots its ancestors took); bf16
+routed experts (``Bf16Host`` with ``out16``) as grouped GEMMs over the (token, expert) pairs sorted by
+expert (``GROUPED_MM``: ``blas.experts_grouped``).
 FP32 ops take the BLAS path (``blas.py``: torch over the same buffers, cuBLAS on a GPU) where a GPU
 is present (``BLAS``) and the weight has at least ``BLAS_MIN_ELEMENTS`` elements: there one
 thread per output column of the portable kernels reads far below the copy rate, while at toy
@@ -106,6 +108,8 @@ W16A16 = "w16a16"
 W16_KERNEL = on_gpu()                        # bf16 weights on the W16A16 kernel (tests turn it on on CPU)
 W16_MULTI_TILE = False                       # its NT column tiles a block from 17 rows: the same bits,
                                              # checked in the simulator and the PTX probe, not yet timed
+W16_CORE_KERNEL = True                       # the W16A16 attention core's softmax and p @ c_kv on mla.py's
+                                             # core kernel (keys in logical order), else torch + cuBLAS
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
 
@@ -559,8 +563,8 @@ def mla_attention(o, q, cache, w: MLA, cos, sin, depth, vis, meta, scale: float,
         if att is None:
             att = blas.AttentionRows.allocate(rows, cache.shape[0], r_dim // 2)
             blas.attention_rows(att, cos, sin, depth, vis, meta, rows, stream)
-        blas.mla_attention(o, q, cache, w.wkv_b, att, meta, scale, n_heads, c_rank, r_dim, nope, v_dim, rows,
-                           stream)
+        blas.mla_attention(o, q, cache, w.wkv_b, att, depth, vis, meta, scale, n_heads, c_rank, r_dim, nope,
+                           v_dim, rows, stream, W16_CORE_KERNEL)
         return
     attn = make_mla_attention(n_heads, c_rank, r_dim, nope, v_dim, max_keys)
     attn[(rows, n_heads), (TPB, KS), stream](o, q, cache, w.wkv_b, cos, sin, depth, vis, meta,

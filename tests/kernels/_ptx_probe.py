@@ -13,6 +13,7 @@ from numba import types as T
 from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel, tiled_config
 from kernels_numba.int4_staged import make_int4_staged_kernel
 from kernels_numba.intrinsics import stored_as
+from kernels_numba.mla import make_mla_core_bf16
 from kernels_numba.moe import choose_moe_config, stream_k_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
@@ -31,7 +32,8 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "st_async": "st.async.shared::cluster", "lds_v4": "ld.shared.v4.u32",
         "cp_async": "cp.async.cg.shared.global", "atom_global": "atom.global.add",
         "ld_cg": "ld.global.cg.f32",
-        "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32", "cvt_bf16": "cvt.rn.bf16.f32"}
+        "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32", "cvt_bf16": "cvt.rn.bf16.f32",
+        "fma_f32": "fma.rn.f32"}
 
 
 @cuda.jit
@@ -127,8 +129,17 @@ def w16a16_builds() -> dict:
     return out
 
 
+def mla_core_builds() -> dict:
+    """The W16A16 attention core at K2's heads and latent width, 4 and 1 heads a block."""
+    a = lambda t, n: T.Array(t, n, "C")                                    # noqa: E731
+    sig = (a(T.int16, 3), a(T.float32, 3), a(T.int32, 2), a(T.int32, 1), a(T.uint8, 2), a(T.int32, 1),
+           T.float32)
+    return {f"mla_core hg={hg}": counts(make_mla_core_bf16(64, 512, 1024, hg), sig) for hg in (4, 1)}
+
+
 GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds, "moe_gemm": moe_gemm_builds,
-          "moe_glue": moe_glue_builds, "rows": row_builds, "router": router_builds, "w16a16": w16a16_builds}
+          "moe_glue": moe_glue_builds, "rows": row_builds, "router": router_builds, "w16a16": w16a16_builds,
+          "mla_core": mla_core_builds}
 
 
 def main(groups: list[str]) -> None:

@@ -206,3 +206,32 @@ def test_bf16_experts_want_the_bf16_output_mark(on_blas):
     plain = [[ops.Bf16Host(np.zeros((4, 4), np.uint16)) for _ in range(3)] for _ in range(2)]
     with pytest.raises(KernelInputError, match="out16"):
         ops.moe_weights(rt, plain, None)
+
+
+def test_w16a16_attention_core_kernel_equals_torch_core(on_blas, monkeypatch):
+    """The W16A16 attention core on mla.py's core kernel (``ops.W16_CORE_KERNEL``) against torch's masked
+    softmax and p @ c_kv over the same bf16 cache, tree and scores, within what rounding p and ctx to
+    bf16 in another summation order moves; the rows past meta[1] read zeros on the kernel."""
+    from numformats.bf16 import bf16
+    cfg = preset("tiny")
+    rng = np.random.default_rng(3)
+    h, c, r = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    nn, v = cfg.qk_nope_head_dim, cfg.v_head_dim
+    s8, start, rows, live = 16, 7, 4, 3
+    cache = to_device(bf16(rng.standard_normal((s8, c + r)).astype(np.float32)).bits.view(np.int16))
+    q = to_device(rng.standard_normal((rows, h * (nn + r))).astype(np.float32))
+    w = ops.mla_weights(ops.Bf16Host(bf16(rng.standard_normal((h * (nn + v), c)).astype(np.float32) * 0.1).bits))
+    depth = to_device(np.array([0, 1, 1, 2], np.int32))
+    vis = to_device(np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], np.uint8))
+    meta = to_device(np.array([start, live, 0, 0, 0, 0, 0, 0], np.int32))
+    cos, sin = (to_device(t) for t in rope_tables(cfg, s8))
+    outs = []
+    for kernel in (True, False):
+        monkeypatch.setattr(ops, "W16_CORE_KERNEL", kernel)
+        o = zeros((rows, h * v))
+        with ops.sim_speed():
+            ops.mla_attention(o, q, cache, w, cos, sin, depth, vis, meta, cfg.softmax_scale, h, c, r, nn, v,
+                              s8, rows)
+        outs.append(download(o))
+    np.testing.assert_allclose(outs[0][:live], outs[1][:live], rtol=2e-2, atol=2e-3)
+    assert (outs[0][live:] == 0).all()

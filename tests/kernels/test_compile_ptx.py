@@ -108,3 +108,13 @@ def test_w16a16_linear_streams_weights_into_bf16_mma():
         assert k["ldg_nc_v4"] >= 8 and k["cvt_bf16x2"] >= 2 * k["ldg_v4"], name
         assert k["local"] == 0 and k["pdl_wait"] == 1 and k["pdl_launch"] == 1, name   # all in registers
     assert c["silu_mul"]["pdl_wait"] == 1
+
+
+def test_mla_core_keeps_its_accumulators_in_registers():
+    """Four accumulators per head and column: 4 x hg x 2 FMAs a key group, unrolled, none in local
+    memory; the two softmax reductions and the slices' meeting are barriers."""
+    for name, c in probe("mla_core").items():
+        hg = int(name[-1])
+        assert c["local"] == 0 and c["fma_f32"] >= 4 * hg * 2 and c["bar"] >= 6, (name, c)
+        assert c["cvt_bf16"] >= 2, (name, c)                            # p and ctx rounded to bf16
+

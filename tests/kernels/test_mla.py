@@ -8,6 +8,8 @@ from kernels_numba.blockops import TPB
 from kernels_numba.device import download, to_device, zeros
 from kernels_numba.linear import linear
 from kernels_numba.mla import make_mla_attention, mla_prep_kernel
+from kernels_numba.sim import sim_speed
+from numformats.bf16 import BF16Array, bf16
 from workbench.config import preset
 from workbench.reference.layers import rmsnorm
 from workbench.reference.mla import mla_absorbed
@@ -62,3 +64,73 @@ def test_mla_kernels_match_reference(q_lora, tree, ks):
     rows = p_len + s
     np.testing.assert_allclose(download(dev_cache)[:rows], cache.layers[layer][:rows], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(download(out), want, rtol=1e-4, atol=1e-5)
+
+
+def _core(scores: np.ndarray, cache16: np.ndarray, depth, vis, start: int, live: int, scale: float,
+          c: int, hg: int) -> np.ndarray:
+    """make_mla_core_bf16 on [H, T, S] scores and a bf16 cache [S, C+R] (uint16 bits): ctx bits [H, T, C]."""
+    from kernels_numba.mla import CORE_COLS, CORE_SLICES, make_mla_core_bf16
+    h, t, s = scores.shape
+    ctx = zeros((h, t, c), np.int16)
+    meta = to_device(np.array([start, live, 0, 0, 0, 0, 0, 0], np.int32))
+    kern = make_mla_core_bf16(h, c, s, hg)
+    with sim_speed():
+        kern[(t, h // hg, -(-c // CORE_COLS)), (TPB, CORE_SLICES)](
+            ctx, to_device(scores.astype(np.float32)), to_device(cache16.view(np.int16).view(np.int32)),
+            to_device(np.asarray(depth, np.int32)), to_device(np.asarray(vis, np.uint8)), meta,
+            np.float32(scale))
+    return download(ctx).view(np.uint16)
+
+
+def _tree_case(seed: int):
+    """Cached rows, then a tree whose depth-1 path node (slot 2) follows its sibling (slot 1), and its
+    child (slot 4) follows its own sibling (slot 3)."""
+    rng = np.random.default_rng(seed)
+    h, c, r, start = 4, 96, 16, 37                             # 96: a column group only half full
+    parents = [-1, 0, 0, 2, 2]
+    depth = np.array([0, 1, 1, 2, 2], np.int32)
+    vis = np.eye(5, dtype=np.uint8)
+    for i, par in enumerate(parents):
+        while par >= 0:
+            vis[i, par] = 1
+            par = parents[par]
+    s = start + 5 + 6                                          # rows past the tree: never seen
+    cache = bf16(rng.standard_normal((s, c + r)).astype(np.float32)).bits
+    scores = rng.standard_normal((h, 5, s)).astype(np.float32) * 3
+    return h, c, start, depth, vis, cache, scores
+
+
+def test_mla_core_bf16_is_the_masked_softmax_times_the_latents():
+    """Against the definition in float64: p = bf16(softmax of scale * scores over the row's ancestors and
+    the cache), ctx = bf16(p @ c_kv); one live row fewer than the grid's, which reads zeros."""
+    h, c, start, depth, vis, cache, scores = _tree_case(0)
+    scale = 0.3
+    got = BF16Array(_core(scores, cache, depth, vis, start, 4, scale, c, 2)).float32()
+    kv = BF16Array(cache).float32()[:, :c].astype(np.float64)
+    for i in range(4):
+        keys = np.concatenate([np.arange(start), start + np.flatnonzero(vis[i])])
+        z = scores[:, i, keys].astype(np.float64) * np.float32(scale)
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        p = bf16((p / p.sum(axis=1, keepdims=True)).astype(np.float32)).float32().astype(np.float64)
+        np.testing.assert_allclose(got[:, i], p @ kv[keys], rtol=1e-2, atol=1e-3)
+    assert (got[:, 4] == 0).all()
+
+
+@pytest.mark.parametrize("hg", [1, 4])
+def test_mla_core_bf16_tree_rows_equal_decode_rows_bit_for_bit(hg):
+    """Each tree row, whatever slots its ancestors and their siblings took, equals the one-row decode of
+    the same token at the same position (its ancestors' rows moved into the cache after the context),
+    bit for bit: the core sums every key at its position in the sequence."""
+    h, c, start, depth, vis, cache, scores = _tree_case(1)
+    tree = _core(scores, cache, depth, vis, start, 5, 0.25, c, hg)
+    for i in range(5):
+        slots = np.flatnonzero(vis[i])                        # ancestors-or-self by depth (slot order)
+        keys = np.concatenate([np.arange(start), start + slots])
+        d_start = start + depth[i]
+        s = scores.shape[2]
+        cache_d = np.zeros_like(cache)
+        cache_d[:len(keys)] = cache[keys]
+        scores_d = np.zeros((h, 1, s), np.float32)
+        scores_d[:, 0, :len(keys)] = scores[:, i, keys]
+        one = _core(scores_d, cache_d, [0], [[1]], d_start, 1, 0.25, c, 1)
+        np.testing.assert_array_equal(tree[:, i], one[:, 0], err_msg=f"row {i} (slot {slots[-1]})")
