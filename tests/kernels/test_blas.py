@@ -220,7 +220,8 @@ def test_w16a16_attention_core_kernel_equals_torch_core(on_blas, monkeypatch):
     s8, start, rows, live = 16, 7, 4, 3
     cache = to_device(bf16(rng.standard_normal((s8, c + r)).astype(np.float32)).bits.view(np.int16))
     q = to_device(rng.standard_normal((rows, h * (nn + r))).astype(np.float32))
-    w = ops.mla_weights(ops.Bf16Host(bf16(rng.standard_normal((h * (nn + v), c)).astype(np.float32) * 0.1).bits))
+    wkv_b = rng.standard_normal((h * (nn + v), c)).astype(np.float32) * 0.1
+    w = ops.mla_weights(ops.Bf16Host(bf16(wkv_b).bits))
     depth = to_device(np.array([0, 1, 1, 2], np.int32))
     vis = to_device(np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], np.uint8))
     meta = to_device(np.array([start, live, 0, 0, 0, 0, 0, 0], np.int32))
