@@ -1,0 +1,112 @@
+"""The W16A16 attention core at K2's shape on a GPU: the core kernel (``ops.W16_CORE_KERNEL``: softmax and
+p @ c_kv with every key at its position in the sequence) beside its baseline, torch's masked softmax and
+cuBLAS's bf16 p @ c_kv over the key index; both after the same cuBLAS q_lat and scores GEMMs and before
+the same W_UV GEMM.
+
+    python dev/kernels/mla_core.py [--rows 1,5,9,17,65] [--context 576,4096] [--reps 60]
+
+Lines (us per ``ops.mla_attention`` call, the whole core): ``kernel`` and ``torch`` per rows and context.
+Each row count runs a random tree (``ddtree.scenarios.random_tree``) over ``context`` cached bf16
+latent rows; first the two cores are checked against each other (within the bf16 rounding of p and
+ctx in two summation orders), and the kernel's rows against each row's decode alone (its ancestors'
+latent rows moved after the context), bit for bit (a ``#`` line names a row that differs: the cuBLAS
+GEMMs around the core at another row count). Then each is captured in a CUDA graph and timed
+behind a spin kernel (``bench.k2_depth.Timer``); one CSV line per core, rows and context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from kernels_numba import ops  # noqa: E402
+from kernels_numba.device import download, on_gpu, to_device, zeros  # noqa: E402
+from numformats.bf16 import bf16  # noqa: E402
+from workbench.bench.k2_depth import Timer  # noqa: E402
+from workbench.config import preset  # noqa: E402
+from workbench.ddtree.scenarios import ancestor_inputs, random_tree  # noqa: E402
+from workbench.reference.rope import rope_tables  # noqa: E402
+
+
+@contextlib.contextmanager
+def core_kernel(on: bool):
+    """ops.W16_CORE_KERNEL set to ``on`` inside, restored after."""
+    saved, ops.W16_CORE_KERNEL = ops.W16_CORE_KERNEL, on
+    try:
+        yield
+    finally:
+        ops.W16_CORE_KERNEL = saved
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,5,9,17,65")
+    ap.add_argument("--context", default="576,4096")
+    ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--heads", type=int, default=0, help="H instead of K2's 64 (a simulator smoke run)")
+    a = ap.parse_args()
+    if not on_gpu():
+        ops.BLAS = True                             # the simulator's smoke run: the BLAS path on torch's CPU
+    cfg = preset("k2_6")
+    if a.heads:
+        cfg = cfg.replace(num_attention_heads=a.heads)
+    h, c, r = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    nn, v = cfg.qk_nope_head_dim, cfg.v_head_dim
+    rng = np.random.default_rng(0)
+    w = ops.mla_weights(ops.Bf16Host(bf16(rng.standard_normal((h * (nn + v), c)).astype(np.float32) /
+                                          np.sqrt(c)).bits))
+    timer = Timer(on_gpu(), a.reps)
+    print(f"# W16A16 attention core: {h} heads, latent {c} + rope {r}, nope {nn}, v {v}")
+    print("core,rows,context,us")
+    for ctx_len in (int(s) for s in a.context.split(",")):
+        rows_all = [int(t) for t in a.rows.split(",")]
+        s8 = -(-(ctx_len + max(rows_all)) // 8) * 8
+        lat = bf16(rng.standard_normal((s8, c + r)).astype(np.float32)).bits.view(np.int16)
+        cache = to_device(lat)
+        cos, sin = (to_device(t) for t in rope_tables(cfg, s8))
+        for t in rows_all:
+            parents, _ = random_tree(cfg, t - 1, seed=t)
+            vis, pos = ancestor_inputs(parents, ctx_len)
+            depth = (pos - ctx_len).astype(np.int32)
+            q_h = rng.standard_normal((t, h * (nn + r))).astype(np.float32)
+            q, meta = to_device(q_h), to_device(np.array([ctx_len, t, 0, 0, 0, 0, 0, 0], np.int32))
+            dv, vv = to_device(depth), to_device(vis.astype(np.uint8))
+            o = zeros((t, h * v))
+
+            def run(stream=0, q=q, dv=dv, vv=vv, meta=meta, o=o, t=t, kv=cache, rot=(cos, sin), s8=s8):
+                ops.mla_attention(o, q, kv, w, *rot, dv, vv, meta, cfg.softmax_scale, h, c, r, nn, v, s8, t,
+                                  stream)
+            outs = {}
+            for name, on in (("kernel", True), ("torch", False)):
+                with core_kernel(on), ops.sim_speed():
+                    run()
+                    outs[name] = download(o).copy()
+            if not np.allclose(outs["kernel"], outs["torch"], rtol=3e-2, atol=3e-3):
+                raise SystemExit(f"the two cores differ at {t} rows, context {ctx_len}: "
+                                 f"{np.abs(outs['kernel'] - outs['torch']).max()}")
+            for i in range(t):                                     # each row against its decode alone
+                slots = np.flatnonzero(vis[i])
+                moved = lat.copy()
+                moved[ctx_len:ctx_len + len(slots)] = lat[ctx_len + slots]
+                one, m1 = zeros((1, h * v)), to_device(np.array([ctx_len + depth[i], 1, 0, 0, 0, 0, 0, 0],
+                                                                 np.int32))
+                with core_kernel(True), ops.sim_speed():
+                    ops.mla_attention(one, to_device(q_h[i:i + 1]), to_device(moved), w, cos, sin,
+                                      to_device(np.zeros(1, np.int32)), to_device(np.ones((1, 1), np.uint8)),
+                                      m1, cfg.softmax_scale, h, c, r, nn, v, s8, 1)
+                if not np.array_equal(download(one)[0], outs["kernel"][i]):  # (the cuBLAS GEMMs around)
+                    print(f"# row {i} of {t} (slot {slots[-1]}, depth {depth[i]}) differs from its decode "
+                          f"alone, context {ctx_len}: {np.abs(download(one)[0] - outs['kernel'][i]).max()}")
+            for name, on in (("kernel", True), ("torch", False)):
+                with core_kernel(on):
+                    print(f"{name},{t},{ctx_len},{timer(run):.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
