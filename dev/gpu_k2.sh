@@ -27,6 +27,10 @@
 #   probe_random dev/probe_random_source.py: the random-weights test model against the reference, per layer  ~30 s
 #   router       dev/kernels/router.py: the sliced router beside cuBLAS SGEMM logits at 1-65 rows, its parts
 #                alone and six sliced-logits configurations, each checked first                    ~120 s
+#   mla_core     dev/kernels/mla_core.py: the W16A16 attention core kernel beside the torch core at 1-65
+#                rows, contexts 576 and 4096, each checked (and each row against its decode alone) first
+#   w16a16       dev/kernels/w16a16.py at 1-65 rows (the NT column tiles' rows beside NT = 1) and the GPU
+#                test of the W16A16 kernel and the attention core
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -72,6 +76,10 @@ for step in $STEPS; do
                tests/parallel tests/kernels/test_moe.py::test_routed_slice_is_the_stack_of_those_experts ;;
     probe_random) run probe_random 120 python3 dev/probe_random_source.py ;;
     router) run "router_${KDTREE_GIT_SHA}" 240 python3 dev/kernels/router.py ;;
+    mla_core) run "mla_core_${KDTREE_GIT_SHA}" 240 python3 dev/kernels/mla_core.py ;;
+    w16a16) run "w16a16_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/w16a16.py --rows 1,9,17,33,65
+            run tier_w16a16 240 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
+              tests/kernels/test_w16a16.py tests/kernels/test_mla.py tests/kernels/test_blas.py ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done
