@@ -124,16 +124,19 @@ def padded_keys(s: int) -> int:
 @dataclass
 class AttentionRows:
     """What every layer's attention core needs of a step's rows, computed once per step (``attention_rows``)
-    rather than once per layer: their rope rotations and the keys each may not see."""
+    rather than once per layer: their rope rotations and the keys each may not see (None where every
+    core reading them takes its keys from depth and vis itself: the W16A16 core kernel)."""
     rot: Any          # [T, R/2] complex64 cos + i sin at position start + depth[i]
-    hidden: Any       # [T, S8] bool: key j is not visible to row i
+    hidden: Any       # [T, S8] bool: key j is not visible to row i; or None
+    keys: int         # S8
 
     @classmethod
-    def allocate(cls, max_rows: int, max_len: int, half_rope: int) -> AttentionRows:
+    def allocate(cls, max_rows: int, max_len: int, half_rope: int, mask: bool = True) -> AttentionRows:
         torch = _torch()
         dev = "cpu" if SIMULATED else "cuda"
+        s8 = padded_keys(max_len)
         return cls(torch.zeros(max_rows, half_rope, dtype=torch.complex64, device=dev),
-                   torch.ones(max_rows, padded_keys(max_len), dtype=torch.bool, device=dev))
+                   torch.ones(max_rows, s8, dtype=torch.bool, device=dev) if mask else None, s8)
 
 
 def attention_rows(att: AttentionRows, cos, sin, depth, vis, meta, rows: int, stream=0) -> None:
@@ -145,7 +148,9 @@ def attention_rows(att: AttentionRows, cos, sin, depth, vis, meta, rows: int, st
         start, live = mt[0].long(), mt[1].long()
         pos = start + view(depth)[:rows].long()                                # [T]
         torch.complex(view(cos).index_select(0, pos), view(sin).index_select(0, pos), out=att.rot[:rows])
-        keys = torch.arange(att.hidden.shape[1], device=pos.device)            # [S8]
+        if att.hidden is None:
+            return
+        keys = torch.arange(att.keys, device=pos.device)                       # [S8]
         rel = keys - start                                                     # new-row index of a key
         vt = view(vis)
         seen = vt[:rows].index_select(1, rel.clamp(0, vt.shape[1] - 1)) != 0   # [T, S8]
@@ -165,16 +170,17 @@ def mla_attention(o, q, cache, wkv_b, att: AttentionRows, depth, vis, meta, scal
     h, c, r, nn, v = n_heads, c_rank, r_dim, nope, v_dim
     with on(stream):
         kv = view(cache)                                                       # [S, C+R]
-        if att.hidden.shape[1] != padded_keys(kv.shape[0]):
-            raise KernelInputError(
-                f"AttentionRows for {att.hidden.shape[1]} keys, cache of {kv.shape[0]} rows")
+        if att.keys != padded_keys(kv.shape[0]):
+            raise KernelInputError(f"AttentionRows for {att.keys} keys, cache of {kv.shape[0]} rows")
         qh = view(q)[:rows, :h * (nn + r)].reshape(rows, h, nn + r)           # [T, H, N_+R]
         pe = qh[..., nn:] if nn % 2 == 0 else qh[..., nn:].contiguous()         # interleaved pairs
         pairs = torch.view_as_complex(pe.unflatten(-1, (r // 2, 2)))           # [T, H, R/2] x0 + i x1
         q_pe = torch.view_as_real(pairs * att.rot[:rows, None]).flatten(-2)   # [T, H, R]: one rotation
         w = view(wkv_b).reshape(h, nn + v, c)                                  # [H, N_+V, C]
         q_nope = qh[..., :nn].transpose(0, 1)                                  # [H, T, N_]
-        hidden = att.hidden[:rows]                                             # [T, S8]
+        hidden = att.hidden[:rows] if att.hidden is not None else None        # [T, S8]
+        if hidden is None and not (w.dtype == torch.bfloat16 and core_kernel):
+            raise KernelInputError("this attention core needs the step's key mask: AttentionRows without it")
         if w.dtype == torch.bfloat16:
             if kv.dtype != torch.int16 or kv.shape[0] % 8:
                 raise KernelInputError("a W16A16 attention core takes a bf16 latent cache (int16 bits, "

@@ -22,7 +22,9 @@ import math
 import numpy as np
 from numba import cuda
 
+from ._validate import KernelInputError
 from .blockops import KS, ROW_THREADS, TPB, block_lane, scale_row
+from .device import SIMULATED
 from .intrinsics import bf162_to_f32, stored_as
 from .rmsnorm import row_rms_scale
 from .rope import rope_pair
@@ -177,8 +179,10 @@ def make_mla_attention(n_heads: int, c_rank: int, r_dim: int, nope: int, v_dim: 
 
 # ---- the W16A16 attention core in logical key order ---------------------------------------------------
 
-CORE_SLICES = 8                     # warps of a core block: key k goes to slice k % 8 ...
-CORE_UNROLL = 4                     # ... and to its accumulator (k // 8) % 4
+# warps of a core block: key k goes to slice k % S, then to accumulator (k // S) % 4 (under the simulator
+# S = 2 keeps its thread count low: the same source, sums in another fixed grouping, as blockops.KS)
+CORE_SLICES = 2 if SIMULATED else 8
+CORE_UNROLL = 4
 CORE_THREADS = 32 * CORE_SLICES
 CORE_COLS = 64                      # latent columns per block: a bf16 pair per lane
 MAX_TREE_DEPTH = 128                # a tree row's depth bound (its ancestors' map in shared memory)
@@ -194,13 +198,13 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
 
     kernel(ctx int16 [H, T, C] (bf16 bits), scores float32 [H, T, S8] (unscaled q . k over the cache
     rows), cache int32 [S8, (C+R)/2] (bf16 pairs), depth [T] int32, vis [T', T'] uint8, meta, scale);
-    grid (T, H / hg, ceil(C / 64)), block (32, 8). Row i sees its nk = start + depth[i] + 1 keys: key k
+    grid (T, H / hg, ceil(C / 64)), block (32, S). Row i sees its nk = start + depth[i] + 1 keys: key k
     is cache row k below start, then start + (the slot of i's ancestor at depth k - start). A row whose
-    depth is its slot (prefill, a chain) sees slots 0..i. p = bf16(softmax(scale * scores)); slice
-    s of the block sums keys k = s (mod 8), in four accumulators by (k // 8) mod 4, the slices meet
-    in fixed order, and ctx is rounded to bf16. A tree row deeper than MAX_TREE_DEPTH writes NaN, a row
-    past meta[1] zeros.
-    Shared memory: 4 * (hg * max_keys + 8 * hg * 64 + 256) + 512 bytes.
+    depth is its slot (prefill, a chain) sees slots 0..i. p = bf16(softmax(scale * scores)); slice s
+    of the block's S = CORE_SLICES sums keys k = s (mod S), in four accumulators by (k // S) mod 4, the
+    slices meet in fixed order, and ctx is rounded to bf16. A tree row deeper than MAX_TREE_DEPTH writes
+    NaN, a row past meta[1] zeros.
+    Shared memory: 4 * (hg * max_keys + S * hg * 64 + 32 S) + 512 bytes.
     """
     key = (n_heads, c_rank, max_keys, hg)
     if key in _CORE_CACHE:
@@ -313,4 +317,4 @@ def core_heads_per_block(n_heads: int, max_keys: int) -> int:
     for hg in (4, 2, 1):
         if n_heads % hg == 0 and hg * max_keys * 4 <= 32 * 1024:
             return hg
-    raise ValueError(f"the attention core holds at most {32 * 1024 // 4} keys, got {max_keys}")
+    raise KernelInputError(f"the attention core holds at most {32 * 1024 // 4} keys, got {max_keys}")

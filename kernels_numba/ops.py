@@ -541,10 +541,13 @@ def mla_prep(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank: int,
 
 def attention_rows_buffers(attns, max_rows: int, max_len: int, half_rope: int) -> blas.AttentionRows | None:
     """The step's shared attention rows (``blas.AttentionRows``) when some layer's attention core (of
-    ``attns``, MLA weights) is on the BLAS path; None otherwise (the numba kernel needs none)."""
-    if any(a.path == BLAS_PATH for a in attns):
-        return blas.AttentionRows.allocate(max_rows, max_len, half_rope)
-    return None
+    ``attns``, MLA weights) is on the BLAS path, with the key mask only where a core reads it (not the
+    W16A16 core kernel, ``W16_CORE_KERNEL``); None otherwise (the numba kernel needs none)."""
+    blas_cores = [a for a in attns if a.path == BLAS_PATH]
+    if not blas_cores:
+        return None
+    mask = any(not (a.a16 and W16_CORE_KERNEL) for a in blas_cores)
+    return blas.AttentionRows.allocate(max_rows, max_len, half_rope, mask)
 
 
 def attention_rows(att: blas.AttentionRows | None, cos, sin, depth, vis, meta, rows: int, stream=0) -> None:
