@@ -204,7 +204,7 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
     of the block's S = CORE_SLICES sums keys k = s (mod S), in four accumulators by (k // S) mod 4, the
     slices meet in fixed order, and ctx is rounded to bf16. A tree row deeper than MAX_TREE_DEPTH writes
     NaN, a row past meta[1] zeros.
-    Shared memory: 4 * (hg * max_keys + S * hg * 64 + 32 S) + 512 bytes.
+    Shared memory: 4 * (hg * max_keys + S * hg * 64 + 64 S hg) + 512 bytes.
     """
     key = (n_heads, c_rank, max_keys, hg)
     if key in _CORE_CACHE:
@@ -228,7 +228,8 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
         c2 = cuda.blockIdx.z * (CW // 2) + lane                 # this lane's column pair
         anc = cuda.shared.array(MD, np.int32)                  # slot of the ancestor at each depth
         p = cuda.shared.array((HG, MK), np.float32)
-        red = cuda.shared.array(NT, np.float32)
+        red = cuda.shared.array((HG, NT), np.float32)          # per head: thread maxima ...
+        zs = cuda.shared.array((HG, NT), np.float32)           # ... and sums (no barrier between)
         part = cuda.shared.array((S, HG, CW), np.float32)
         start = meta[0]
         dr = depth[row]
@@ -240,38 +241,40 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
                     anc[depth[t]] = t
         cuda.syncthreads()
         nk = 0 if bad else start + dr + 1
-        for hh in range(HG):                                   # p = bf16(softmax), by logical key
+        for hh in range(HG):                                   # scale * scores by logical key
             m = -math.inf
             for k in range(lt, nk, NT):
                 j = start + anc[k - start] if tree and k >= start else k
                 s = scores[h0 + hh, row, j] * scale
                 p[hh, k] = s
                 m = max(m, s)
-            red[lt] = m                                        # the max, by halving strides
+            red[hh, lt] = m
+        cuda.syncthreads()
+        st = NT // 2                                           # every head's max, by halving strides
+        while st > 0:
+            if lt < st:
+                for hh in range(HG):
+                    red[hh, lt] = max(red[hh, lt], red[hh, lt + st])
             cuda.syncthreads()
-            st = NT // 2
-            while st > 0:
-                if lt < st:
-                    red[lt] = max(red[lt], red[lt + st])
-                cuda.syncthreads()
-                st //= 2
-            m = red[0]
-            cuda.syncthreads()
+            st //= 2
+        for hh in range(HG):
+            m = red[hh, 0]
             z = np.float32(0.0)
             for k in range(lt, nk, NT):
                 e = math.exp(p[hh, k] - m)
                 p[hh, k] = e
                 z += e
-            red[lt] = z                                        # the sum, in the same fixed order
+            zs[hh, lt] = z
+        cuda.syncthreads()
+        st = NT // 2                                           # every head's sum, in the same fixed order
+        while st > 0:
+            if lt < st:
+                for hh in range(HG):
+                    zs[hh, lt] += zs[hh, lt + st]
             cuda.syncthreads()
-            st = NT // 2
-            while st > 0:
-                if lt < st:
-                    red[lt] += red[lt + st]
-                cuda.syncthreads()
-                st //= 2
-            z = red[0]
-            cuda.syncthreads()
+            st //= 2
+        for hh in range(HG):                                   # p = bf16(softmax)
+            z = zs[hh, 0]
             for k in range(lt, nk, NT):
                 p[hh, k] = bf162_to_f32(np.uint32(stored_as(ctx, p[hh, k] / z)) & np.uint32(0xFFFF))[0]
         cuda.syncthreads()
@@ -313,8 +316,9 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
 
 def core_heads_per_block(n_heads: int, max_keys: int) -> int:
     """Heads a core block takes (sharing its key loads): the most of 4, 2, 1 that divides H and keeps
-    p's shared rows within 32 KB (the heads a block takes do not change any sum's order)."""
+    p's shared rows within 24 KB, the block's shared memory within 48 KB (the heads a block takes do
+    not change any sum's order)."""
     for hg in (4, 2, 1):
-        if n_heads % hg == 0 and hg * max_keys * 4 <= 32 * 1024:
+        if n_heads % hg == 0 and hg * max_keys * 4 <= 24 * 1024:
             return hg
-    raise KernelInputError(f"the attention core holds at most {32 * 1024 // 4} keys, got {max_keys}")
+    raise KernelInputError(f"the attention core holds at most {24 * 1024 // 4} keys, got {max_keys}")

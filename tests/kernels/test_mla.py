@@ -134,3 +134,12 @@ def test_mla_core_bf16_tree_rows_equal_decode_rows_bit_for_bit(hg):
         scores_d[:, 0, :len(keys)] = scores[:, i, keys]
         one = _core(scores_d, cache_d, [0], [[1]], d_start, 1, 0.25, c, 1)
         np.testing.assert_array_equal(tree[:, i], one[:, 0], err_msg=f"row {i} (slot {slots[-1]})")
+
+
+def test_mla_core_heads_per_block_keep_shared_memory_within_a_block():
+    from kernels_numba._validate import KernelInputError
+    from kernels_numba.mla import core_heads_per_block
+    assert [core_heads_per_block(64, s) for s in (1536, 1537, 3073, 6144)] == [4, 2, 1, 1]
+    assert core_heads_per_block(6, 100) == 2
+    with pytest.raises(KernelInputError, match="at most 6144 keys"):
+        core_heads_per_block(64, 6145)
