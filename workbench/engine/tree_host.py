@@ -88,7 +88,7 @@ def build_tree_host(lp, ids, budget, n_pos, out, scores, sizes, rows, verify_us,
     cand_n = np.empty(n_sizes + 1, np.int64)
     cand_rate = np.empty(n_sizes + 1, np.float64)
     count = 0
-    e = 1.0                                                  # E(n) = 1 + p_1 + ... + p_n
+    cum = 0.0                                                # p_1 + ... + p_n, summed as expected_tokens does
     while size > 0 and n < budget:
         top = heap[0]                                        # pop the minimum, sift down
         size -= 1
@@ -148,7 +148,8 @@ def build_tree_host(lp, ids, budget, n_pos, out, scores, sizes, rows, verify_us,
         if n_sizes == 0:
             continue
         p_n = np.exp(scores[n])
-        e += p_n
+        cum += p_n
+        e = 1.0 + cum                                        # E(n)
         if count < n_sizes and n == sizes[count]:            # a candidate size: its rate, then the bound
             cand_n[count] = n
             cand_rate[count] = e / (round_us + _verify_us(rows, verify_us, n))
@@ -163,7 +164,7 @@ def build_tree_host(lp, ids, budget, n_pos, out, scores, sizes, rows, verify_us,
         return n
     if count == 0 or cand_n[count - 1] != n:                 # the heap ran out: the whole tree is one
         cand_n[count] = n
-        cand_rate[count] = e / (round_us + _verify_us(rows, verify_us, n))
+        cand_rate[count] = (1.0 + cum) / (round_us + _verify_us(rows, verify_us, n))
         count += 1
     return _cost_aware_n(cand_n, cand_rate, count, tie)[0]
 
