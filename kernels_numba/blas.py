@@ -211,11 +211,12 @@ def _bmm16(a, b, f32: bool = False):
 
 
 def kernel_view(t) -> Any:
-    """A numba kernel's argument over a torch tensor's memory (no copy)."""
+    """A numba kernel's argument over a torch tensor's memory (no copy; no stream sync, which a stream
+    being captured into a graph refuses: the launch goes on the same stream)."""
     if t.device.type == "cpu":
         return t.numpy()
     from numba import cuda
-    return cuda.as_cuda_array(t)
+    return cuda.as_cuda_array(t, sync=False)
 
 
 def _attention_bf16(o, kv16, w, q_nope, q_pe, hidden, depth, vis, meta, scale: float, nn: int,
