@@ -28,8 +28,9 @@ What runs, in one process:
    drafter's forward (random bf16 weights, its proposals unused) run every round before the draft
    (its prompt pass before the rounds, as the target's prefill); per round the wall time of each phase,
    and for the first rounds the distinct experts the verify's last MoE layer touched and the expert
-   tiles they make (``ops.expert_tiles``: the tiled MoE path's weight reads); the oracle's hit rate as
-   drawn at the drafted positions (``oracle.hit_rate``: the acceptance each p gives this seed).
+   tiles they make (``ops.expert_tiles``: the tiled MoE path's weight reads); per run the mean E(N) the
+   draft states for its trees beside the tau it got, and the oracle's hit rate as drawn at the drafted
+   positions (``oracle.hit_rate``: the acceptance each p gives this seed).
 5. the trained code pair's acceptance replayed: tau(B) = its tokens / rounds over the HumanEval prompts of
    the current ``pair`` set (model ``code``, the BF16 pair's measured DDTree runs), times this stand-in's
    measured round time at B (the mean over the oracle runs at B: a round's time does not depend on
@@ -275,13 +276,14 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
     from kernels_numba.device import download, head_rows
     from kernels_numba.sim import sim_speed
 
-    from ..ddtree.budget import tree_budget
+    from ..ddtree.budget import expected_tokens, tree_budget
     from ..ddtree.config import GREEDY
     from ..ddtree.oracle import OracleDrafter
     from ..engine.rounds import EngineSpecState
     cfg = engine.cfg
     draft = OracleDrafter(sequence, cfg.vocab_size, BLOCK, p, seed, calibrated=oracle == "calibrated")
     clock = dict.fromkeys(("drafter", "draft", "build", "verify", "walk"), 0.0)
+    expected: list[float] = []                                # per round: E(N) of the verified tree
     probes: list[dict[str, float]] = []                       # per probed round: its last MoE layer's
     walls: list[float] = []                                   # per round: wall s
     with sim_speed():
@@ -304,6 +306,7 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
             te = time.perf_counter()
             if len(probes) < probe_rounds:
                 probes.append(expert_load(download(head_rows(engine.scratch.rids, n + 1))))
+            expected.append(float(expected_tokens(state.scores[1:n + 1])[-1]))   # E(N) the draft states
             tf = time.perf_counter()
             acc, bonus = state.walk(n, post)
             state.commit(n, acc, bonus)
@@ -317,6 +320,7 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
     tokens = np.asarray(state.tokens[:n_tokens], np.int64)
     return {"tokens": tokens, "rounds": rounds, "wall_s": wall, "clock": clock, "round_walls": walls,
             "round_tokens": [r.accepted_len for r in state.rounds],
+            "expected_tau": float(np.mean(expected)),
             "tau": float(np.mean([r.accepted_len for r in state.rounds])),
             "tree_nodes": float(np.mean([r.tree_size for r in state.rounds])),
             **{k: float(np.mean([pr[k] for pr in probes])) if probes else float("nan")
@@ -444,12 +448,14 @@ def run_row(r: dict[str, Any], agree: dict[str, Any], ar_ms: float, source: str,
             budget: int) -> dict[str, Any]:
     """A DDTree run's result row (and, under "check", its greedy == AR check). A round's time is over
     every round (it does not depend on what is accepted); tau over the rounds before a mismatch (past it
-    the oracle's truth, AR's tokens, is not the target's)."""
+    the oracle's truth, AR's tokens, is not the target's); expected_tau, the mean E(N) = 1 + p_1 + ... +
+    p_N the draft's probabilities state for the verified trees (what a cost-aware budget reads)."""
     rms = r["wall_s"] / r["rounds"] * 1e3
     ms_tok = rms * agree["rounds"] / agree["tokens"]
     c = {k: v / r["rounds"] for k, v in r["clock"].items()}
     return {"table": "run", "source": source, "budget": budget, "tokens": agree["tokens"],
-            "rounds": agree["rounds"], "tau": agree["tokens"] / agree["rounds"], "ms_per_token": ms_tok,
+            "rounds": agree["rounds"], "tau": agree["tokens"] / agree["rounds"],
+            "expected_tau": r["expected_tau"], "ms_per_token": ms_tok,
             "round_ms": rms, "speedup": ar_ms / ms_tok, "tokens_equal_ar": agree["equal"],
             "first_mismatch": agree["first"], "tree_nodes": r["tree_nodes"],
             "distinct_experts": r["unique_experts"], "expert_tiles": r["expert_tiles"],
