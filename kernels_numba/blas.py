@@ -140,17 +140,19 @@ class AttentionRows:
 
 
 def attention_rows(att: AttentionRows, cos, sin, depth, vis, meta, rows: int, stream=0) -> None:
-    """Fill ``att`` for the grid's rows: rope rows at start + depth[i] (start = meta[0]); row i sees
-    cached keys < start and new key j < n = meta[1] where vis[i, j] (padding and later keys hidden)."""
+    """Fill ``att`` for the grid's rows: rope rows at start + depth[i] (start = meta[0]; one kernel,
+    ``rope.rope_rows_kernel``); row i sees cached keys < start and new key j < n = meta[1] where
+    vis[i, j] (padding and later keys hidden)."""
+    from .blockops import TPB
+    from .rope import rope_rows_kernel
     torch = _torch()
+    rope_rows_kernel[rows, TPB, stream](kernel_view(torch.view_as_real(att.rot)), cos, sin, depth, meta)
+    if att.hidden is None:
+        return
     with on(stream):
         mt = view(meta)
         start, live = mt[0].long(), mt[1].long()
-        pos = start + view(depth)[:rows].long()                                # [T]
-        torch.complex(view(cos).index_select(0, pos), view(sin).index_select(0, pos), out=att.rot[:rows])
-        if att.hidden is None:
-            return
-        keys = torch.arange(att.keys, device=pos.device)                       # [S8]
+        keys = torch.arange(att.keys, device=att.hidden.device)                # [S8]
         rel = keys - start                                                     # new-row index of a key
         vt = view(vis)
         seen = vt[:rows].index_select(1, rel.clamp(0, vt.shape[1] - 1)) != 0   # [T, S8]

@@ -17,3 +17,16 @@ def rope_pair(x0, x1, cos, sin, pos, i):
     c = cos[pos, i]
     s = sin[pos, i]
     return x0 * c - x1 * s, x1 * c + x0 * s
+
+
+@cuda.jit
+def rope_rows_kernel(rot, cos, sin, depth, meta):
+    """rot float32 [T, R/2, 2] (a complex64 [T, R/2] buffer) = (cos, sin) [pos, :] at pos = meta[0] +
+    depth[i] for the live rows i < meta[1], (1, 0) past them: a step's rope rows, gathered once for every
+    layer's BLAS attention core. grid (T,), block (32,)."""
+    i = cuda.blockIdx.x
+    live = i < meta[1]
+    pos = meta[0] + depth[i] if live else 0
+    for k in range(cuda.threadIdx.x, rot.shape[1], cuda.blockDim.x):
+        rot[i, k, 0] = cos[pos, k] if live else 1.0
+        rot[i, k, 1] = sin[pos, k] if live else 0.0

@@ -236,3 +236,38 @@ def test_w16a16_attention_core_kernel_equals_torch_core(on_blas, monkeypatch):
         outs.append(download(o))
     np.testing.assert_allclose(outs[0][:live], outs[1][:live], rtol=2e-2, atol=2e-3)
     assert (outs[0][live:] == 0).all()
+
+
+def test_attention_rows_gather_the_rope_rows_and_mask_the_unseen_keys(on_blas):
+    """The step's rows for the BLAS cores: row i's (cos, sin) at start + depth[i] (copies of the table,
+    so exactly), (1, 0) past the live rows; the key mask hides what the tree mask and meta[1] hide, and
+    is not built where no core reads it."""
+    import torch
+    cfg = preset("tiny")
+    r, s8, start, rows, live = cfg.qk_rope_head_dim, 16, 5, 4, 3
+    cos_h, sin_h = rope_tables(cfg, s8)
+    cos, sin = to_device(cos_h), to_device(sin_h)
+    depth = np.array([0, 1, 1, 2], np.int32)
+    vis = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 1], [1, 1, 0, 1]], np.uint8)
+    meta = to_device(np.array([start, live, 0, 0, 0, 0, 0, 0], np.int32))
+    h, c, w_rows = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.num_attention_heads * 32
+    fp32 = ops.mla_weights(np.zeros((w_rows, c), np.float32))                  # a core that reads the mask
+    w16 = ops.mla_weights(ops.Bf16Host(np.zeros((w_rows, c), np.uint16)))     # the core kernel: no mask
+    assert h and fp32.path == w16.path == ops.BLAS_PATH
+    for mask, attns in ((True, [fp32, w16]), (False, [w16])):
+        att = ops.attention_rows_buffers(attns, rows, s8, r // 2)
+        ops.attention_rows(att, cos, sin, to_device(depth), to_device(vis), meta, rows)
+        rot = att.rot.cpu().numpy()
+        pos = start + depth[:live]
+        np.testing.assert_array_equal(rot[:live].real, cos_h[pos])
+        np.testing.assert_array_equal(rot[:live].imag, sin_h[pos])
+        assert (rot[live:] == 1).all()
+        if not mask:
+            assert att.hidden is None
+            continue
+        seen = ~att.hidden.cpu().numpy()[:live]                               # [live, S8]
+        want = np.zeros((live, s8), bool)
+        want[:, :start] = True
+        want[:, start:start + live] = vis[:live, :live] != 0                   # row 2's slot 3 is not live
+        np.testing.assert_array_equal(seen, want)
+        assert isinstance(att.hidden, torch.Tensor)
