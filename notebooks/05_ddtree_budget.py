@@ -114,6 +114,13 @@ else:
     plots.finish(fig, "05_depth_split", out_dir, plots.caption_text(
         f"{depth.stand_in}; black tick: the measured round.", hardware=depth.hardware,
         date=f"{depth.date}, commit {depth.commit}"))
+    auto = depthdata.cost_aware(depth)
+    if auto:
+        tables.show_table(tables.frame(auto), "05_depth_cost_aware", out_dir, digits=3, caption=(
+            f"The cost-aware budget, MEASURED ({depth.hardware}, commit {depth.commit}): ms per token beside "
+            "its source's best fixed budget (vs_best_fixed > 1: faster), the nodes it verified a round, its "
+            "tau beside the E(N) the draft stated and the oracle's hit rate as drawn (empty: not recorded "
+            "by this set)."))
 
 # %% [markdown]
 # ## Acceptance against budget and oracle p

@@ -1,5 +1,6 @@
 """A small ``k2_depth`` result set in the benchmark's format, with made-up times (not measurements): the
-parts of a 61-layer step at 1, 2, 5 and 9 rows, AR, the oracle at two p and the pair replayed."""
+parts of a 61-layer step at 1, 2, 5 and 9 rows, AR, the oracle at two p, the pair replayed and one
+cost-aware run."""
 
 from __future__ import annotations
 
@@ -53,9 +54,14 @@ def write_depth_set(folder: Path, sha: str = "abc1234", gpu: str = "NVIDIA H200"
     """Write ``k2_depth_<sha>.csv/.json`` into ``folder``; the CSV's path."""
     rs = result_set(folder, "k2_depth", sha)
     folder.mkdir(parents=True, exist_ok=True)
-    write_csv(run_rows()[:1] + part_rows() + run_rows()[1:], rs.csv)
+    auto = {"table": "cost_aware", "source": "oracle p=0.8, cost-aware", "budget": 8, "tokens": 128,
+            "rounds": 43, "tau": 2.98, "expected_tau": 3.2, "ms_per_token": 10.5, "tree_nodes": 4.0,
+            "best_fixed_budget": 4, "best_fixed_ms_per_token": 8.67, "vs_best_fixed": 8.67 / 10.5,
+            "tokens_equal_ar": True}
+    write_csv(run_rows()[:1] + part_rows() + run_rows()[1:] + [auto], rs.csv)
     write_json_atomic(rs.meta, {"bench": "k2_depth", "git_sha": sha, "gpu": gpu,
                                 "time_utc": "2026-12-03T09:00:00+00:00", "model": "k2_6 (61 layers)",
                                 "weights": "K2.6-shape stand-in with random weights (not K2's weights)",
-                                "sets": 10, "pair_set": "pair_fixture", "checks_passed": True})
+                                "sets": 10, "pair_set": "pair_fixture", "checks_passed": True,
+                                "oracle_hit_rate": {"0.8": 0.73, "0.5": 0.42}})
     return rs.csv

@@ -215,7 +215,7 @@ def test_a_set_without_parts_shows_the_measurement_without_a_projection(tmp_path
 def check_depth_pages(out: Path) -> list[tuple[bool, str]]:
     """05 and 06 of a smoke report run with ``depth_bench_dir`` on the fixture set (``write_depth_set``;
     ``test_notebooks``' one smoke run passes it): measured beside projected per budget and source, the
-    split by part, the answer on top of 06, the pair's replayed rows."""
+    split by part, the cost-aware run, the answer on top of 06, the pair's replayed rows."""
     import csv
 
     def rows(name):
@@ -233,6 +233,9 @@ def check_depth_pages(out: Path) -> list[tuple[bool, str]]:
         ({r["source"] for r in rows("06_depth_pair")} == {"ar", "pair code (replayed)"},
          "06: the pair's replayed rows"),
         ("commit abc1234" in (out / "05_ddtree_budget.html").read_text(), "05: the set's commit"),
+        ([(r["best_fixed_budget"], r["expected_tau"], r["oracle_hit_rate"])
+          for r in rows("05_depth_cost_aware")] == [("4", "3.2", "0.73")],
+         "05: the cost-aware run beside its best fixed budget"),
     ]
 
 
@@ -249,3 +252,14 @@ def test_a_composed_set_says_which_run_gave_what(tmp_path):
     text = words(page(tmp_path / "two", bench))
     assert "Composed of two runs: the oracle's tau from 1111111" in text
     assert "parts and round times from 2222222" in text
+
+
+def test_cost_aware_rows_carry_the_stated_and_drawn_acceptance(tmp_path):
+    """The cost-aware view: the run beside its best fixed budget, with the E(N) it read and the oracle's
+    hit rate for its p; a set without them (the committed one predates them) leaves those cells empty."""
+    write_depth_set(tmp_path)
+    (row,) = depthdata.cost_aware(depthdata.load_depth(tmp_path))
+    assert row["best_fixed_budget"] == 4 and row["vs_best_fixed"] == pytest.approx(8.67 / 10.5)
+    assert (row["tau"], row["expected_tau"], row["oracle_hit_rate"]) == (2.98, 3.2, 0.73)
+    committed = depthdata.cost_aware(depthdata.load_depth("reports/bench"))
+    assert len(committed) == 4 and all(r["best_fixed_ms_per_token"] > 0 for r in committed)

@@ -6,6 +6,7 @@ The set's CSV is long format with a ``table`` column:
               round_ms, speedup, host phases per round (build_us_per_round, walk_us_per_round), ...
   part        part ('embed', 'head', 'tree', 'drafter', 'dense.layer', 'moe.attention', ...), rows, us
   projection  what ``k2proj.project_depth`` made of them when the set was written
+  cost_aware  a cost-aware run beside its source's best fixed budget (``cost_aware``)
 Its metadata names the GPU, commit and date, the stand-in's distinct MoE weight sets and its weights
 (random, not K2's). A set written by ``--dry-run`` (a tiny config in the CUDA simulator, no timing) is
 read but marked: it is never a result.
@@ -108,6 +109,26 @@ def side_by_side(ds: DepthSet, cfg: ModelConfig | None = None) -> list[dict[str,
                     "measured_tok_s": 1e3 / meas, "projected_tok_s": 1e3 / pj if pj else None,
                     "measured_speedup": ar / meas if ar else None,
                     "projected_speedup": ar_pj / pj if pj and ar_pj else None})
+    return out
+
+
+def cost_aware(ds: DepthSet) -> list[dict[str, Any]]:
+    """Per cost-aware run (B = the curve's largest tree, the verified N chosen per round): its MEASURED ms
+    per token beside the best fixed budget's of the same source, the nodes it verified, its tau beside
+    the E(N) the draft's probabilities stated (``expected_tau``, sets from 052d605 on) and the oracle's
+    hit rate as drawn for that p (``oracle_hit_rate``, the same sets): where a cost-aware round loses,
+    these say whether the acceptance it read was the one it got."""
+    hits = ds.meta.get("oracle_hit_rate") or {}
+    out = []
+    for r in ds.rows:
+        if r.get("table") != "cost_aware":
+            continue
+        p = str(r["source"]).split("p=")[-1].split(",")[0]
+        out.append({"source": r["source"], "nodes_per_round": r.get("tree_nodes"),
+                    "ms_per_token": r.get("ms_per_token"), "best_fixed_budget": r.get("best_fixed_budget"),
+                    "best_fixed_ms_per_token": r.get("best_fixed_ms_per_token"),
+                    "vs_best_fixed": r.get("vs_best_fixed"), "tau": r.get("tau"),
+                    "expected_tau": r.get("expected_tau"), "oracle_hit_rate": hits.get(p)})
     return out
 
 
