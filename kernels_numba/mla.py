@@ -22,7 +22,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from ._validate import KernelInputError
+from ._validate import KernelInputError, check
 from .blockops import KS, ROW_THREADS, TPB, block_lane, scale_row
 from .device import SIMULATED
 from .intrinsics import bf162_to_f32, stored_as
@@ -312,6 +312,24 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
 
     _CORE_CACHE[key] = mla_core_kernel
     return mla_core_kernel
+
+
+def mla_core_bf16(ctx, scores, cache, depth, vis, meta, scale: float, stream=0,
+                  hg: int | None = None) -> None:
+    """ctx int16 [H, T, C] (bf16 bits) = ``make_mla_core_bf16``'s core over scores float32 [H, T, S8] and
+    the bf16 latent cache as int32 pairs [S8, (C+R)/2], for the grid's T rows (depth, vis, meta as the
+    engine's); hg heads a block (default ``core_heads_per_block``; no sum depends on it)."""
+    ctx = check(ctx, "ctx", np.int16, (None, None, None))
+    h, t, c = ctx.shape
+    scores = check(scores, "scores", np.float32, (h, t, None))
+    s8 = scores.shape[2]
+    cache = check(cache, "cache", np.int32, (s8, None))
+    if c % 2 or 2 * cache.shape[1] < c:
+        raise KernelInputError(f"the attention core's latent width {c} must be even and within the cache's "
+                               f"{2 * cache.shape[1]} columns")
+    hg = hg or core_heads_per_block(h, s8)
+    make_mla_core_bf16(h, c, s8, hg)[(t, h // hg, -(-c // CORE_COLS)), (TPB, CORE_SLICES), stream](
+        ctx, scores, cache, depth, vis, meta, np.float32(scale))
 
 
 def core_heads_per_block(n_heads: int, max_keys: int) -> int:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kernels_numba.blockops import TPB
-from kernels_numba.device import download, to_device, zeros
+from kernels_numba.device import download, kernel_array, to_device, zeros
 from kernels_numba.linear import linear
 from kernels_numba.mla import make_mla_attention, mla_prep_kernel
 from kernels_numba.sim import sim_speed
@@ -68,17 +68,16 @@ def test_mla_kernels_match_reference(q_lora, tree, ks):
 
 def _core(scores: np.ndarray, cache16: np.ndarray, depth, vis, start: int, live: int, scale: float,
           c: int, hg: int) -> np.ndarray:
-    """make_mla_core_bf16 on [H, T, S] scores and a bf16 cache [S, C+R] (uint16 bits): ctx bits [H, T, C]."""
-    from kernels_numba.mla import CORE_COLS, CORE_SLICES, make_mla_core_bf16
-    h, t, s = scores.shape
+    """mla_core_bf16 on [H, T, S] scores and a bf16 cache [S, C+R] (uint16 bits): ctx bits [H, T, C]."""
+    from kernels_numba.mla import mla_core_bf16
+    h, t, _ = scores.shape
     ctx = zeros((h, t, c), np.int16)
     meta = to_device(np.array([start, live, 0, 0, 0, 0, 0, 0], np.int32))
-    kern = make_mla_core_bf16(h, c, s, hg)
+    cache = kernel_array(to_device(cache16.view(np.int16).view(np.int32)))
     with sim_speed():
-        kern[(t, h // hg, -(-c // CORE_COLS)), (TPB, CORE_SLICES)](
-            ctx, to_device(scores.astype(np.float32)), to_device(cache16.view(np.int16).view(np.int32)),
-            to_device(np.asarray(depth, np.int32)), to_device(np.asarray(vis, np.uint8)), meta,
-            np.float32(scale))
+        mla_core_bf16(kernel_array(ctx), kernel_array(to_device(scores.astype(np.float32))), cache,
+                      to_device(np.asarray(depth, np.int32)), to_device(np.asarray(vis, np.uint8)), meta,
+                      scale, hg=hg)
     return download(ctx).view(np.uint16)
 
 
@@ -143,3 +142,18 @@ def test_mla_core_heads_per_block_keep_shared_memory_within_a_block():
     assert core_heads_per_block(6, 100) == 2
     with pytest.raises(KernelInputError, match="at most 6144 keys"):
         core_heads_per_block(64, 6145)
+
+
+def test_mla_core_wrapper_refuses_mismatched_buffers_in_one_line():
+    from kernels_numba._validate import KernelInputError
+    from kernels_numba.mla import mla_core_bf16
+    ctx, scores = kernel_array(zeros((4, 2, 64), np.int16)), kernel_array(zeros((4, 2, 16)))
+    depth, vis, meta = zeros(2, np.int32), zeros((2, 2), np.uint8), zeros(8, np.int32)
+    for cache, match in ((zeros((16, 20), np.int32), "must be even and within the cache's 40 columns"),
+                         (zeros((8, 40), np.int32), r"cache: shape \(8, 40\)"),
+                         (zeros((16, 40), np.float32), "cache: dtype float32")):
+        with pytest.raises(KernelInputError, match=match):
+            mla_core_bf16(ctx, scores, kernel_array(cache), depth, vis, meta, 0.1)
+    with pytest.raises(KernelInputError, match="scores: shape"):
+        mla_core_bf16(ctx, kernel_array(zeros((4, 3, 16))), kernel_array(zeros((16, 40), np.int32)), depth,
+                      vis, meta, 0.1)
