@@ -320,7 +320,7 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
     tokens = np.asarray(state.tokens[:n_tokens], np.int64)
     return {"tokens": tokens, "rounds": rounds, "wall_s": wall, "clock": clock, "round_walls": walls,
             "round_tokens": [r.accepted_len for r in state.rounds],
-            "expected_tau": float(np.mean(expected)),
+            "oracle_p": p, "expected_tau": float(np.mean(expected)),
             "tau": float(np.mean([r.accepted_len for r in state.rounds])),
             "tree_nodes": float(np.mean([r.tree_size for r in state.rounds])),
             **{k: float(np.mean([pr[k] for pr in probes])) if probes else float("nan")
@@ -453,7 +453,8 @@ def run_row(r: dict[str, Any], agree: dict[str, Any], ar_ms: float, source: str,
     rms = r["wall_s"] / r["rounds"] * 1e3
     ms_tok = rms * agree["rounds"] / agree["tokens"]
     c = {k: v / r["rounds"] for k, v in r["clock"].items()}
-    return {"table": "run", "source": source, "budget": budget, "tokens": agree["tokens"],
+    return {"table": "run", "source": source, "oracle_p": r["oracle_p"], "budget": budget,
+            "tokens": agree["tokens"],
             "rounds": agree["rounds"], "tau": agree["tokens"] / agree["rounds"],
             "expected_tau": r["expected_tau"], "ms_per_token": ms_tok,
             "round_ms": rms, "speedup": ar_ms / ms_tok, "tokens_equal_ar": agree["equal"],

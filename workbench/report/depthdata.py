@@ -123,12 +123,13 @@ def cost_aware(ds: DepthSet) -> list[dict[str, Any]]:
     for r in ds.rows:
         if r.get("table") != "cost_aware":
             continue
-        p = str(r["source"]).split("p=")[-1].split(",")[0]
+        p = r.get("oracle_p")
         out.append({"source": r["source"], "nodes_per_round": r.get("tree_nodes"),
                     "ms_per_token": r.get("ms_per_token"), "best_fixed_budget": r.get("best_fixed_budget"),
                     "best_fixed_ms_per_token": r.get("best_fixed_ms_per_token"),
                     "vs_best_fixed": r.get("vs_best_fixed"), "tau": r.get("tau"),
-                    "expected_tau": r.get("expected_tau"), "oracle_hit_rate": hits.get(p)})
+                    "expected_tau": r.get("expected_tau"),
+                    "oracle_hit_rate": hits.get(str(float(p))) if p is not None else None})
     return out
 
 
