@@ -56,8 +56,8 @@ def write_depth_set(folder: Path, sha: str = "abc1234", gpu: str = "NVIDIA H200"
     folder.mkdir(parents=True, exist_ok=True)
     auto = {"table": "cost_aware", "source": "oracle p=0.8, cost-aware", "oracle_p": 0.8, "budget": 8,
             "tokens": 128, "rounds": 43, "tau": 2.98, "expected_tau": 3.2, "ms_per_token": 10.5,
-            "tree_nodes": 4.0, "best_fixed_budget": 4, "best_fixed_ms_per_token": 8.67, "vs_best_fixed": 8.67 / 10.5,
-            "tokens_equal_ar": True}
+            "tree_nodes": 4.0, "best_fixed_budget": 4, "best_fixed_ms_per_token": 8.67,
+            "vs_best_fixed": 8.67 / 10.5, "tokens_equal_ar": True}
     write_csv(run_rows()[:1] + part_rows() + run_rows()[1:] + [auto], rs.csv)
     write_json_atomic(rs.meta, {"bench": "k2_depth", "git_sha": sha, "gpu": gpu,
                                 "time_utc": "2026-12-03T09:00:00+00:00", "model": "k2_6 (61 layers)",
