@@ -38,6 +38,12 @@ def _verify_us(rows, verify_us, n):
 
 
 @numba.njit(cache=False)
+def _rate(cum, n, rows, verify_us, round_us):
+    """E(n) / cost of a round verifying n nodes, E(n) = 1 + p_1 + ... + p_n (``TreeBudget.choose``)."""
+    return (1.0 + cum) / (round_us + _verify_us(rows, verify_us, n))
+
+
+@numba.njit(cache=False)
 def _cost_aware_n(cand_n, cand_rate, count, tie):
     """The largest candidate whose rate is within ``tie`` of the best (``TreeBudget.choose``'s rule)."""
     best = cand_rate[0]
@@ -149,22 +155,21 @@ def build_tree_host(lp, ids, budget, n_pos, out, scores, sizes, rows, verify_us,
             continue
         p_n = np.exp(scores[n])
         cum += p_n
-        e = 1.0 + cum                                        # E(n)
         if count < n_sizes and n == sizes[count]:            # a candidate size: its rate, then the bound
             cand_n[count] = n
-            cand_rate[count] = e / (round_us + _verify_us(rows, verify_us, n))
+            cand_rate[count] = _rate(cum, n, rows, verify_us, round_us)
             count += 1
             pick, best = _cost_aware_n(cand_n, cand_rate, count, tie)
             bound = 0.0
             for s in range(n + 1, budget + 1):
-                bound = max(bound, (e + (s - n) * p_n) / (round_us + _verify_us(rows, verify_us, s)))
+                bound = max(bound, _rate(cum + (s - n) * p_n, s, rows, verify_us, round_us))
             if bound < best * (1.0 - tie):
                 return pick
     if n_sizes == 0 or n == 0:
         return n
     if count == 0 or cand_n[count - 1] != n:                 # the heap ran out: the whole tree is one
         cand_n[count] = n
-        cand_rate[count] = (1.0 + cum) / (round_us + _verify_us(rows, verify_us, n))
+        cand_rate[count] = _rate(cum, n, rows, verify_us, round_us)
         count += 1
     return _cost_aware_n(cand_n, cand_rate, count, tie)[0]
 
