@@ -271,3 +271,20 @@ def test_attention_rows_gather_the_rope_rows_and_mask_the_unseen_keys(on_blas):
         want[:, start:start + live] = vis[:live, :live] != 0                   # row 2's slot 3 is not live
         np.testing.assert_array_equal(seen, want)
         assert isinstance(att.hidden, torch.Tensor)
+
+
+def test_a_core_that_reads_the_key_mask_refuses_rows_without_it(on_blas):
+    cfg = preset("tiny")
+    h, c, r = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    nn, v, s8, rows = cfg.qk_nope_head_dim, cfg.v_head_dim, 16, 2
+    w16 = ops.mla_weights(ops.Bf16Host(np.zeros((h * (nn + v), c), np.uint16)))
+    fp32 = ops.mla_weights(np.zeros((h * (nn + v), c), np.float32))
+    att = ops.attention_rows_buffers([w16], rows, s8, r // 2)                # no mask: the core kernel's rows
+    cos, sin = (to_device(t) for t in rope_tables(cfg, s8))
+    depth, vis = to_device(np.zeros(rows, np.int32)), to_device(np.eye(rows, dtype=np.uint8))
+    meta = to_device(np.array([3, rows, 0, 0, 0, 0, 0, 0], np.int32))
+    ops.attention_rows(att, cos, sin, depth, vis, meta, rows)
+    with pytest.raises(KernelInputError, match="needs the step's key mask"):
+        ops.mla_attention(zeros((rows, h * v)), to_device(np.zeros((rows, h * (nn + r)), np.float32)),
+                          to_device(np.zeros((s8, c + r), np.float32)), fp32, cos, sin, depth, vis, meta,
+                          cfg.softmax_scale, h, c, r, nn, v, s8, rows, att=att)
