@@ -107,9 +107,10 @@ BLAS_MIN_ELEMENTS = 1 << 20                  # ... for weights of at least this 
 W16A16 = "w16a16"
 W16_KERNEL = on_gpu()                        # bf16 weights on the W16A16 kernel (tests turn it on on CPU)
 W16_MULTI_TILE = False                       # its NT column tiles a block from 17 rows: the same bits,
-                                             # checked in the simulator and the PTX probe, not yet timed
-W16_CORE_KERNEL = True                       # the W16A16 attention core's softmax and p @ c_kv on mla.py's
-                                             # core kernel (keys in logical order), else torch + cuBLAS
+                                             # mixed on the H200 (wo faster, wq_b slower), cuBLAS wins there
+W16_CORE_KERNEL = False                      # the W16A16 attention core's softmax and p @ c_kv on mla.py's
+                                             # core kernel (keys in logical order), else torch + cuBLAS:
+                                             # off, it re-reads the cache per head group (1.2-23x slower)
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
 
