@@ -191,3 +191,41 @@ def test_round_drafter_takes_the_prompt_before_the_rounds_and_drafts_its_block_a
         state.bonus, state.start, state.new_rows = 4, 7, np.array([0, 2], np.int32)   # two accepted
         drafter(state)
     assert dev.length == 7
+
+
+def test_verify_routing_reads_every_moe_layer_and_leaves_the_round_as_it_was():
+    """``verify_routing`` runs a verify's forward again, eagerly, to read each MoE layer's routing: one
+    [N + 1, K] table per MoE layer, the last one the table the captured verify left, and the logits and
+    latent rows the same as the verify's (the run rewrites them with the same values)."""
+    from kernels_numba.device import head_rows
+    from kernels_numba.sim import sim_speed
+    from tests.engine.common import blas_on
+    from tests.engine.test_build import CFG, PROMPT
+    from workbench.bench.k2_depth import layers_load, verify_routing
+    from workbench.ddtree.budget import tree_budget
+    from workbench.ddtree.config import GREEDY
+    from workbench.ddtree.oracle import OracleDrafter
+    from workbench.engine.build import RandomSource, build_model
+    from workbench.engine.rounds import EngineSpecState
+    from workbench.engine.runtime import Engine
+    with blas_on(), sim_speed():
+        model = build_model(CFG, RandomSource(CFG, seed=6), sets=2)
+        eng = Engine(CFG, None, max_len=len(PROMPT) + 16, max_rows=len(PROMPT), model=model)
+        seq = np.concatenate([PROMPT, np.arange(40, 56)])
+        state = EngineSpecState(eng, OracleDrafter(seq, CFG.vocab_size, 4, 0.6, 1), tree_budget(4), GREEDY,
+                                PROMPT, device_drafter=False)
+        state.draft()
+        n = state.build_tree()
+        state.verify(n)
+        last = eng.fetch(head_rows(eng.scratch.rids, n + 1))
+        logits, cache = eng.fetch(head_rows(eng.buf.logits, n + 1)), eng.fetch(eng.buf.cache)
+        routes = verify_routing(eng, state.step_for[n] + 1, n + 1)
+        again, cache_again = eng.fetch(head_rows(eng.buf.logits, n + 1)), eng.fetch(eng.buf.cache)
+    moe_layers = CFG.num_hidden_layers - CFG.first_k_dense_replace
+    assert len(routes) == moe_layers and all(r.shape == (n + 1, CFG.num_experts_per_tok) for r in routes)
+    np.testing.assert_array_equal(routes[-1], last)
+    np.testing.assert_allclose(again, logits, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(cache_again, cache, rtol=0, atol=1e-6)
+    load = layers_load(routes)
+    assert load["last_layer_experts"] == len(np.unique(last))
+    assert load["unique_experts"] == np.mean([len(np.unique(r)) for r in routes])

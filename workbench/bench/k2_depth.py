@@ -190,6 +190,32 @@ def expert_load(ids: np.ndarray) -> dict[str, float]:
             "expert_reads": float(tiles if len(ids) > ops.GEMV_TOKENS else unique)}
 
 
+def layers_load(routes: list[np.ndarray]) -> dict[str, float]:
+    """``expert_load`` per MoE layer, averaged over the layers (the projection's routed experts are a sum
+    over them); ``last_layer_experts``: the last one's distinct experts."""
+    loads = [expert_load(ids) for ids in routes]
+    return {**{k: float(np.mean([ld[k] for ld in loads])) for k in loads[0]},
+            "last_layer_experts": loads[-1]["unique_experts"]}
+
+
+def verify_routing(engine, rows: int, live: int) -> list[np.ndarray]:
+    """Every MoE layer's routing ids [live, K] in the verify just run: its forward again over the same
+    ``rows`` grid rows, eagerly (it rewrites the same latent rows and outputs), each MoE layer's ids
+    copied out after its launch."""
+    from kernels_numba.device import head_rows
+
+    from ..engine.model import launch_forward
+    routes: list[np.ndarray] = []
+
+    def grab(i: int) -> None:
+        if engine.model.layers[i].moe is not None:
+            routes.append(engine.fetch(head_rows(engine.scratch.rids, live)))
+
+    launch_forward(engine, rows, engine.stream, engine.taps, after_layer=grab)
+    engine.sync()
+    return routes
+
+
 def time_layer_parts(cfg, model, context: int, rows_list, timer: Timer, emit, seed: int = 0) -> None:
     """The dense layer and the first MoE layer per part (``k2_layer.LayerRig.parts``, the router's own
     routing) at each row count, after ``context`` cached random latent rows; "rest" = layer - parts."""
@@ -272,8 +298,8 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
     """One greedy DDTree generation with the oracle drafter at ``p`` (``oracle``: its kind, ``--oracle``)
     through the engine's round methods (as ``engine.ddtree.engine_ddtree_generate`` runs them) with
     ``drafter(state)`` ahead of each draft; per-phase wall times, and the distinct experts and expert
-    tiles of the verify's last MoE layer in the first rounds (their copies are left out of the times)."""
-    from kernels_numba.device import download, head_rows
+    tiles of the verify's MoE layers, averaged over them, in the first rounds (``verify_routing``: the
+    verify again, eagerly, left out of the times)."""
     from kernels_numba.sim import sim_speed
 
     from ..ddtree.budget import expected_tokens, tree_budget
@@ -284,7 +310,7 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
     draft = OracleDrafter(sequence, cfg.vocab_size, BLOCK, p, seed, calibrated=oracle == "calibrated")
     clock = dict.fromkeys(("drafter", "draft", "build", "verify", "walk"), 0.0)
     expected: list[float] = []                                # per round: E(N) of the verified tree
-    probes: list[dict[str, float]] = []                       # per probed round: its last MoE layer's
+    probes: list[dict[str, float]] = []                       # per probed round: its MoE layers' load
     walls: list[float] = []                                   # per round: wall s
     with sim_speed():
         state = EngineSpecState(engine, draft, tree_budget(budget), GREEDY, np.asarray(prompt),
@@ -305,7 +331,7 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
             post = state.verify(n)
             te = time.perf_counter()
             if len(probes) < probe_rounds:
-                probes.append(expert_load(download(head_rows(engine.scratch.rids, n + 1))))
+                probes.append(layers_load(verify_routing(engine, state.step_for[n] + 1, n + 1)))
             expected.append(float(expected_tokens(state.scores[1:n + 1])[-1]))   # E(N) the draft states
             tf = time.perf_counter()
             acc, bonus = state.walk(n, post)
@@ -324,7 +350,7 @@ def ddtree_run(engine, prompt: np.ndarray, n_tokens: int, budget, p: float, sequ
             "tau": float(np.mean([r.accepted_len for r in state.rounds])),
             "tree_nodes": float(np.mean([r.tree_size for r in state.rounds])),
             **{k: float(np.mean([pr[k] for pr in probes])) if probes else float("nan")
-               for k in ("unique_experts", "expert_tiles", "expert_reads")}}
+               for k in ("unique_experts", "expert_tiles", "expert_reads", "last_layer_experts")}}
 
 
 def prefill_repeat(engine, prompt: np.ndarray) -> dict[str, Any]:
@@ -460,7 +486,8 @@ def run_row(r: dict[str, Any], agree: dict[str, Any], ar_ms: float, source: str,
             "round_ms": rms, "speedup": ar_ms / ms_tok, "tokens_equal_ar": agree["equal"],
             "first_mismatch": agree["first"], "tree_nodes": r["tree_nodes"],
             "distinct_experts": r["unique_experts"], "expert_tiles": r["expert_tiles"],
-            "expert_reads": r["expert_reads"], "drafter_ms_per_round": c["drafter"] * 1e3,
+            "expert_reads": r["expert_reads"], "last_layer_experts": r["last_layer_experts"],
+            "drafter_ms_per_round": c["drafter"] * 1e3,
             "draft_ms_per_round": c["draft"] * 1e3, "build_us_per_round": c["build"] * 1e6,
             "verify_ms_per_round": c["verify"] * 1e3, "walk_us_per_round": c["walk"] * 1e6,
             "check": {"check": f"DDTree greedy == AR, {source} B={budget}", "passed": agree["passed"],
