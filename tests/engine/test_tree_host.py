@@ -107,3 +107,19 @@ def test_cost_aware_heap_stops_before_the_budget_when_larger_trees_cannot_win():
     n, out, _ = _host_tree(lp, ids.astype(np.int32), 64, 7, TreeBudget(64, curve))
     assert n == 8 and TreeBudget(64, curve).choose(build_tree(logits, 64).scores) == n   # chain + 1
     assert (out[0, n + 1:] == -7).all()                                 # never popped
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stopping_bound_is_the_largest_rate_over_every_larger_tree(seed):
+    """The heap's stopping bound reads the cost curve at its rows only (the rate is monotone between
+    them); it equals the maximum over every tree size s in (n, B], each read on the curve."""
+    from workbench.engine.tree_host import _bound, _rate
+    rng = np.random.default_rng(seed)
+    rows = np.cumsum(rng.integers(1, 9, 7)).astype(np.float64) + 1.0
+    verify_us = rng.uniform(10, 500, 7)                      # any curve: only its linear pieces matter
+    round_us, budget = float(rng.uniform(0, 400)), int(rows[-1] - 1)
+    for n in range(1, budget):
+        cum, p_n = float(rng.uniform(0, n)), float(rng.uniform(0, 1))
+        sizes = range(n + 1, budget + 1)
+        brute = max(_rate(cum + (s - n) * p_n, s, rows, verify_us, round_us) for s in sizes)
+        assert _bound(cum, p_n, n, budget, rows, verify_us, round_us) == pytest.approx(brute, rel=1e-12)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,7 @@ class TreeBudget:
         rate = expected_tokens(scores)[cand] / (self.cost.round_us + self.cost.verify(cand + 1))
         return int(cand[np.flatnonzero(rate >= rate.max() * (1 - TIE))[-1]])
 
-    @property
+    @cached_property
     def host_cost(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float]:
         """``choose``'s inputs as the engine's compiled heap takes them (``engine.tree_host``): the
         candidate sizes (empty for a fixed budget), the curve's rows and verify_us, round_us and TIE."""

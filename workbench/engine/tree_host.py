@@ -44,6 +44,19 @@ def _rate(cum, n, rows, verify_us, round_us):
 
 
 @numba.njit(cache=False)
+def _bound(cum, p_n, n, budget, rows, verify_us, round_us):
+    """The best rate a tree of s in (n, budget] nodes can reach when every further pop has p <= p_n:
+    max over s of (1 + cum + (s - n) p_n) / cost(s). Between two of the curve's rows the cost is linear
+    in s, so the ratio is monotone there and its maximum sits at s = n + 1, budget or a row - 1 between."""
+    best = 0.0
+    for j in range(-1, rows.shape[0] + 1):
+        s = n + 1 if j == -1 else budget if j == rows.shape[0] else np.int64(rows[j]) - 1
+        if n < s <= budget:
+            best = max(best, _rate(cum + (s - n) * p_n, s, rows, verify_us, round_us))
+    return best
+
+
+@numba.njit(cache=False)
 def _cost_aware_n(cand_n, cand_rate, count, tie):
     """The largest candidate whose rate is within ``tie`` of the best (``TreeBudget.choose``'s rule)."""
     best = cand_rate[0]
@@ -160,10 +173,7 @@ def build_tree_host(lp, ids, budget, n_pos, out, scores, sizes, rows, verify_us,
             cand_rate[count] = _rate(cum, n, rows, verify_us, round_us)
             count += 1
             pick, best = _cost_aware_n(cand_n, cand_rate, count, tie)
-            bound = 0.0
-            for s in range(n + 1, budget + 1):
-                bound = max(bound, _rate(cum + (s - n) * p_n, s, rows, verify_us, round_us))
-            if bound < best * (1.0 - tie):
+            if _bound(cum, p_n, n, budget, rows, verify_us, round_us) < best * (1.0 - tie):
                 return pick
     if n_sizes == 0 or n == 0:
         return n
