@@ -13,7 +13,8 @@ from workbench.refs import golden_bundle
 def test_loop_runs_ar_every_budget_then_the_cost_aware_one_all_equal_to_ar(monkeypatch):
     """AR and every fixed budget per prompt, greedy DDTree == AR; with --cost-aware the curve is read off
     the fixed budgets' runs (verify at B + 1 rows), and the cost-aware rows (mode ddtree_auto, budget =
-    the largest B) still give AR's tokens."""
+    the largest B) and the best fixed budget's again beside them (mode ddtree_best) still give AR's
+    tokens."""
     monkeypatch.setattr(pair, "WARM_TOKENS", 2)
     b = golden_bundle("tiny")
     prompts = [("a", np.asarray(b.prompt[:5], np.int64))]
@@ -24,7 +25,7 @@ def test_loop_runs_ar_every_budget_then_the_cost_aware_one_all_equal_to_ar(monke
     assert [(r["prompt"], r["mode"], r["budget"]) for r in rows[:3]] == [("a", "ar", 0), ("a", "ddtree", 1),
                                                                           ("a", "ddtree", 4)]
     assert all(r["tokens_equal_ar"] for r in rows)                       # greedy DDTree == AR
-    ar, _, b4, _ = pair.summarize(rows)
+    ar, _, b4 = pair.summarize(rows[:3])
     assert ar["speedup"] == 1.0 and ar["tau"] == 1.0
     assert b4["tok_s"] == pytest.approx(rows[2]["tokens"] / rows[2]["seconds"]) and b4["tau"] >= 1.0
     assert 1 <= rows[2]["rounds"] <= 4
@@ -36,7 +37,13 @@ def test_loop_runs_ar_every_budget_then_the_cost_aware_one_all_equal_to_ar(monke
     auto = [r for r in rows if r["mode"] == "ddtree_auto"]
     assert len(auto) == 1 and auto[0]["budget"] == 4 and auto[0]["tokens_equal_ar"]
     assert 1 <= auto[0]["nodes_per_round"] <= 4
-    assert [c["mode"] for c in pair.summarize(rows)] == ["ar", "ddtree", "ddtree", "ddtree_auto"]
+    first_pass = pair.summarize([r for r in rows if r["mode"] in ("ar", "ddtree")])
+    again = [r for r in rows if r["mode"] == "ddtree_best"]                # beside it, in the same pass
+    assert [r["mode"] for r in rows[-2:]] == ["ddtree_auto", "ddtree_best"]
+    assert len(again) == 1 and again[0]["budget"] == pair.best(first_pass)["tiny"]["budget"]
+    assert again[0]["tokens_equal_ar"]
+    assert sorted(c["mode"] for c in pair.summarize(rows)) == ["ar", "ddtree", "ddtree", "ddtree_auto",
+                                                               "ddtree_best"]
 
 
 def test_cost_curve_from_summary_cells():

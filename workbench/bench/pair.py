@@ -11,8 +11,9 @@ over all rounds together (what the tokens/s follow).
 With ``cost_aware``: after the fixed budgets, each bundle's cost curve is read off those same runs
 (``cost_curve``: verify time per round at B + 1 rows, the rest of a round at the largest budget), and
 every prompt runs once more with the cost-aware budget over it (mode ``ddtree_auto``, budget = the
-largest B; docs/ddtree.md). The curves go into the JSON as ``cost_curves`` (``generate --budget auto
---cost-curve pair_<commit>.json:MODEL`` reads them).
+largest B; docs/ddtree.md) and with the first pass's best fixed budget again (mode ``ddtree_best``), the
+two in turn first, so the comparison is one pass, prompt by prompt. The curves go into the JSON as
+``cost_curves`` (``generate --budget auto --cost-curve pair_<commit>.json:MODEL`` reads them).
 The CSV and JSON are rewritten after each bundle (``bundles_done``, ``complete``), so a run cut short
 keeps what it measured. Writes the result set ``pair_<commit>.csv / .json / .png``
 (workbench/results.py).
@@ -92,11 +93,14 @@ def bench_bundle(path: str, prompts: list[tuple[str, np.ndarray]], n_tokens: int
     curve = cost_curve([c for c in summarize([r for r in rows if r["model"] == name])
                         if c["mode"] == "ddtree"])
     auto = TreeBudget(curve.max_budget, curve)
+    fixed = best(summarize([r for r in rows if r["model"] == name]))[name]["budget"]
     generate(cfg, w, first, WARM_TOKENS, budget=auto, **spec)                    # captures its sizes
-    for j, (task, ids) in enumerate(prompts):
-        step(len(prompts) + j, total, f"{name} prompt {j + 1}/{len(prompts)}, cost-aware B")
+    for j, (task, ids) in enumerate(prompts):                # the best fixed budget again, beside it
+        step(len(prompts) + j, total, f"{name} prompt {j + 1}/{len(prompts)}, cost-aware B and B = {fixed}")
         base = dict(model=name, prompt=task, prompt_tokens=len(ids), tokens=n_tokens - 1)
-        rows.append(ddtree_row(ids, base, "ddtree_auto", auto, auto.max_nodes))
+        pass2 = [("ddtree_auto", auto, auto.max_nodes), ("ddtree_best", fixed, fixed)]
+        for mode, budget, label in pass2[::1 if j % 2 == 0 else -1]:           # in turn first
+            rows.append(ddtree_row(ids, base, mode, budget, label))
     return curve
 
 
@@ -213,6 +217,12 @@ def run(out_dir: str | Path, bundles: tuple[str, ...] = BUNDLES, n_prompts: int 
             nodes = f", {c['nodes_per_round']:.1f} nodes/round" if c["mode"] == "ddtree_auto" else ""
             print(f"[pair] {c['model']:18s} {c['mode']:11s} B={c['budget']:3d}: {c['tok_s']:8,.0f} tok/s "
                   f"({c['speedup']:4.2f}x AR), tau {c['tau']:.2f}{nodes}, equal to AR: {c['all_equal_ar']}")
+        paired = {c["mode"]: c for c in summarize([r for r in rows if r["model"] == Path(path).stem])
+                  if c["mode"] in ("ddtree_auto", "ddtree_best")}
+        if len(paired) == 2:
+            a, b = paired["ddtree_auto"], paired["ddtree_best"]
+            print(f"[pair] {Path(path).stem:18s} cost-aware / best fixed (B = {b['budget']}), one pass: "
+                  f"{a['tok_s'] / b['tok_s']:.3f}")
         cells = summarize(rows)                      # written after every bundle: a cut run keeps its data
         write_csv(rows, rs.csv)
         meta.update(summary=cells, bundles_done=list(bundles[:i + 1]), complete=i + 1 == len(bundles))
