@@ -29,6 +29,8 @@
 #                alone and six sliced-logits configurations, each checked first                    ~120 s
 #   mla_core     dev/kernels/mla_core.py: the W16A16 attention core kernel beside the torch core at 1-65
 #                rows, contexts 576 and 4096, each checked (and each row against its decode alone) first
+#   drafter_k26  GPU test of the device drafter at the Kimi-K2.6-DFlash shape (3.5 B parameters, W16A16)
+#                against the reference (tests/engine/test_dflash.py -k kimi; ~40 GB of host memory)
 #   w16a16       dev/kernels/w16a16.py at 1-65 rows (the NT column tiles' rows beside NT = 1) and the GPU
 #                test of the W16A16 kernel and the attention core
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
@@ -76,6 +78,8 @@ for step in $STEPS; do
                tests/parallel tests/kernels/test_moe.py::test_routed_slice_is_the_stack_of_those_experts ;;
     probe_random) run probe_random 120 python3 dev/probe_random_source.py ;;
     router) run "router_${KDTREE_GIT_SHA}" 240 python3 dev/kernels/router.py ;;
+    drafter_k26) run tier_drafter_k26 480 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
+                   tests/engine/test_dflash.py -k kimi ;;
     mla_core) run "mla_core_${KDTREE_GIT_SHA}" 240 python3 dev/kernels/mla_core.py ;;
     w16a16) run "w16a16_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/w16a16.py --rows 1,9,17,33,65
             run tier_w16a16 240 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \

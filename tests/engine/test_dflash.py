@@ -7,6 +7,7 @@ DFlash one (GQA, rotate-half RoPE with YaRN, own final norm; fresh random weight
 with W16A16 (bf16) drafter linears on the BLAS path; and greedy DDTree with the public drafter on the
 engine equals greedy AR."""
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -17,10 +18,12 @@ from kernels_numba.sim import sim_speed
 from numformats.bf16 import bf16
 from tests.ddtree.common import dflash_layout
 from tests.engine.common import GPU, blas_on, bundle, engine, reference_greedy
+from workbench.config import preset
 from workbench.ddtree.dflash import (
     DraftCache,
     dflash_propose,
     drafter_linear_names,
+    kimi_k26_dflash,
     random_drafter_weights,
     w16a16_drafter,
 )
@@ -28,6 +31,7 @@ from workbench.ddtree.speculative import ddtree_generate
 from workbench.engine.ddtree import engine_ddtree_generate
 from workbench.engine.dflash import DeviceDFlash
 from workbench.errors import InputError
+from workbench.weights import random_weights
 
 
 @functools.cache
@@ -44,8 +48,8 @@ def public_model(name: str, w16: bool = False):
     return b, out, dcfg
 
 
-def _check_logits(name, b, w, dcfg, prepared, atol):
-    eng = engine(name)
+def _check_logits(name, b, w, dcfg, prepared, atol, eng=None):
+    eng = eng or engine(name)
     rng = np.random.default_rng(11)
     feats = rng.standard_normal(eng.buf.feats.shape).astype(np.float32)     # [F, T, D]
     eng.put(eng.buf.feats, feats)
@@ -102,3 +106,39 @@ def test_engine_ddtree_with_the_public_drafter_equals_greedy_ar():
     np.testing.assert_array_equal(want.tokens, got.tokens)
     assert [(r.tree_size, r.accepted_len, r.depth) for r in got.rounds] == \
         [(r.tree_size, r.accepted_len, r.depth) for r in want.rounds]
+
+
+def kimi_shape_case(full: bool):
+    """(target config, W16A16 weights, drafter config) for the drafter at the Kimi-K2.6-DFlash shape
+    (``kimi_k26_dflash``: 6 layers, 64 query / 8 KV heads of 128, MLP 18,432, block 8, six taps, YaRN)
+    over a K2-width target cut to the six tapped layers, dense and narrow (its layers never run here:
+    the test writes the tapped features), with a 2,048-token vocabulary; not ``full``: the same layout
+    at tiny widths, for the simulator."""
+    base = preset("k2_6")
+    dcfg = dataclasses.replace(kimi_k26_dflash(base), target_layer_ids=tuple(range(6)), mask_token_id=2047)
+    if full:
+        cfg = dataclasses.replace(base, num_hidden_layers=6, first_k_dense_replace=6, intermediate_size=256,
+                                  vocab_size=2048)
+    else:
+        cfg = dataclasses.replace(preset("tiny2"), num_hidden_layers=6, first_k_dense_replace=6,
+                                  vocab_size=2048)
+        dcfg = dataclasses.replace(dcfg, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=16,
+                                   intermediate_size=96)
+    w = random_weights(cfg, 3)
+    w.update(random_drafter_weights(cfg, dcfg, 7))
+    w.update({n: bf16(w[n]) for n in drafter_linear_names(dcfg)})
+    return cfg, w16a16_drafter(w, dcfg), dcfg
+
+
+@pytest.mark.parametrize("full", [pytest.param(True, marks=pytest.mark.skipif(
+    not GPU, reason="the GPU tier: 3.2 B drafter parameters")), False])
+def test_device_dflash_at_the_kimi_k26_shape_matches_reference_logits(full):
+    """The drafter at the Kimi-K2.6-DFlash shape, W16A16 on the engine's kernels, against the reference
+    over two calls (as above); the simulator runs its layout at tiny widths."""
+    from types import SimpleNamespace
+
+    from workbench.engine.runtime import Engine
+    cfg, w, dcfg = kimi_shape_case(full)
+    with blas_on():
+        eng = Engine(cfg, w, max_len=64, max_rows=16, taps=dcfg.target_layer_ids)
+        _check_logits(None, SimpleNamespace(config=cfg), w, dcfg, True, 1e-2, eng)
