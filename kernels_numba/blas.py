@@ -229,7 +229,7 @@ def _attention_bf16(o, kv16, w, q_nope, q_pe, hidden, depth, vis, meta, scale: f
     float32. The scores GEMM and the projections are cuBLAS's; softmax and p @ c_kv the core kernel's
     (``core_kernel``), else torch's masked softmax and cuBLAS's p @ c_kv over the key index (``hidden``:
     a verify row then sums its keys in another order than the decode row of its token)."""
-    from .mla import mla_core_bf16
+    from .mla import CORE_CHUNKS, mla_core_bf16
     torch = _torch()
     h, t, c = q_nope.shape[0], q_nope.shape[1], w.shape[2]
     kvb = kv16.view(torch.bfloat16)
@@ -238,8 +238,11 @@ def _attention_bf16(o, kv16, w, q_nope, q_pe, hidden, depth, vis, meta, scale: f
     scores = _bmm16(q_all.reshape(h * t, -1), kvb.T, f32=True).reshape(h, t, -1)   # [H, T, S8] f32
     if core_kernel:
         ctx = torch.empty((h, t, c), dtype=torch.bfloat16, device=scores.device)     # [H, T, C] bf16
+        part = torch.empty((CORE_CHUNKS, h, t, c), dtype=torch.float32, device=scores.device)
+        stats = torch.empty((h, t, 2), dtype=torch.float32, device=scores.device)
         mla_core_bf16(kernel_view(ctx.view(torch.int16)), kernel_view(scores),
-                      kernel_view(kv16.view(torch.int32)), depth, vis, meta, scale, stream)
+                      kernel_view(kv16.view(torch.int32)), depth, vis, meta, scale, kernel_view(part),
+                      kernel_view(stats), stream)
     else:
         p = (scores * scale).masked_fill(hidden, float("-inf")).softmax(dim=-1)
         ctx = _bmm16(p.to(torch.bfloat16).reshape(h * t, -1), kvb[:, :c]).reshape(h, t, c)

@@ -179,14 +179,19 @@ def make_mla_attention(n_heads: int, c_rank: int, r_dim: int, nope: int, v_dim: 
 
 # ---- the W16A16 attention core in logical key order ---------------------------------------------------
 
-# warps of a core block: key k goes to slice k % S, then to accumulator (k // S) % 4 (under the simulator
-# S = 2 keeps its thread count low: the same source, sums in another fixed grouping, as blockops.KS)
-CORE_SLICES = 2 if SIMULATED else 8
-CORE_UNROLL = 4
-CORE_THREADS = 32 * CORE_SLICES
-CORE_COLS = 64                      # latent columns per block: a bf16 pair per lane
+# a row's nk keys split into CORE_CHUNKS chunks of ceil(nk / CORE_CHUNKS) logical positions: the split
+# depends on nk alone, so a tree row and the decode row of its token sum alike (fewer under the
+# simulator, as blockops.KS: the same source, sums in another fixed grouping)
+CORE_CHUNKS = 4 if SIMULATED else 16
+CORE_STATS_THREADS = 64 if SIMULATED else 256
+CORE_UNROLL = 4                     # cache rows a chunk thread loads before it sums them (in key order)
 MAX_TREE_DEPTH = 128                # a tree row's depth bound (its ancestors' map in shared memory)
 _CORE_CACHE: dict = {}
+
+
+def core_chunk_keys(max_keys: int) -> int:
+    """The most keys a chunk of a row with up to ``max_keys`` keys holds."""
+    return -(-max_keys // CORE_CHUNKS)
 
 
 def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
@@ -194,131 +199,155 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
     row's keys in logical order (the cached rows by position, then its ancestors by depth, then
     itself), so a sum's order depends on the key's position in the sequence only: a verify row equals,
     bit for bit, the decode row of the same token at the same position, whatever slots its ancestors
-    and their siblings took.
+    and their siblings took. Three kernels (scores float32 [H, T, S8], unscaled q . k over the cache
+    rows; cache int32 [S8, (C+R)/2] bf16 pairs; depth [T], vis [T', T'] uint8, meta as the engine's):
 
-    kernel(ctx int16 [H, T, C] (bf16 bits), scores float32 [H, T, S8] (unscaled q . k over the cache
-    rows), cache int32 [S8, (C+R)/2] (bf16 pairs), depth [T] int32, vis [T', T'] uint8, meta, scale);
-    grid (T, H / hg, ceil(C / 64)), block (32, S). Row i sees its nk = start + depth[i] + 1 keys: key k
-    is cache row k below start, then start + (the slot of i's ancestor at depth k - start). A row whose
-    depth is its slot (prefill, a chain) sees slots 0..i. p = bf16(softmax(scale * scores)); slice s
-    of the block's S = CORE_SLICES sums keys k = s (mod S), in four accumulators by (k // S) mod 4, the
-    slices meet in fixed order, and ctx is rounded to bf16. A tree row deeper than MAX_TREE_DEPTH writes
-    NaN, a row past meta[1] zeros.
-    Shared memory: 4 * (hg * max_keys + S * hg * 64 + 64 S hg) + 512 bytes.
+    stats(stats [H, T, 2], scores, depth, vis, meta, scale), grid (T, H): the row's max m of scale *
+    scores over its nk = start + depth + 1 keys and z = sum exp(scale * s - m) (threads over k mod NT,
+    halving in fixed order). Key k is cache row k below start, then start + (the slot of the row's
+    ancestor at depth k - start); a row whose depth is its slot (prefill, a chain) sees slots 0..i.
+    chunks(part [NC, H, T, C], ctx (its dtype only), stats, scores, cache, depth, vis, meta, scale), grid
+    (T, NC, H / hg),
+    a thread per latent column pair: chunk c takes the keys c kc .. (c + 1) kc - 1, kc = ceil(nk / NC),
+    p = bf16(exp(scale * s - m) / z) in shared memory, each of its hg heads summed key after key from
+    one read of the chunk's cache rows. combine(ctx int16 [H, T, C] (bf16 bits), part, meta, depth),
+    grid (T, H): the used chunks added in order, rounded to bf16. A tree row deeper than MAX_TREE_DEPTH
+    writes NaN, a row past meta[1] zeros.
     """
     key = (n_heads, c_rank, max_keys, hg)
     if key in _CORE_CACHE:
         return _CORE_CACHE[key]
-    C2, MK, HG = c_rank // 2, max_keys, hg
-    S, U, NT, CW, MD = CORE_SLICES, CORE_UNROLL, CORE_THREADS, CORE_COLS, MAX_TREE_DEPTH
+    C2, HG, NC, NS, MD, U = c_rank // 2, hg, CORE_CHUNKS, CORE_STATS_THREADS, MAX_TREE_DEPTH, CORE_UNROLL
+    KC = core_chunk_keys(max_keys)
 
-    @cuda.jit
-    def mla_core_kernel(ctx, scores, cache, depth, vis, meta, scale):
-        row = cuda.blockIdx.x
-        h0 = cuda.blockIdx.y * HG
-        lane = cuda.threadIdx.x
-        sl = cuda.threadIdx.y
-        lt = sl * TPB + lane
-        col0 = cuda.blockIdx.z * CW
-        if row >= meta[1]:                                     # a row past the live ones: zeros
-            for i in range(lt, HG * CW, NT):
-                if col0 + i % CW < 2 * C2:
-                    ctx[h0 + i // CW, row, col0 + i % CW] = stored_as(ctx, np.float32(0.0))
-            return
-        c2 = cuda.blockIdx.z * (CW // 2) + lane                 # this lane's column pair
+    @cuda.jit(device=False)
+    def core_stats_kernel(stats, scores, depth, vis, meta, scale):
+        row, h, lt = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
         anc = cuda.shared.array(MD, np.int32)                  # slot of the ancestor at each depth
-        p = cuda.shared.array((HG, MK), np.float32)
-        red = cuda.shared.array((HG, NT), np.float32)          # per head: thread maxima ...
-        zs = cuda.shared.array((HG, NT), np.float32)           # ... and sums (no barrier between)
-        part = cuda.shared.array((S, HG, CW), np.float32)
-        start = meta[0]
-        dr = depth[row]
+        red = cuda.shared.array(NS, np.float32)
+        start, dr = meta[0], depth[row]
         tree = dr != row
-        bad = tree and dr >= MD
-        if tree and not bad:
-            for t in range(lt, row + 1, NT):
+        if row >= meta[1] or (tree and dr >= MD):
+            return
+        if tree:
+            for t in range(lt, row + 1, NS):
                 if vis[row, t] != 0 and depth[t] < MD:
                     anc[depth[t]] = t
         cuda.syncthreads()
-        nk = 0 if bad else start + dr + 1
-        for hh in range(HG):                                   # scale * scores by logical key
-            m = -math.inf
-            for k in range(lt, nk, NT):
-                j = start + anc[k - start] if tree and k >= start else k
-                s = scores[h0 + hh, row, j] * scale
-                p[hh, k] = s
-                m = max(m, s)
-            red[hh, lt] = m
+        nk = start + dr + 1
+        m = -math.inf
+        for k in range(lt, nk, NS):
+            j = start + anc[k - start] if tree and k >= start else k
+            m = max(m, scores[h, row, j] * scale)
+        red[lt] = m
         cuda.syncthreads()
-        st = NT // 2                                           # every head's max, by halving strides
+        st = NS // 2
         while st > 0:
             if lt < st:
-                for hh in range(HG):
-                    red[hh, lt] = max(red[hh, lt], red[hh, lt + st])
+                red[lt] = max(red[lt], red[lt + st])
             cuda.syncthreads()
             st //= 2
-        for hh in range(HG):
-            m = red[hh, 0]
-            z = np.float32(0.0)
-            for k in range(lt, nk, NT):
-                e = math.exp(p[hh, k] - m)
-                p[hh, k] = e
-                z += e
-            zs[hh, lt] = z
+        m = red[0]
         cuda.syncthreads()
-        st = NT // 2                                           # every head's sum, in the same fixed order
+        z = np.float32(0.0)
+        for k in range(lt, nk, NS):
+            j = start + anc[k - start] if tree and k >= start else k
+            z += math.exp(scores[h, row, j] * scale - m)
+        red[lt] = z
+        cuda.syncthreads()
+        st = NS // 2
         while st > 0:
             if lt < st:
-                for hh in range(HG):
-                    zs[hh, lt] += zs[hh, lt + st]
+                red[lt] += red[lt + st]
             cuda.syncthreads()
             st //= 2
-        for hh in range(HG):                                   # p = bf16(softmax)
-            z = zs[hh, 0]
-            for k in range(lt, nk, NT):
-                p[hh, k] = bf162_to_f32(np.uint32(stored_as(ctx, p[hh, k] / z)) & np.uint32(0xFFFF))[0]
+        if lt == 0:
+            stats[h, row, 0] = m
+            stats[h, row, 1] = red[0]
+
+    @cuda.jit(device=False)
+    def core_chunks_kernel(part, ctx, stats, scores, cache, depth, vis, meta, scale):
+        row, ch, h0 = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z * HG
+        lt, nt = cuda.threadIdx.x, cuda.blockDim.x
+        anc = cuda.shared.array(MD, np.int32)
+        p = cuda.shared.array((HG, KC), np.float32)
+        start, dr = meta[0], depth[row]
+        tree = dr != row
+        if row >= meta[1] or (tree and dr >= MD):
+            return
+        nk = start + dr + 1
+        kc = (nk + NC - 1) // NC
+        k0 = ch * kc
+        n = min(kc, nk - k0)
+        if n <= 0:
+            return
+        if tree:
+            for t in range(lt, row + 1, nt):
+                if vis[row, t] != 0 and depth[t] < MD:
+                    anc[depth[t]] = t
         cuda.syncthreads()
-        acc = cuda.local.array((U, HG, 2), np.float32)
-        for u in range(U):
-            for hh in range(HG):
-                acc[u, hh, 0] = np.float32(0.0)
-                acc[u, hh, 1] = np.float32(0.0)
-        if c2 < C2:
-            k = sl
-            while k < nk:                                      # keys k, k + 8, ... of this slice
-                for u in range(U):
-                    kk = k + u * S
-                    if kk < nk:
-                        j = start + anc[kk - start] if tree and kk >= start else kk
-                        lo, hi = bf162_to_f32(cache[j, c2])
-                        for hh in range(HG):
-                            acc[u, hh, 0] += p[hh, kk] * lo
-                            acc[u, hh, 1] += p[hh, kk] * hi
-                k += U * S
+        for i in range(lt, HG * n, nt):                        # p = bf16(softmax) of the chunk's keys
+            hh = i // n
+            kk = i - hh * n
+            k = k0 + kk
+            j = start + anc[k - start] if tree and k >= start else k
+            e = math.exp(scores[h0 + hh, row, j] * scale - stats[h0 + hh, row, 0])
+            pb = np.uint32(stored_as(ctx, e / stats[h0 + hh, row, 1])) & np.uint32(0xFFFF)
+            p[hh, kk] = bf162_to_f32(pb)[0]
+        cuda.syncthreads()
+        if lt >= C2:
+            return
+        acc = cuda.local.array((HG, 2), np.float32)
         for hh in range(HG):
-            for w in range(2):
-                part[sl, hh, 2 * lane + w] = (acc[0, hh, w] + acc[1, hh, w]) + (acc[2, hh, w] + acc[3, hh, w])
-        cuda.syncthreads()
-        for i in range(lt, HG * CW, NT):                       # the slices in order
-            hh = i // CW
-            col = i - hh * CW
-            if col0 + col < 2 * C2:
-                a = part[0, hh, col]
-                for t in range(1, S):
-                    a += part[t, hh, col]
-                if bad:
-                    a = math.nan
-                ctx[h0 + hh, row, col0 + col] = stored_as(ctx, a)
+            acc[hh, 0] = np.float32(0.0)
+            acc[hh, 1] = np.float32(0.0)
+        kk = 0
+        while kk < n:                                          # key after key: the sum's order, with
+            v = cuda.local.array(U, np.int32)                  # U cache rows' loads issued first
+            for u in range(U):
+                k = min(k0 + kk + u, k0 + n - 1)
+                v[u] = cache[start + anc[k - start] if tree and k >= start else k, lt]
+            for u in range(U):
+                if kk + u < n:
+                    lo, hi = bf162_to_f32(v[u])
+                    for hh in range(HG):
+                        acc[hh, 0] += p[hh, kk + u] * lo
+                        acc[hh, 1] += p[hh, kk + u] * hi
+            kk += U
+        for hh in range(HG):
+            part[ch, h0 + hh, row, 2 * lt] = acc[hh, 0]
+            part[ch, h0 + hh, row, 2 * lt + 1] = acc[hh, 1]
 
-    _CORE_CACHE[key] = mla_core_kernel
-    return mla_core_kernel
+    @cuda.jit(device=False)
+    def core_combine_kernel(ctx, part, meta, depth):
+        row, h, lt, nt = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x, cuda.blockDim.x
+        dr = depth[row]
+        live = row < meta[1]
+        bad = dr != row and dr >= MD
+        nk = meta[0] + dr + 1
+        kc = (nk + NC - 1) // NC
+        used = (nk + kc - 1) // kc
+        for col in range(lt, 2 * C2, nt):
+            a = np.float32(0.0)
+            if live and not bad:
+                a = part[0, h, row, col]
+                for c in range(1, used):
+                    a += part[c, h, row, col]
+            if live and bad:
+                a = math.nan
+            ctx[h, row, col] = stored_as(ctx, a)
+
+    kernels = (core_stats_kernel, core_chunks_kernel, core_combine_kernel)
+    _CORE_CACHE[key] = kernels
+    return kernels
 
 
-def mla_core_bf16(ctx, scores, cache, depth, vis, meta, scale: float, stream=0,
+def mla_core_bf16(ctx, scores, cache, depth, vis, meta, scale: float, part, stats, stream=0,
                   hg: int | None = None) -> None:
     """ctx int16 [H, T, C] (bf16 bits) = ``make_mla_core_bf16``'s core over scores float32 [H, T, S8] and
     the bf16 latent cache as int32 pairs [S8, (C+R)/2], for the grid's T rows (depth, vis, meta as the
-    engine's); hg heads a block (default ``core_heads_per_block``; no sum depends on it)."""
+    engine's), through the scratch part float32 [CORE_CHUNKS, H, T, C] and stats float32 [H, T, 2];
+    hg heads a chunk's block (default ``core_heads_per_block``; no sum depends on it)."""
     ctx = check(ctx, "ctx", np.int16, (None, None, None))
     h, t, c = ctx.shape
     scores = check(scores, "scores", np.float32, (h, t, None))
@@ -327,16 +356,24 @@ def mla_core_bf16(ctx, scores, cache, depth, vis, meta, scale: float, stream=0,
     if c % 2 or 2 * cache.shape[1] < c:
         raise KernelInputError(f"the attention core's latent width {c} must be even and within the cache's "
                                f"{2 * cache.shape[1]} columns")
+    part = check(part, "part", np.float32, (CORE_CHUNKS, h, t, c))
+    stats = check(stats, "stats", np.float32, (h, t, 2))
     hg = hg or core_heads_per_block(h, s8)
-    make_mla_core_bf16(h, c, s8, hg)[(t, h // hg, -(-c // CORE_COLS)), (TPB, CORE_SLICES), stream](
-        ctx, scores, cache, depth, vis, meta, np.float32(scale))
+    k_stats, k_chunks, k_combine = make_mla_core_bf16(h, c, s8, hg)
+    s = np.float32(scale)
+    k_stats[(t, h), CORE_STATS_THREADS, stream](stats, scores, depth, vis, meta, s)
+    k_chunks[(t, CORE_CHUNKS, h // hg), TPB * -(-c // (2 * TPB)), stream](part, ctx, stats, scores, cache,
+                                                                         depth, vis, meta, s)
+    k_combine[(t, h), TPB * -(-c // (2 * TPB)), stream](ctx, part, meta, depth)
 
 
 def core_heads_per_block(n_heads: int, max_keys: int) -> int:
-    """Heads a core block takes (sharing its key loads): the most of 4, 2, 1 that divides H and keeps
-    p's shared rows within 24 KB, the block's shared memory within 48 KB (the heads a block takes do
-    not change any sum's order)."""
-    for hg in (4, 2, 1):
-        if n_heads % hg == 0 and hg * max_keys * 4 <= 24 * 1024:
+    """Heads a chunk's block takes (sharing its cache rows' loads): the most of 16, 8, 4, 2, 1 that
+    divides H and keeps p's shared rows of a chunk within 24 KB (the heads a block takes do not change
+    any sum's order)."""
+    kc = core_chunk_keys(max_keys)
+    for hg in (16, 8, 4, 2, 1):
+        if n_heads % hg == 0 and hg * kc * 4 <= 24 * 1024:
             return hg
-    raise KernelInputError(f"the attention core holds at most {24 * 1024 // 4} keys, got {max_keys}")
+    raise KernelInputError(f"the attention core holds at most {CORE_CHUNKS * 24 * 1024 // 4} keys, "
+                           f"got {max_keys}")

@@ -130,11 +130,12 @@ def w16a16_builds() -> dict:
 
 
 def mla_core_builds() -> dict:
-    """The W16A16 attention core at K2's heads and latent width, 4 and 1 heads a block."""
+    """The W16A16 attention core's chunk kernel at K2's heads and latent width, 16 and 1 heads a block."""
     a = lambda t, n: T.Array(t, n, "C")                                    # noqa: E731
-    sig = (a(T.int16, 3), a(T.float32, 3), a(T.int32, 2), a(T.int32, 1), a(T.uint8, 2), a(T.int32, 1),
-           T.float32)
-    return {f"mla_core hg={hg}": counts(make_mla_core_bf16(64, 512, 1024, hg), sig) for hg in (4, 1)}
+    sig = (a(T.float32, 4), a(T.int16, 3), a(T.float32, 3), a(T.float32, 3), a(T.int32, 2), a(T.int32, 1),
+           a(T.uint8, 2), a(T.int32, 1), T.float32)
+    chunks = lambda hg: make_mla_core_bf16(64, 512, 4096, hg)[1]            # noqa: E731
+    return {f"mla_core chunks hg={hg}": counts(chunks(hg), sig) for hg in (16, 1)}
 
 
 GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds, "moe_gemm": moe_gemm_builds,

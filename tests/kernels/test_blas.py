@@ -238,11 +238,12 @@ def test_w16a16_attention_core_kernel_equals_torch_core(on_blas, monkeypatch):
     assert (outs[0][live:] == 0).all()
 
 
-def test_attention_rows_gather_the_rope_rows_and_mask_the_unseen_keys(on_blas):
+def test_attention_rows_gather_the_rope_rows_and_mask_the_unseen_keys(on_blas, monkeypatch):
     """The step's rows for the BLAS cores: row i's (cos, sin) at start + depth[i] (copies of the table,
     so exactly), (1, 0) past the live rows; the key mask hides what the tree mask and meta[1] hide, and
-    is not built where no core reads it."""
+    is not built where no core reads it (the core kernel on)."""
     import torch
+    monkeypatch.setattr(ops, "W16_CORE_KERNEL", True)
     cfg = preset("tiny")
     r, s8, start, rows, live = cfg.qk_rope_head_dim, 16, 5, 4, 3
     cos_h, sin_h = rope_tables(cfg, s8)
@@ -273,7 +274,8 @@ def test_attention_rows_gather_the_rope_rows_and_mask_the_unseen_keys(on_blas):
         assert isinstance(att.hidden, torch.Tensor)
 
 
-def test_a_core_that_reads_the_key_mask_refuses_rows_without_it(on_blas):
+def test_a_core_that_reads_the_key_mask_refuses_rows_without_it(on_blas, monkeypatch):
+    monkeypatch.setattr(ops, "W16_CORE_KERNEL", True)                         # rows built without the mask
     cfg = preset("tiny")
     h, c, r = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     nn, v, s8, rows = cfg.qk_nope_head_dim, cfg.v_head_dim, 16, 2

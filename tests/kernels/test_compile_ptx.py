@@ -111,10 +111,10 @@ def test_w16a16_linear_streams_weights_into_bf16_mma():
 
 
 def test_mla_core_keeps_its_accumulators_in_registers():
-    """Four accumulators per head and column: 4 x hg x 2 FMAs a key group, unrolled, none in local
-    memory; the two softmax reductions and the slices' meeting are barriers."""
+    """The chunk kernel: one accumulator per head and column of its pair, hg x 2 FMAs a key, unrolled,
+    none in local memory; a barrier after the ancestors' map and after p; p rounded to bf16."""
     for name, c in probe("mla_core").items():
-        hg = int(name[-1])
-        assert c["local"] == 0 and c["fma_f32"] >= 4 * hg * 2 and c["bar"] >= 6, (name, c)
-        assert c["cvt_bf16"] >= 2, (name, c)                            # p and ctx rounded to bf16
+        hg = int(name.split("=")[1])
+        assert c["local"] == 0 and c["fma_f32"] >= hg * 2 and c["bar"] >= 2, (name, c)
+        assert c["cvt_bf16"] >= 1, (name, c)
 

@@ -69,15 +69,16 @@ def test_mla_kernels_match_reference(q_lora, tree, ks):
 def _core(scores: np.ndarray, cache16: np.ndarray, depth, vis, start: int, live: int, scale: float,
           c: int, hg: int) -> np.ndarray:
     """mla_core_bf16 on [H, T, S] scores and a bf16 cache [S, C+R] (uint16 bits): ctx bits [H, T, C]."""
-    from kernels_numba.mla import mla_core_bf16
+    from kernels_numba.mla import CORE_CHUNKS, mla_core_bf16
     h, t, _ = scores.shape
     ctx = zeros((h, t, c), np.int16)
     meta = to_device(np.array([start, live, 0, 0, 0, 0, 0, 0], np.int32))
     cache = kernel_array(to_device(cache16.view(np.int16).view(np.int32)))
+    part, stats = zeros((CORE_CHUNKS, h, t, c)), zeros((h, t, 2))
     with sim_speed():
         mla_core_bf16(kernel_array(ctx), kernel_array(to_device(scores.astype(np.float32))), cache,
                       to_device(np.asarray(depth, np.int32)), to_device(np.asarray(vis, np.uint8)), meta,
-                      scale, hg=hg)
+                      scale, kernel_array(part), kernel_array(stats), hg=hg)
     return download(ctx).view(np.uint16)
 
 
@@ -137,23 +138,28 @@ def test_mla_core_bf16_tree_rows_equal_decode_rows_bit_for_bit(hg):
 
 def test_mla_core_heads_per_block_keep_shared_memory_within_a_block():
     from kernels_numba._validate import KernelInputError
-    from kernels_numba.mla import core_heads_per_block
-    assert [core_heads_per_block(64, s) for s in (1536, 1537, 3073, 6144)] == [4, 2, 1, 1]
+    from kernels_numba.mla import CORE_CHUNKS, core_heads_per_block
+    kc = 384                                                  # keys of a chunk at 16 heads: 24 KB
+    assert [core_heads_per_block(64, CORE_CHUNKS * k) for k in (kc, kc + 1, 2 * kc + 1, 16 * kc)] == \
+        [16, 8, 4, 1]
     assert core_heads_per_block(6, 100) == 2
-    with pytest.raises(KernelInputError, match="at most 6144 keys"):
-        core_heads_per_block(64, 6145)
+    with pytest.raises(KernelInputError, match=f"at most {CORE_CHUNKS * 6144} keys"):
+        core_heads_per_block(64, CORE_CHUNKS * 6144 + 1)
 
 
 def test_mla_core_wrapper_refuses_mismatched_buffers_in_one_line():
     from kernels_numba._validate import KernelInputError
-    from kernels_numba.mla import mla_core_bf16
+    from kernels_numba.mla import CORE_CHUNKS, mla_core_bf16
     ctx, scores = kernel_array(zeros((4, 2, 64), np.int16)), kernel_array(zeros((4, 2, 16)))
     depth, vis, meta = zeros(2, np.int32), zeros((2, 2), np.uint8), zeros(8, np.int32)
+    part, stats = kernel_array(zeros((CORE_CHUNKS, 4, 2, 64))), kernel_array(zeros((4, 2, 2)))
     for cache, match in ((zeros((16, 20), np.int32), "must be even and within the cache's 40 columns"),
                          (zeros((8, 40), np.int32), r"cache: shape \(8, 40\)"),
                          (zeros((16, 40), np.float32), "cache: dtype float32")):
         with pytest.raises(KernelInputError, match=match):
-            mla_core_bf16(ctx, scores, kernel_array(cache), depth, vis, meta, 0.1)
+            mla_core_bf16(ctx, scores, kernel_array(cache), depth, vis, meta, 0.1, part, stats)
+    cache = kernel_array(zeros((16, 40), np.int32))
     with pytest.raises(KernelInputError, match="scores: shape"):
-        mla_core_bf16(ctx, kernel_array(zeros((4, 3, 16))), kernel_array(zeros((16, 40), np.int32)), depth,
-                      vis, meta, 0.1)
+        mla_core_bf16(ctx, kernel_array(zeros((4, 3, 16))), cache, depth, vis, meta, 0.1, part, stats)
+    with pytest.raises(KernelInputError, match="part: shape"):
+        mla_core_bf16(ctx, scores, cache, depth, vis, meta, 0.1, kernel_array(zeros((4, 2, 64))), stats)
