@@ -109,8 +109,8 @@ W16_KERNEL = on_gpu()                        # bf16 weights on the W16A16 kernel
 W16_MULTI_TILE = False                       # its NT column tiles a block from 17 rows: the same bits,
                                              # mixed on the H200 (wo faster, wq_b slower), cuBLAS wins there
 W16_CORE_KERNEL = False                      # the W16A16 attention core's softmax and p @ c_kv on mla.py's
-                                             # core kernel (keys in logical order), else torch + cuBLAS:
-                                             # off, it re-reads the cache per head group (1.2-23x slower)
+                                             # core kernels (keys in logical order), else torch + cuBLAS:
+                                             # off until v2 (key chunks) is timed (v1: 1.2-23x slower)
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
 
