@@ -11,8 +11,11 @@
 # HEAD outside reports/ is refused: the showcase must show a commit. WHEELS_INSTALLED=1 skips the
 # install, for packages unpacked into $SITE beforehand where the wheels beside the tree pass the device
 # tool's 64 MiB: here, `pip install --no-deps --only-binary=:all: --python-version 3.12 --platform
-# manylinux_2_28_x86_64 ... --target /tmp/sb .whl/*.whl`, numpy's tests removed, `tar cJf
-# .whl_site/site.tar.xz -C /tmp/sb .` (13 MB); there, `tar xJf .whl_site/site.tar.xz -C $SITE`.
+# manylinux_2_28_x86_64 ... --target /tmp/sb .whl/*.whl`, then in /tmp/sb `rm -rf pandas/tests */tests
+# numpy/f2py numpy/_core/include numpy/_pyinstaller`, every __pycache__ and *.pyi removed (not
+# IPython/testing: IPython imports it; and no `strip`: it breaks numpy's OpenBLAS), `tar cJf
+# .whl_site/site.tar.xz -C /tmp/sb .` (19.8 MB at 48 MB of tracked tree); there, `tar xJf
+# .whl_site/site.tar.xz -C $SITE`. Then no other wheels travel: the site holds numpy 2.4.6 too.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
