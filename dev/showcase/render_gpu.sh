@@ -15,7 +15,9 @@
 # numpy/f2py numpy/_core/include numpy/_pyinstaller`, every __pycache__ and *.pyi removed (not
 # IPython/testing: IPython imports it; and no `strip`: it breaks numpy's OpenBLAS), `tar cJf
 # .whl_site/site.tar.xz -C /tmp/sb .` (19.8 MB at 48 MB of tracked tree); there, `tar xJf
-# .whl_site/site.tar.xz -C $SITE`. Then no other wheels travel: the site holds numpy 2.4.6 too.
+# .whl_site/site.tar.xz -C $SITE`. Then no other wheels travel: the site holds numpy 2.4.6 too. Tree and
+# site pass 64 MiB together unless the last showcase (reports/[0-9]*.html, index.html, manifest.json,
+# data, figures, logs: ~7 MB) is moved out of the working tree for the call: the render replaces it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
