@@ -142,21 +142,14 @@ class AttentionRows:
 def attention_rows(att: AttentionRows, cos, sin, depth, vis, meta, rows: int, stream=0) -> None:
     """Fill ``att`` for the grid's rows: rope rows at start + depth[i] (start = meta[0]; one kernel,
     ``rope.rope_rows_kernel``); row i sees cached keys < start and new key j < n = meta[1] where
-    vis[i, j] (padding and later keys hidden)."""
+    vis[i, j] (padding and later keys hidden; one kernel, ``mla.key_mask_kernel``)."""
     from .blockops import TPB
+    from .mla import key_mask_kernel
     from .rope import rope_rows_kernel
     torch = _torch()
     rope_rows_kernel[rows, TPB, stream](kernel_view(torch.view_as_real(att.rot)), cos, sin, depth, meta)
-    if att.hidden is None:
-        return
-    with on(stream):
-        mt = view(meta)
-        start, live = mt[0].long(), mt[1].long()
-        keys = torch.arange(att.keys, device=att.hidden.device)                # [S8]
-        rel = keys - start                                                     # new-row index of a key
-        vt = view(vis)
-        seen = vt[:rows].index_select(1, rel.clamp(0, vt.shape[1] - 1)) != 0   # [T, S8]
-        torch.logical_not((keys < start) | (seen & (rel >= 0) & (rel < live)), out=att.hidden[:rows])
+    if att.hidden is not None:
+        key_mask_kernel[rows, 8 * TPB, stream](kernel_view(att.hidden.view(torch.uint8)), vis, meta)
 
 
 def mla_attention(o, q, cache, wkv_b, att: AttentionRows, depth, vis, meta, scale: float, n_heads: int,

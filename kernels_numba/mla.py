@@ -177,6 +177,20 @@ def make_mla_attention(n_heads: int, c_rank: int, r_dim: int, nope: int, v_dim: 
     return mla_attention_kernel
 
 
+@cuda.jit
+def key_mask_kernel(hidden, vis, meta):
+    """hidden uint8 [T, S8] (a torch bool buffer) = 1 where row i may not see key j: every key below
+    start = meta[0] is seen, key start + t when t < meta[1] and vis[i, t], the rest (later keys, padding)
+    is hidden: the key mask of a step's rows, built once for every layer's BLAS attention core.
+    grid (T,), block (any)."""
+    i = cuda.blockIdx.x
+    start, live = meta[0], meta[1]
+    for j in range(cuda.threadIdx.x, hidden.shape[1], cuda.blockDim.x):
+        t = j - start
+        seen = t < 0 or (t < live and vis[i, t] != 0)
+        hidden[i, j] = 0 if seen else 1
+
+
 # ---- the W16A16 attention core in logical key order ---------------------------------------------------
 
 # a row's nk keys split into CORE_CHUNKS chunks of ceil(nk / CORE_CHUNKS) logical positions: the split
