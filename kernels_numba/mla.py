@@ -220,11 +220,11 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
     scores over its nk = start + depth + 1 keys and z = sum exp(scale * s - m) (threads over k mod NT,
     halving in fixed order). Key k is cache row k below start, then start + (the slot of the row's
     ancestor at depth k - start); a row whose depth is its slot (prefill, a chain) sees slots 0..i.
-    chunks(part [NC, H, T, C], ctx (its dtype only), stats, scores, cache, depth, vis, meta, scale), grid
-    (T, NC, H / hg),
-    a thread per latent column pair: chunk c takes the keys c kc .. (c + 1) kc - 1, kc = ceil(nk / NC),
-    p = bf16(exp(scale * s - m) / z) in shared memory, each of its hg heads summed key after key from
-    one read of the chunk's cache rows. combine(ctx int16 [H, T, C] (bf16 bits), part, meta, depth),
+    chunks(part [NC, H, T, C], ctx (its dtype only), stats, scores, cache, depth, vis, meta, scale),
+    grid (T, NC, H / hg), a thread per latent column pair: chunk c takes the keys c kc .. (c + 1) kc - 1,
+    kc = ceil(nk / NC), p = bf16(exp(scale * s - m) / z) in shared memory, each of its hg heads summed
+    key after key from one read of the chunk's cache rows.
+    combine(ctx int16 [H, T, C] (bf16 bits), part, meta, depth),
     grid (T, H): the used chunks added in order, rounded to bf16. A tree row deeper than MAX_TREE_DEPTH
     writes NaN, a row past meta[1] zeros.
     """
