@@ -83,13 +83,18 @@ def block_sum(sh, v):
 
 @cuda.jit(device=True)
 def block_max(sh, v):
-    """Max of ``v`` over the block's 32 threads (-inf if all are -inf)."""
-    t = cuda.threadIdx.x
+    """Max of ``v`` over every thread of a (32,) or (32, ks) block (-inf if all are -inf); ``sh`` as
+    ``block_sum``'s."""
+    t, nt = block_lane()
     sh[t] = v
     cuda.syncthreads()
     m = -math.inf
-    for i in range(TPB):
-        m = max(m, sh[i])
+    if nt == TPB:
+        for i in range(TPB):                # a constant trip count: unrolled
+            m = max(m, sh[i])
+    else:
+        for i in range(nt):
+            m = max(m, sh[i])
     cuda.syncthreads()
     return m
 

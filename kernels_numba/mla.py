@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda
 
 from ._validate import KernelInputError, check
-from .blockops import KS, ROW_THREADS, TPB, block_lane, scale_row
+from .blockops import KS, ROW_THREADS, TPB, block_lane, block_max, block_sum, scale_row
 from .device import SIMULATED
 from .intrinsics import bf162_to_f32, stored_as
 from .rmsnorm import row_rms_scale
@@ -197,7 +197,6 @@ def key_mask_kernel(hidden, vis, meta):
 # depends on nk alone, so a tree row and the decode row of its token sum alike (fewer under the
 # simulator, as blockops.KS: the same source, sums in another fixed grouping)
 CORE_CHUNKS = 4 if SIMULATED else 16
-CORE_STATS_THREADS = 64 if SIMULATED else 256
 CORE_UNROLL = 4                     # cache rows a chunk thread loads before it sums them (in key order)
 MAX_TREE_DEPTH = 128                # a tree row's depth bound (its ancestors' map in shared memory)
 _CORE_CACHE: dict = {}
@@ -216,10 +215,11 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
     and their siblings took. Three kernels (scores float32 [H, T, S8], unscaled q . k over the cache
     rows; cache int32 [S8, (C+R)/2] bf16 pairs; depth [T], vis [T', T'] uint8, meta as the engine's):
 
-    stats(stats [H, T, 2], scores, depth, vis, meta, scale), grid (T, H): the row's max m of scale *
-    scores over its nk = start + depth + 1 keys and z = sum exp(scale * s - m) (threads over k mod NT,
-    halving in fixed order). Key k is cache row k below start, then start + (the slot of the row's
-    ancestor at depth k - start); a row whose depth is its slot (prefill, a chain) sees slots 0..i.
+    stats(stats [H, T, 2], scores, depth, vis, meta, scale), grid (T, H), block (32, KS): the row's max m
+    of scale * scores over its nk = start + depth + 1 keys and z = sum exp(scale * s - m) (threads over
+    k mod 32 KS, then ``blockops.block_sum``'s fixed order). Key k is cache row k below start, then
+    start + (the slot of the row's ancestor at depth k - start); a row whose depth is its slot (prefill,
+    a chain) sees slots 0..i.
     chunks(part [NC, H, T, C], ctx (its dtype only), stats, scores, cache, depth, vis, meta, scale),
     grid (T, NC, H / hg), a thread per latent column pair: chunk c takes the keys c kc .. (c + 1) kc - 1,
     kc = ceil(nk / NC), p = bf16(exp(scale * s - m) / z) in shared memory, each of its hg heads summed
@@ -231,12 +231,13 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
     key = (n_heads, c_rank, max_keys, hg)
     if key in _CORE_CACHE:
         return _CORE_CACHE[key]
-    C2, HG, NC, NS, MD, U = c_rank // 2, hg, CORE_CHUNKS, CORE_STATS_THREADS, MAX_TREE_DEPTH, CORE_UNROLL
+    C2, HG, NC, NS, MD, U = c_rank // 2, hg, CORE_CHUNKS, TPB * KS, MAX_TREE_DEPTH, CORE_UNROLL
     KC = core_chunk_keys(max_keys)
 
     @cuda.jit(device=False)
     def core_stats_kernel(stats, scores, depth, vis, meta, scale):
-        row, h, lt = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+        row, h = cuda.blockIdx.x, cuda.blockIdx.y
+        lt, nt = block_lane()
         anc = cuda.shared.array(MD, np.int32)                  # slot of the ancestor at each depth
         red = cuda.shared.array(NS, np.float32)
         start, dr = meta[0], depth[row]
@@ -244,40 +245,22 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
         if row >= meta[1] or (tree and dr >= MD):
             return
         if tree:
-            for t in range(lt, row + 1, NS):
+            for t in range(lt, row + 1, nt):
                 if vis[row, t] != 0 and depth[t] < MD:
                     anc[depth[t]] = t
         cuda.syncthreads()
         nk = start + dr + 1
         m = -math.inf
-        for k in range(lt, nk, NS):
-            j = start + anc[k - start] if tree and k >= start else k
-            m = max(m, scores[h, row, j] * scale)
-        red[lt] = m
-        cuda.syncthreads()
-        st = NS // 2
-        while st > 0:
-            if lt < st:
-                red[lt] = max(red[lt], red[lt + st])
-            cuda.syncthreads()
-            st //= 2
-        m = red[0]
-        cuda.syncthreads()
+        for k in range(lt, nk, nt):
+            m = max(m, scores[h, row, start + anc[k - start] if tree and k >= start else k] * scale)
+        m = block_max(red, m)
         z = np.float32(0.0)
-        for k in range(lt, nk, NS):
-            j = start + anc[k - start] if tree and k >= start else k
-            z += math.exp(scores[h, row, j] * scale - m)
-        red[lt] = z
-        cuda.syncthreads()
-        st = NS // 2
-        while st > 0:
-            if lt < st:
-                red[lt] += red[lt + st]
-            cuda.syncthreads()
-            st //= 2
+        for k in range(lt, nk, nt):
+            z += math.exp(scores[h, row, start + anc[k - start] if tree and k >= start else k] * scale - m)
+        z = block_sum(red, z)
         if lt == 0:
             stats[h, row, 0] = m
-            stats[h, row, 1] = red[0]
+            stats[h, row, 1] = z
 
     @cuda.jit(device=False)
     def core_chunks_kernel(part, ctx, stats, scores, cache, depth, vis, meta, scale):
@@ -295,9 +278,9 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
         n = min(kc, nk - k0)
         if n <= 0:
             return
-        if tree:
-            for t in range(lt, row + 1, nt):
-                if vis[row, t] != 0 and depth[t] < MD:
+        if tree:                                               # as the stats kernel's, written out: the
+            for t in range(lt, row + 1, nt):                   # PTX probe compiles this kernel without a
+                if vis[row, t] != 0 and depth[t] < MD:         # driver, which a device function needs
                     anc[depth[t]] = t
         cuda.syncthreads()
         for i in range(lt, HG * n, nt):                        # p = bf16(softmax) of the chunk's keys
@@ -375,7 +358,7 @@ def mla_core_bf16(ctx, scores, cache, depth, vis, meta, scale: float, part, stat
     hg = hg or core_heads_per_block(h, s8)
     k_stats, k_chunks, k_combine = make_mla_core_bf16(h, c, s8, hg)
     s = np.float32(scale)
-    k_stats[(t, h), CORE_STATS_THREADS, stream](stats, scores, depth, vis, meta, s)
+    k_stats[(t, h), (TPB, KS), stream](stats, scores, depth, vis, meta, s)
     k_chunks[(t, CORE_CHUNKS, h // hg), TPB * -(-c // (2 * TPB)), stream](part, ctx, stats, scores, cache,
                                                                          depth, vis, meta, s)
     k_combine[(t, h), TPB * -(-c // (2 * TPB)), stream](ctx, part, meta, depth)
