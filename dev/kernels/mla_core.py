@@ -17,9 +17,9 @@ behind a spin kernel (``bench.k2_depth.Timer``); one CSV line per core, rows and
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 
@@ -32,16 +32,6 @@ from workbench.bench.k2_depth import Timer  # noqa: E402
 from workbench.config import preset  # noqa: E402
 from workbench.ddtree.scenarios import ancestor_inputs, random_tree  # noqa: E402
 from workbench.reference.rope import rope_tables  # noqa: E402
-
-
-@contextlib.contextmanager
-def core_kernel(on: bool):
-    """ops.W16_CORE_KERNEL set to ``on`` inside, restored after."""
-    saved, ops.W16_CORE_KERNEL = ops.W16_CORE_KERNEL, on
-    try:
-        yield
-    finally:
-        ops.W16_CORE_KERNEL = saved
 
 
 def main() -> None:
@@ -84,7 +74,7 @@ def main() -> None:
                                   stream)
             outs = {}
             for name, on in (("kernel", True), ("torch", False)):
-                with core_kernel(on), ops.sim_speed():
+                with patch.object(ops, "W16_CORE_KERNEL", on), ops.sim_speed():
                     run()
                     outs[name] = download(o).copy()
             if not np.allclose(outs["kernel"], outs["torch"], rtol=3e-2, atol=3e-3):
@@ -96,7 +86,7 @@ def main() -> None:
                 moved[ctx_len:ctx_len + len(slots)] = lat[ctx_len + slots]
                 one, m1 = zeros((1, h * v)), to_device(np.array([ctx_len + depth[i], 1, 0, 0, 0, 0, 0, 0],
                                                                  np.int32))
-                with core_kernel(True), ops.sim_speed():
+                with patch.object(ops, "W16_CORE_KERNEL", True), ops.sim_speed():
                     ops.mla_attention(one, to_device(q_h[i:i + 1]), to_device(moved), w, cos, sin,
                                       to_device(np.zeros(1, np.int32)), to_device(np.ones((1, 1), np.uint8)),
                                       m1, cfg.softmax_scale, h, c, r, nn, v, s8, 1)
@@ -104,7 +94,7 @@ def main() -> None:
                     print(f"# row {i} of {t} (slot {slots[-1]}, depth {depth[i]}) differs from its decode "
                           f"alone, context {ctx_len}: {np.abs(download(one)[0] - outs['kernel'][i]).max()}")
             for name, on in (("kernel", True), ("torch", False)):
-                with core_kernel(on):
+                with patch.object(ops, "W16_CORE_KERNEL", on):
                     print(f"{name},{t},{ctx_len},{timer(run):.2f}", flush=True)
 
 

@@ -15,9 +15,9 @@ weights come from HBM); one CSV line per shape, row count and path (us per call,
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 
@@ -29,16 +29,6 @@ from workbench.bench.k2_depth import Timer  # noqa: E402
 
 SHAPES = {"a1": (7168, 2112), "wq_b": (1536, 12288), "wo": (8192, 7168), "w13": (7168, 4096),
           "w2": (2048, 7168), "head": (7168, 163840)}          # K, N of K2's W16A16 projections
-
-
-@contextlib.contextmanager
-def multi_tile(on: bool):
-    """ops.W16_MULTI_TILE set to ``on`` inside, restored after."""
-    saved, ops.W16_MULTI_TILE = ops.W16_MULTI_TILE, on
-    try:
-        yield
-    finally:
-        ops.W16_MULTI_TILE = saved
 
 
 def main() -> None:
@@ -79,14 +69,14 @@ def main() -> None:
             paths = [("w16a16", kern, False), ("cublas_bf16", blas, False)]
             if ops.tiles_per_block(kern.wt, ops.row_tiles(t), True) > 1:   # NT column tiles a block:
                 nt = rows_view(ref.reshape(-1), t, n)                       # the same bits, checked
-                with multi_tile(True):
+                with patch.object(ops, "W16_MULTI_TILE", True):
                     ops.linear(nt, x, kern, meta, t)
                 if not np.array_equal(download(nt), got):
                     raise SystemExit(f"{name} at {t} rows: NT tiles a block differ from one tile a block")
                 paths.append(("w16a16_nt", kern, True))
             mb = k * n * 2 / 1e6
             for path, w, multi in paths:
-                with multi_tile(multi):
+                with patch.object(ops, "W16_MULTI_TILE", multi):
                     us = timer(lambda s, w=w, o=o, t=t, x=x: ops.linear(o, x, w, meta, t, s))
                 print(f"{name},{k},{n},{t},{path},{us:.2f},{mb:.1f}", flush=True)
         del w_t, kern, blas
