@@ -27,10 +27,11 @@ What runs, in one process:
    round methods (``engine.rounds.EngineSpecState``: draft, build_tree, verify, walk, commit), with the
    drafter's forward (random bf16 weights, its proposals unused) run every round before the draft
    (its prompt pass before the rounds, as the target's prefill); per round the wall time of each phase,
-   and for the first rounds the distinct experts the verify's last MoE layer touched and the expert
-   tiles they make (``ops.expert_tiles``: the tiled MoE path's weight reads); per run the mean E(N) the
-   draft states for its trees beside the tau it got, and the oracle's hit rate as drawn at the drafted
-   positions (``oracle.hit_rate``: the acceptance each p gives this seed).
+   and for the first rounds the distinct experts each MoE layer of the verify touched and the expert
+   tiles they make (``ops.expert_tiles``: the tiled MoE path's weight reads), averaged over the
+   layers; per run the mean E(N) the draft states for its trees beside the tau it got, and the oracle's
+   hit rate as drawn at the drafted positions (``oracle.hit_rate``: the acceptance each p gives this
+   seed).
 5. the trained code pair's acceptance replayed: tau(B) = its tokens / rounds over the HumanEval prompts of
    the current ``pair`` set (model ``code``, the BF16 pair's measured DDTree runs), times this stand-in's
    measured round time at B (the mean over the oracle runs at B: a round's time does not depend on

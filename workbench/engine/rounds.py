@@ -102,7 +102,6 @@ class EngineSpecState:
         # the verify steps are captured first: a capture's warm-up run overwrites what a prefill leaves
         self.steps = {s: engine.verify_step(s) for s in budget.sizes}
         self.step_for = [min(s for s in budget.sizes if s >= n) for n in range(b + 1)]   # N -> size
-        self.host_cost = budget.host_cost
         first, feats = self._prefill(prompt)
         p = len(prompt)
         self.start, self.bonus, self.tokens, self.rounds = p, first, [first], []
@@ -145,7 +144,7 @@ class EngineSpecState:
         lpk = self.lpk.host
         np.copyto(self.ids_h, lpk[1], casting="unsafe")                      # token ids (exact in float64)
         return build_tree_host(lpk[0], self.ids_h, self.budget.max_nodes, self.n_pos, self.ctl, self.scores,
-                               *self.host_cost)
+                               *self.budget.host_cost)
 
     @timed("verify_s")
     def verify(self, n: int) -> np.ndarray:
