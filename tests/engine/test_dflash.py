@@ -48,8 +48,10 @@ def public_model(name: str, w16: bool = False):
     return b, out, dcfg
 
 
-def _check_logits(name, b, w, dcfg, prepared, atol, eng=None):
-    eng = eng or engine(name)
+def _draft_pairs(cfg, w, dcfg, eng, prepared=True):
+    """[(device, reference) draft logits [L, V]] of two consecutive calls (the second appends context to
+    the device cache) from seeded random tapped features; then a call with a mismatched cache length is
+    refused."""
     rng = np.random.default_rng(11)
     feats = rng.standard_normal(eng.buf.feats.shape).astype(np.float32)     # [F, T, D]
     eng.put(eng.buf.feats, feats)
@@ -59,17 +61,22 @@ def _check_logits(name, b, w, dcfg, prepared, atol, eng=None):
         assert dev.cap >= 3
     cache = DraftCache.empty(dcfg, 32, np.float32)
     tap = [eng.taps.index(k) for k in dcfg.target_layer_ids]
+    out = []
     with sim_speed():
         for start, rows, bonus in [(3, np.array([2, 0, 1]), 7), (5, np.array([4, 1]), 300)]:
             dev.propose(bonus, start, rows, len(rows))
-            got = eng.fetch(dev.logits)                                       # [L, V]
             new = np.concatenate([feats[i][rows] for i in tap], axis=-1)
-            want = dflash_propose(b.config, dcfg, w, cache, bonus, start, new)
-            np.testing.assert_allclose(got, want, rtol=0, atol=atol)
-            np.testing.assert_array_equal(np.argsort(-got, axis=1, kind="stable")[:, :4],
-                                          np.argsort(-want, axis=1, kind="stable")[:, :4])
+            out.append((eng.fetch(dev.logits), dflash_propose(cfg, dcfg, w, cache, bonus, start, new)))
         with pytest.raises(InputError):                                      # cache length mismatch
             dev.propose(1, 9, np.array([0]), 1)
+    return out
+
+
+def _check_logits(name, b, w, dcfg, prepared, atol, eng=None):
+    for got, want in _draft_pairs(b.config, w, dcfg, eng or engine(name), prepared):
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+        np.testing.assert_array_equal(np.argsort(-got, axis=1, kind="stable")[:, :4],
+                                      np.argsort(-want, axis=1, kind="stable")[:, :4])
 
 
 @pytest.mark.parametrize("layout", ["first", "public"])
@@ -109,7 +116,8 @@ def test_engine_ddtree_with_the_public_drafter_equals_greedy_ar():
 
 
 def kimi_shape_case(full: bool):
-    """(target config, W16A16 weights, drafter config) for the drafter at the Kimi-K2.6-DFlash shape
+    """(target config, W16A16 weights, drafter config, the same weights unmarked: FP32 linears of the
+    same bf16 values, no activation rounding) for the drafter at the Kimi-K2.6-DFlash shape
     (``kimi_k26_dflash``: 6 layers, 64 query / 8 KV heads of 128, MLP 18,432, block 8, six taps, YaRN)
     over a K2-width target cut to the six tapped layers, dense and narrow (its layers never run here:
     the test writes the tapped features), with a 2,048-token vocabulary; not ``full``: the same layout
@@ -127,7 +135,7 @@ def kimi_shape_case(full: bool):
     w = random_weights(cfg, 3)
     w.update(random_drafter_weights(cfg, dcfg, 7))
     w.update({n: bf16(w[n]) for n in drafter_linear_names(dcfg)})
-    return cfg, w16a16_drafter(w, dcfg), dcfg
+    return cfg, w16a16_drafter(w, dcfg), dcfg, w
 
 
 @pytest.mark.parametrize("full", [pytest.param(True, marks=pytest.mark.skipif(
@@ -135,10 +143,20 @@ def kimi_shape_case(full: bool):
 def test_device_dflash_at_the_kimi_k26_shape_matches_reference_logits(full):
     """The drafter at the Kimi-K2.6-DFlash shape, W16A16 on the engine's kernels, against the reference
     over two calls (as above); the simulator runs its layout at tiny widths."""
-    from types import SimpleNamespace
-
     from workbench.engine.runtime import Engine
-    cfg, w, dcfg = kimi_shape_case(full)
+    cfg, w, dcfg, w32 = kimi_shape_case(full)
     with blas_on():
         eng = Engine(cfg, w, max_len=64, max_rows=16, taps=dcfg.target_layer_ids)
-        _check_logits(None, SimpleNamespace(config=cfg), w, dcfg, True, 1e-2, eng)
+        # at 3.5 B parameters, sums over up to 43,008 terms: the FP32 drafter checks the math (GQA, YaRN,
+        # norms) tightly; the W16A16 one may differ by where bf16 rounding of activations flips, which
+        # compounds over 6 layers to about what the rounding itself does, so it is held to twice the
+        # reference's own move from FP32 to W16A16 and to the same top token where the top two stand apart
+        f32 = _draft_pairs(cfg, w32, dcfg, eng)
+        for got, want in f32:
+            np.testing.assert_allclose(got, want, rtol=0, atol=5e-3)
+        for (got, want), (_, want32) in zip(_draft_pairs(cfg, w, dcfg, eng), f32, strict=True):
+            err, rounding = np.abs(got - want).max(), np.abs(want - want32).max()
+            assert err <= 2 * rounding, f"W16A16 {err:.3g} off; rounding {rounding:.3g}"
+            top2 = -np.sort(-want, axis=1)[:, :2]                                          # [L, 2]
+            clear = top2[:, 0] - top2[:, 1] > 2 * err
+            np.testing.assert_array_equal(got.argmax(1)[clear], want.argmax(1)[clear])
