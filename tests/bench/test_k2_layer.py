@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kernels_numba import ops
-from kernels_numba.device import SIMULATED, on_gpu
+from kernels_numba.device import SIMULATED, download, on_gpu, upload
 from kernels_numba.sim import sim_speed
 from workbench.bench import k2_layer
 from workbench.bench.k2_build import layer_bytes
@@ -75,8 +75,7 @@ def test_small_fp32_experts_match_reference():
 
 def test_a_wrong_weight_fails_the_check():
     rig = _rig(SMALL, 1)
-    a = np.asarray(rig.lay.ffn_norm)
-    a *= 1.01                                                   # the device's ffn_norm off by 1%
+    upload(rig.lay.ffn_norm, download(rig.lay.ffn_norm) * np.float32(1.01))  # ffn_norm 1% off on the device
     res = check_layer(SMALL, 3, rig, prefix=4, tree_nodes=4, log=lambda m: None)
     assert not all(r["passed"] for r in res[1:])
 
