@@ -3,9 +3,10 @@
 Legend: T rows, n = meta[1] live rows, D model width, E routed experts, K experts per token,
 G routing groups, S slices of D. One (32, KS)-thread block per row: the threads compute the E gate
 logits, or sum them from S partial slices (``slices``: ``logit_slices_kernel`` wrote them); thread 0
-applies the (tiny) group limit; each of the K picks is a max over the block (per-thread scan, then a
-shared-memory tree: one thread scanning 384 experts K times took ~280 us on the H200), ties to the
-lowest index, exactly as the reference's stable argsort does.
+applies the (tiny) group limit; then one warp picks the K experts, each pick a max over the warp (a
+lane scans the experts it holds in registers, then a shared-memory tree over the lanes; one thread
+scanning 384 experts K times took ~280 us on the H200), ties to the lowest index, exactly as the
+reference's stable argsort does.
 
 ``logit_slices_kernel`` reads a large gate (K2's: 7,168 x 384 float32, 11 MB) with many blocks, and
 sums each row's logit in an order that does not depend on how many rows run: a row's routing in a
@@ -22,11 +23,12 @@ from numba import cuda
 
 from ._validate import KernelInputError
 from .blockops import KS, TPB
+from .intrinsics import syncwarp
 
 _CACHE: dict = {}
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def sigmoid_ref(x):
     """The reference's overflow-free logistic: exp(-|x|) on both branches."""
     e = math.exp(-abs(x))
@@ -125,18 +127,20 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
     """kernel(ids [T, K] int32, wts [T, K] f32, x, gate_t [D, E], bias [E], meta); grid (T,), block
     (32, ks). ``slices`` 0: x [T, D] and thread (e, s) sums every ks-th feature of expert e's gate
     logit; S >= 1: x is [S*T, E] of S partial logits per row (``logit_slices_kernel``; S = 1: whole
-    logits), summed in slice order, and gate_t is not read."""
+    logits), each expert's summed in slice order by one of the block's threads, and gate_t is not read.
+    Then one warp picks the K: each lane holds experts lane, lane + 32, ... in registers."""
     key = (n_experts, top_k, n_group, topk_group, norm_topk, scaling, ks, slices)
     if key in _CACHE:
         return _CACHE[key]
     E, K, G, TG = n_experts, top_k, n_group, topk_group
     EG = E // G
+    EL = -(-E // TPB)                                        # experts a lane of the selecting warp holds
+    if EL > 62:
+        raise KernelInputError(f"the router's selecting warp holds at most {62 * TPB} experts, got {E}")
     NORM = bool(norm_topk)
     SCALE = np.float32(scaling)
     NS = int(slices)
     NT = TPB * ks
-    if NT & (NT - 1):
-        raise KernelInputError(f"the router's top-K tree wants a power-of-two block, got {NT} threads")
 
     @cuda.jit
     def route_kernel(ids, wts, x, gate_t, bias, meta):
@@ -145,37 +149,39 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
             return
         tid = cuda.threadIdx.x
         ty = cuda.threadIdx.y
+        lt = ty * TPB + tid
         part = cuda.shared.array((ks, E), np.float32)
         score = cuda.shared.array(E, np.float32)             # unbiased sigmoid scores
         choice = cuda.shared.array(E, np.float32)            # biased, for selection only
-        taken = cuda.shared.array(E, np.int32)
         gsc = cuda.shared.array(G, np.float32)
         gok = cuda.shared.array(G, np.int32)
-        cand_i = cuda.shared.array(NT, np.int32)             # per thread: best untaken expert so far
-        cand_v = cuda.shared.array(NT, np.float32)
-        for e in range(tid, E, TPB):
-            acc = np.float32(0.0)
-            if NS:
-                if ty == 0:
-                    rows_all = x.shape[0] // NS
-                    for sl in range(NS):
-                        acc += x[sl * rows_all + row, e]
-            else:
-                for d in range(ty, gate_t.shape[0], ks):
-                    acc += x[row, d] * gate_t[d, e]
-            part[ty, e] = acc
-        cuda.syncthreads()
-        if ty == 0:
-            for e in range(tid, E, TPB):
+        cand_i = cuda.shared.array(TPB, np.int32)            # per lane: its best free expert
+        cand_v = cuda.shared.array(TPB, np.float32)
+        if NS:
+            rows_all = x.shape[0] // NS
+            for e in range(lt, E, NT):
                 acc = np.float32(0.0)
-                for y in range(ks):
-                    acc += part[y, e]
+                for sl in range(NS):
+                    acc += x[sl * rows_all + row, e]
                 s = sigmoid_ref(acc)
                 score[e] = s
                 choice[e] = s + bias[e]
-                taken[e] = 0
+        else:
+            for e in range(tid, E, TPB):
+                acc = np.float32(0.0)
+                for d in range(ty, gate_t.shape[0], ks):
+                    acc += x[row, d] * gate_t[d, e]
+                part[ty, e] = acc
+            cuda.syncthreads()
+            if ty == 0:
+                for e in range(tid, E, TPB):
+                    acc = np.float32(0.0)
+                    for y in range(ks):
+                        acc += part[y, e]
+                    s = sigmoid_ref(acc)
+                    score[e] = s
+                    choice[e] = s + bias[e]
         cuda.syncthreads()
-        lt = ty * TPB + tid
         if G > 1 and lt == 0:                                # group limit: keep the TG best groups
             for g in range(G):
                 b1 = -math.inf
@@ -199,34 +205,44 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
                 if gok[e // EG] == 0:
                     choice[e] = -math.inf
         cuda.syncthreads()
-        for k in range(K):                                   # top-K, ties to the lowest index: each
-            bi = -1                                          # thread's best untaken expert, then a
-            bv = -math.inf                                   # tree over the block's NT threads
-            for e in range(lt, E, NT):
-                if taken[e] == 0 and (bi < 0 or choice[e] > bv):
-                    bi = e
-                    bv = choice[e]
-            cand_i[lt] = bi
-            cand_v[lt] = bv
-            cuda.syncthreads()
-            step = NT // 2
+        if ty != 0:
+            return
+        cv = cuda.local.array(EL, np.float32)                # top-K by warp 0, ties to the lowest index:
+        free = 0                                             # each lane's best free expert, then a tree
+        for j in range(EL):                                  # over the 32 lanes
+            e = tid + TPB * j
+            cv[j] = choice[e] if e < E else np.float32(0.0)
+            if e < E:
+                free |= 1 << j
+        for k in range(K):
+            bi = -1
+            bv = -math.inf
+            for j in range(EL):
+                if (free >> j) & 1 and (bi < 0 or cv[j] > bv):
+                    bi = tid + TPB * j
+                    bv = cv[j]
+            cand_i[tid] = bi
+            cand_v[tid] = bv
+            syncwarp()
+            step = TPB // 2
             while step > 0:
-                if lt < step:
-                    oi = cand_i[lt + step]
-                    ov = cand_v[lt + step]
-                    mi = cand_i[lt]
-                    if oi >= 0 and (mi < 0 or ov > cand_v[lt] or (ov == cand_v[lt] and oi < mi)):
-                        cand_i[lt] = oi
-                        cand_v[lt] = ov
-                cuda.syncthreads()
+                if tid < step:
+                    oi = cand_i[tid + step]
+                    ov = cand_v[tid + step]
+                    mi = cand_i[tid]
+                    if oi >= 0 and (mi < 0 or ov > cand_v[tid] or (ov == cand_v[tid] and oi < mi)):
+                        cand_i[tid] = oi
+                        cand_v[tid] = ov
+                syncwarp()
                 step //= 2
-            if lt == 0:
-                best = cand_i[0]
-                taken[best] = 1
+            best = cand_i[0]
+            if best % TPB == tid:
+                free &= ~(1 << (best // TPB))
+            if tid == 0:
                 ids[row, k] = best
                 wts[row, k] = score[best]
-            cuda.syncthreads()
-        if lt == 0:
+            syncwarp()
+        if tid == 0:
             total = np.float32(0.0)
             for k in range(K):
                 total += wts[row, k]

@@ -18,7 +18,7 @@ from kernels_numba.moe import choose_moe_config, stream_k_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
 from kernels_numba.moe_gemv import make_moe_gemv_kernel, moe_act_kernel
-from kernels_numba.router import logit_slices_kernel
+from kernels_numba.router import logit_slices_kernel, make_route
 from kernels_numba.rows import add_rows_kernel, to_f16_kernel
 from kernels_numba.w16a16 import make_w16a16_kernel, silu_mul_kernel, w16_tiling
 
@@ -33,7 +33,7 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "cp_async": "cp.async.cg.shared.global", "atom_global": "atom.global.add",
         "ld_cg": "ld.global.cg.f32",
         "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32", "cvt_bf16": "cvt.rn.bf16.f32",
-        "fma_f32": "fma.rn.f32"}
+        "fma_f32": "fma.rn.f32", "bar_warp": "bar.warp.sync"}
 
 
 @cuda.jit
@@ -113,9 +113,11 @@ def row_builds() -> dict:
 
 
 def router_builds() -> dict:
-    """The sliced router logits (router.py; the route kernel itself calls device functions)."""
-    f2 = T.float32[:, ::1]
-    return {"router slices": counts(logit_slices_kernel, (f2, f2, f2, _sig(T.int32)))}
+    """The sliced router logits and K2's route kernel over 14 slices (router.py)."""
+    f2, i2 = T.float32[:, ::1], T.int32[:, ::1]
+    route = make_route(384, 8, 1, 1, True, 2.827, 8, 14)
+    return {"router slices": counts(logit_slices_kernel, (f2, f2, f2, _sig(T.int32))),
+            "route K2": counts(route, (i2, f2, f2, f2, _sig(T.float32), _sig(T.int32)))}
 
 
 def w16a16_builds() -> dict:

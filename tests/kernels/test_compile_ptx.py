@@ -98,6 +98,13 @@ def test_sliced_router_logits_keep_their_accumulators_in_registers():
     assert c["local"] == 0 and c["bar"] >= 2
 
 
+def test_route_picks_with_one_warp_from_registers():
+    """K2's route kernel: the 12 experts a lane holds stay in registers, and the K picks wait on warp
+    barriers only (the block's two come before them)."""
+    c = probe("router")["route K2"]
+    assert c["local"] == 0 and c["bar"] == 2 and c["bar_warp"] >= 6
+
+
 def test_w16a16_linear_streams_weights_into_bf16_mma():
     c = probe("w16a16")
     builds = {"w16a16 K=7168 MT=1 NT=1": 8, "w16a16 K=8192 MT=9 NT=1": 72,   # MMAs unrolled: the steps

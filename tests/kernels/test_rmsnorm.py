@@ -10,10 +10,10 @@ from kernels_numba.rmsnorm import rmsnorm
 from workbench.reference.layers import rmsnorm as ref_rmsnorm
 
 
-@pytest.mark.parametrize("ks,k", [(None, 45), (3, 45), (8, 45), (1, 301), (8, 1100)])
+@pytest.mark.parametrize("ks,k", [(None, 45), (3, 45), (8, 45), (1, 301), (8, 1100), (32, 7168)])
 def test_rmsnorm_matches_reference_and_skips_dead_rows(ks, k):
-    """ks: the K-sliced block (32, ks) a long row gets on the GPU (blockops.row_slices); k = 301 and
-    1100 take the four-loads-ahead loops' main part and their tail."""
+    """ks: the K-sliced block (32, ks) a long row gets on the GPU (``rmsnorm.norm_slices``: 32 warps at
+    K2's 7,168); k = 301 and 1100 take the four-loads-ahead loops' main part and their tail."""
     rng = np.random.default_rng(k)
     x = rng.standard_normal((4, k)).astype(np.float32) * 3
     w = rng.standard_normal(k).astype(np.float32)
