@@ -16,6 +16,10 @@
 #   engine       bench engine (tiny2's decode step: the row kernels' change)                 ~120 s
 #   tier_blas    GPU tier of the BLAS path and W16A16 tests                                  ~150 s
 #   tier_int4    GPU tier of int4_matmul (both kernels) and the engine tests (330 s cut it after 117 tests at 430af85)  ~500 s
+#   tier_kernels GPU tier of tests/kernels on 8 pytest-xdist workers (the image has pytest-xdist)
+#   tier_engine  GPU tier of tests/engine and tests/bench on 8 workers, less the Kimi-shape drafter
+#                (drafter_k26) and the k2_slice cases (bench k2's checks): with tests/kernels on 12 workers
+#                about 330 tests passed in 420 s at 778f5cf
 #   kernels      bench kernels (int4_matmul, fused_moe against their baselines)              ~190 s
 #   profile      dev/profile_k2_attention.py: the attention step's kernels by device time   ~40 s
 #   staged       dev/kernels/int4_matmul.py --staged: the staged W4A16 kernel's builds and tilings
@@ -70,6 +74,10 @@ for step in $STEPS; do
                  tests/kernels/test_blas.py tests/engine tests/bench/test_k2_layer.py -k "blas or w16a16 and not k2_slice" ;;
     tier_int4) run tier_int4 540 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
                  tests/kernels/test_int4_matmul.py tests/engine ;;
+    tier_kernels) run "gpu_tier_kernels_${KDTREE_GIT_SHA}" 540 env KDTREE_GPU=1 python3 -m pytest -q -n 8 \
+                    -p no:cacheprovider -p no:warnings --durations=20 tests/kernels ;;
+    tier_engine) run "gpu_tier_engine_${KDTREE_GIT_SHA}" 540 env KDTREE_GPU=1 python3 -m pytest -q -n 8 \
+                   -p no:cacheprovider -p no:warnings --durations=20 tests/engine tests/bench -k "not kimi and not k2_slice" ;;
     kernels) run kernels 300 python3 -m workbench bench kernels --out "$OUT/kernels" ;;
     profile) run profile 120 python3 dev/profile_k2_attention.py --rows 1,17 ;;
     staged) run "int4_staged_${KDTREE_GIT_SHA}_h200" 330 python3 dev/kernels/int4_matmul.py --staged ;;

@@ -23,24 +23,25 @@ import numpy as np
 from numba import cuda
 
 from ._validate import KernelInputError, check
-from .blockops import KS, ROW_THREADS, TPB, block_lane, block_max, block_sum, scale_row
+from .blockops import KS, TPB, block_lane, block_max, block_sum, scale_row
 from .device import SIMULATED
 from .intrinsics import bf162_to_f32, stored_as
-from .rmsnorm import row_rms_scale
+from .rmsnorm import NORM_JIT, NORM_THREADS, row_rms_scale
 from .rope import rope_pair
 
 
-@cuda.jit
+@cuda.jit(**NORM_JIT)
 def mla_prep_kernel(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank, c_rank, eps):
     """a1 [T, Q+C+R] (or [T, H*(N+R)+C+R] when q_rank == 0) -> qn [T, Q], cache rows start+i (float32,
     or bf16 bits in an int16 cache: the W16A16 attention's latent cache).
 
-    grid (T,), block (32, ks). q_rank 0 skips the query norm (q comes straight from a1).
+    grid (T,), block (32, ks) with ks = ``rmsnorm.norm_slices`` of the longer norm. q_rank 0 skips the
+    query norm (q comes straight from a1).
     """
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
-    sh = cuda.shared.array(ROW_THREADS, np.float32)
+    sh = cuda.shared.array(NORM_THREADS, np.float32)
     lt, nt = block_lane()
     start = meta[0]
     off = a1.shape[1] - cache.shape[1]                       # column where c_kv starts in a1

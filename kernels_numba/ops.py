@@ -79,7 +79,7 @@ from .moe import (  # noqa: F401 - bench kernels' configs and per-stage times
 )
 from .moe_align import expert_tiles  # noqa: F401 - the tiled MoE path's expert reads of a routing
 from .moe_gemv import moe_act_kernel
-from .rmsnorm import rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
+from .rmsnorm import norm_slices, rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
 from .router import SLICE_WARPS, logit_slice_count, logit_slices_kernel, make_route
 from .rows import add_rows_kernel, to_f16_kernel
 from .sim import sim_speed  # noqa: F401 - the simulator's faster executor around a block of ops
@@ -535,7 +535,7 @@ def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False
 def mla_prep(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank: int, c_rank: int, eps: float,
              rows: int, stream=0) -> None:
     """q_norm of c_q into qn; kv_norm(c_kv) || rope(k_pe) into cache rows start + i (mla.py)."""
-    ks = row_slices(max(q_rank, c_rank))
+    ks = norm_slices(max(q_rank, c_rank))
     mla_prep_kernel[rows, (TPB, ks), stream](qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta,
                                              np.int32(q_rank), np.int32(c_rank), np.float32(eps))
 

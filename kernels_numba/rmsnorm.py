@@ -19,6 +19,7 @@ from .device import SIMULATED
 
 NORM_KS = 1 if SIMULATED else 32       # most warps a row's norm takes (the simulator: one, as blockops.KS)
 NORM_THREADS = TPB * 32                # the reduction's shared slots (a constant, as numba wants)
+NORM_JIT = {} if SIMULATED else {"max_registers": 64}   # a block of 1024 threads fits 64 K registers
 
 
 def norm_slices(k: int) -> int:
@@ -33,7 +34,7 @@ def row_rms_scale(sh, x, row, off, k, eps):
     return np.float32(1.0) / math.sqrt(ms + eps)
 
 
-@cuda.jit(**({} if SIMULATED else {"max_registers": 64}))    # 1024 threads fit the SM's 64 K registers
+@cuda.jit(**NORM_JIT)
 def rmsnorm_kernel(out, x, w, eps, meta):
     """out [T, K] = rmsnorm(x [T, K]) * w [K] for rows < meta[1]; grid (T,), block (32, ks). In-place ok."""
     row = cuda.blockIdx.x
