@@ -5,7 +5,8 @@
 Builds the dense layer 0 as ``bench k2`` does (``k2_layer.layer``), loads a step of ``--rows``
 rows over a ``--context``-row latent cache, and runs the engine's attention part (the norm, the
 projections, mla_prep, the attention core, wo) ``--reps`` times eagerly under torch's profiler,
-then the stock-torch BF16 MLA on the same shapes; prints each one's kernels by total device time.
+then the stock-torch BF16 MLA on the same shapes; prints each one's kernels by total device time, then
+the torch ops that launched device work (a memcpy or a copy kernel named by the op that made it).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def main() -> None:
     a = ap.parse_args()
 
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from kernels_numba.device import head_rows, upload
@@ -52,17 +54,23 @@ def main() -> None:
     def table(fn, title: str) -> None:
         fn()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(a.reps):
                 fn()
             torch.cuda.synchronize()
         print(f"\n== {title}: per step, device time by kernel ({a.reps} steps)")
-        ev = [e for e in prof.key_averages() if e.device_time_total > 0]
+        avg = prof.key_averages()
+        ev = [e for e in avg if e.device_type != DeviceType.CPU and e.device_time_total > 0]
         ev.sort(key=lambda e: -e.device_time_total)
         total = sum(e.device_time_total for e in ev) / a.reps
         print(f"   total {total:8.1f} us per step in {sum(e.count for e in ev) // a.reps} kernels")
         for e in ev[:a.top]:
             print(f"   {e.device_time_total / a.reps:8.1f} us  x{e.count // a.reps:<3d} {e.key[:110]}")
+        ops = [e for e in avg if e.device_type == DeviceType.CPU and e.self_device_time_total > 0]
+        ops.sort(key=lambda e: -e.self_device_time_total)
+        print("   torch ops by the device time of the work they launched themselves:")
+        for e in ops[:10]:
+            print(f"   {e.self_device_time_total / a.reps:8.1f} us  x{e.count // a.reps:<3d} {e.key[:110]}")
 
     for n in rows:
         parents, _ = random_tree(cfg, n - 1, seed=n)
