@@ -21,6 +21,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
 | ``bf162_to_f32(u)`` | a bf16 pair word's low and high halves as float32 (shift / mask, exact) | numpy |
 | ``f32_to_h2(a, b)`` | two ``cvt.rn.f16.f32`` packed low = a, high = b | numpy float16 |
+| ``f32_to_bf162(a, b)`` | ``cvt.rn.bf16x2.f32`` of two float32 values: low = a, high = b | numpy |
 | ``stored_as(a, v)`` | ``v`` as ``a``'s element: itself (float32), ``cvt.rn.bf16.f32`` (int16 bits) | numpy |
 | ``ld_u32(a, i)`` | ``ld.global.nc.u32``: a 4-byte read-only word, no index wraparound code | ``a[i]`` |
 | ``ld_cg_f32(a, i)`` | ``ld.global.cg.f32``: read through L2 (data another SM wrote this launch) | ``a[i]`` |
@@ -119,6 +120,10 @@ def _sim_h2_to_f32(u):
 def _sim_bf162_to_f32(u):
     w = int(u) & 0xFFFFFFFF
     return tuple(np.array([(w << 16) & 0xFFFFFFFF, w & 0xFFFF0000], np.uint32).view(np.float32))
+
+
+def _sim_f32_to_bf162(a, b):
+    return _sim_bits_to_bf162(np.float32(a).view(np.uint32), np.float32(b).view(np.uint32))
 
 
 def _sim_f32_to_h2(a, b):
@@ -377,6 +382,14 @@ def _build_gpu():
         return types.UniTuple(types.float32, 2)(u), codegen
 
     @intrinsic
+    def f32_to_bf162(typingctx, a, b):
+        def codegen(context, builder, sig, args):
+            x = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args, strict=True)]
+            asm = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]), "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f")
+            return builder.call(asm, x)
+        return types.uint32(a, b), codegen
+
+    @intrinsic
     def f32_to_h2(typingctx, a, b):
         def codegen(context, builder, sig, args):
             x = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args, strict=True)]
@@ -575,8 +588,8 @@ def _build_gpu():
 
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"),
             _ld("ld.global.L1::no_allocate.v4.u32"), dequant_i4x8,
-            mma_16816, mma_16816_bf16, bits_to_bf162, h2_to_f32, bf162_to_f32, f32_to_h2, stored_as, ld_u32,
-            ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
+            mma_16816, mma_16816_bf16, bits_to_bf162, f32_to_bf162, h2_to_f32, bf162_to_f32, f32_to_h2,
+            stored_as, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
             mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait)
@@ -593,6 +606,7 @@ if SIMULATED:
     mma_16816 = _sim_mma
     mma_16816_bf16 = _sim_mma_bf16
     bits_to_bf162 = _sim_bits_to_bf162
+    f32_to_bf162 = _sim_f32_to_bf162
     h2_to_f32 = _sim_h2_to_f32
     bf162_to_f32 = _sim_bf162_to_f32
     f32_to_h2 = _sim_f32_to_h2
@@ -609,8 +623,8 @@ if SIMULATED:
     mbar_wait = lambda s, i, p: _sim_syncthreads()      # noqa: E731 - every store before it is done
     st_async_f32 = _sim_st_async_f32
 else:
-    (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, mma_16816_bf16, bits_to_bf162, h2_to_f32,
-     bf162_to_f32, f32_to_h2, stored_as, ld_u32,
+    (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, mma_16816_bf16, bits_to_bf162, f32_to_bf162,
+     h2_to_f32, bf162_to_f32, f32_to_h2, stored_as, ld_u32,
      ld_cg_f32, ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for, griddep_launch_dependents,
      globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx, mbar_wait,
      st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait) = _build_gpu()

@@ -474,7 +474,7 @@ class Scratch:
         sw = [*swiglus, *(m.shared for m in moes if m.shared is not None)]
         port = [s for s in sw if s.path == PORTABLE]
         fast = [s for s in sw if s.path == INT4_MATMUL]
-        f32_act = [s for s in sw if s.path in (BLAS_PATH, W16A16)]       # silu(g) * u kept in float32
+        f32_act = [s for s in sw if s.path in (BLAS_PATH, W16A16)]       # gate || up kept in float32
         fused = [m for m in moes if m.path == FUSED_MOE]
         self.rids = zeros((rows, k), np.int32)                                  # [T, K] routed ids
         self.rwts = zeros((rows, k))                                            # [T, K] routed weights
@@ -488,7 +488,8 @@ class Scratch:
         self.y = zeros(max(rows * dim, 1))                                      # [T, D] a block's output
         self.gu = zeros(max(rows * 2 * width, 1))                               # [T, 2I] gate || up
         self.h16 = zeros(max(rows * width, 1), np.uint16)                       # [T, I] f16(silu(g) * u)
-        self.act = zeros(max(rows * max((s.width for s in f32_act), default=0), 1))  # [T, I] silu(g) * u
+        blas_act = max((s.width for s in sw if s.path == BLAS_PATH), default=0)
+        self.act = zeros(max(rows * blas_act, 1))                             # [T, I] silu(g) * u (BLAS)
         per_row = max((r.n_experts * r.slices for r in sliced), default=0)
         self.logits = zeros(max(rows * per_row, 1))                               # [S*T, E] sliced logits
         self.gemm = gemm_workspace(rows, [(m.n, m.k, m.group_size) for s in fast for m in (s.w13, s.w2)])
@@ -612,12 +613,10 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
         _add(h, y, meta, rows, stream)
         return
     if w.path == W16A16:
-        gu, a = rows_view(sc.gu, rows, 2 * w.width), rows_view(sc.act, rows, w.width)
-        w16a16.linear(kernel_array(gu), kernel_array(x), w.w13, rows, stream=stream,
-                      multi_tile=W16_MULTI_TILE)
-        w16a16.silu_mul(kernel_array(a), kernel_array(gu), rows, stream)
-        w16a16.linear(kernel_array(h), kernel_array(a), w.w2, rows, accumulate=True, stream=stream,
-                      multi_tile=W16_MULTI_TILE)
+        gu = kernel_array(rows_view(sc.gu, rows, 2 * w.width))
+        w16a16.linear(gu, kernel_array(x), w.w13, rows, stream=stream, multi_tile=W16_MULTI_TILE)
+        w16a16.linear(kernel_array(h), gu, w.w2, rows, accumulate=True, stream=stream,
+                      multi_tile=W16_MULTI_TILE, glu=True)                # silu(g) * u as it reads gu
         return
     if w.path == BLAS_PATH:
         blas.swiglu(h, x, w.w13, w.w2, rows_view(sc.gu, rows, 2 * w.width), rows_view(sc.act, rows, w.width),

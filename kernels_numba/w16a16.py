@@ -39,6 +39,7 @@ from ._validate import KernelInputError, check, flat
 from .device import SIMULATED
 from .intrinsics import (
     bits_to_bf162,
+    f32_to_bf162,
     griddep_launch_dependents,
     griddep_wait,
     ld_stream_v4,
@@ -48,6 +49,7 @@ from .intrinsics import (
 from .launch import launch
 
 ZERO = float32(0.0)
+ONE = float32(1.0)
 ROW_TILES = (1, 2, 3, 5, 9)    # the row-tile counts compiled: T <= 8, 16, 24, 40, 72 rows (a verify of
                                # B + 1 rows at B = 1..64 takes 1, 1, 1, 2, 3, 5, 9)
 MIN_BLOCKS = 132               # a wave of blocks on the H200's 132 SMs (tiles_per_block keeps one)
@@ -125,9 +127,10 @@ def tiles_per_block(w: Bf16Weight, mt: int, multi: bool) -> int:
 
 
 @functools.cache
-def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC: bool):
+def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC: bool, GLU: bool = False):
     """out [T, N] float32 (+= when ACC) = bf16(x [T, K] float32) @ W.T for rows < n_rows (<= 8 MT),
-    NT column tiles a block."""
+    NT column tiles a block. GLU: x is gu [T, 2K] = [g || u] and the activation silu(g) * u, computed in
+    float32 as the lane reads it (a SwiGLU's down projection without a kernel of its own between)."""
     K16 = K // 16
     NRED = KS * 4 * 32
     PF = CPW // NT                                                 # steps per weight load, each tile
@@ -166,9 +169,19 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
                     col = (s0 + h * PF + ci) * 16 + 4 * t          # this lane's 4 columns of the step
                     for m in range(MT):                            # every tile, branch-free: rows past
                         row = min(m * 8 + g, n_rows - 1)           # n_rows read the last row, never stored
-                        xv = ld_v4(x, row * K + col)
-                        xa = bits_to_bf162(xv[0], xv[1])
-                        xb = bits_to_bf162(xv[2], xv[3])
+                        if GLU:
+                            xi = row * 2 * K + col                 # silu(g) * u, float32, rounded as x is
+                            g0, g1, g2, g3 = x[xi], x[xi + 1], x[xi + 2], x[xi + 3]
+                            a0 = g0 / (ONE + math.exp(-g0)) * x[xi + K]
+                            a1 = g1 / (ONE + math.exp(-g1)) * x[xi + K + 1]
+                            a2 = g2 / (ONE + math.exp(-g2)) * x[xi + K + 2]
+                            a3 = g3 / (ONE + math.exp(-g3)) * x[xi + K + 3]
+                            xa = f32_to_bf162(a0, a1)
+                            xb = f32_to_bf162(a2, a3)
+                        else:
+                            xv = ld_v4(x, row * K + col)
+                            xa = bits_to_bf162(xv[0], xv[1])
+                            xb = bits_to_bf162(xv[2], xv[3])
                         for n in range(NT):                        # one x fragment, NT weight tiles
                             wi = (n * PF + ci) * 4
                             ai = (n * MT + m) * 4
@@ -203,26 +216,14 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
     return w16a16_kernel
 
 
-@cuda.jit
-def silu_mul_kernel(a, gu, n_rows):
-    """a [T, I] = silu(g) * u of gu [T, 2I] = [g || u] (float32), rows < n_rows; grid (I/128, rows)."""
-    griddep_wait()
-    griddep_launch_dependents()
-    row = cuda.blockIdx.y
-    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    width = a.shape[1]
-    if row < n_rows and i < width:
-        g = gu[row, i]
-        a[row, i] = g / (float32(1.0) + math.exp(-g)) * gu[row, width + i]
-
-
 def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
-           multi_tile: bool = False) -> None:
+           multi_tile: bool = False, glu: bool = False) -> None:
     """out [T, N] (+)= bf16(x [T, K]) @ W.T for the first ``rows`` rows (float32 x and out);
-    ``multi_tile``: NT column tiles a block where ``tiles_per_block`` gives them (the same bits)."""
+    ``multi_tile``: NT column tiles a block where ``tiles_per_block`` gives them (the same bits);
+    ``glu``: x is [T, 2K] = [g || u] and the activation silu(g) * u (a SwiGLU's down projection)."""
     if not isinstance(w, Bf16Weight):
         raise KernelInputError("w must come from repack_w16")
-    x = check(x, "x", np.float32, (None, w.k))
+    x = check(x, "x", np.float32, (None, 2 * w.k if glu else w.k))
     out = check(out, "out", np.float32, (None, w.n))
     if not 1 <= rows <= min(x.shape[0], out.shape[0]):
         raise KernelInputError(f"rows must be in 1..{min(x.shape[0], out.shape[0])}, got {rows}")
@@ -232,15 +233,5 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
         n = min(most, rows - r0)
         mt = row_tiles(n)
         nt = tiles_per_block(w, mt, multi_tile)
-        kernel = make_w16a16_kernel(w.k, ks, cpw, nb, mt, nt, accumulate)
+        kernel = make_w16a16_kernel(w.k, ks, cpw, nb, mt, nt, accumulate, glu)
         launch(kernel, w.n // (16 * nt), ks * 32, stream, (out[r0:], flat(x[r0:]), w.words, n))
-
-
-def silu_mul(a, gu, rows: int, stream=0) -> None:
-    """a [T, I] = silu(g) * u for gu [T, 2I] = [g || u], the first ``rows`` rows."""
-    a = check(a, "a", np.float32, (None, None), align=4)
-    width = a.shape[1]
-    gu = check(gu, "gu", np.float32, (None, 2 * width), align=4)
-    if not 1 <= rows <= min(a.shape[0], gu.shape[0]):
-        raise KernelInputError(f"rows must be in 1..{min(a.shape[0], gu.shape[0])}, got {rows}")
-    launch(silu_mul_kernel, (-(-width // 128), rows), 128, stream, (a, gu, rows))

@@ -20,7 +20,7 @@ from kernels_numba.moe_gemm import make_moe_gemm_kernel
 from kernels_numba.moe_gemv import make_moe_gemv_kernel, moe_act_kernel
 from kernels_numba.router import logit_slices_kernel, make_route
 from kernels_numba.rows import add_rows_kernel, to_f16_kernel
-from kernels_numba.w16a16 import make_w16a16_kernel, silu_mul_kernel, w16_tiling
+from kernels_numba.w16a16 import make_w16a16_kernel, w16_tiling
 
 KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "mma_bf16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt_bf16x2": "cvt.rn.bf16x2.f32",
@@ -127,7 +127,9 @@ def w16a16_builds() -> dict:
         ks, cpw, nb = w16_tiling(k)       # a1 at decode, wo at B = 64; NT tiles a block at B = 16 and 32
         out[f"w16a16 K={k} MT={mt} NT={nt}"] = counts(make_w16a16_kernel(k, ks, cpw, nb, mt, nt, acc),
                                                (rows2d, a(T.float32), a(T.uint32), T.int64))
-    out["silu_mul"] = counts(silu_mul_kernel, (rows2d, rows2d, T.int64))
+    ks, cpw, nb = w16_tiling(2048)                # the shared expert's down projection, silu(g) * u read in
+    out["w16a16 K=2048 GLU"] = counts(make_w16a16_kernel(2048, ks, cpw, nb, 1, 1, True, True),
+                                      (rows2d, a(T.float32), a(T.uint32), T.int64))
     return out
 
 

@@ -114,7 +114,8 @@ def test_w16a16_linear_streams_weights_into_bf16_mma():
         assert k["mma_bf16"] == mmas and k["ldg_v4"] == mmas // int(name[-1]), name   # one x load, NT MMAs
         assert k["ldg_nc_v4"] >= 8 and k["cvt_bf16x2"] >= 2 * k["ldg_v4"], name
         assert k["local"] == 0 and k["pdl_wait"] == 1 and k["pdl_launch"] == 1, name   # all in registers
-    assert c["silu_mul"]["pdl_wait"] == 1
+    glu = c["w16a16 K=2048 GLU"]                      # silu(g) * u in registers: no 16-byte x load, no local
+    assert glu["mma_bf16"] == 8 and glu["ldg_v4"] == 0 and glu["cvt_bf16x2"] >= 16 and glu["local"] == 0
 
 
 def test_mla_core_keeps_its_accumulators_in_registers():

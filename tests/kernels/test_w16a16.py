@@ -7,7 +7,7 @@ import torch
 
 from kernels_numba import KernelInputError
 from kernels_numba.sim import sim_speed
-from kernels_numba.w16a16 import linear, repack_w16, row_tiles, silu_mul, unrepack_w16, w16_tiling
+from kernels_numba.w16a16 import linear, repack_w16, row_tiles, unrepack_w16, w16_tiling
 from numformats.bf16 import bf16
 
 from .helpers import SIMULATED, assert_close, dev, gpu, host, needs_gpu, poisoned
@@ -94,15 +94,20 @@ def test_column_tiles_per_block_change_no_bit(monkeypatch):
     assert [w16.tiles_per_block(w, row_tiles(r), True) for r in (9, 33, 65)] == [1, 2, 1]   # NT MT <= 12
 
 
-def test_silu_mul_and_bad_input():
-    gu = _x(3, 64, 7)
-    a = poisoned((3, 32))
+def test_glu_linear_is_silu_times_up_then_the_linear_and_bad_input():
+    """glu: x = [g || u] [T, 2K], the activation silu(g) * u in float32 (an exp a few ulps off numpy's may
+    flip a bf16 rounding of it: a tolerance of a few bf16 ulps of an input's share)."""
+    t, n, k = 3, 32, 64
+    _, wf, w = _weight(n, k, 10)
+    gu = _x(t, 2 * k, 7)
+    out = poisoned((t, n))
     with sim_speed():
-        silu_mul(a, dev(gu), 2)
-    g, u = gu[:2, :32], gu[:2, 32:]
-    assert_close(host(a)[:2], g / (1 + np.exp(-g)) * u, rtol=1e-5, atol_rel=1e-6)    # the GPU's expf: ulps
-    with pytest.raises(KernelInputError, match="gu: shape"):
-        silu_mul(poisoned((2, 32)), dev(_x(2, 48, 7)), 2)
+        linear(out, dev(gu), w, 2, glu=True)
+    g, u = gu[:2, :k], gu[:2, k:]
+    assert_close(host(out)[:2], _ref(g / (1 + np.exp(-g)) * u, wf), rtol=2e-3, atol_rel=2e-3)
+    assert np.isnan(host(out)[2:]).all()
+    with pytest.raises(KernelInputError, match="x: shape"):
+        linear(poisoned((2, n)), dev(_x(2, k, 7)), w, 2, glu=True)
     _, _, w = _weight(32, 96, 8)
     with pytest.raises(KernelInputError, match="shape"):
         linear(poisoned((2, 32)), dev(_x(2, 64, 9)), w, 2)
