@@ -204,9 +204,10 @@ def stream_k_config(d: int, i: int, tokens: int) -> dict:
 
 
 def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoEWorkspace | None = None,
-              stream=None, config: dict | None = None, check_routing: bool = False):
-    """``out [T, D] float32`` = the MoE layer for ``x`` float16 [T, D] routed by ``topk_ids`` int32
-    [T, K] (values in [0, E)) with ``topk_w`` float32 [T, K] (routed_scaling_factor included).
+              stream=None, config: dict | None = None, check_routing: bool = False, accumulate: bool = False):
+    """``out [T, D] float32`` (+= with ``accumulate``) = the MoE layer for ``x`` float16 [T, D] routed by
+    ``topk_ids`` int32 [T, K] (values in [0, E)) with ``topk_w`` float32 [T, K] (routed_scaling_factor
+    included).
 
     ``weights`` from ``prepare_moe(...).to_device()``; ``workspace`` from ``moe_workspace`` (pass
     one for CUDA-graph capture: allocating inside a capture fails). Expert ids outside [0, E) are
@@ -214,7 +215,7 @@ def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoE
     and raises KernelInputError for them. Raises KernelInputError before launching on bad shapes.
     """
     stream = as_stream(stream)
-    stages, out, ws = moe_stages(x, topk_ids, topk_w, weights, out, workspace, stream, config)
+    stages, out, ws = moe_stages(x, topk_ids, topk_w, weights, out, workspace, stream, config, accumulate)
     for _, run in stages:
         run(stream)
     if check_routing:
@@ -228,7 +229,7 @@ def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoE
 
 
 def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoEWorkspace | None = None,
-               stream=None, config: dict | None = None):
+               stream=None, config: dict | None = None, accumulate: bool = False):
     """Every check of ``fused_moe`` (same arguments), then ``(stages, out, workspace)``: stages are
     ``(name, launch(stream))`` for align, gate_up, down and combine in launch order; ``fused_moe``
     runs them all, a benchmark may time a prefix. ``out`` / ``workspace`` are allocated on
@@ -260,10 +261,13 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
     w2q = check(w2.wq, "w2.wq", np.uint32, (xe * w2.n16 * i * 2,))
     w2s = check(w2.sq, "w2.sq", np.uint32, (xe * w2.n16 * (i // g) * 8,), align=4)
     if out is None:
+        if accumulate:
+            raise KernelInputError("accumulate needs an out to add into")
         out = empty((t, d), np.float32, stream)
     out = check(out, "out", np.float32, (t, d), align=4)
+    combine = make_combine_kernel(d, k, weights.n_shared, accumulate)
     if "gemv" in cfg:
-        return _gemv_stages(x, ids, tw, weights, out, ws, cfg, (w13q, w13s, w2q, w2s)), out, ws
+        return _gemv_stages(x, ids, tw, weights, out, ws, cfg, (w13q, w13s, w2q, w2s), combine), out, ws
     nb, wgu, wdn = cfg["blocks"], cfg["gu"][0], cfg["dn"][0]
     if _part_size(cfg) > ws.part.size:
         raise KernelInputError(f"MoE config {cfg} needs a part buffer of {_part_size(cfg)} floats, the "
@@ -272,7 +276,6 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
     align = make_align_kernel(xe, nthr)
     gate_up = make_moe_gemm_kernel(d, i, g, True, *cfg["gu"], cfg["maxreg"])
     down = make_moe_gemm_kernel(i, d, g, False, *cfg["dn"], cfg["maxreg"])
-    combine = make_combine_kernel(d, k, weights.n_shared)
     tiles = (ws.tile_expert, ws.tile_rows, ws.meta, flat(tw), t, k, ws.part)
     stages = [
         ("align", lambda s: align[1, nthr, s](ws.tile_expert, ws.tile_rows, ws.meta, flat(ids), t, k,
@@ -286,7 +289,7 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
     return stages, out, ws
 
 
-def _gemv_stages(x, ids, tw, weights: MoEWeights, out, ws: MoEWorkspace, cfg: dict, wts):
+def _gemv_stages(x, ids, tw, weights: MoEWeights, out, ws: MoEWorkspace, cfg: dict, wts, combine):
     """The GEMV path's stages (moe_gemv.py), all launched with PDL: gate_up, act, down, combine, after
     moe_align's expert tiles when ``cfg`` is tiled."""
     w13q, w13s, w2q, w2s = wts
@@ -300,7 +303,6 @@ def _gemv_stages(x, ids, tw, weights: MoEWeights, out, ws: MoEWorkspace, cfg: di
     tiled = cfg.get("tiled", False)
     gate_up = make_moe_gemv_kernel(d, ksgu, cpwgu, True, reg, tiled)
     down = make_moe_gemv_kernel(i, ksdn, cpwdn, False, reg, tiled)
-    combine = make_combine_kernel(d, k, weights.n_shared)
     route = (flat(ids), flat(tw), ws.meta, t, k, weights.n_routed)
     tiles = (ws.tile_expert, ws.tile_rows)
     rows = min(p, cfg["rows"]) if tiled else p

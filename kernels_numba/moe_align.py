@@ -115,9 +115,10 @@ def make_align_kernel(EX: int, NTHR: int):
 
 
 @functools.cache
-def make_combine_kernel(D: int, K: int, S: int):
-    """out[t, n] = sum_k y[t*K + k, n] + sum_s y[T*K + s*T + t, n] (router weights already in y), over
-    the slots k whose expert id lies in [0, n_routed): a dropped pair's y row is never written."""
+def make_combine_kernel(D: int, K: int, S: int, ACC: bool = False):
+    """out[t, n] (+= when ACC) = sum_k y[t*K + k, n] + sum_s y[T*K + s*T + t, n] (router weights already
+    in y), over the slots k whose expert id lies in [0, n_routed): a dropped pair's y row is never
+    written. ACC adds the sum into out (the residual rows) in one addition, as a separate add would."""
 
     @cuda.jit
     def moe_combine_kernel(out, y, n_tok, topk_ids, n_routed):
@@ -132,7 +133,10 @@ def make_combine_kernel(D: int, K: int, S: int):
                     s += y[(t * K + k) * D + n]
             for j in range(S):
                 s += y[(n_tok * K + j * n_tok + t) * D + n]
-            out[t * D + n] = s
+            if ACC:
+                out[t * D + n] += s
+            else:
+                out[t * D + n] = s
 
     return moe_combine_kernel
 

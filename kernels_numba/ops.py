@@ -584,10 +584,13 @@ def int4_gemm(x16, w: Int4Weight, out, workspace: GemmWorkspace | None = None, s
     return int4_matmul(x16, w, out=out, stream=stream, config=config, pdl=pdl, workspace=workspace)
 
 
-def experts_fused(x16, ids, wts, w: MoEWeights, out, workspace, stream=0, config: dict | None = None):
-    """out [T, D] float32 = the fused MoE of x16 [T, D] float16 routed by ids / wts [T, K]: what ``moe``
-    runs (fused_moe, default config); ``config`` for the benchmark's alternatives."""
-    return fused_moe(x16, ids, wts, w, out=out, workspace=workspace, stream=stream, config=config)
+def experts_fused(x16, ids, wts, w: MoEWeights, out, workspace, stream=0, config: dict | None = None,
+                  accumulate: bool = False):
+    """out [T, D] float32 (+= with ``accumulate``) = the fused MoE of x16 [T, D] float16 routed by ids /
+    wts [T, K]: what ``moe`` runs (fused_moe, default config); ``config`` for the benchmark's
+    alternatives."""
+    return fused_moe(x16, ids, wts, w, out=out, workspace=workspace, stream=stream, config=config,
+                     accumulate=accumulate)
 
 
 def _to_f16(sc: Scratch, x, dim: int, meta, rows: int, stream):
@@ -646,21 +649,18 @@ def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
     if w.path == FUSED_MOE:
         _to_f16(sc, x, w.dim, meta, rows, stream)
     routed_experts(h, x, sc.rids, sc.rwts, w, sc, meta, rows, stream)
-    if w.path == FUSED_MOE:
-        _add(h, rows_view(sc.y, rows, w.dim), meta, rows, stream)
     if w.shared is not None:
         swiglu(h, x, w.shared, sc, meta, rows, stream)
 
 
 def routed_experts(h, x, ids, wts, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
-    """The routed experts of x [T, D] routed by ids / wts [T, K] (``moe``'s middle stage; ``bench k2``
-    times it alone). Grouped GEMMs and the portable FFN add into h [T, D]; fused_moe reads f16(x) from
-    the scratch (``moe`` converts it first) and leaves its sums in the scratch's y [T, D], which ``moe``
-    then adds to h."""
+    """h [T, D] += the routed experts of x [T, D] routed by ids / wts [T, K] (``moe``'s middle stage;
+    ``bench k2`` times it alone). fused_moe reads f16(x) from the scratch (``moe`` converts it first) and
+    its combine adds each row's sum into h."""
     if w.path == FUSED_MOE:
         experts_fused(kernel_array(rows_view(sc.x16, rows, w.dim), np.float16),
                       kernel_array(head_rows(ids, rows)), kernel_array(head_rows(wts, rows)), w.fused,
-                      kernel_array(rows_view(sc.y, rows, w.dim)), sc.workspace(w.fused, rows), stream)
+                      kernel_array(head_rows(h, rows)), sc.workspace(w.fused, rows), stream, accumulate=True)
     elif w.path == GROUPED_MM:
         blas.experts_grouped(h, x, ids, wts, w.grouped.w13, w.grouped.w2, rows, stream)
     else:

@@ -173,7 +173,8 @@ def test_tiled_gemv_rows_equal_the_per_pair_rows_bit_for_bit():
 
 
 def test_gemv_path_without_shared_experts_equals_stream_k():
-    """No shared experts (P = K pairs): the GEMV path against the stream-K one on the same inputs."""
+    """No shared experts (P = K pairs): the GEMV path against the stream-K one on the same inputs; each
+    adding into given rows (``accumulate``)."""
     cfg = preset("tiny")
     d, i, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
     rng = np.random.default_rng(51)
@@ -188,6 +189,15 @@ def test_gemv_path_without_shared_experts_equals_stream_k():
         got = fused_moe(x, ids, tw, mw, check_routing=True)
         want = fused_moe(x, ids, tw, mw, config=SMALL, check_routing=True)
     assert_close(host(got), host(want), rtol=2e-3, atol_rel=2e-3, what="no shared")
+    base = rng.standard_normal((1, d)).astype(np.float32)
+    for config in (None, SMALL):                            # both combines add into the residual rows
+        out = dev(base.copy())
+        with sim_speed():
+            plain = host(fused_moe(x, ids, tw, mw, config=config))
+            fused_moe(x, ids, tw, mw, out=out, config=config, accumulate=True)
+        assert np.array_equal(host(out), base + plain)     # one float32 addition, as a separate add
+    with pytest.raises(KernelInputError, match="accumulate needs an out"):
+        fused_moe(x, ids, tw, mw, accumulate=True)
 
 
 def test_routed_slice_is_the_stack_of_those_experts():
