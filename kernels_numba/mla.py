@@ -25,7 +25,7 @@ from numba import cuda
 from ._validate import KernelInputError, check
 from .blockops import KS, TPB, block_lane, block_max, block_sum, scale_row
 from .device import SIMULATED
-from .intrinsics import bf162_to_f32, stored_as
+from .intrinsics import bf162_to_f32, griddep_launch_dependents, griddep_wait, stored_as
 from .rmsnorm import NORM_JIT, NORM_THREADS, row_rms_scale
 from .rope import rope_pair
 
@@ -36,8 +36,10 @@ def mla_prep_kernel(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_ran
     or bf16 bits in an int16 cache: the W16A16 attention's latent cache).
 
     grid (T,), block (32, ks) with ks = ``rmsnorm.norm_slices`` of the longer norm. q_rank 0 skips the
-    query norm (q comes straight from a1).
+    query norm (q comes straight from a1). Launched with PDL (waits, then lets the next kernel start).
     """
+    griddep_wait()
+    griddep_launch_dependents()
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return

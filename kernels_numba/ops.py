@@ -537,8 +537,8 @@ def mla_prep(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank: int,
              rows: int, stream=0) -> None:
     """q_norm of c_q into qn; kv_norm(c_kv) || rope(k_pe) into cache rows start + i (mla.py)."""
     ks = norm_slices(max(q_rank, c_rank))
-    mla_prep_kernel[rows, (TPB, ks), stream](qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta,
-                                             np.int32(q_rank), np.int32(c_rank), np.float32(eps))
+    launch(mla_prep_kernel, rows, (TPB, ks), stream, (qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta,
+                                                     np.int32(q_rank), np.int32(c_rank), np.float32(eps)))
 
 
 def attention_rows_buffers(attns, max_rows: int, max_len: int, half_rope: int) -> blas.AttentionRows | None:
@@ -596,12 +596,12 @@ def experts_fused(x16, ids, wts, w: MoEWeights, out, workspace, stream=0, config
 def _to_f16(sc: Scratch, x, dim: int, meta, rows: int, stream):
     """f16(x) of the live rows into the scratch; returns it as the kernels' float16 [rows, D] array."""
     x16 = rows_view(sc.x16, rows, dim)
-    to_f16_kernel[(col_blocks(dim), rows), TPB, stream](x16, x, meta)
+    launch(to_f16_kernel, (col_blocks(dim), rows), TPB, stream, (x16, x, meta))
     return kernel_array(x16, np.float16)
 
 
 def _add(h, y, meta, rows: int, stream) -> None:
-    add_rows_kernel[(col_blocks(y.shape[1]), rows), TPB, stream](h, y, meta)
+    launch(add_rows_kernel, (col_blocks(y.shape[1]), rows), TPB, stream, (h, y, meta))
 
 
 def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
@@ -637,10 +637,10 @@ def route(ids, wts, x, r: Router, sc: Scratch, meta, rows: int, stream=0) -> Non
                                    "logits: make it with this router (Scratch(..., routers=...))")
         parts = rows_view(sc.logits, r.slices * rows, r.n_experts)
         grid = (-(-r.n_experts // TPB), r.slices)
-        logit_slices_kernel[grid, (TPB, SLICE_WARPS), stream](parts, x, r.gate_t, meta)
-        r.kernel[rows, (TPB, KS), stream](ids, wts, parts, r.gate_t, r.bias, meta)
+        launch(logit_slices_kernel, grid, (TPB, SLICE_WARPS), stream, (parts, x, r.gate_t, meta))
+        launch(r.kernel, rows, (TPB, KS), stream, (ids, wts, parts, r.gate_t, r.bias, meta))
     else:
-        r.kernel[rows, (TPB, KS), stream](ids, wts, x, r.gate_t, r.bias, meta)
+        launch(r.kernel, rows, (TPB, KS), stream, (ids, wts, x, r.gate_t, r.bias, meta))
 
 
 def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:

@@ -16,6 +16,8 @@ from numba import cuda
 
 from .blockops import TPB, block_sum, row_sumsq, scale_row
 from .device import SIMULATED
+from .intrinsics import griddep_launch_dependents, griddep_wait
+from .launch import launch
 
 NORM_KS = 1 if SIMULATED else 32       # most warps a row's norm takes (the simulator: one, as blockops.KS)
 NORM_THREADS = TPB * 32                # the reduction's shared slots (a constant, as numba wants)
@@ -36,7 +38,10 @@ def row_rms_scale(sh, x, row, off, k, eps):
 
 @cuda.jit(**NORM_JIT)
 def rmsnorm_kernel(out, x, w, eps, meta):
-    """out [T, K] = rmsnorm(x [T, K]) * w [K] for rows < meta[1]; grid (T,), block (32, ks). In-place ok."""
+    """out [T, K] = rmsnorm(x [T, K]) * w [K] for rows < meta[1]; grid (T,), block (32, ks). In-place ok.
+    Launched with PDL: it waits for the previous kernel, then lets the next one start."""
+    griddep_wait()
+    griddep_launch_dependents()
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
@@ -49,4 +54,4 @@ def rmsnorm_kernel(out, x, w, eps, meta):
 def rmsnorm(out, x, w, eps: float, meta, rows: int, stream=0, ks: int | None = None) -> None:
     """Launch ``rmsnorm_kernel`` over ``rows`` blocks (rows >= meta[1]; surplus blocks exit)."""
     ks = norm_slices(x.shape[1]) if ks is None else ks
-    rmsnorm_kernel[rows, (TPB, ks), stream](out, x, w, np.float32(eps), meta)
+    launch(rmsnorm_kernel, rows, (TPB, ks), stream, (out, x, w, np.float32(eps), meta))

@@ -23,7 +23,7 @@ from numba import cuda
 
 from ._validate import KernelInputError
 from .blockops import KS, TPB
-from .intrinsics import syncwarp
+from .intrinsics import griddep_launch_dependents, griddep_wait, syncwarp
 
 _CACHE: dict = {}
 
@@ -68,6 +68,8 @@ def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS, loads: i
         one-row pass waits F / NL memory latencies, not F), the warps' sums then add in warp order; the
         rows go NR at a time through shared memory. Every row's sum is the same sequence of float32
         operations whatever the number of rows."""
+        griddep_wait()                                              # x is the previous kernel's
+        griddep_launch_dependents()
         c = cuda.threadIdx.x
         w = cuda.threadIdx.y
         e = cuda.blockIdx.x * 32 + c
@@ -144,6 +146,8 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
 
     @cuda.jit
     def route_kernel(ids, wts, x, gate_t, bias, meta):
+        griddep_wait()                                       # PDL: x is the previous kernel's
+        griddep_launch_dependents()
         row = cuda.blockIdx.x
         if row >= meta[1]:
             return

@@ -85,6 +85,8 @@ def test_row_glue_kernels(row_counts):
     ptx_counts = row_counts
     assert ptx_counts["rows to_f16"]["cvt_f16"] >= 1 and ptx_counts["rows to_f16"]["local"] == 0
     assert ptx_counts["rows add"]["mma"] == 0 and ptx_counts["rows add"]["local"] == 0
+    for name in ("rows to_f16", "rows add"):                  # launched with PDL: wait, then let the next go
+        assert ptx_counts[name]["pdl_wait"] == 1 and ptx_counts[name]["pdl_launch"] == 1, name
 
 
 def test_latent_stores_round_only_into_a_bf16_cache(row_counts):
@@ -95,14 +97,14 @@ def test_latent_stores_round_only_into_a_bf16_cache(row_counts):
 
 def test_sliced_router_logits_keep_their_accumulators_in_registers():
     c = probe("router")["router slices"]
-    assert c["local"] == 0 and c["bar"] >= 2
+    assert c["local"] == 0 and c["bar"] >= 2 and c["pdl_wait"] == 1 and c["pdl_launch"] == 1
 
 
 def test_route_picks_with_one_warp_from_registers():
     """K2's route kernel: the 12 experts a lane holds stay in registers, and the K picks wait on warp
     barriers only (the block's two come before them)."""
     c = probe("router")["route K2"]
-    assert c["local"] == 0 and c["bar"] == 2 and c["bar_warp"] >= 6
+    assert c["local"] == 0 and c["bar"] == 2 and c["bar_warp"] >= 6 and c["pdl_wait"] == 1
 
 
 def test_w16a16_linear_streams_weights_into_bf16_mma():
