@@ -40,7 +40,7 @@ def sigmoid_ref(x):
 SLICE_D = 512         # features per slice of the sliced logits (K2: 14 slices)
 SLICE_WARPS = 16      # warps per block, each over SLICE_D / SLICE_WARPS features of the slice
 SLICE_ROWS = 8        # rows per pass over the slice (one accumulator each per thread)
-SLICE_LOADS = 8       # gate values a thread has in flight before it uses them (a 1-row pass is latency)
+MOST_SPAN = 64        # most gate values a thread holds in registers
 
 
 def logit_slice_count(d: int, slice_d: int = SLICE_D) -> int:
@@ -48,41 +48,46 @@ def logit_slice_count(d: int, slice_d: int = SLICE_D) -> int:
     return -(-d // slice_d)
 
 
-def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS, loads: int = SLICE_LOADS):
-    """The sliced logits kernel for slices of ``slice_d`` features, ``warps`` warps a block and ``loads``
-    gate values in flight a thread (slice_d a multiple of warps * loads)."""
-    key = ("slices", slice_d, warps, loads)
+def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS):
+    """The sliced logits kernel for slices of ``slice_d`` features and ``warps`` warps a block (each
+    thread holds slice_d / warps gate values in registers, at most MOST_SPAN)."""
+    key = ("slices", slice_d, warps)
     if key in _CACHE:
         return _CACHE[key]
-    if slice_d % (warps * loads):
-        raise KernelInputError(f"a slice of {slice_d} features does not split into {warps} warps x "
-                               f"{loads} loads")
-    SD, NW, NL, NR = slice_d, warps, loads, SLICE_ROWS
+    if slice_d % warps or not 1 <= slice_d // warps <= MOST_SPAN:
+        raise KernelInputError(f"a slice of {slice_d} features over {warps} warps is not 1..{MOST_SPAN} "
+                               "features a thread")
+    SD, NW, NR = slice_d, warps, SLICE_ROWS
     F = SD // NW
 
     @cuda.jit
     def logit_slices(parts, x, gate_t, meta):
         """parts [S*T, E] (row s*T + t: slice s of row t) = x[t, slice s] @ gate_t[slice s, :] for the live
         rows. grid (ceil(E/32), S), block (32, NW): thread (c, w) sums features w*F .. w*F + F - 1 of the
-        slice (F = SD / NW) in order for expert 32*bx + c (its gate values loaded NL at a time, so a
-        one-row pass waits F / NL memory latencies, not F), the warps' sums then add in warp order; the
-        rows go NR at a time through shared memory. Every row's sum is the same sequence of float32
-        operations whatever the number of rows."""
-        griddep_wait()                                              # x is the previous kernel's
-        griddep_launch_dependents()
+        slice (F = SD / NW) in order for expert 32*bx + c, the warps' sums then add in warp order; the
+        rows go NR at a time through shared memory. The F gate values are loaded into registers before
+        the PDL wait (weights depend on no earlier kernel), so the 11 MB read of K2's gate overlaps the
+        kernel before, and serve every pass. Every row's sum is the same sequence of float32 operations
+        whatever the number of rows."""
         c = cuda.threadIdx.x
         w = cuda.threadIdx.y
         e = cuda.blockIdx.x * 32 + c
         s = cuda.blockIdx.y
-        n = meta[1]
         d_all = gate_t.shape[0]
         n_exp = gate_t.shape[1]
-        t_all = parts.shape[0] // cuda.gridDim.y
         d0 = s * SD
+        gv = cuda.local.array(F, np.float32)
+        span = e < n_exp and d0 + w * F + F <= d_all          # a whole span: from registers
+        if span:
+            for j in range(F):
+                gv[j] = gate_t[d0 + w * F + j, e]
+        griddep_wait()                                          # x and meta are the previous kernel's
+        griddep_launch_dependents()
+        n = meta[1]
+        t_all = parts.shape[0] // cuda.gridDim.y
         xs = cuda.shared.array((NR, SD), np.float32)
         red = cuda.shared.array((NW, NR, 32), np.float32)
         acc = cuda.local.array(NR, np.float32)
-        g = cuda.local.array(NL, np.float32)
         lin = w * 32 + c
         for t0 in range(0, n, NR):
             for i in range(lin, NR * SD, 32 * NW):
@@ -92,13 +97,10 @@ def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS, loads: i
             cuda.syncthreads()
             for t in range(NR):
                 acc[t] = np.float32(0.0)
-            if e < n_exp and d0 + w * F + F <= d_all:              # a whole span: loads in batches
-                for j0 in range(w * F, w * F + F, NL):
-                    for u in range(NL):
-                        g[u] = gate_t[d0 + j0 + u, e]
-                    for u in range(NL):
-                        for t in range(NR):
-                            acc[t] += xs[t, j0 + u] * g[u]
+            if span:
+                for j in range(F):
+                    for t in range(NR):
+                        acc[t] += xs[t, w * F + j] * gv[j]
             elif e < n_exp:                                         # the last slice's tail, one at a time
                 for j in range(w * F, w * F + F):
                     if d0 + j < d_all:

@@ -1,14 +1,15 @@
 """The K2 router on a GPU: the sliced logits (``logit_slices_kernel``, row-count invariant) and the
 selection, beside its baseline, cuBLAS's SGEMM for the logits and the same selection kernel over them.
 
-    python dev/kernels/router.py [--rows 1,5,9,17,33,65] [--reps 60] [--configs 512x16x8,256x8x8,...]
+    python dev/kernels/router.py [--rows 1,5,9,17,33,65] [--reps 60] [--configs 512x16,256x8,...]
 
 Lines (us per call):
   sliced          the package path: ``ops.route`` (sliced logits, then the selection summing the slices)
   sgemm           cuBLAS SGEMM logits, then the selection over whole logits (the baseline)
   sgemm_only      the SGEMM alone;  select_only  the selection alone over precomputed whole logits
-  slices DxWxL    the sliced logits kernel alone at slice D features, W warps, L loads in flight
-                  (``ops.make_logit_slices``), each configuration checked like the package path
+  slices DxW      the sliced logits kernel alone at slice D features and W warps (D / W gate values a
+                  thread, in registers: ``ops.make_logit_slices``), each configuration checked like the
+                  package path
 Every path is checked first against ``workbench.reference.moe.moe_gate`` at every row count (the ids
 equal where the reference's K-th and (K+1)-th selection scores are more than 1e-4 apart, the weights
 within 1e-5), and each sliced configuration's rows against the same rows alone, bit for bit. Then each
@@ -33,7 +34,7 @@ from workbench.config import preset  # noqa: E402
 from workbench.reference.layers import sigmoid  # noqa: E402
 from workbench.reference.moe import moe_gate  # noqa: E402
 
-CONFIGS = "512x16x8,512x8x8,256x8x8,256x16x4,1024x16x8,128x4x8"
+CONFIGS = "512x16,512x8,256x8,256x16,1024x16,128x4"
 
 
 def _meta(t: int):
@@ -44,7 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,5,9,17,33,65")
     ap.add_argument("--reps", type=int, default=60)
-    ap.add_argument("--configs", default=CONFIGS, help="sliced logits configurations DxWxL")
+    ap.add_argument("--configs", default=CONFIGS, help="sliced logits configurations DxW")
     ap.add_argument("--dims", default="", help="E,D instead of K2's (a small run under the simulator)")
     a = ap.parse_args()
     cfg = preset("k2_6")
@@ -62,7 +63,7 @@ def main() -> None:
     configs = [tuple(int(v) for v in c.split("x")) for c in a.configs.split(",") if c]
     rows = [int(r) for r in a.rows.split(",")]
     t_max = max(rows)
-    s_max = max([ops.logit_slice_count(d, sd) for sd, _, _ in configs] + [sliced.slices])
+    s_max = max([ops.logit_slice_count(d, sd) for sd, _ in configs] + [sliced.slices])
     sc = ops.Scratch(t_max, [], [], routers=(sliced,))
     logits = to_device(np.zeros(t_max * e, np.float32))
     parts = to_device(np.zeros(s_max * t_max * e, np.float32))
@@ -109,8 +110,8 @@ def main() -> None:
         for name, fn in (("sliced", run_sliced), ("sgemm", run_sgemm), ("sgemm_only", run_sgemm_only),
                          ("select_only", run_select_only)):
             print(f"{name},{t},{timer(fn):.2f}", flush=True)
-        for sd, nw, nl in configs:
-            kern, n_sl = ops.make_logit_slices(sd, nw, nl), ops.logit_slice_count(d, sd)
+        for sd, nw in configs:
+            kern, n_sl = ops.make_logit_slices(sd, nw), ops.logit_slice_count(d, sd)
             pick = ops.make_route(e, *consts, slices=n_sl)
             grid = (-(-e // ops.TPB), n_sl)
 
@@ -126,7 +127,7 @@ def main() -> None:
                 pv = rows_view(parts, n, e)
                 kern[grid, (ops.TPB, nw), 0](pv, last, sliced.gate_t, one)
                 pick[1, (ops.TPB, ops.KS), 0](sc.rids, sc.rwts, pv, sliced.gate_t, sliced.bias, one)
-            label = f"slices {sd}x{nw}x{nl}"
+            label = f"slices {sd}x{nw}"
             check(label, run_cfg, alone_cfg)
             print(f"{label},{t},{timer(run_logits):.2f}", flush=True)
 
