@@ -80,7 +80,7 @@ from .moe import (  # noqa: F401 - bench kernels' configs and per-stage times
 from .moe_align import expert_tiles  # noqa: F401 - the tiled MoE path's expert reads of a routing
 from .moe_gemv import moe_act_kernel
 from .rmsnorm import norm_slices, rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
-from .router import SLICE_WARPS, logit_slice_count, logit_slices_kernel, make_route
+from .router import SLICE_WARPS, logit_slice_count, logit_slices_f16_kernel, logit_slices_kernel, make_route
 from .rows import add_rows_kernel, to_f16_kernel
 from .sim import sim_speed  # noqa: F401 - the simulator's faster executor around a block of ops
 from .tokens import advance_kernel, argmax_kernel, copy_rows_kernel, embed_kernel
@@ -629,24 +629,30 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
     ffn.down(h, sc.hid1, sc.slot0, sc.one, w.stack, meta, rows, stream=stream)
 
 
-def route(ids, wts, x, r: Router, sc: Scratch, meta, rows: int, stream=0) -> None:
-    """ids, wts [T, K] = the router's choice for x [T, D] (``sc`` made with this router: its logits)."""
+def route(ids, wts, x, r: Router, sc: Scratch, meta, rows: int, stream=0, x16=None) -> None:
+    """ids, wts [T, K] = the router's choice for x [T, D] (``sc`` made with this router: its logits);
+    ``x16`` [T, D] uint16 (a sliced router only): also f16(x), written as the logits kernel reads x."""
     if r.path == SLICED:                      # logits in slices by many blocks, then the kernel selects
         if len(sc.logits) < rows * r.n_experts * r.slices:
             raise KernelInputError(f"the scratch holds no [{r.slices} x {rows}, {r.n_experts}] router "
                                    "logits: make it with this router (Scratch(..., routers=...))")
         parts = rows_view(sc.logits, r.slices * rows, r.n_experts)
         grid = (-(-r.n_experts // TPB), r.slices)
-        launch(logit_slices_kernel, grid, (TPB, SLICE_WARPS), stream, (parts, x, r.gate_t, meta))
+        kernel, out16 = (logit_slices_kernel, parts) if x16 is None else (logit_slices_f16_kernel, x16)
+        launch(kernel, grid, (TPB, SLICE_WARPS), stream, (parts, x, r.gate_t, meta, out16))
         launch(r.kernel, rows, (TPB, KS), stream, (ids, wts, parts, r.gate_t, r.bias, meta))
     else:
+        if x16 is not None:
+            raise KernelInputError("only a sliced router writes f16(x) as it reads it")
         launch(r.kernel, rows, (TPB, KS), stream, (ids, wts, x, r.gate_t, r.bias, meta))
 
 
 def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
     """h [T, D] += the MoE block of x [T, D]: router, routed experts, shared experts."""
-    route(sc.rids, sc.rwts, x, w.router, sc, meta, rows, stream)
-    if w.path == FUSED_MOE:
+    folded = w.path == FUSED_MOE and w.router.path == SLICED           # f16(x) from the router's read of x
+    route(sc.rids, sc.rwts, x, w.router, sc, meta, rows, stream,
+          rows_view(sc.x16, rows, w.dim) if folded else None)
+    if w.path == FUSED_MOE and not folded:
         _to_f16(sc, x, w.dim, meta, rows, stream)
     routed_experts(h, x, sc.rids, sc.rwts, w, sc, meta, rows, stream)
     if w.shared is not None:

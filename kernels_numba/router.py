@@ -19,11 +19,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, uint16
 
 from ._validate import KernelInputError
 from .blockops import KS, TPB
-from .intrinsics import griddep_launch_dependents, griddep_wait, syncwarp
+from .intrinsics import f32_to_h2, griddep_launch_dependents, griddep_wait, syncwarp
 
 _CACHE: dict = {}
 
@@ -48,10 +48,12 @@ def logit_slice_count(d: int, slice_d: int = SLICE_D) -> int:
     return -(-d // slice_d)
 
 
-def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS):
+def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS, f16: bool = False):
     """The sliced logits kernel for slices of ``slice_d`` features and ``warps`` warps a block (each
-    thread holds slice_d / warps gate values in registers, at most MOST_SPAN)."""
-    key = ("slices", slice_d, warps)
+    thread holds slice_d / warps gate values in registers, at most MOST_SPAN); ``f16``: its first
+    column of blocks also writes the float16 bits of the rows it reads into ``x16`` (the fused MoE's
+    input, which then needs no conversion kernel of its own)."""
+    key = ("slices", slice_d, warps, f16)
     if key in _CACHE:
         return _CACHE[key]
     if slice_d % warps or not 1 <= slice_d // warps <= MOST_SPAN:
@@ -61,7 +63,7 @@ def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS):
     F = SD // NW
 
     @cuda.jit
-    def logit_slices(parts, x, gate_t, meta):
+    def logit_slices(parts, x, gate_t, meta, x16):
         """parts [S*T, E] (row s*T + t: slice s of row t) = x[t, slice s] @ gate_t[slice s, :] for the live
         rows. grid (ceil(E/32), S), block (32, NW): thread (c, w) sums features w*F .. w*F + F - 1 of the
         slice (F = SD / NW) in order for expert 32*bx + c, the warps' sums then add in warp order; the
@@ -93,7 +95,10 @@ def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS):
             for i in range(lin, NR * SD, 32 * NW):
                 t = i // SD
                 d = d0 + i % SD
-                xs[t, i % SD] = x[t0 + t, d] if t0 + t < n and d < d_all else np.float32(0.0)
+                v = x[t0 + t, d] if t0 + t < n and d < d_all else np.float32(0.0)
+                xs[t, i % SD] = v
+                if f16 and cuda.blockIdx.x == 0 and t0 + t < n and d < d_all:
+                    x16[t0 + t, d] = uint16(f32_to_h2(v, np.float32(0.0)) & 0xFFFF)
             cuda.syncthreads()
             for t in range(NR):
                 acc[t] = np.float32(0.0)
@@ -123,7 +128,8 @@ def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS):
     return logit_slices
 
 
-logit_slices_kernel = make_logit_slices()       # the package's configuration
+logit_slices_kernel = make_logit_slices()       # the package's configuration (x16 unused)
+logit_slices_f16_kernel = make_logit_slices(f16=True)
 
 
 def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_topk: bool, scaling: float,

@@ -117,15 +117,16 @@ def main() -> None:
 
             def run_cfg(stream=0, xd=xd, meta=meta, t=t, kern=kern, pick=pick, grid=grid, nw=nw, n=n_sl):
                 pv = rows_view(parts, n * t, e)
-                kern[grid, (ops.TPB, nw), stream](pv, xd, sliced.gate_t, meta)
+                kern[grid, (ops.TPB, nw), stream](pv, xd, sliced.gate_t, meta, pv)
                 pick[t, (ops.TPB, ops.KS), stream](sc.rids, sc.rwts, pv, sliced.gate_t, sliced.bias, meta)
 
             def run_logits(stream=0, xd=xd, meta=meta, t=t, kern=kern, grid=grid, nw=nw, n=n_sl):
-                kern[grid, (ops.TPB, nw), stream](rows_view(parts, n * t, e), xd, sliced.gate_t, meta)
+                pv = rows_view(parts, n * t, e)
+                kern[grid, (ops.TPB, nw), stream](pv, xd, sliced.gate_t, meta, pv)
 
             def alone_cfg(last=last, one=one, kern=kern, pick=pick, grid=grid, nw=nw, n=n_sl):
                 pv = rows_view(parts, n, e)
-                kern[grid, (ops.TPB, nw), 0](pv, last, sliced.gate_t, one)
+                kern[grid, (ops.TPB, nw), 0](pv, last, sliced.gate_t, one, pv)
                 pick[1, (ops.TPB, ops.KS), 0](sc.rids, sc.rwts, pv, sliced.gate_t, sliced.bias, one)
             label = f"slices {sd}x{nw}"
             check(label, run_cfg, alone_cfg)

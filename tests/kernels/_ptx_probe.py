@@ -18,7 +18,7 @@ from kernels_numba.moe import choose_moe_config, stream_k_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
 from kernels_numba.moe_gemv import make_moe_gemv_kernel, moe_act_kernel
-from kernels_numba.router import logit_slices_kernel, make_route
+from kernels_numba.router import logit_slices_f16_kernel, logit_slices_kernel, make_route
 from kernels_numba.rows import add_rows_kernel, to_f16_kernel
 from kernels_numba.w16a16 import make_w16a16_kernel, w16_tiling
 
@@ -116,7 +116,9 @@ def router_builds() -> dict:
     """The sliced router logits and K2's route kernel over 14 slices (router.py)."""
     f2, i2 = T.float32[:, ::1], T.int32[:, ::1]
     route = make_route(384, 8, 1, 1, True, 2.827, 8, 14)
-    return {"router slices": counts(logit_slices_kernel, (f2, f2, f2, _sig(T.int32))),
+    sig = (f2, f2, f2, _sig(T.int32))
+    return {"router slices": counts(logit_slices_kernel, (*sig, f2)),
+            "router slices f16": counts(logit_slices_f16_kernel, (*sig, T.uint16[:, ::1])),
             "route K2": counts(route, (i2, f2, f2, f2, _sig(T.float32), _sig(T.int32)))}
 
 

@@ -98,6 +98,8 @@ def test_latent_stores_round_only_into_a_bf16_cache(row_counts):
 def test_sliced_router_logits_keep_their_accumulators_in_registers():
     c = probe("router")["router slices"]
     assert c["local"] == 0 and c["bar"] >= 2 and c["pdl_wait"] == 1 and c["pdl_launch"] == 1
+    f16 = probe("router")["router slices f16"]                # also f16(x) for the fused MoE
+    assert f16["local"] == 0 and f16["cvt_f16"] >= 1 and c["cvt_f16"] == 0
 
 
 def test_route_picks_with_one_warp_from_registers():

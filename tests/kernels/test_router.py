@@ -40,7 +40,8 @@ def test_route_kernel_matches_moe_gate(changes, ks, from_logits):
 def test_sliced_router_matches_moe_gate_and_each_row_alone():
     """A gate of two slices with a short second one (D = 640 = 512 + 128), 11 rows (two passes of 8, the
     second short): the reference's choice, and the first and last rows' ids and weights bit for bit
-    those of the row routed alone (a verify's row routes as a one-row decode does)."""
+    those of the row routed alone (a verify's row routes as a one-row decode does); with ``x16`` the
+    float16 of the live rows beside (rounding to nearest even, as numpy's)."""
     from kernels_numba import ops
     from kernels_numba.sim import sim_speed
     from tests.engine.common import blas_on
@@ -55,6 +56,12 @@ def test_sliced_router_matches_moe_gate_and_each_row_alone():
                         cfg.routed_scaling_factor)
         assert (rt.path, rt.slices) == (ops.SLICED, 2)
         sc = ops.Scratch(n, [], [], routers=(rt,))
+        x16 = to_device(np.zeros((n, d), np.uint16))
+        ops.route(sc.rids, sc.rwts, to_device(x), rt, sc, to_device(np.array([0, n - 1, 0, 0, 0, 0, 0, 0],
+                                                                             np.int32)), n, x16=x16)
+        got16 = download(x16)                                       # f16(x) of the live rows, written as read
+        assert np.array_equal(got16[:n - 1], x[:n - 1].astype(np.float16).view(np.uint16))
+        assert not got16[n - 1].any()
         out = []
         for rows in (x, x[:1], x[-1:]):
             t = len(rows)
