@@ -47,6 +47,13 @@ def row_slices(k: int) -> int:
     return max(1, min(KS, ROW_KS, k // (TPB * 4)))
 
 
+@cuda.jit(device=True, inline="always")
+def silu_mul(g, u):
+    """silu(g) * u in float32, one expression for every SwiGLU epilogue and prologue (inlined, so a
+    kernel calling it still compiles to PTX without a driver)."""
+    return g / (np.float32(1.0) + math.exp(-g)) * u
+
+
 @cuda.jit(device=True)
 def block_lane():
     """(this thread's index in its (32,) or (32, ks) block, the block's thread count): the stride of a

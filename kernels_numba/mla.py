@@ -237,7 +237,7 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
     C2, HG, NC, NS, MD, U = c_rank // 2, hg, CORE_CHUNKS, TPB * KS, MAX_TREE_DEPTH, CORE_UNROLL
     KC = core_chunk_keys(max_keys)
 
-    @cuda.jit(device=False)
+    @cuda.jit
     def core_stats_kernel(stats, scores, depth, vis, meta, scale):
         row, h = cuda.blockIdx.x, cuda.blockIdx.y
         lt, nt = block_lane()
@@ -265,7 +265,7 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
             stats[h, row, 0] = m
             stats[h, row, 1] = z
 
-    @cuda.jit(device=False)
+    @cuda.jit
     def core_chunks_kernel(part, ctx, stats, scores, cache, depth, vis, meta, scale):
         row, ch, h0 = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z * HG
         lt, nt = cuda.threadIdx.x, cuda.blockDim.x
@@ -318,7 +318,7 @@ def make_mla_core_bf16(n_heads: int, c_rank: int, max_keys: int, hg: int):
             part[ch, h0 + hh, row, 2 * lt] = acc[hh, 0]
             part[ch, h0 + hh, row, 2 * lt + 1] = acc[hh, 1]
 
-    @cuda.jit(device=False)
+    @cuda.jit
     def core_combine_kernel(ctx, part, meta, depth):
         row, h, lt, nt = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x, cuda.blockDim.x
         dr = depth[row]

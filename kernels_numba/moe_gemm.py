@@ -34,10 +34,10 @@ Counters must be zero at launch: moe_align zeroes the gate/up ones, the gate/up 
 from __future__ import annotations
 
 import functools
-import math
 
 from numba import cuda, float32, int32, int64, uint16, uint32
 
+from .blockops import silu_mul
 from .device import SIMULATED
 from .intrinsics import (
     bcast0,
@@ -149,8 +149,7 @@ def make_moe_gemm_kernel(KIN: int, NOUT_ROWS: int, G: int, GATE_UP: bool, WPB: i
                     for nti in range(NT):
                         n = ((u - j * NU) * NT + nti) * 16 + g + 8 * (q >> 1)
                         if GATE_UP:
-                            gv = acc[8 * nti + q]
-                            hv = gv / (float32(1.0) + math.exp(-gv)) * acc[8 * nti + 4 + q]
+                            hv = silu_mul(acc[8 * nti + q], acc[8 * nti + 4 + q])
                             dst[p * NOUT_ROWS + n] = uint16(f32_to_h2(hv, ZERO) & 0xFFFF)
                         else:
                             wgt = topk_w[p] if p < tk else float32(1.0)

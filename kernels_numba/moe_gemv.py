@@ -36,10 +36,10 @@ every load stays in bounds), their y is 0, and down flags them in ``meta[1]`` (g
 from __future__ import annotations
 
 import functools
-import math
 
 from numba import cuda, float32, uint16, uint32
 
+from .blockops import silu_mul
 from .device import SIMULATED
 from .intrinsics import (
     dequant_i4x8,
@@ -188,6 +188,5 @@ def moe_act_kernel(h, gu, width):
     p = cuda.blockIdx.y
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if i < width:
-        gv = gu[2 * p * width + i]
-        hv = gv / (float32(1.0) + math.exp(-gv)) * gu[(2 * p + 1) * width + i]
+        hv = silu_mul(gu[2 * p * width + i], gu[(2 * p + 1) * width + i])
         h[p * width + i] = uint16(f32_to_h2(hv, ZERO) & 0xFFFF)

@@ -28,7 +28,6 @@ it divides the x each block reads (all of it) by NT, which is what bounds the ke
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +35,7 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ._validate import KernelInputError, check, flat
+from .blockops import silu_mul
 from .device import SIMULATED
 from .intrinsics import (
     bits_to_bf162,
@@ -49,7 +49,6 @@ from .intrinsics import (
 from .launch import launch
 
 ZERO = float32(0.0)
-ONE = float32(1.0)
 ROW_TILES = (1, 2, 3, 5, 9)    # the row-tile counts compiled: T <= 8, 16, 24, 40, 72 rows (a verify of
                                # B + 1 rows at B = 1..64 takes 1, 1, 1, 2, 3, 5, 9)
 MIN_BLOCKS = 132               # a wave of blocks on the H200's 132 SMs (tiles_per_block keeps one)
@@ -171,13 +170,9 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
                         row = min(m * 8 + g, n_rows - 1)           # n_rows read the last row, never stored
                         if GLU:
                             xi = row * 2 * K + col                 # silu(g) * u, float32, rounded as x is
-                            g0, g1, g2, g3 = x[xi], x[xi + 1], x[xi + 2], x[xi + 3]
-                            a0 = g0 / (ONE + math.exp(-g0)) * x[xi + K]
-                            a1 = g1 / (ONE + math.exp(-g1)) * x[xi + K + 1]
-                            a2 = g2 / (ONE + math.exp(-g2)) * x[xi + K + 2]
-                            a3 = g3 / (ONE + math.exp(-g3)) * x[xi + K + 3]
-                            xa = f32_to_bf162(a0, a1)
-                            xb = f32_to_bf162(a2, a3)
+                            xa = f32_to_bf162(silu_mul(x[xi], x[xi + K]), silu_mul(x[xi + 1], x[xi + K + 1]))
+                            xb = f32_to_bf162(silu_mul(x[xi + 2], x[xi + K + 2]),
+                                              silu_mul(x[xi + 3], x[xi + K + 3]))
                         else:
                             xv = ld_v4(x, row * K + col)
                             xa = bits_to_bf162(xv[0], xv[1])
