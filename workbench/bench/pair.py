@@ -213,12 +213,12 @@ def run(out_dir: str | Path, bundles: tuple[str, ...] = BUNDLES, n_prompts: int 
         if curve is not None:
             curves[Path(path).stem] = curve.to_dict()
             meta["cost_curves"] = curves
-        for c in summarize([r for r in rows if r["model"] == Path(path).stem]):
+        mine = summarize([r for r in rows if r["model"] == Path(path).stem])
+        for c in mine:
             nodes = f", {c['nodes_per_round']:.1f} nodes/round" if c["mode"] == "ddtree_auto" else ""
             print(f"[pair] {c['model']:18s} {c['mode']:11s} B={c['budget']:3d}: {c['tok_s']:8,.0f} tok/s "
                   f"({c['speedup']:4.2f}x AR), tau {c['tau']:.2f}{nodes}, equal to AR: {c['all_equal_ar']}")
-        paired = {c["mode"]: c for c in summarize([r for r in rows if r["model"] == Path(path).stem])
-                  if c["mode"] in ("ddtree_auto", "ddtree_best")}
+        paired = {c["mode"]: c for c in mine if c["mode"] in ("ddtree_auto", "ddtree_best")}
         if len(paired) == 2:
             a, b = paired["ddtree_auto"], paired["ddtree_best"]
             print(f"[pair] {Path(path).stem:18s} cost-aware / best fixed (B = {b['budget']}), one pass: "
