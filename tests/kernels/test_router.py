@@ -74,3 +74,15 @@ def test_sliced_router_matches_moe_gate_and_each_row_alone():
     for alone, i in ((out[1], 0), (out[2], n - 1)):
         np.testing.assert_array_equal(alone[0][0], out[0][0][i])
         np.testing.assert_array_equal(alone[1][0], out[0][1][i])
+
+
+def test_only_a_sliced_router_writes_f16_of_x():
+    from kernels_numba import KernelInputError, ops
+    cfg = preset("tiny")
+    e, d = cfg.n_routed_experts, cfg.hidden_size
+    rt = ops.router(np.ones((e, d), np.float32), np.zeros(e, np.float32), 2, 1, 1, True, 1.0, fast=False)
+    assert rt.path == ops.PORTABLE
+    sc = ops.Scratch(1, [], [], routers=(rt,))
+    with pytest.raises(KernelInputError, match="only a sliced router"):
+        ops.route(sc.rids, sc.rwts, to_device(np.ones((1, d), np.float32)), rt, sc,
+                  to_device(np.array([0, 1, 0, 0, 0, 0, 0, 0], np.int32)), 1, x16=zeros((1, d), np.uint16))
