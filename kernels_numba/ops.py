@@ -94,7 +94,10 @@ from .int4_matmul import make_int4_matmul_kernel  # noqa: F401 - the tiled kerne
 from .int4_staged import make_int4_staged_kernel  # noqa: F401 - the staged kernel's builder
 from .int4_staged import partials as staged_partials  # noqa: F401 - split-K workspace words of a tiling
 from .moe_gemm import make_moe_gemm_kernel  # noqa: F401 - fused_moe's stream-K GEMM builder
+from .resources import sm90_build  # noqa: F401 - a kernel's PTX, cubin and registers for sm_90, offline
+from .rmsnorm import rmsnorm_kernel  # noqa: F401 - the norm kernel (its registers: dev/kernels/sass.py --glue)
 from .router import make_logit_slices  # noqa: F401 - the sliced router logits' builder
+from .w16a16 import make_w16a16_kernel, w16_tiling  # noqa: F401 - the W16A16 builder and its K split
 
 PORTABLE = "portable"
 INT4_MATMUL = "int4_matmul"

@@ -18,10 +18,11 @@ from .blockops import TPB, block_sum, row_sumsq, scale_row
 from .device import SIMULATED
 from .intrinsics import griddep_launch_dependents, griddep_wait
 from .launch import launch
+from .resources import register_cap
 
 NORM_KS = 1 if SIMULATED else 32       # most warps a row's norm takes (the simulator: one, as blockops.KS)
 NORM_THREADS = TPB * 32                # the reduction's shared slots (a constant, as numba wants)
-NORM_JIT = {} if SIMULATED else {"max_registers": 64}   # a block of 1024 threads fits 64 K registers
+NORM_JIT = register_cap(NORM_THREADS)  # the registers that let a block of 32 warps launch
 
 
 def norm_slices(k: int) -> int:

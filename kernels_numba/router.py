@@ -24,6 +24,7 @@ from numba import cuda, uint16
 from ._validate import KernelInputError
 from .blockops import KS, TPB
 from .intrinsics import f32_to_h2, griddep_launch_dependents, griddep_wait, syncwarp
+from .resources import register_cap
 
 _CACHE: dict = {}
 
@@ -62,7 +63,7 @@ def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS, f16: boo
     SD, NW, NR = slice_d, warps, SLICE_ROWS
     F = SD // NW
 
-    @cuda.jit
+    @cuda.jit(**register_cap(32 * NW))                      # 32 gate values a thread fit under the cap
     def logit_slices(parts, x, gate_t, meta, x16):
         """parts [S*T, E] (row s*T + t: slice s of row t) = x[t, slice s] @ gate_t[slice s, :] for the live
         rows. grid (ceil(E/32), S), block (32, NW): thread (c, w) sums features w*F .. w*F + F - 1 of the

@@ -1,6 +1,6 @@
-"""Offline SASS of the int4_matmul builds (no GPU): what ptxas made of them.
+"""Offline SASS of the package kernels (no GPU): what ptxas made of them.
 
-Run:  python dev/kernels/sass.py [--staged] [--moe] [--dump DIR]
+Run:  python dev/kernels/sass.py [--staged] [--moe] [--glue] [--dump DIR]
 Per build (K2 gate/up and down at M = 1 and 16, the package's configs): registers, spill bytes,
 instructions before / after the last griddepcontrol.wait (ACQBULK), 16-byte loads before / after it
 (weights and, after the wait, x), and the ten most frequent opcodes after it. --staged:
@@ -8,12 +8,14 @@ int4_staged.py's tilings at M = 64. --moe: the fused-MoE GEMMs at K2 width
 (package configs for T = 64 and T = 16; no PDL wait there, so every count lands "after"). --dump: the
 SASS listings.
 
-Pipeline: numba's compile_ptx (sm_90) -> nvJitLink (cuda.bindings, a numba-cuda dependency) ->
-nvdisasm. nvdisasm comes from the ``nvidia-cuda-nvdisasm`` wheel (``pip install
-nvidia-cuda-nvdisasm``), from PATH, or from $NVDISASM. Register caps are the package's: the kernel
-factory's ``max_registers`` is passed to nvJitLink as -maxrregcount.
-The local nvJitLink rejects static shared memory over 48 KB (those builds are reported as failed).
-The kernel builders come from kernels_numba.ops (dev/import_map.py --check).
+--glue: the glue kernels of a K2 layer (norms, mla_prep, the router's two kernels, the SwiGLU down
+projection, to_f16, add_rows), with registers x threads against the SM's 64 K.
+
+Pipeline: ``ops.sm90_build`` (numba's compile_ptx for sm_90, linked by nvJitLink under the kernel's own
+register cap) -> nvdisasm. nvdisasm comes from the ``nvidia-cuda-nvdisasm`` wheel (``pip install
+nvidia-cuda-nvdisasm``), from PATH, or from $NVDISASM. The local nvJitLink rejects static shared memory
+over 48 KB (those builds are reported as failed). The kernel builders come from kernels_numba.ops
+(dev/import_map.py --check).
 """
 
 from __future__ import annotations
@@ -46,28 +48,15 @@ def nvdisasm() -> str:
     return found
 
 
-def sass_of(kernel, sig, maxreg: int) -> tuple[str, str]:
-    """(SASS listing, nvJitLink info log) of a numba kernel for sm_90."""
-    from cuda.bindings import nvjitlink as nj
-    from numba import cuda
-    ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
-    opts = ["-arch=sm_90", "-verbose", f"-maxrregcount={maxreg}"]
-    h = nj.create(len(opts), opts)
-    try:
-        data = ptx.encode()
-        nj.add_data(h, nj.InputType.PTX, data, len(data), "kernel.ptx")
-        nj.complete(h)
-        cubin = bytearray(nj.get_linked_cubin_size(h))
-        nj.get_linked_cubin(h, cubin)
-        log = bytearray(nj.get_info_log_size(h))
-        nj.get_info_log(h, log)
-    finally:
-        nj.destroy(h)
+def sass_of(kernel, sig) -> tuple[str, str]:
+    """(SASS listing, ptxas's report) of a numba kernel for sm_90 (``ops.sm90_build``)."""
+    from kernels_numba import ops
+    build = ops.sm90_build(kernel, sig)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
+        f.write(build.cubin)
         f.flush()
         done = subprocess.run([nvdisasm(), "-c", f.name], capture_output=True, text=True, check=True)
-    return done.stdout, log.decode(errors="replace")
+    return done.stdout, build.log
 
 
 def summary(listing: str, log: str) -> str:
@@ -96,6 +85,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--moe", action="store_true", help="also the fused-MoE GEMMs at K2 width")
     ap.add_argument("--staged", action="store_true", help="also the staged kernel, K2 shapes, M = 64")
+    ap.add_argument("--glue", action="store_true", help="also the glue kernels of a K2 layer")
     ap.add_argument("--dump", metavar="DIR", help="write each SASS listing to DIR")
     args = ap.parse_args(argv)
     from numba import types as T
@@ -108,14 +98,21 @@ def main(argv=None) -> int:
         builds += moe_builds(a)
     if args.staged:
         builds += staged_builds(a)
+    if args.glue:
+        builds += glue_builds()
     for label, kernel, ksig in builds:
-        cap = kernel.targetoptions.get("max_registers") or 255
         try:
-            listing, log = sass_of(kernel, ksig, cap)
+            listing, log = sass_of(kernel, ksig)
         except Exception as e:  # noqa: BLE001 - a build the local linker rejects is reported
             print(f"{label}: failed {type(e).__name__}: {str(e)[:80]}")
             continue
-        print(f"{label}: {summary(listing, log)}", flush=True)
+        threads = re.search(r"threads=(\d+)", label)
+        regs = re.findall(r"used (\d+) registers", log)
+        fits = ""
+        if threads and regs:                          # the SM's register file: 64 K per block at most
+            need = int(regs[0]) * int(threads.group(1))
+            fits = f" [{need} of 65536 registers: {'fits' if need <= 65536 else 'CANNOT LAUNCH'}]"
+        print(f"{label}: {summary(listing, log)}{fits}", flush=True)
         if args.dump:
             Path(args.dump).mkdir(parents=True, exist_ok=True)
             Path(args.dump, re.sub(r"\W+", "_", label) + ".sass").write_text(listing)
@@ -139,6 +136,44 @@ def staged_builds(a):
                    T.int64)
             kernel = ops.make_int4_staged_kernel(k, 32, c.mt, c.nt, c.splits, c.pw, c.px)
             out.append((f"staged N={n} K={k} {c}", kernel, sig))
+    return out
+
+
+def glue_builds():
+    """(label, kernel, signature) of the glue kernels at K2's shapes, with the block each launches with;
+    signatures from example host arrays of the engine's dtypes."""
+    import numpy as np
+    from numba import typeof
+    from numba import types as T
+
+    from kernels_numba import ops
+    KS, TPB, norm_slices = ops.KS, ops.TPB, ops.norm_slices
+    f32, i32, u16 = (lambda *s: np.zeros(s, np.float32)), (lambda *s: np.zeros(s, np.int32)), \
+        (lambda *s: np.zeros(s, np.uint16))
+    sig = lambda *args: tuple(typeof(x) if isinstance(x, np.ndarray) else x for x in args)  # noqa: E731
+    meta, d, t = i32(8), 7168, 4
+    s = ops.logit_slice_count(d)
+    route = ops.make_route(384, 8, 1, 1, True, 2.827, slices=s)
+    norm_t = TPB * norm_slices(d)
+    prep_t = TPB * norm_slices(1536)
+    out = [(f"rmsnorm K={d} threads={norm_t}", ops.rmsnorm_kernel,
+            sig(f32(t, d), f32(t, d), f32(d), T.float32, meta)),
+           (f"mla_prep threads={prep_t}", ops.mla_prep_kernel,
+            sig(f32(t, 1536), np.zeros((8, 576), np.int16), f32(t, 2112), f32(1536), f32(512), f32(8, 32),
+                f32(8, 32), i32(t), meta, T.int64, T.int64, T.float32)),
+           (f"logit_slices threads={TPB * ops.SLICE_WARPS}", ops.logit_slices_kernel,
+            sig(f32(s * t, 384), f32(t, d), f32(d, 384), meta, u16(t, d))),
+           (f"logit_slices f16 threads={TPB * ops.SLICE_WARPS}", ops.logit_slices_f16_kernel,
+            sig(f32(s * t, 384), f32(t, d), f32(d, 384), meta, u16(t, d))),
+           (f"route S={s} threads={TPB * KS}", route,
+            sig(i32(t, 8), f32(t, 8), f32(s * t, 384), f32(d, 384), f32(384), meta)),
+           ("to_f16 threads=32", ops.to_f16_kernel, sig(u16(t, d), f32(t, d), meta)),
+           ("add_rows threads=32", ops.add_rows_kernel, sig(f32(t, d), f32(t, d), meta))]
+    for k, n in ((2048, 7168), (18432 // 8, 7168)):          # shared expert / drafter-like down with GLU
+        ks, cpw, nb = ops.w16_tiling(k)
+        kern = ops.make_w16a16_kernel(k, ks, cpw, nb, 1, 1, False, True)
+        out.append((f"w16a16 glu K={k} threads={ks * 32}", kern,
+                    sig(f32(t, n), f32(2 * k * t), np.zeros(n * k // 2, np.uint32), T.int64)))
     return out
 
 

@@ -10,15 +10,18 @@ import sys
 from numba import config, cuda
 from numba import types as T
 
+from kernels_numba.blockops import KS, TPB
 from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel, tiled_config
 from kernels_numba.int4_staged import make_int4_staged_kernel
 from kernels_numba.intrinsics import stored_as
-from kernels_numba.mla import make_mla_core_bf16
+from kernels_numba.mla import make_mla_core_bf16, mla_prep_kernel
 from kernels_numba.moe import choose_moe_config, stream_k_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
 from kernels_numba.moe_gemv import make_moe_gemv_kernel, moe_act_kernel
-from kernels_numba.router import logit_slices_f16_kernel, logit_slices_kernel, make_route
+from kernels_numba.resources import sm90_build
+from kernels_numba.rmsnorm import norm_slices, rmsnorm_kernel
+from kernels_numba.router import SLICE_WARPS, logit_slices_f16_kernel, logit_slices_kernel, make_route
 from kernels_numba.rows import add_rows_kernel, to_f16_kernel
 from kernels_numba.w16a16 import make_w16a16_kernel, w16_tiling
 
@@ -144,9 +147,33 @@ def mla_core_builds() -> dict:
     return {f"mla_core chunks hg={hg}": counts(chunks(hg), sig) for hg in (16, 1)}
 
 
+def fit(kernel, sig, threads: int) -> dict:
+    """Registers and spill bytes ptxas gives ``kernel`` for sm_90, with the threads it launches with."""
+    b = sm90_build(kernel, sig)
+    return {"registers": b.registers, "spill": b.spill_bytes, "threads": threads, "fits": b.fits(threads)}
+
+
+def launch_fit_builds() -> dict:
+    """The kernels of a K2 layer with blocks past 256 threads or many values a thread, at K2's widths and
+    the block their wrappers launch: the norms on up to 32 warps, mla_prep, the sliced router logits (32
+    gate values a thread), the route kernel and the W16A16 linear at its most row tiles."""
+    f2, i1 = T.float32[:, ::1], _sig(T.int32)
+    route = make_route(384, 8, 1, 1, True, 2.827, KS, 14)
+    ks, cpw, nb = w16_tiling(8192)
+    f1, u2 = _sig(T.float32), T.uint16[:, ::1]
+    prep = (f2, T.int16[:, ::1], f2, f1, f1, f2, f2, i1, i1, T.int64, T.int64, T.float32)
+    return {"rmsnorm K=7168": fit(rmsnorm_kernel, (f2, f2, f1, T.float32, i1), TPB * norm_slices(7168)),
+            "mla_prep": fit(mla_prep_kernel, prep, TPB * norm_slices(1536)),
+            "router slices": fit(logit_slices_kernel, (f2, f2, f2, i1, f2), TPB * SLICE_WARPS),
+            "router slices f16": fit(logit_slices_f16_kernel, (f2, f2, f2, i1, u2), TPB * SLICE_WARPS),
+            "route K2": fit(route, (T.int32[:, ::1], f2, f2, f2, f1, i1), TPB * KS),
+            "w16a16 K=8192 MT=9": fit(make_w16a16_kernel(8192, ks, cpw, nb, 9, 1, True),
+                                      (f2, f1, _sig(T.uint32), T.int64), ks * 32)}
+
+
 GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds, "moe_gemm": moe_gemm_builds,
           "moe_glue": moe_glue_builds, "rows": row_builds, "router": router_builds, "w16a16": w16a16_builds,
-          "mla_core": mla_core_builds}
+          "mla_core": mla_core_builds, "launch_fit": launch_fit_builds}
 
 
 def main(groups: list[str]) -> None:

@@ -130,3 +130,13 @@ def test_mla_core_keeps_its_accumulators_in_registers():
         assert c["local"] == 0 and c["fma_f32"] >= hg * 2 and c["bar"] >= 2, (name, c)
         assert c["cvt_bf16"] >= 1, (name, c)
 
+
+
+def test_k2_layer_kernels_have_the_registers_to_launch():
+    """registers x threads within the SM's 64 K for every wide block of a K2 layer (ptxas for sm_90 via
+    nvJitLink): a block that does not fit compiles and simulates, and fails at its first launch. Only the
+    router's logits may spill (32 gate values a thread under a 128-register cap, a few words to L1)."""
+    for name, c in probe("launch_fit").items():
+        assert c["fits"] and c["registers"] * c["threads"] <= 65536, (name, c)
+        assert c["spill"] == 0 or name.startswith("router slices"), (name, c)
+        assert c["spill"] <= 128, (name, c)
