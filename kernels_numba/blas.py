@@ -129,14 +129,24 @@ class AttentionRows:
     rot: Any          # [T, R/2] complex64 cos + i sin at position start + depth[i]
     hidden: Any       # [T, S8] bool: key j is not visible to row i; or None
     keys: int         # S8
+    q_all: Any = None     # [T, H*(C+R)] int16 bf16 bits: the absorbed queries (W16A16 absorptions)
+    ctx: Any = None       # [T, H*C] float32: p @ c_kv before W_UV (W16A16 absorptions)
 
     @classmethod
-    def allocate(cls, max_rows: int, max_len: int, half_rope: int, mask: bool = True) -> AttentionRows:
+    def allocate(cls, max_rows: int, max_len: int, half_rope: int, mask: bool = True,
+                 absorbed: tuple[int, int] | None = None) -> AttentionRows:
+        """``absorbed`` (H, C): the query and ctx rows of W16A16 cores whose absorptions run on the
+        W16A16 kernel, shared by every layer (they run one after another)."""
         torch = _torch()
         dev = "cpu" if SIMULATED else "cuda"
         s8 = padded_keys(max_len)
+        q_all = ctx = None
+        if absorbed is not None:
+            h, c = absorbed
+            q_all = torch.zeros(max_rows, h * (c + 2 * half_rope), dtype=torch.int16, device=dev)
+            ctx = torch.zeros(max_rows, h * c, dtype=torch.float32, device=dev)
         return cls(torch.zeros(max_rows, half_rope, dtype=torch.complex64, device=dev),
-                   torch.ones(max_rows, s8, dtype=torch.bool, device=dev) if mask else None, s8)
+                   torch.ones(max_rows, s8, dtype=torch.bool, device=dev) if mask else None, s8, q_all, ctx)
 
 
 def attention_rows(att: AttentionRows, cos, sin, depth, vis, meta, rows: int, stream=0) -> None:
@@ -191,17 +201,20 @@ def mla_attention(o, q, cache, wkv_b, att: AttentionRows, depth, vis, meta, scal
         view(o)[:rows].view(rows, h, v).copy_(out.transpose(0, 1))
 
 
-def _bmm16(a, b, f32: bool = False):
-    """a @ b (batched) of bf16 operands with float32 sums: float32 out when ``f32``, else rounded to
-    bf16 (cuBLAS's bf16 GEMM on a GPU; on a CPU the same exact products summed in float32)."""
+def _bmm16(a, b, f32: bool = False, out=None):
+    """a @ b (batched) of bf16 operands with float32 sums: float32 out when ``f32`` (into ``out`` if
+    given, 2-D only), else rounded to bf16 (cuBLAS's bf16 GEMM on a GPU; on a CPU the same exact
+    products summed in float32)."""
     torch = _torch()
     if a.device.type != "cuda":
+        if out is not None:
+            return torch.mm(a.float(), b.float(), out=out)
         y = torch.matmul(a.float(), b.float())
         return y if f32 else y.bfloat16()
     if not f32:
         return torch.matmul(a, b)
     if a.dim() == 2:
-        return torch.mm(a, b, out_dtype=torch.float32)
+        return torch.mm(a, b, out_dtype=torch.float32, out=out)
     return torch.bmm(a, b, out_dtype=torch.float32)
 
 
@@ -241,6 +254,24 @@ def _attention_bf16(o, kv16, w, q_nope, q_pe, hidden, depth, vis, meta, scale: f
         ctx = _bmm16(p.to(torch.bfloat16).reshape(h * t, -1), kvb[:, :c]).reshape(h, t, c)
     out = _bmm16(ctx, w[:, nn:].transpose(1, 2))                               # [H, T, V] bf16
     view(o)[:t].view(t, h, -1).copy_(out.transpose(0, 1))
+
+
+def mla_core16(att: AttentionRows, cache, scale: float, n_heads: int, rows: int, stream=0) -> None:
+    """The W16A16 core between the absorptions: att.ctx [T, H*C] float32 = p @ c_kv with p = bf16(masked
+    softmax(scale * att.q_all @ kv16.T)) over the bf16 latent cache kv16 [S8, C+R] (int16 bits), float32
+    sums; the W_UV kernel rounds ctx to bf16 as it reads it (the reference's r(ctx)). One score GEMM and
+    one p @ c_kv over the step's rows x heads, the key mask ``att.hidden``."""
+    torch = _torch()
+    with on(stream):
+        kvb = view(cache).view(torch.bfloat16)                                  # [S8, C+R]
+        s8, c = kvb.shape[0], att.ctx.shape[1] // n_heads
+        if att.keys != s8:
+            raise KernelInputError(f"AttentionRows for {att.keys} keys, cache of {s8} rows")
+        q = att.q_all[:rows].view(torch.bfloat16).reshape(rows * n_heads, -1)   # [T H, C+R]
+        scores = _bmm16(q, kvb.T, f32=True).view(rows, n_heads, s8)             # [T, H, S8]
+        p = (scores * scale).masked_fill(att.hidden[:rows, None], float("-inf")).softmax(dim=-1)
+        _bmm16(p.to(torch.bfloat16).view(rows * n_heads, s8), kvb[:, :c], f32=True,
+               out=att.ctx[:rows].view(rows * n_heads, c))
 
 
 def experts_grouped(h, x, ids, wts, w13, w2, rows: int, stream=0) -> None:

@@ -10,6 +10,7 @@ vis[i, j] != 0; its rope position is start + depth[i].
 
 - ``mla_prep_kernel``: per new row, q_norm(c_q) and the latent row (kv_norm(c_kv) || rope(k_pe)),
   written to cache rows start + i.
+- ``q_rope_kernel``: the W16A16 core's query rows, rope part (the W_UK part: ``w16a16`` grouped).
 - ``make_mla_attention``: per (row, head) block, q_lat = W_UK^T q_nope, rope(q_pe), masked softmax
   over the cache in shared memory, ctx = p @ c_kv, o = W_UV ctx. W_UK / W_UV are read from wkv_b
   [H*(N+V), C] in place (no per-token absorption in a separate launch).
@@ -59,6 +60,27 @@ def mla_prep_kernel(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_ran
         y0, y1 = rope_pair(a1[row, off + c_rank + 2 * i], a1[row, off + c_rank + 2 * i + 1], cos, sin, pos, i)
         cache[dst, c_rank + 2 * i] = stored_as(cache, y0)
         cache[dst, c_rank + 2 * i + 1] = stored_as(cache, y1)
+
+
+@cuda.jit
+def q_rope_kernel(q_all, q, cos, sin, depth, meta, nope, rope, lat):
+    """q_all [T, H*(C+R)] int16 bf16 bits, columns h (C+R) + C .. + R = bf16(rope(q_pe of head h)) at
+    position start + depth[t] (q [T, >= H*(N+R)] float32, N = nope, R = rope, C = lat); zeros for rows
+    past meta[1]. The W16A16 absorption writes the C columns before them. grid (T, H), block (32,); PDL."""
+    griddep_wait()
+    griddep_launch_dependents()
+    t = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    live = t < meta[1]
+    pos = meta[0] + depth[t] if live else 0
+    src = h * (nope + rope) + nope
+    dst = h * (lat + rope) + lat
+    for i in range(cuda.threadIdx.x, rope // 2, cuda.blockDim.x):
+        y0 = y1 = np.float32(0.0)
+        if live:
+            y0, y1 = rope_pair(q[t, src + 2 * i], q[t, src + 2 * i + 1], cos, sin, pos, i)
+        q_all[t, dst + 2 * i] = stored_as(q_all, y0)
+        q_all[t, dst + 2 * i + 1] = stored_as(q_all, y1)
 
 
 _ATTN_CACHE: dict = {}

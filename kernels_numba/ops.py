@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from . import blas, ffn, w16a16
+from . import blas, ffn, mla, w16a16
 from ._validate import KernelInputError, flat
 from .blas import padded_keys  # noqa: F401 - the key rows the BLAS attention pads to
 from .blas import view as torch_view  # noqa: F401 - a torch tensor over a device array (no copy)
@@ -85,7 +85,7 @@ from .rows import add_rows_kernel, to_f16_kernel
 from .sim import sim_speed  # noqa: F401 - the simulator's faster executor around a block of ops
 from .tokens import advance_kernel, argmax_kernel, copy_rows_kernel, embed_kernel
 from .tree import topk_logprobs, tree_compile_kernel
-from .w16a16 import Bf16Weight, repack_w16, row_tiles, tiles_per_block, unrepack_w16  # noqa: F401 - re-exported
+from .w16a16 import Bf16Weight, Groups, repack_w16, row_tiles, tiles_per_block, unrepack_w16  # noqa: F401 - re-exported
 
 # isort: split
 # The kernel ladders (dev/kernels/) check, time and disassemble the package kernels through ops: the
@@ -114,6 +114,8 @@ W16_MULTI_TILE = False                       # its NT column tiles a block from 
 W16_CORE_KERNEL = False                      # the W16A16 attention core's softmax and p @ c_kv on mla.py's
                                              # core kernels (keys in logical order), else torch + cuBLAS:
                                              # off until v2 (key chunks) is timed (v1: 1.2-23x slower)
+W16_ABSORB = True                            # the W16A16 core's W_UK / W_UV products on the W16A16 kernel
+                                             # (grouped by head, PDL) where it runs, else cuBLAS's bmm
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
 
@@ -227,19 +229,37 @@ def swiglu_w16(width: int, dim: int, w13_t, w2_t) -> SwiGLU:
 @dataclass(frozen=True)
 class MLA:
     """The absorbed attention's weights: wkv_b [H*(N+V), C] on the device, the path it runs on, and
-    whether it is the W16A16 core (bf16 operands and latent cache)."""
+    whether it is the W16A16 core (bf16 operands and latent cache); for that core on the W16A16 kernel,
+    W_UK and W_UV of every head as grouped matrices: ``uk`` [H*C, N] and ``uv`` [H*V, C]."""
     path: str
     wkv_b: Any
     a16: bool = False
+    uk: Bf16Weight | None = None
+    uv: Bf16Weight | None = None
 
 
-def mla_weights(wkv_b, fast: bool = True) -> MLA:
-    """wkv_b [H*(N+V), C]: float (widened to float32), or a ``Bf16Host``: the W16A16 attention core (bf16
-    latent rows and operands, float32 sums: ``workbench.reference.mla.mla_absorbed``), BLAS path only."""
+def mla_weights(wkv_b, fast: bool = True, n_heads: int = 0, nope: int = 0) -> MLA:
+    """wkv_b [H*(N+V), C]: float (widened to float32), or a ``Bf16Host``: the W16A16 attention core
+    (``mla_w16``)."""
     if isinstance(wkv_b, Bf16Host):
-        return MLA(BLAS_PATH, _bf16(wkv_b, transpose=False), a16=True)
+        return mla_w16(_bf16(wkv_b, transpose=False), n_heads, nope)
     w = np.asarray(wkv_b, np.float32)
     return MLA(BLAS_PATH if _blas(w.size, fast) else PORTABLE, to_device(w))
+
+
+def mla_w16(w, n_heads: int = 0, nope: int = 0) -> MLA:
+    """The W16A16 attention core (bf16 latent rows and operands, float32 sums:
+    ``workbench.reference.mla.mla_absorbed``) from wkv_b [H*(N+V), C] as a torch bfloat16 tensor where
+    the ops run: on the BLAS path, its absorptions on the W16A16 kernel where it runs (``W16_ABSORB``;
+    needs ``n_heads`` and ``nope``)."""
+    if not (n_heads and W16_ABSORB):
+        return MLA(BLAS_PATH, w, a16=True)
+    hw = w.reshape(n_heads, -1, w.shape[1])                                      # [H, N+V, C]
+    uk_t = hw[:, :nope].permute(1, 0, 2).reshape(nope, -1)                       # W_UK.T [N, H*C]
+    uv_t = hw[:, nope:].reshape(-1, w.shape[1]).T                                # W_UV.T [C, H*V]
+    if not (_w16_fits(uk_t) and _w16_fits(uv_t)):
+        return MLA(BLAS_PATH, w, a16=True)
+    return MLA(BLAS_PATH, w, True, repack_w16(uk_t), repack_w16(uv_t))
 
 
 @dataclass(frozen=True)
@@ -551,8 +571,16 @@ def attention_rows_buffers(attns, max_rows: int, max_len: int, half_rope: int) -
     blas_cores = [a for a in attns if a.path == BLAS_PATH]
     if not blas_cores:
         return None
-    mask = any(not (a.a16 and W16_CORE_KERNEL) for a in blas_cores)
-    return blas.AttentionRows.allocate(max_rows, max_len, half_rope, mask)
+    mask = any(not (a.a16 and W16_CORE_KERNEL) or a.uk is not None for a in blas_cores)
+    return blas.AttentionRows.allocate(max_rows, max_len, half_rope, mask, _absorbed(blas_cores))
+
+
+def _absorbed(attns) -> tuple[int, int] | None:
+    """(H, C) of the cores with W16A16 absorptions (one model: one shape), else None."""
+    shapes = {(a.uk.n // a.uv.k, a.uv.k) for a in attns if a.uk is not None}
+    if len(shapes) > 1:
+        raise KernelInputError(f"attention cores of several shapes {sorted(shapes)} in one step")
+    return shapes.pop() if shapes else None
 
 
 def attention_rows(att: blas.AttentionRows | None, cos, sin, depth, vis, meta, rows: int, stream=0) -> None:
@@ -569,14 +597,37 @@ def mla_attention(o, q, cache, w: MLA, cos, sin, depth, vis, meta, scale: float,
     BLAS path ``att`` holds this step's rows (``attention_rows``); without it they are computed here."""
     if w.path == BLAS_PATH:
         if att is None:
-            att = blas.AttentionRows.allocate(rows, cache.shape[0], r_dim // 2)
+            att = blas.AttentionRows.allocate(rows, cache.shape[0], r_dim // 2, absorbed=_absorbed([w]))
             blas.attention_rows(att, cos, sin, depth, vis, meta, rows, stream)
+        if w.uk is not None:
+            _mla_absorbed_w16(o, q, cache, w, att, cos, sin, depth, meta, scale, n_heads, c_rank, r_dim, nope,
+                              v_dim, rows, stream)
+            return
         blas.mla_attention(o, q, cache, w.wkv_b, att, depth, vis, meta, scale, n_heads, c_rank, r_dim, nope,
                            v_dim, rows, stream, W16_CORE_KERNEL)
         return
     attn = make_mla_attention(n_heads, c_rank, r_dim, nope, v_dim, max_keys)
     attn[(rows, n_heads), (TPB, KS), stream](o, q, cache, w.wkv_b, cos, sin, depth, vis, meta,
                                              np.float32(scale))
+
+
+def _mla_absorbed_w16(o, q, cache, w: MLA, att, cos, sin, depth, meta, scale: float, n_heads: int,
+                      c_rank: int, r_dim: int, nope: int, v_dim: int, rows: int, stream) -> None:
+    """The W16A16 core with its absorptions on the W16A16 kernel: the query rows [bf16(W_UK^T q_nope) ||
+    bf16(rope(q_pe))] per head (one grouped product, one rope kernel), scores / softmax / p @ c_kv on
+    cuBLAS and torch (``blas.mla_core16``), then o = bf16(W_UV ctx) per head (one grouped product)."""
+    if att.q_all is None or att.hidden is None:
+        raise KernelInputError("this attention core needs the step's absorbed-query rows and key mask: "
+                               "AttentionRows without them")
+    qa, ctx = blas.kernel_view(att.q_all), blas.kernel_view(att.ctx)
+    q = kernel_array(q)
+    launch(mla.q_rope_kernel, (rows, n_heads), TPB, stream, (qa, q, cos, sin, depth, meta, np.int32(nope),
+                                                            np.int32(r_dim), np.int32(c_rank)))
+    w16a16.linear(qa, q, w.uk, rows, stream=stream, groups=Groups(c_rank, q.shape[1], nope + r_dim,
+                                                                 c_rank + r_dim), round_out=True)
+    blas.mla_core16(att, cache, scale, n_heads, rows, stream)
+    w16a16.linear(kernel_array(o), ctx, w.uv, rows, stream=stream,
+                  groups=Groups(v_dim, n_heads * c_rank, c_rank, v_dim), round_out=True)
 
 
 def int4_gemm(x16, w: Int4Weight, out, workspace: GemmWorkspace | None = None, stream=0, pdl: bool = True,
@@ -709,9 +760,9 @@ __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Bf16Weight", "W16A16", "dens
            "draft_gather_rows", "draft_head_norm_rope", "embed", "expert_tiles", "experts_fused",
            "fused_experts", "GEMV_TOKENS",
            "gemm_workspace", "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep",
-           "mla_weights", "moe", "moe_fused", "moe_grouped", "moe_portable", "moe_stages", "moe_weights",
-           "moe_workspace", "padded_keys", "portable_stack", "repack_experts", "rmsnorm", "route",
-           "routed_experts", "router", "sim_speed", "swiglu", "swiglu_weights", "tiled_config",
+           "mla_w16", "mla_weights", "moe", "moe_fused", "moe_grouped", "moe_portable", "moe_stages",
+           "moe_weights", "moe_workspace", "padded_keys", "portable_stack", "repack_experts", "rmsnorm",
+           "route", "routed_experts", "router", "sim_speed", "swiglu", "swiglu_weights", "tiled_config",
            "topk_logprobs", "torch_view", "tree_compile", "unrepack_int4"]
 # the kernel ladders' group (dev/kernels/)
 __all__ += ["GemmWorkspace", "TILE_ROWS", "stream_k_config",

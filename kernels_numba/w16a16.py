@@ -23,6 +23,12 @@ the NT x MT x 4 accumulators stay in registers), its two bf16 pairs rounded from
 are read and fed to all NT tiles. Then the warps' partial sums meet in shared memory and add in warp
 order. Every accumulator still sums its steps in the same order, so NT changes no bit of the output;
 it divides the x each block reads (all of it) by NT, which is what bounds the kernel from 17 rows on.
+
+Grouped (``Groups``): W stacks G matrices of GN rows each (an attention's per-head absorptions: W_UK
+and W_UV of every head in one launch); output columns g GN .. (g + 1) GN take x columns g XG .. g XG + K
+of a row XS long and land at columns g OG .. of out, so each head reads its own slice of q (or of ctx)
+and writes into its slot of a wider row (q_lat beside q_pe). ``round_out``: the sums rounded to bf16
+(stored as float32, or as bits into an int16 out), the reference's r(.) after a product.
 """
 
 from __future__ import annotations
@@ -34,10 +40,11 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32, uint32
 
-from ._validate import KernelInputError, check, flat
+from ._validate import KernelInputError, as_array, check, flat
 from .blockops import silu_mul
 from .device import SIMULATED
 from .intrinsics import (
+    bf162_to_f32,
     bits_to_bf162,
     f32_to_bf162,
     griddep_launch_dependents,
@@ -45,6 +52,7 @@ from .intrinsics import (
     ld_stream_v4,
     ld_v4,
     mma_16816_bf16,
+    stored_as,
 )
 from .launch import launch
 
@@ -62,6 +70,16 @@ class Bf16Weight:
     n: int
     k: int
     owner: Any = None
+
+
+@dataclass(frozen=True)
+class Groups:
+    """A grouped product's strides (elements): GN output columns a group (a multiple of 16), x rows XS
+    long with group g's K inputs at g XG, group g's outputs at out column g OG."""
+    gn: int
+    xs: int
+    xg: int
+    og: int
 
 
 def _torch():
@@ -126,11 +144,18 @@ def tiles_per_block(w: Bf16Weight, mt: int, multi: bool) -> int:
 
 
 @functools.cache
-def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC: bool, GLU: bool = False):
+def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC: bool, GLU: bool = False,
+                       GROUPS: Groups | None = None, ROUND: bool = False):
     """out [T, N] float32 (+= when ACC) = bf16(x [T, K] float32) @ W.T for rows < n_rows (<= 8 MT),
     NT column tiles a block. GLU: x is gu [T, 2K] = [g || u] and the activation silu(g) * u, computed in
-    float32 as the lane reads it (a SwiGLU's down projection without a kernel of its own between)."""
+    float32 as the lane reads it (a SwiGLU's down projection without a kernel of its own between).
+    GROUPS: a grouped product (module docstring; NT = 1); ROUND: sums rounded to bf16 (out float32
+    or int16 bits)."""
     K16 = K // 16
+    XS = GROUPS.xs if GROUPS else (2 * K if GLU else K)            # x's row stride
+    GN = GROUPS.gn if GROUPS else 1 << 30                          # one group: every column in group 0
+    XG = GROUPS.xg if GROUPS else 0
+    OSHIFT = GROUPS.og - GROUPS.gn if GROUPS else 0                # out column - W row, per group
     NRED = KS * 4 * 32
     PF = CPW // NT                                                 # steps per weight load, each tile
     NWL = CPW * 4                                                  # PF steps of NT tiles
@@ -149,6 +174,9 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
         acc = cuda.local.array(NACC, float32)
         for i in range(NACC):
             acc[i] = ZERO
+        grp = nt0 * 16 // GN
+        xg0 = grp * XG
+        oc0 = grp * OSHIFT
         for b in range(NB):
             s0 = b * KS * CPW + warp * CPW                         # this warp's first step in batch b
             for h in range(NT):                                    # steps s0 + h PF .. + PF, every tile
@@ -169,12 +197,12 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
                     for m in range(MT):                            # every tile, branch-free: rows past
                         row = min(m * 8 + g, n_rows - 1)           # n_rows read the last row, never stored
                         if GLU:
-                            xi = row * 2 * K + col                 # silu(g) * u, float32, rounded as x is
+                            xi = row * XS + col                    # silu(g) * u, float32, rounded as x is
                             xa = f32_to_bf162(silu_mul(x[xi], x[xi + K]), silu_mul(x[xi + 1], x[xi + K + 1]))
                             xb = f32_to_bf162(silu_mul(x[xi + 2], x[xi + K + 2]),
                                               silu_mul(x[xi + 3], x[xi + K + 3]))
                         else:
-                            xv = ld_v4(x, row * K + col)
+                            xv = ld_v4(x, row * XS + xg0 + col)
                             xa = bits_to_bf162(xv[0], xv[1])
                             xb = bits_to_bf162(xv[2], xv[3])
                         for n in range(NT):                        # one x fragment, NT weight tiles
@@ -202,24 +230,45 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
                             s = ZERO
                             for w_ in range(KS):
                                 s += red[(w_ * 4 + ri) * 32 + li]
+                            if ROUND:
+                                s = bf162_to_f32(f32_to_bf162(s, ZERO))[0]
+                            c = oc0 + (nt0 + n) * 16 + r
                             if ACC:
-                                out[row, (nt0 + n) * 16 + r] += s
+                                out[row, c] += s
                             else:
-                                out[row, (nt0 + n) * 16 + r] = s
+                                out[row, c] = stored_as(out, s)
                     cuda.syncthreads()
 
     return w16a16_kernel
 
 
 def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
-           multi_tile: bool = False, glu: bool = False) -> None:
+           multi_tile: bool = False, glu: bool = False, groups: Groups | None = None,
+           round_out: bool = False) -> None:
     """out [T, N] (+)= bf16(x [T, K]) @ W.T for the first ``rows`` rows (float32 x and out);
     ``multi_tile``: NT column tiles a block where ``tiles_per_block`` gives them (the same bits);
-    ``glu``: x is [T, 2K] = [g || u] and the activation silu(g) * u (a SwiGLU's down projection)."""
+    ``glu``: x is [T, 2K] = [g || u] and the activation silu(g) * u (a SwiGLU's down projection);
+    ``groups``: a grouped product, x [T, XS], out [T, >= (G - 1) OG + GN] (module docstring);
+    ``round_out``: the sums rounded to bf16; an int16 ``out`` takes them as bf16 bits."""
     if not isinstance(w, Bf16Weight):
         raise KernelInputError("w must come from repack_w16")
-    x = check(x, "x", np.float32, (None, 2 * w.k if glu else w.k))
-    out = check(out, "out", np.float32, (None, w.n))
+    cols, width = w.n, (2 * w.k if glu else w.k)
+    if groups is not None:
+        g = groups
+        if glu or multi_tile or g.gn % 16 or w.n % g.gn or g.xs % 4 or g.xg % 4 or g.og < g.gn:
+            raise KernelInputError(f"a grouped W16A16 product needs GN a multiple of 16 dividing N = {w.n}, "
+                                   f"XS and XG multiples of 4, OG >= GN, no GLU or multi-tile: got {g}")
+        ng = w.n // g.gn
+        if (ng - 1) * g.xg + w.k > g.xs:
+            raise KernelInputError(f"a grouped W16A16 product reads {(ng - 1) * g.xg + w.k} columns of "
+                                   f"rows of {g.xs}")
+        cols, width = (ng - 1) * g.og + g.gn, g.xs
+    x = check(x, "x", np.float32, (None, width))
+    out = as_array(out, "out")
+    o16 = not accumulate and np.dtype(out.dtype) == np.int16
+    out = check(out, "out", np.int16 if o16 else np.float32, (None, None))
+    if out.shape[1] < cols or (groups is None and out.shape[1] != cols):
+        raise KernelInputError(f"out: shape {tuple(out.shape)} but {cols} columns are required")
     if not 1 <= rows <= min(x.shape[0], out.shape[0]):
         raise KernelInputError(f"rows must be in 1..{min(x.shape[0], out.shape[0])}, got {rows}")
     ks, cpw, nb = w16_tiling(w.k)
@@ -227,6 +276,6 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
     for r0 in range(0, rows, most):                    # a prefill's rows, 72 at a time (rows are independent)
         n = min(most, rows - r0)
         mt = row_tiles(n)
-        nt = tiles_per_block(w, mt, multi_tile)
-        kernel = make_w16a16_kernel(w.k, ks, cpw, nb, mt, nt, accumulate, glu)
+        nt = 1 if groups is not None else tiles_per_block(w, mt, multi_tile)
+        kernel = make_w16a16_kernel(w.k, ks, cpw, nb, mt, nt, accumulate, glu, groups, round_out)
         launch(kernel, w.n // (16 * nt), ks * 32, stream, (out[r0:], flat(x[r0:]), w.words, n))

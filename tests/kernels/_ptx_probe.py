@@ -14,7 +14,7 @@ from kernels_numba.blockops import KS, TPB
 from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel, tiled_config
 from kernels_numba.int4_staged import make_int4_staged_kernel
 from kernels_numba.intrinsics import stored_as
-from kernels_numba.mla import make_mla_core_bf16, mla_prep_kernel
+from kernels_numba.mla import make_mla_core_bf16, mla_prep_kernel, q_rope_kernel
 from kernels_numba.moe import choose_moe_config, stream_k_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
@@ -23,7 +23,7 @@ from kernels_numba.resources import sm90_build
 from kernels_numba.rmsnorm import norm_slices, rmsnorm_kernel
 from kernels_numba.router import SLICE_WARPS, logit_slices_f16_kernel, logit_slices_kernel, make_route
 from kernels_numba.rows import add_rows_kernel, to_f16_kernel
-from kernels_numba.w16a16 import make_w16a16_kernel, w16_tiling
+from kernels_numba.w16a16 import Groups, make_w16a16_kernel, w16_tiling
 
 KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "mma_bf16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt_bf16x2": "cvt.rn.bf16x2.f32",
@@ -135,6 +135,11 @@ def w16a16_builds() -> dict:
     ks, cpw, nb = w16_tiling(2048)                # the shared expert's down projection, silu(g) * u read in
     out["w16a16 K=2048 GLU"] = counts(make_w16a16_kernel(2048, ks, cpw, nb, 1, 1, True, True),
                                       (rows2d, a(T.float32), a(T.uint32), T.int64))
+    for name, k, g, o in (("W_UK", 128, Groups(512, 12288, 192, 576), T.int16[:, ::1]),   # K2's absorptions
+                          ("W_UV", 512, Groups(128, 32768, 512, 128), rows2d)):
+        ks, cpw, nb = w16_tiling(k)
+        out[f"w16a16 {name}"] = counts(make_w16a16_kernel(k, ks, cpw, nb, 1, 1, False, False, g, True),
+                                       (o, a(T.float32), a(T.uint32), T.int64))
     return out
 
 
@@ -167,6 +172,7 @@ def launch_fit_builds() -> dict:
             "router slices": fit(logit_slices_kernel, (f2, f2, f2, i1, f2), TPB * SLICE_WARPS),
             "router slices f16": fit(logit_slices_f16_kernel, (f2, f2, f2, i1, u2), TPB * SLICE_WARPS),
             "route K2": fit(route, (T.int32[:, ::1], f2, f2, f2, f1, i1), TPB * KS),
+            "q_rope": fit(q_rope_kernel, (T.int16[:, ::1], f2, f2, f2, i1, i1, *(T.int32,) * 3), TPB),
             "w16a16 K=8192 MT=9": fit(make_w16a16_kernel(8192, ks, cpw, nb, 9, 1, True),
                                       (f2, f1, _sig(T.uint32), T.int64), ks * 32)}
 

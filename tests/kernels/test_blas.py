@@ -238,6 +238,44 @@ def test_w16a16_attention_core_kernel_equals_torch_core(on_blas, monkeypatch):
     assert (outs[0][live:] == 0).all()
 
 
+def test_w16a16_absorptions_on_the_kernel_equal_the_bmm_core(on_blas, monkeypatch):
+    """The W16A16 core with W_UK and W_UV as grouped W16A16 products (``ops.W16_ABSORB``, the rope part
+    of the query rows by ``mla.q_rope_kernel``) against cuBLAS's / torch's bmm over the same bf16 cache
+    and tree: q_lat, p, ctx and o are rounded to bf16 after float32 sums in other orders, so within a
+    few bf16 steps; rows past meta[1] are finite (zeros in, never read as live)."""
+    from numformats.bf16 import bf16
+    cfg = preset("tiny2")
+    rng = np.random.default_rng(5)
+    h, c, r = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    nn, v = cfg.qk_nope_head_dim, cfg.v_head_dim
+    s8, start, rows, live = 16, 7, 4, 3
+    cache = to_device(bf16(rng.standard_normal((s8, c + r)).astype(np.float32)).bits.view(np.int16))
+    q = to_device(rng.standard_normal((rows, h * (nn + r))).astype(np.float32))
+    bits = bf16(rng.standard_normal((h * (nn + v), c)).astype(np.float32) * 0.1).bits
+    depth = to_device(np.array([0, 1, 1, 2], np.int32))
+    vis = to_device(np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], np.uint8))
+    meta = to_device(np.array([start, live, 0, 0, 0, 0, 0, 0], np.int32))
+    cos, sin = (to_device(t) for t in rope_tables(cfg, s8))
+    monkeypatch.setattr(ops, "W16_KERNEL", True)
+    outs = []
+    for absorb in (True, False):
+        monkeypatch.setattr(ops, "W16_ABSORB", absorb)
+        w = ops.mla_weights(ops.Bf16Host(bits), n_heads=h, nope=nn)
+        assert (w.uk is not None) == absorb
+        att = ops.attention_rows_buffers([w], rows, s8, r // 2)
+        assert (att.q_all is not None) == absorb and att.hidden is not None
+        o = zeros((rows, h * v))
+        with ops.sim_speed():
+            ops.attention_rows(att, cos, sin, depth, vis, meta, rows)
+            ops.mla_attention(o, q, cache, w, cos, sin, depth, vis, meta, cfg.softmax_scale, h, c, r, nn, v,
+                              s8, rows, att=att)
+        outs.append(download(o))
+    np.testing.assert_allclose(outs[0][:live], outs[1][:live], rtol=2e-2, atol=2e-3)
+    assert np.isfinite(outs[0]).all()
+    o16 = outs[0].view(np.uint32) & 0xFFFF                         # o rounded to bf16: no low bits
+    assert (o16 == 0).all()
+
+
 def test_attention_rows_gather_the_rope_rows_and_mask_the_unseen_keys(on_blas, monkeypatch):
     """The step's rows for the BLAS cores: row i's (cos, sin) at start + depth[i] (copies of the table,
     so exactly), (1, 0) past the live rows; the key mask hides what the tree mask and meta[1] hide, and

@@ -120,6 +120,10 @@ def test_w16a16_linear_streams_weights_into_bf16_mma():
         assert k["local"] == 0 and k["pdl_wait"] == 1 and k["pdl_launch"] == 1, name   # all in registers
     glu = c["w16a16 K=2048 GLU"]                      # silu(g) * u in registers: no 16-byte x load, no local
     assert glu["mma_bf16"] == 8 and glu["ldg_v4"] == 0 and glu["cvt_bf16x2"] >= 16 and glu["local"] == 0
+    for name in ("w16a16 W_UK", "w16a16 W_UV"):     # the attention's grouped absorptions, rounded to bf16
+        k = c[name]
+        assert k["mma_bf16"] == 8 and k["ldg_v4"] == 8 and k["local"] == 0 and k["pdl_wait"] == 1, name
+    assert c["w16a16 W_UK"]["cvt_bf16"] >= 1                  # bf16 bits into the query rows
 
 
 def test_mla_core_keeps_its_accumulators_in_registers():

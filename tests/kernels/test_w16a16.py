@@ -7,7 +7,7 @@ import torch
 
 from kernels_numba import KernelInputError
 from kernels_numba.sim import sim_speed
-from kernels_numba.w16a16 import linear, repack_w16, row_tiles, unrepack_w16, w16_tiling
+from kernels_numba.w16a16 import Groups, linear, repack_w16, row_tiles, unrepack_w16, w16_tiling
 from numformats.bf16 import bf16
 
 from .helpers import SIMULATED, assert_close, dev, gpu, host, needs_gpu, poisoned
@@ -115,6 +115,35 @@ def test_glu_linear_is_silu_times_up_then_the_linear_and_bad_input():
         linear(poisoned((2, 32)), dev(_x(2, 96, 9)), w, 3)
     with pytest.raises(KernelInputError, match="multiples of 16"):
         repack_w16(torch.zeros(40, 24, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("t", [1, 10])
+def test_grouped_product_is_each_groups_linear_of_its_x_slice(t):
+    """Groups: G stacked matrices, group g reading x columns g XG .. + K of rows XS long and writing
+    out columns g OG .. + GN (an attention's per-head W_UK into q_lat beside q_pe, and W_UV from ctx),
+    with the sums rounded to bf16: into int16 bits and into float32, the reference's r(.)."""
+    g, gn, k, xg, og = 3, 32, 48, 56, 40
+    _, wf, w = _weight(g * gn, k, 14)
+    x = _x(t, g * xg, 15)
+    want = np.stack([_ref(x[:, j * xg:j * xg + k], wf[j * gn:(j + 1) * gn]) for j in range(g)], axis=1)
+    want = bf16(want.astype(np.float32)).float32()                   # [T, G, GN] rounded once
+    groups = Groups(gn, g * xg, xg, og)
+    out16 = dev(np.full((t, g * og), -1, np.int16))
+    out32 = poisoned((t, g * og))
+    with sim_speed():
+        linear(out16, dev(x), w, t, groups=groups, round_out=True)
+        linear(out32, dev(x), w, t, groups=groups, round_out=True)
+    got16 = (host(out16).view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(t, g, og)
+    got32 = host(out32).reshape(t, g, og)
+    for got in (got16, got32):                     # float32 sums in two orders: one bf16 step at most
+        assert_close(got[:, :, :gn], want, rtol=8e-3, atol_rel=8e-3, what=f"T={t}")
+    assert np.array_equal(got16[:, :, :gn], got32[:, :, :gn])                  # the same rounding
+    assert (host(out16).reshape(t, g, og)[:, :, gn:] == -1).all()             # the slots beside untouched
+    assert np.isnan(got32[:, :, gn:]).all()
+    with pytest.raises(KernelInputError, match="grouped"):
+        linear(out32, dev(x), w, t, groups=Groups(24, g * xg, xg, og))
+    with pytest.raises(KernelInputError, match="reads"):
+        linear(out32, dev(x), w, t, groups=Groups(gn, g * xg, xg + 8, og))
 
 
 @gpu

@@ -129,7 +129,9 @@ class MappingSource:
         return ops.dense(mats[0] if len(mats) == 1 else stack_rows(mats), self.fast)
 
     def mla(self, name: str, shape: tuple[int, int]) -> ops.MLA:
-        return ops.mla_weights(dense_matrix(self.w, name), self.fast)
+        cfg = self.cfg
+        return ops.mla_weights(dense_matrix(self.w, name), self.fast, cfg.num_attention_heads,
+                               cfg.qk_nope_head_dim)
 
     def mlp(self, prefix: str, width: int) -> ops.SwiGLU:
         return ops.swiglu_weights(*swiglu(self.w, prefix), fast=self.fast)
@@ -241,7 +243,8 @@ class RandomSource:
 
     def mla(self, name: str, shape: tuple[int, int]) -> ops.MLA:
         n, c = shape
-        return ops.MLA(ops.BLAS_PATH, self._linear_t(c, n).T.contiguous(), a16=True)     # [H*(N+V), C]
+        return ops.mla_w16(self._linear_t(c, n).T.contiguous(), self.cfg.num_attention_heads,   # [H*(N+V), C]
+                           self.cfg.qk_nope_head_dim)
 
     def mlp(self, prefix: str, width: int) -> ops.SwiGLU:
         d = self.cfg.hidden_size
