@@ -31,8 +31,9 @@
 #   probe_random dev/probe_random_source.py: the random-weights test model against the reference, per layer  ~30 s
 #   router       dev/kernels/router.py: the sliced router beside cuBLAS SGEMM logits at 1-65 rows, its parts
 #                alone and six sliced-logits configurations, each checked first                    ~120 s
-#   mla_core     dev/kernels/mla_core.py: the W16A16 attention core kernel beside the torch core at 1-65
-#                rows, contexts 576 and 4096, each checked (and each row against its decode alone) first
+#   mla_core     dev/kernels/mla_core.py: the W16A16 attention core with its absorptions on the W16A16
+#                kernel, and with the core kernel, beside the torch core at 1-65 rows, contexts 576 and
+#                4096, each checked (and the kernel's rows against their decode alone) first
 #   drafter_k26  GPU test of the device drafter at the Kimi-K2.6-DFlash shape (3.5 B parameters, W16A16)
 #                against the reference (tests/engine/test_dflash.py -k kimi; ~40 GB of host memory)
 #   w16a16       dev/kernels/w16a16.py at 1-65 rows (the NT column tiles' rows beside NT = 1) and the GPU

@@ -1,17 +1,21 @@
-"""The W16A16 attention core at K2's shape on a GPU: the core kernel (``ops.W16_CORE_KERNEL``: softmax and
-p @ c_kv with every key at its position in the sequence) beside its baseline, torch's masked softmax and
-cuBLAS's bf16 p @ c_kv over the key index; both after the same cuBLAS q_lat and scores GEMMs and before
-the same W_UV GEMM.
+"""The W16A16 attention core at K2's shape on a GPU, three ways, beside its baseline:
+
+- ``torch`` (the baseline): cuBLAS's bmm for W_UK and W_UV, the scores GEMM, torch's masked softmax and
+  cuBLAS's bf16 p @ c_kv over the key index;
+- ``absorb`` (``ops.W16_ABSORB``): W_UK and W_UV as grouped W16A16 products (PDL), the query's rope part
+  by ``mla.q_rope_kernel``, the rest as ``torch``;
+- ``kernel`` (``ops.W16_CORE_KERNEL``): softmax and p @ c_kv with every key at its position in the
+  sequence, between ``torch``'s bmm products.
 
     python dev/kernels/mla_core.py [--rows 1,5,9,17,65] [--context 576,4096] [--reps 60]
 
-Lines (us per ``ops.mla_attention`` call, the whole core): ``kernel`` and ``torch`` per rows and context.
-Each row count runs a random tree (``ddtree.scenarios.random_tree``) over ``context`` cached bf16
-latent rows; first the two cores are checked against each other (within the bf16 rounding of p and
-ctx in two summation orders), and the kernel's rows against each row's decode alone (its ancestors'
-latent rows moved after the context), bit for bit (a ``#`` line names a row that differs: the cuBLAS
-GEMMs around the core at another row count). Then each is captured in a CUDA graph and timed
-behind a spin kernel (``bench.k2_depth.Timer``); one CSV line per core, rows and context.
+Lines (us per ``ops.mla_attention`` call, the whole core; the step's rope rows and key mask, shared by
+every layer, made once before): per core, rows and context. Each row count runs a random tree
+(``ddtree.scenarios.random_tree``) over ``context`` cached bf16 latent rows; first each core is checked
+against ``torch`` (within the bf16 rounding of q_lat, p, ctx and o in other summation orders), and the
+kernel's rows against each row's decode alone (its ancestors' latent rows moved after the context), bit
+for bit (a ``#`` line names a row that differs: the cuBLAS GEMMs around the core at another row count).
+Then each is captured in a CUDA graph and timed behind a spin kernel (``bench.k2_depth.Timer``).
 """
 
 from __future__ import annotations
@@ -41,16 +45,19 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--heads", type=int, default=0, help="H instead of K2's 64 (a simulator smoke run)")
     a = ap.parse_args()
-    if not on_gpu():
-        ops.BLAS = True                             # the simulator's smoke run: the BLAS path on torch's CPU
+    if not on_gpu():                                # the simulator's smoke run: the BLAS path on torch's CPU,
+        ops.BLAS = ops.W16_KERNEL = True            # the W16A16 kernel simulated
     cfg = preset("k2_6")
     if a.heads:
         cfg = cfg.replace(num_attention_heads=a.heads)
     h, c, r = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     nn, v = cfg.qk_nope_head_dim, cfg.v_head_dim
     rng = np.random.default_rng(0)
-    w = ops.mla_weights(ops.Bf16Host(bf16(rng.standard_normal((h * (nn + v), c)).astype(np.float32) /
-                                          np.sqrt(c)).bits))
+    bits = bf16(rng.standard_normal((h * (nn + v), c)).astype(np.float32) / np.sqrt(c)).bits
+    with patch.object(ops, "W16_ABSORB", True):
+        w_abs = ops.mla_weights(ops.Bf16Host(bits), n_heads=h, nope=nn)
+    w_bmm = ops.mla_weights(ops.Bf16Host(bits))
+    cores = {"torch": (w_bmm, False), "absorb": (w_abs, False), "kernel": (w_bmm, True)}
     timer = Timer(on_gpu(), a.reps)
     print(f"# W16A16 attention core: {h} heads, latent {c} + rope {r}, nope {nn}, v {v}")
     print("core,rows,context,us")
@@ -68,18 +75,22 @@ def main() -> None:
             q, meta = to_device(q_h), to_device(np.array([ctx_len, t, 0, 0, 0, 0, 0, 0], np.int32))
             dv, vv = to_device(depth), to_device(vis.astype(np.uint8))
             o = zeros((t, h * v))
-
-            def run(stream=0, q=q, dv=dv, vv=vv, meta=meta, o=o, t=t, kv=cache, rot=(cos, sin), s8=s8):
-                ops.mla_attention(o, q, kv, w, *rot, dv, vv, meta, cfg.softmax_scale, h, c, r, nn, v, s8, t,
-                                  stream)
-            outs = {}
-            for name, on in (("kernel", True), ("torch", False)):
+            runs, outs = {}, {}
+            for name, (w, on) in cores.items():
                 with patch.object(ops, "W16_CORE_KERNEL", on), ops.sim_speed():
+                    att = ops.attention_rows_buffers([w], t, s8, r // 2)
+                    ops.attention_rows(att, cos, sin, dv, vv, meta, t)
+
+                    def run(stream=0, q=q, dv=dv, vv=vv, meta=meta, o=o, t=t, kv=cache, rot=(cos, sin), s8=s8,
+                            w=w, att=att):
+                        ops.mla_attention(o, q, kv, w, *rot, dv, vv, meta, cfg.softmax_scale, h, c, r, nn, v,
+                                          s8, t, stream, att)
                     run()
-                    outs[name] = download(o).copy()
-            if not np.allclose(outs["kernel"], outs["torch"], rtol=3e-2, atol=3e-3):
-                raise SystemExit(f"the two cores differ at {t} rows, context {ctx_len}: "
-                                 f"{np.abs(outs['kernel'] - outs['torch']).max()}")
+                    runs[name], outs[name] = run, download(o).copy()
+            for name, out in outs.items():
+                if not np.allclose(out, outs["torch"], rtol=3e-2, atol=3e-3):
+                    raise SystemExit(f"the {name} core differs from torch's at {t} rows, context {ctx_len}: "
+                                     f"{np.abs(out - outs['torch']).max()}")
             for i in range(t):                                     # each row against its decode alone
                 slots = np.flatnonzero(vis[i])
                 moved = lat.copy()
@@ -87,15 +98,15 @@ def main() -> None:
                 one, m1 = zeros((1, h * v)), to_device(np.array([ctx_len + depth[i], 1, 0, 0, 0, 0, 0, 0],
                                                                  np.int32))
                 with patch.object(ops, "W16_CORE_KERNEL", True), ops.sim_speed():
-                    ops.mla_attention(one, to_device(q_h[i:i + 1]), to_device(moved), w, cos, sin,
+                    ops.mla_attention(one, to_device(q_h[i:i + 1]), to_device(moved), w_bmm, cos, sin,
                                       to_device(np.zeros(1, np.int32)), to_device(np.ones((1, 1), np.uint8)),
                                       m1, cfg.softmax_scale, h, c, r, nn, v, s8, 1)
                 if not np.array_equal(download(one)[0], outs["kernel"][i]):  # (the cuBLAS GEMMs around)
                     print(f"# row {i} of {t} (slot {slots[-1]}, depth {depth[i]}) differs from its decode "
                           f"alone, context {ctx_len}: {np.abs(download(one)[0] - outs['kernel'][i]).max()}")
-            for name, on in (("kernel", True), ("torch", False)):
+            for name, (_, on) in cores.items():
                 with patch.object(ops, "W16_CORE_KERNEL", on):
-                    print(f"{name},{t},{ctx_len},{timer(run):.2f}", flush=True)
+                    print(f"{name},{t},{ctx_len},{timer(runs[name]):.2f}", flush=True)
 
 
 if __name__ == "__main__":
