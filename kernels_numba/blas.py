@@ -256,11 +256,16 @@ def _attention_bf16(o, kv16, w, q_nope, q_pe, hidden, depth, vis, meta, scale: f
     view(o)[:t].view(t, h, -1).copy_(out.transpose(0, 1))
 
 
-def mla_core16(att: AttentionRows, cache, scale: float, n_heads: int, rows: int, stream=0) -> None:
+def mla_core16(att: AttentionRows, cache, scale: float, n_heads: int, rows: int, stream=0,
+               softmax_kernel: bool = True) -> None:
     """The W16A16 core between the absorptions: att.ctx [T, H*C] float32 = p @ c_kv with p = bf16(masked
     softmax(scale * att.q_all @ kv16.T)) over the bf16 latent cache kv16 [S8, C+R] (int16 bits), float32
     sums; the W_UV kernel rounds ctx to bf16 as it reads it (the reference's r(ctx)). One score GEMM and
-    one p @ c_kv over the step's rows x heads, the key mask ``att.hidden``."""
+    one p @ c_kv over the step's rows x heads, the key mask ``att.hidden``; the softmax on
+    ``mla.softmax16_kernel`` (``softmax_kernel``; one launch for torch's scale, mask, softmax and cast)."""
+    from .blockops import TPB, row_slices
+    from .launch import launch
+    from .mla import softmax16_kernel
     torch = _torch()
     with on(stream):
         kvb = view(cache).view(torch.bfloat16)                                  # [S8, C+R]
@@ -268,10 +273,16 @@ def mla_core16(att: AttentionRows, cache, scale: float, n_heads: int, rows: int,
         if att.keys != s8:
             raise KernelInputError(f"AttentionRows for {att.keys} keys, cache of {s8} rows")
         q = att.q_all[:rows].view(torch.bfloat16).reshape(rows * n_heads, -1)   # [T H, C+R]
-        scores = _bmm16(q, kvb.T, f32=True).view(rows, n_heads, s8)             # [T, H, S8]
-        p = (scores * scale).masked_fill(att.hidden[:rows, None], float("-inf")).softmax(dim=-1)
-        _bmm16(p.to(torch.bfloat16).view(rows * n_heads, s8), kvb[:, :c], f32=True,
-               out=att.ctx[:rows].view(rows * n_heads, c))
+        scores = _bmm16(q, kvb.T, f32=True)                                     # [T H, S8]
+        if softmax_kernel:
+            p = torch.empty(scores.shape, dtype=torch.bfloat16, device=scores.device)
+            launch(softmax16_kernel, rows * n_heads, (TPB, row_slices(s8)), stream,
+                   (kernel_view(p.view(torch.int16)), kernel_view(scores),
+                    kernel_view(att.hidden.view(torch.uint8)), n_heads, np.float32(scale)))
+        else:
+            p = (scores.view(rows, n_heads, s8) * scale).masked_fill(att.hidden[:rows, None], float("-inf"))
+            p = p.softmax(dim=-1).to(torch.bfloat16).view(rows * n_heads, s8)
+        _bmm16(p, kvb[:, :c], f32=True, out=att.ctx[:rows].view(rows * n_heads, c))
 
 
 def experts_grouped(h, x, ids, wts, w13, w2, rows: int, stream=0) -> None:

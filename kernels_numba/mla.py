@@ -10,7 +10,8 @@ vis[i, j] != 0; its rope position is start + depth[i].
 
 - ``mla_prep_kernel``: per new row, q_norm(c_q) and the latent row (kv_norm(c_kv) || rope(k_pe)),
   written to cache rows start + i.
-- ``q_rope_kernel``: the W16A16 core's query rows, rope part (the W_UK part: ``w16a16`` grouped).
+- ``q_rope_kernel``: the W16A16 core's query rows, rope part (the W_UK part: ``w16a16`` grouped);
+  ``softmax16_kernel``: its masked softmax into bf16 probabilities (the GEMMs around it: cuBLAS).
 - ``make_mla_attention``: per (row, head) block, q_lat = W_UK^T q_nope, rope(q_pe), masked softmax
   over the cache in shared memory, ctx = p @ c_kv, o = W_UV ctx. W_UK / W_UV are read from wkv_b
   [H*(N+V), C] in place (no per-token absorption in a separate launch).
@@ -24,7 +25,7 @@ import numpy as np
 from numba import cuda
 
 from ._validate import KernelInputError, check
-from .blockops import KS, TPB, block_lane, block_max, block_sum, scale_row
+from .blockops import KS, ROW_THREADS, TPB, block_lane, block_max, block_sum, scale_row
 from .device import SIMULATED
 from .intrinsics import bf162_to_f32, griddep_launch_dependents, griddep_wait, stored_as
 from .rmsnorm import NORM_JIT, NORM_THREADS, row_rms_scale
@@ -214,6 +215,37 @@ def key_mask_kernel(hidden, vis, meta):
         t = j - start
         seen = t < 0 or (t < live and vis[i, t] != 0)
         hidden[i, j] = 0 if seen else 1
+
+
+@cuda.jit
+def softmax16_kernel(p16, scores, hidden, n_heads, scale):
+    """p16 [T*H, S8] int16 bf16 bits = bf16(softmax over the keys of scale * scores [T*H, S8]) with key j
+    of row t hidden where hidden[t, j] (uint8 [T, S8], the step's key mask), hidden keys 0; a row with
+    every key hidden (a padding row) all 0. float32 max, sums and quotient, keys in index order, as
+    torch's masked softmax. grid (T*H,), block (32, ks); PDL."""
+    griddep_wait()
+    griddep_launch_dependents()
+    sh = cuda.shared.array(ROW_THREADS, np.float32)
+    row = cuda.blockIdx.x
+    t = row // n_heads
+    lt, nt = block_lane()
+    nk = scores.shape[1]
+    m = -math.inf
+    for j in range(lt, nk, nt):
+        if hidden[t, j] == 0:
+            m = max(m, scores[row, j] * scale)
+    m = np.float32(block_max(sh, m))
+    total = np.float32(0.0)
+    if m != -math.inf:
+        for j in range(lt, nk, nt):
+            if hidden[t, j] == 0:
+                total += math.exp(scores[row, j] * scale - m)
+    total = np.float32(block_sum(sh, total))
+    for j in range(lt, nk, nt):
+        v = np.float32(0.0)
+        if hidden[t, j] == 0 and m != -math.inf:
+            v = math.exp(scores[row, j] * scale - m) / total
+        p16[row, j] = stored_as(p16, v)
 
 
 # ---- the W16A16 attention core in logical key order ---------------------------------------------------

@@ -116,6 +116,7 @@ W16_CORE_KERNEL = False                      # the W16A16 attention core's softm
                                              # off until v2 (key chunks) is timed (v1: 1.2-23x slower)
 W16_ABSORB = True                            # the W16A16 core's W_UK / W_UV products on the W16A16 kernel
                                              # (grouped by head, PDL) where it runs, else cuBLAS's bmm
+W16_SOFTMAX = True                           # ... and then its masked softmax on mla.softmax16_kernel
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
 
@@ -625,7 +626,7 @@ def _mla_absorbed_w16(o, q, cache, w: MLA, att, cos, sin, depth, meta, scale: fl
                                                             np.int32(r_dim), np.int32(c_rank)))
     w16a16.linear(qa, q, w.uk, rows, stream=stream, groups=Groups(c_rank, q.shape[1], nope + r_dim,
                                                                  c_rank + r_dim), round_out=True)
-    blas.mla_core16(att, cache, scale, n_heads, rows, stream)
+    blas.mla_core16(att, cache, scale, n_heads, rows, stream, W16_SOFTMAX)
     w16a16.linear(kernel_array(o), ctx, w.uv, rows, stream=stream,
                   groups=Groups(v_dim, n_heads * c_rank, c_rank, v_dim), round_out=True)
 

@@ -3,7 +3,8 @@
 - ``torch`` (the baseline): cuBLAS's bmm for W_UK and W_UV, the scores GEMM, torch's masked softmax and
   cuBLAS's bf16 p @ c_kv over the key index;
 - ``absorb`` (``ops.W16_ABSORB``): W_UK and W_UV as grouped W16A16 products (PDL), the query's rope part
-  by ``mla.q_rope_kernel``, the rest as ``torch``;
+  by ``mla.q_rope_kernel``, the rest as ``torch``; ``absorb_softmax``: and the masked softmax on
+  ``mla.softmax16_kernel`` (``ops.W16_SOFTMAX``);
 - ``kernel`` (``ops.W16_CORE_KERNEL``): softmax and p @ c_kv with every key at its position in the
   sequence, between ``torch``'s bmm products.
 
@@ -57,7 +58,8 @@ def main() -> None:
     with patch.object(ops, "W16_ABSORB", True):
         w_abs = ops.mla_weights(ops.Bf16Host(bits), n_heads=h, nope=nn)
     w_bmm = ops.mla_weights(ops.Bf16Host(bits))
-    cores = {"torch": (w_bmm, False), "absorb": (w_abs, False), "kernel": (w_bmm, True)}
+    cores = {"torch": (w_bmm, False, False), "absorb": (w_abs, False, False),
+             "absorb_softmax": (w_abs, False, True), "kernel": (w_bmm, True, False)}
     timer = Timer(on_gpu(), a.reps)
     print(f"# W16A16 attention core: {h} heads, latent {c} + rope {r}, nope {nn}, v {v}")
     print("core,rows,context,us")
@@ -76,8 +78,9 @@ def main() -> None:
             dv, vv = to_device(depth), to_device(vis.astype(np.uint8))
             o = zeros((t, h * v))
             runs, outs = {}, {}
-            for name, (w, on) in cores.items():
-                with patch.object(ops, "W16_CORE_KERNEL", on), ops.sim_speed():
+            for name, (w, on, sm) in cores.items():
+                with patch.object(ops, "W16_CORE_KERNEL", on), patch.object(ops, "W16_SOFTMAX", sm), \
+                        ops.sim_speed():
                     att = ops.attention_rows_buffers([w], t, s8, r // 2)
                     ops.attention_rows(att, cos, sin, dv, vv, meta, t)
 
@@ -104,8 +107,8 @@ def main() -> None:
                 if not np.array_equal(download(one)[0], outs["kernel"][i]):  # (the cuBLAS GEMMs around)
                     print(f"# row {i} of {t} (slot {slots[-1]}, depth {depth[i]}) differs from its decode "
                           f"alone, context {ctx_len}: {np.abs(download(one)[0] - outs['kernel'][i]).max()}")
-            for name, (_, on) in cores.items():
-                with patch.object(ops, "W16_CORE_KERNEL", on):
+            for name, (_, on, sm) in cores.items():
+                with patch.object(ops, "W16_CORE_KERNEL", on), patch.object(ops, "W16_SOFTMAX", sm):
                     print(f"{name},{t},{ctx_len},{timer(runs[name]):.2f}", flush=True)
 
 

@@ -14,7 +14,7 @@ from kernels_numba.blockops import KS, TPB
 from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel, tiled_config
 from kernels_numba.int4_staged import make_int4_staged_kernel
 from kernels_numba.intrinsics import stored_as
-from kernels_numba.mla import make_mla_core_bf16, mla_prep_kernel, q_rope_kernel
+from kernels_numba.mla import make_mla_core_bf16, mla_prep_kernel, q_rope_kernel, softmax16_kernel
 from kernels_numba.moe import choose_moe_config, stream_k_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
@@ -172,6 +172,8 @@ def launch_fit_builds() -> dict:
             "router slices": fit(logit_slices_kernel, (f2, f2, f2, i1, f2), TPB * SLICE_WARPS),
             "router slices f16": fit(logit_slices_f16_kernel, (f2, f2, f2, i1, u2), TPB * SLICE_WARPS),
             "route K2": fit(route, (T.int32[:, ::1], f2, f2, f2, f1, i1), TPB * KS),
+            "softmax16": fit(softmax16_kernel, (T.int16[:, ::1], f2, T.uint8[:, ::1], T.int32, T.float32),
+                             TPB * KS),
             "q_rope": fit(q_rope_kernel, (T.int16[:, ::1], f2, f2, f2, i1, i1, *(T.int32,) * 3), TPB),
             "w16a16 K=8192 MT=9": fit(make_w16a16_kernel(8192, ks, cpw, nb, 9, 1, True),
                                       (f2, f1, _sig(T.uint32), T.int64), ks * 32)}

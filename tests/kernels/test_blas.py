@@ -238,11 +238,13 @@ def test_w16a16_attention_core_kernel_equals_torch_core(on_blas, monkeypatch):
     assert (outs[0][live:] == 0).all()
 
 
-def test_w16a16_absorptions_on_the_kernel_equal_the_bmm_core(on_blas, monkeypatch):
+@pytest.mark.parametrize("softmax", [True, False])
+def test_w16a16_absorptions_on_the_kernel_equal_the_bmm_core(on_blas, monkeypatch, softmax):
     """The W16A16 core with W_UK and W_UV as grouped W16A16 products (``ops.W16_ABSORB``, the rope part
-    of the query rows by ``mla.q_rope_kernel``) against cuBLAS's / torch's bmm over the same bf16 cache
-    and tree: q_lat, p, ctx and o are rounded to bf16 after float32 sums in other orders, so within a
-    few bf16 steps; rows past meta[1] are finite (zeros in, never read as live)."""
+    of the query rows by ``mla.q_rope_kernel``), its softmax on ``mla.softmax16_kernel`` or torch's
+    (``ops.W16_SOFTMAX``), against cuBLAS's / torch's bmm over the same bf16 cache and tree: q_lat, p,
+    ctx and o are rounded to bf16 after float32 sums in other orders, so within a few bf16 steps; rows
+    past meta[1] are finite (zeros in, never read as live)."""
     from numformats.bf16 import bf16
     cfg = preset("tiny2")
     rng = np.random.default_rng(5)
@@ -257,6 +259,7 @@ def test_w16a16_absorptions_on_the_kernel_equal_the_bmm_core(on_blas, monkeypatc
     meta = to_device(np.array([start, live, 0, 0, 0, 0, 0, 0], np.int32))
     cos, sin = (to_device(t) for t in rope_tables(cfg, s8))
     monkeypatch.setattr(ops, "W16_KERNEL", True)
+    monkeypatch.setattr(ops, "W16_SOFTMAX", softmax)
     outs = []
     for absorb in (True, False):
         monkeypatch.setattr(ops, "W16_ABSORB", absorb)
