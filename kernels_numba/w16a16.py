@@ -59,6 +59,10 @@ from .launch import launch
 ZERO = float32(0.0)
 ROW_TILES = (1, 2, 3, 5, 9)    # the row-tile counts compiled: T <= 8, 16, 24, 40, 72 rows (a verify of
                                # B + 1 rows at B = 1..64 takes 1, 1, 1, 2, 3, 5, 9)
+PIPE_TILES = 2                 # up to this many row tiles (16 rows), one column tile a block and ...
+PIPE_BLOCKS = 264              # ... at most this many blocks (two an SM: more blocks keep more batches in
+                               # flight already): two batches of weights in registers, one loading while
+                               # the other multiplies (`pipelined`)
 MIN_BLOCKS = 132               # a wave of blocks on the H200's 132 SMs (tiles_per_block keeps one)
 
 
@@ -143,14 +147,21 @@ def tiles_per_block(w: Bf16Weight, mt: int, multi: bool) -> int:
     return 1
 
 
+def pipelined(w: Bf16Weight, mt: int, nt: int) -> bool:
+    """Whether a launch keeps two batches of weights in flight a warp: few row tiles (the registers),
+    one column tile a block and a grid of at most two blocks an SM (an SM with more blocks has more
+    batches in flight already, and the extra registers would cost it one). The same bits either way."""
+    return mt <= PIPE_TILES and nt == 1 and w.n // 16 <= PIPE_BLOCKS
+
+
 @functools.cache
 def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC: bool, GLU: bool = False,
-                       GROUPS: Groups | None = None, ROUND: bool = False):
+                       GROUPS: Groups | None = None, ROUND: bool = False, PIPE: bool = False):
     """out [T, N] float32 (+= when ACC) = bf16(x [T, K] float32) @ W.T for rows < n_rows (<= 8 MT),
     NT column tiles a block. GLU: x is gu [T, 2K] = [g || u] and the activation silu(g) * u, computed in
     float32 as the lane reads it (a SwiGLU's down projection without a kernel of its own between).
     GROUPS: a grouped product (module docstring; NT = 1); ROUND: sums rounded to bf16 (out float32
-    or int16 bits)."""
+    or int16 bits); PIPE (NT = 1, NB >= 2): batch b + 1's weights load while batch b multiplies."""
     K16 = K // 16
     XS = GROUPS.xs if GROUPS else (2 * K if GLU else K)            # x's row stride
     GN = GROUPS.gn if GROUPS else 1 << 30                          # one group: every column in group 0
@@ -160,6 +171,47 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
     PF = CPW // NT                                                 # steps per weight load, each tile
     NWL = CPW * 4                                                  # PF steps of NT tiles
     NACC = NT * MT * 4
+    PIPE = PIPE and NT == 1 and NB >= 2                            # two batches of weights in flight
+
+    @cuda.jit(device=True, inline="always")
+    def load_steps(wl, wq, nt0, b, h, warp, lane):
+        """Steps s0 + h PF .. + PF of batch b (s0 = this warp's first), every tile, into registers wl."""
+        s0 = b * KS * CPW + warp * CPW
+        for n in range(NT):
+            base = ((nt0 + n) * K16 + s0 + h * PF) * 128 + lane * 4
+            for ci in range(PF):
+                w = ld_stream_v4(wq, base + ci * 128)
+                wi = (n * PF + ci) * 4
+                wl[wi] = w[0]
+                wl[wi + 1] = w[1]
+                wl[wi + 2] = w[2]
+                wl[wi + 3] = w[3]
+
+    @cuda.jit(device=True, inline="always")
+    def mma_steps(acc, wl, x, b, h, warp, g, t, n_rows, xg0):
+        """The MMAs of those steps over every row tile, chained into acc in step order."""
+        s0 = b * KS * CPW + warp * CPW
+        for ci in range(PF):
+            col = (s0 + h * PF + ci) * 16 + 4 * t                  # this lane's 4 columns of the step
+            for m in range(MT):                                    # every tile, branch-free: rows past
+                row = min(m * 8 + g, n_rows - 1)                   # n_rows read the last row, never stored
+                if GLU:
+                    xi = row * XS + col                            # silu(g) * u, float32, rounded as x is
+                    xa = f32_to_bf162(silu_mul(x[xi], x[xi + K]), silu_mul(x[xi + 1], x[xi + K + 1]))
+                    xb = f32_to_bf162(silu_mul(x[xi + 2], x[xi + K + 2]), silu_mul(x[xi + 3], x[xi + K + 3]))
+                else:
+                    xv = ld_v4(x, row * XS + xg0 + col)
+                    xa = bits_to_bf162(xv[0], xv[1])
+                    xb = bits_to_bf162(xv[2], xv[3])
+                for n in range(NT):                                # one x fragment, NT weight tiles
+                    wi = (n * PF + ci) * 4
+                    ai = (n * MT + m) * 4
+                    d = mma_16816_bf16(wl[wi], wl[wi + 1], wl[wi + 2], wl[wi + 3], xa, xb,
+                                       acc[ai], acc[ai + 1], acc[ai + 2], acc[ai + 3])
+                    acc[ai] = d[0]                                 # four statements, not a loop: one
+                    acc[ai + 1] = d[1]                             # more loop level and LLVM stops unrolling
+                    acc[ai + 2] = d[2]
+                    acc[ai + 3] = d[3]
 
     @cuda.jit
     def w16a16_kernel(out, x, wq, n_rows):
@@ -170,50 +222,36 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
         g = lane >> 2
         t = lane & 3
         red = cuda.shared.array(NRED, float32)
-        wl = cuda.local.array(NWL, uint32)
         acc = cuda.local.array(NACC, float32)
         for i in range(NACC):
             acc[i] = ZERO
         grp = nt0 * 16 // GN
         xg0 = grp * XG
         oc0 = grp * OSHIFT
-        for b in range(NB):
-            s0 = b * KS * CPW + warp * CPW                         # this warp's first step in batch b
-            for h in range(NT):                                    # steps s0 + h PF .. + PF, every tile
-                for n in range(NT):
-                    base = ((nt0 + n) * K16 + s0 + h * PF) * 128 + lane * 4
-                    for ci in range(PF):
-                        w = ld_stream_v4(wq, base + ci * 128)
-                        wi = (n * PF + ci) * 4
-                        wl[wi] = w[0]
-                        wl[wi + 1] = w[1]
-                        wl[wi + 2] = w[2]
-                        wl[wi + 3] = w[3]
-                if b == 0 and h == 0:
-                    griddep_wait()                                 # x and out are the previous kernels'
-                    griddep_launch_dependents()
-                for ci in range(PF):
-                    col = (s0 + h * PF + ci) * 16 + 4 * t          # this lane's 4 columns of the step
-                    for m in range(MT):                            # every tile, branch-free: rows past
-                        row = min(m * 8 + g, n_rows - 1)           # n_rows read the last row, never stored
-                        if GLU:
-                            xi = row * XS + col                    # silu(g) * u, float32, rounded as x is
-                            xa = f32_to_bf162(silu_mul(x[xi], x[xi + K]), silu_mul(x[xi + 1], x[xi + K + 1]))
-                            xb = f32_to_bf162(silu_mul(x[xi + 2], x[xi + K + 2]),
-                                              silu_mul(x[xi + 3], x[xi + K + 3]))
-                        else:
-                            xv = ld_v4(x, row * XS + xg0 + col)
-                            xa = bits_to_bf162(xv[0], xv[1])
-                            xb = bits_to_bf162(xv[2], xv[3])
-                        for n in range(NT):                        # one x fragment, NT weight tiles
-                            wi = (n * PF + ci) * 4
-                            ai = (n * MT + m) * 4
-                            d = mma_16816_bf16(wl[wi], wl[wi + 1], wl[wi + 2], wl[wi + 3], xa, xb,
-                                               acc[ai], acc[ai + 1], acc[ai + 2], acc[ai + 3])
-                            acc[ai] = d[0]                         # four statements, not a loop: one
-                            acc[ai + 1] = d[1]                     # more loop level and LLVM stops unrolling
-                            acc[ai + 2] = d[2]
-                            acc[ai + 3] = d[3]
+        if PIPE:                                                   # batch b + 1 loads while b multiplies
+            wa = cuda.local.array(NWL, uint32)
+            wb = cuda.local.array(NWL, uint32)
+            load_steps(wa, wq, nt0, 0, 0, warp, lane)
+            load_steps(wb, wq, nt0, 1, 0, warp, lane)
+            griddep_wait()                                         # x and out are the previous kernels'
+            griddep_launch_dependents()
+            for b in range(0, NB, 2):
+                mma_steps(acc, wa, x, b, 0, warp, g, t, n_rows, xg0)
+                if b + 2 < NB:
+                    load_steps(wa, wq, nt0, b + 2, 0, warp, lane)
+                if b + 1 < NB:
+                    mma_steps(acc, wb, x, b + 1, 0, warp, g, t, n_rows, xg0)
+                    if b + 3 < NB:
+                        load_steps(wb, wq, nt0, b + 3, 0, warp, lane)
+        else:
+            wl = cuda.local.array(NWL, uint32)
+            for b in range(NB):
+                for h in range(NT):                                # steps s0 + h PF .. + PF, every tile
+                    load_steps(wl, wq, nt0, b, h, warp, lane)
+                    if b == 0 and h == 0:
+                        griddep_wait()
+                        griddep_launch_dependents()
+                    mma_steps(acc, wl, x, b, h, warp, g, t, n_rows, xg0)
         for n in range(NT):
             for m in range(MT):
                 if m * 8 < n_rows:                                 # the same for every thread: no split sync
@@ -277,5 +315,6 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
         n = min(most, rows - r0)
         mt = row_tiles(n)
         nt = 1 if groups is not None else tiles_per_block(w, mt, multi_tile)
-        kernel = make_w16a16_kernel(w.k, ks, cpw, nb, mt, nt, accumulate, glu, groups, round_out)
+        kernel = make_w16a16_kernel(w.k, ks, cpw, nb, mt, nt, accumulate, glu, groups, round_out,
+                                    pipelined(w, mt, nt))
         launch(kernel, w.n // (16 * nt), ks * 32, stream, (out[r0:], flat(x[r0:]), w.words, n))

@@ -132,6 +132,9 @@ def w16a16_builds() -> dict:
         ks, cpw, nb = w16_tiling(k)       # a1 at decode, wo at B = 64; NT tiles a block at B = 16 and 32
         out[f"w16a16 K={k} MT={mt} NT={nt}"] = counts(make_w16a16_kernel(k, ks, cpw, nb, mt, nt, acc),
                                                (rows2d, a(T.float32), a(T.uint32), T.int64))
+    ks, cpw, nb = w16_tiling(7168)                # a1 at decode: 132 blocks, two batches in flight a warp
+    out["w16a16 K=7168 pipelined"] = counts(make_w16a16_kernel(7168, ks, cpw, nb, 1, 1, False, PIPE=True),
+                                            (rows2d, a(T.float32), a(T.uint32), T.int64))
     ks, cpw, nb = w16_tiling(2048)                # the shared expert's down projection, silu(g) * u read in
     out["w16a16 K=2048 GLU"] = counts(make_w16a16_kernel(2048, ks, cpw, nb, 1, 1, True, True),
                                       (rows2d, a(T.float32), a(T.uint32), T.int64))

@@ -117,6 +117,27 @@ def test_glu_linear_is_silu_times_up_then_the_linear_and_bad_input():
         repack_w16(torch.zeros(40, 24, dtype=torch.bfloat16))
 
 
+def test_two_batches_in_flight_change_no_bit(monkeypatch):
+    """A small grid at up to PIPE_TILES row tiles loads the next batch's weights while the current one
+    multiplies; the MMAs still chain in step order, so every bit equals the one-batch-at-a-time kernel
+    (NB = 3 and 2)."""
+    import kernels_numba.w16a16 as w16
+    for k, t in ((3072, 1), (2048, 9)):
+        assert w16.w16_tiling(k)[2] == {3072: 3, 2048: 2}[k]
+        _, _, w = _weight(32, k, 16)
+        x = dev(_x(t, k, 17))
+        outs = []
+        for tiles in (2, 0):
+            monkeypatch.setattr(w16, "PIPE_TILES", tiles)
+            assert w16.pipelined(w, row_tiles(t), 1) == (tiles == 2)
+            outs.append(poisoned((t, 32)))
+            with sim_speed():
+                linear(outs[-1], x, w, t)
+        assert np.array_equal(host(outs[0]), host(outs[1])), k
+    big = _weight(16 * (w16.PIPE_BLOCKS + 1), 64, 18)[2]                    # more blocks: one batch at a time
+    assert not w16.pipelined(big, 1, 1) and not w16.pipelined(w, 3, 1)
+
+
 @pytest.mark.parametrize("t", [1, 10])
 def test_grouped_product_is_each_groups_linear_of_its_x_slice(t):
     """Groups: G stacked matrices, group g reading x columns g XG .. + K of rows XS long and writing
