@@ -2,7 +2,9 @@
 ``dense_w16`` weight) beside its baseline, cuBLAS's bf16 GEMM with float32 output (the BLAS path,
 ``torch.mm(bf16(x), W.T, out_dtype=float32)``), and the weight bytes each must read; from 17 rows
 also the kernel with NT column tiles a block where it takes more than one (``w16a16_nt``,
-``ops.W16_MULTI_TILE``), checked equal to one tile a block bit for bit first.
+``ops.W16_MULTI_TILE``), and where the package keeps two batches of weights in flight a warp
+(``w16a16.pipelined``) the kernel with one (``w16a16_v3``), each checked equal to the package kernel bit
+for bit first.
 
     python dev/kernels/w16a16.py [--rows 1,2,5,9,17,33,65] [--reps 40] [--shapes a1,wq_b,wo,w13,w2,head]
 
@@ -33,6 +35,7 @@ SHAPES = {"a1": (7168, 2112), "wq_b": (1536, 12288), "wo": (8192, 7168), "w13": 
 
 def main() -> None:
     import torch
+    w16 = ops.w16a16                                # its PIPE_TILES switch (the same bits, v3 beside v4)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,2,5,9,17,33,65")
     ap.add_argument("--reps", type=int, default=40)
@@ -74,9 +77,17 @@ def main() -> None:
                 if not np.array_equal(download(nt), got):
                     raise SystemExit(f"{name} at {t} rows: NT tiles a block differ from one tile a block")
                 paths.append(("w16a16_nt", kern, True))
+            if w16.pipelined(kern.wt, ops.row_tiles(t), 1):             # v3: one batch in flight a warp
+                v3 = rows_view(ref.reshape(-1), t, n)
+                with patch.object(w16, "PIPE_TILES", 0):
+                    ops.linear(v3, x, kern, meta, t)
+                if not np.array_equal(download(v3), got):
+                    raise SystemExit(f"{name} at {t} rows: one batch in flight differs from two")
+                paths.append(("w16a16_v3", kern, False))
             mb = k * n * 2 / 1e6
             for path, w, multi in paths:
-                with patch.object(ops, "W16_MULTI_TILE", multi):
+                with patch.object(ops, "W16_MULTI_TILE", multi), \
+                        patch.object(w16, "PIPE_TILES", 0 if path == "w16a16_v3" else w16.PIPE_TILES):
                     us = timer(lambda s, w=w, o=o, t=t, x=x: ops.linear(o, x, w, meta, t, s))
                 print(f"{name},{k},{n},{t},{path},{us:.2f},{mb:.1f}", flush=True)
         del w_t, kern, blas
