@@ -34,6 +34,7 @@ and writes into its slot of a wider row (q_lat beside q_pe). ``round_out``: the 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,14 +157,18 @@ def pipelined(w: Bf16Weight, mt: int, nt: int) -> bool:
 
 @functools.cache
 def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC: bool, GLU: bool = False,
-                       GROUPS: Groups | None = None, ROUND: bool = False, PIPE: bool = False):
+                       GROUPS: Groups | None = None, ROUND: bool = False, PIPE: bool = False,
+                       NORM: bool = False, XROW: int = 0):
     """out [T, N] float32 (+= when ACC) = bf16(x [T, K] float32) @ W.T for rows < n_rows (<= 8 MT),
     NT column tiles a block. GLU: x is gu [T, 2K] = [g || u] and the activation silu(g) * u, computed in
     float32 as the lane reads it (a SwiGLU's down projection without a kernel of its own between).
     GROUPS: a grouped product (module docstring; NT = 1); ROUND: sums rounded to bf16 (out float32
-    or int16 bits); PIPE (NT = 1, NB >= 2): batch b + 1's weights load while batch b multiplies."""
+    or int16 bits); PIPE (NT = 1, NB >= 2): batch b + 1's weights load while batch b multiplies.
+    NORM (MT = 1, no GLU or groups): x is rmsnorm(x) * nw with eps, each row's 1 / rms summed by the block
+    after the PDL wait (an RMSNorm folded into the projection after it); XROW: x's row stride (K when 0).
+    Arguments (out, x, wq, n_rows, nw, eps): nw and eps are read with NORM only."""
     K16 = K // 16
-    XS = GROUPS.xs if GROUPS else (2 * K if GLU else K)            # x's row stride
+    XS = GROUPS.xs if GROUPS else XROW or (2 * K if GLU else K)    # x's row stride
     GN = GROUPS.gn if GROUPS else 1 << 30                          # one group: every column in group 0
     XG = GROUPS.xg if GROUPS else 0
     OSHIFT = GROUPS.og - GROUPS.gn if GROUPS else 0                # out column - W row, per group
@@ -172,6 +177,36 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
     NWL = CPW * 4                                                  # PF steps of NT tiles
     NACC = NT * MT * 4
     PIPE = PIPE and NT == 1 and NB >= 2                            # two batches of weights in flight
+    NTHR = KS * 32
+    NSQ = 8 * NTHR + 8 * KS if NORM else 1                         # row_scales' slots
+    if NORM and (MT != 1 or GLU or GROUPS):
+        raise KernelInputError("a W16A16 product with its RMSNorm takes one row tile, no GLU or groups")
+
+    @cuda.jit(device=True, inline="always")
+    def row_scales(nr, sq, x, n_rows, eps, tid, warp, lane):
+        """nr[r] = 1 / sqrt(mean(x[r]^2) + eps) for rows r < n_rows (<= 8), float32: thread tid sums its
+        strided features of every row, lane r of each warp its warp's 32 sums of row r, thread r the
+        warps' sums in order."""
+        for r in range(8):
+            a = ZERO
+            if r < n_rows:
+                for j in range(tid, K, NTHR):
+                    v = x[r * XS + j]
+                    a += v * v
+            sq[r * NTHR + tid] = a
+        cuda.syncthreads()
+        if lane < n_rows:
+            a = ZERO
+            for i in range(32):
+                a += sq[lane * NTHR + warp * 32 + i]
+            sq[8 * NTHR + lane * KS + warp] = a
+        cuda.syncthreads()
+        if tid < n_rows:
+            a = ZERO
+            for w_ in range(KS):
+                a += sq[8 * NTHR + tid * KS + w_]
+            nr[tid] = float32(1.0) / math.sqrt(a / float32(K) + eps)
+        cuda.syncthreads()
 
     @cuda.jit(device=True, inline="always")
     def load_steps(wl, wq, nt0, b, h, warp, lane):
@@ -188,7 +223,7 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
                 wl[wi + 3] = w[3]
 
     @cuda.jit(device=True, inline="always")
-    def mma_steps(acc, wl, x, b, h, warp, g, t, n_rows, xg0):
+    def mma_steps(acc, wl, x, b, h, warp, g, t, n_rows, xg0, nr, nw):
         """The MMAs of those steps over every row tile, chained into acc in step order."""
         s0 = b * KS * CPW + warp * CPW
         for ci in range(PF):
@@ -199,6 +234,11 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
                     xi = row * XS + col                            # silu(g) * u, float32, rounded as x is
                     xa = f32_to_bf162(silu_mul(x[xi], x[xi + K]), silu_mul(x[xi + 1], x[xi + K + 1]))
                     xb = f32_to_bf162(silu_mul(x[xi + 2], x[xi + K + 2]), silu_mul(x[xi + 3], x[xi + K + 3]))
+                elif NORM:
+                    xi = row * XS + col                            # w * (x * r): the reference's order
+                    r = nr[row]
+                    xa = f32_to_bf162(nw[col] * (x[xi] * r), nw[col + 1] * (x[xi + 1] * r))
+                    xb = f32_to_bf162(nw[col + 2] * (x[xi + 2] * r), nw[col + 3] * (x[xi + 3] * r))
                 else:
                     xv = ld_v4(x, row * XS + xg0 + col)
                     xa = bits_to_bf162(xv[0], xv[1])
@@ -214,7 +254,7 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
                     acc[ai + 3] = d[3]
 
     @cuda.jit
-    def w16a16_kernel(out, x, wq, n_rows):
+    def w16a16_kernel(out, x, wq, n_rows, nw, eps):
         nt0 = cuda.blockIdx.x * NT
         tid = cuda.threadIdx.x
         warp = tid >> 5
@@ -222,6 +262,8 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
         g = lane >> 2
         t = lane & 3
         red = cuda.shared.array(NRED, float32)
+        sq = cuda.shared.array(NSQ, float32)
+        nr = cuda.shared.array(8, float32)
         acc = cuda.local.array(NACC, float32)
         for i in range(NACC):
             acc[i] = ZERO
@@ -235,12 +277,14 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
             load_steps(wb, wq, nt0, 1, 0, warp, lane)
             griddep_wait()                                         # x and out are the previous kernels'
             griddep_launch_dependents()
+            if NORM:
+                row_scales(nr, sq, x, n_rows, eps, tid, warp, lane)
             for b in range(0, NB, 2):
-                mma_steps(acc, wa, x, b, 0, warp, g, t, n_rows, xg0)
+                mma_steps(acc, wa, x, b, 0, warp, g, t, n_rows, xg0, nr, nw)
                 if b + 2 < NB:
                     load_steps(wa, wq, nt0, b + 2, 0, warp, lane)
                 if b + 1 < NB:
-                    mma_steps(acc, wb, x, b + 1, 0, warp, g, t, n_rows, xg0)
+                    mma_steps(acc, wb, x, b + 1, 0, warp, g, t, n_rows, xg0, nr, nw)
                     if b + 3 < NB:
                         load_steps(wb, wq, nt0, b + 3, 0, warp, lane)
         else:
@@ -251,7 +295,9 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
                     if b == 0 and h == 0:
                         griddep_wait()
                         griddep_launch_dependents()
-                    mma_steps(acc, wl, x, b, h, warp, g, t, n_rows, xg0)
+                        if NORM:
+                            row_scales(nr, sq, x, n_rows, eps, tid, warp, lane)
+                    mma_steps(acc, wl, x, b, h, warp, g, t, n_rows, xg0, nr, nw)
         for n in range(NT):
             for m in range(MT):
                 if m * 8 < n_rows:                                 # the same for every thread: no split sync
@@ -282,12 +328,13 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
 
 def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
            multi_tile: bool = False, glu: bool = False, groups: Groups | None = None,
-           round_out: bool = False) -> None:
+           round_out: bool = False, norm: tuple | None = None) -> None:
     """out [T, N] (+)= bf16(x [T, K]) @ W.T for the first ``rows`` rows (float32 x and out);
     ``multi_tile``: NT column tiles a block where ``tiles_per_block`` gives them (the same bits);
     ``glu``: x is [T, 2K] = [g || u] and the activation silu(g) * u (a SwiGLU's down projection);
     ``groups``: a grouped product, x [T, XS], out [T, >= (G - 1) OG + GN] (module docstring);
-    ``round_out``: the sums rounded to bf16; an int16 ``out`` takes them as bf16 bits."""
+    ``round_out``: the sums rounded to bf16; an int16 ``out`` takes them as bf16 bits;
+    ``norm`` (nw [K] float32, eps): x is rmsnorm(x[:, :K]) * nw (x [T, >= K]; at most 8 rows)."""
     if not isinstance(w, Bf16Weight):
         raise KernelInputError("w must come from repack_w16")
     cols, width = w.n, (2 * w.k if glu else w.k)
@@ -301,6 +348,15 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
             raise KernelInputError(f"a grouped W16A16 product reads {(ng - 1) * g.xg + w.k} columns of "
                                    f"rows of {g.xs}")
         cols, width = (ng - 1) * g.og + g.gn, g.xs
+    x_row = 0
+    if norm is not None:
+        if glu or groups is not None or rows > 8:
+            raise KernelInputError(f"a W16A16 product with its RMSNorm takes at most 8 rows, no GLU or "
+                                   f"groups (got {rows} rows)")
+        x_row = int(as_array(x, "x").shape[1])
+        if x_row < w.k or x_row % 4:
+            raise KernelInputError(f"x: rows of {x_row} features, the norm needs {w.k} (a multiple of 4)")
+        width = x_row
     x = check(x, "x", np.float32, (None, width))
     out = as_array(out, "out")
     o16 = not accumulate and np.dtype(out.dtype) == np.int16
@@ -309,12 +365,14 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
         raise KernelInputError(f"out: shape {tuple(out.shape)} but {cols} columns are required")
     if not 1 <= rows <= min(x.shape[0], out.shape[0]):
         raise KernelInputError(f"rows must be in 1..{min(x.shape[0], out.shape[0])}, got {rows}")
+    nw, eps = (check(norm[0], "norm weight", np.float32, (w.k,)), np.float32(norm[1])) if norm is not None \
+        else (flat(x), np.float32(0.0))                              # (not read without the norm)
     ks, cpw, nb = w16_tiling(w.k)
     most = 8 * ROW_TILES[-1]
     for r0 in range(0, rows, most):                    # a prefill's rows, 72 at a time (rows are independent)
         n = min(most, rows - r0)
         mt = row_tiles(n)
-        nt = 1 if groups is not None else tiles_per_block(w, mt, multi_tile)
+        nt = 1 if groups is not None or norm is not None else tiles_per_block(w, mt, multi_tile)
         kernel = make_w16a16_kernel(w.k, ks, cpw, nb, mt, nt, accumulate, glu, groups, round_out,
-                                    pipelined(w, mt, nt))
-        launch(kernel, w.n // (16 * nt), ks * 32, stream, (out[r0:], flat(x[r0:]), w.words, n))
+                                    pipelined(w, mt, nt), norm is not None, x_row)
+        launch(kernel, w.n // (16 * nt), ks * 32, stream, (out[r0:], flat(x[r0:]), w.words, n, nw, eps))

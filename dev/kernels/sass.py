@@ -173,7 +173,8 @@ def glue_builds():
         ks, cpw, nb = ops.w16_tiling(k)
         kern = ops.make_w16a16_kernel(k, ks, cpw, nb, 1, 1, False, True)
         out.append((f"w16a16 glu K={k} threads={ks * 32}", kern,
-                    sig(f32(t, n), f32(2 * k * t), np.zeros(n * k // 2, np.uint32), T.int64)))
+                    sig(f32(t, n), f32(2 * k * t), np.zeros(n * k // 2, np.uint32), T.int64, f32(k),
+                        T.float32)))
     return out
 
 

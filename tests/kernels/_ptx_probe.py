@@ -128,21 +128,24 @@ def router_builds() -> dict:
 def w16a16_builds() -> dict:
     a, out = _sig, {}
     rows2d = T.float32[:, ::1]
+    args = (a(T.float32), a(T.uint32), T.int64, a(T.float32), T.float32)     # x, wq, n_rows, nw, eps
     for k, mt, nt, acc in ((7168, 1, 1, False), (8192, 9, 1, True), (7168, 3, 4, False), (8192, 5, 2, True)):
         ks, cpw, nb = w16_tiling(k)       # a1 at decode, wo at B = 64; NT tiles a block at B = 16 and 32
         out[f"w16a16 K={k} MT={mt} NT={nt}"] = counts(make_w16a16_kernel(k, ks, cpw, nb, mt, nt, acc),
-                                               (rows2d, a(T.float32), a(T.uint32), T.int64))
+                                               (rows2d, *args))
     ks, cpw, nb = w16_tiling(7168)                # a1 at decode: 132 blocks, two batches in flight a warp
     out["w16a16 K=7168 pipelined"] = counts(make_w16a16_kernel(7168, ks, cpw, nb, 1, 1, False, PIPE=True),
-                                            (rows2d, a(T.float32), a(T.uint32), T.int64))
+                                            (rows2d, *args))
+    normed = make_w16a16_kernel(7168, ks, cpw, nb, 1, 1, False, PIPE=True, NORM=True)   # ... and its RMSNorm
+    out["w16a16 K=7168 norm"] = counts(normed, (rows2d, *args))
     ks, cpw, nb = w16_tiling(2048)                # the shared expert's down projection, silu(g) * u read in
     out["w16a16 K=2048 GLU"] = counts(make_w16a16_kernel(2048, ks, cpw, nb, 1, 1, True, True),
-                                      (rows2d, a(T.float32), a(T.uint32), T.int64))
+                                      (rows2d, *args))
     for name, k, g, o in (("W_UK", 128, Groups(512, 12288, 192, 576), T.int16[:, ::1]),   # K2's absorptions
                           ("W_UV", 512, Groups(128, 32768, 512, 128), rows2d)):
         ks, cpw, nb = w16_tiling(k)
         out[f"w16a16 {name}"] = counts(make_w16a16_kernel(k, ks, cpw, nb, 1, 1, False, False, g, True),
-                                       (o, a(T.float32), a(T.uint32), T.int64))
+                                       (o, *args))
     return out
 
 
@@ -179,7 +182,7 @@ def launch_fit_builds() -> dict:
                              TPB * KS),
             "q_rope": fit(q_rope_kernel, (T.int16[:, ::1], f2, f2, f2, i1, i1, *(T.int32,) * 3), TPB),
             "w16a16 K=8192 MT=9": fit(make_w16a16_kernel(8192, ks, cpw, nb, 9, 1, True),
-                                      (f2, f1, _sig(T.uint32), T.int64), ks * 32)}
+                                      (f2, f1, _sig(T.uint32), T.int64, f1, T.float32), ks * 32)}
 
 
 GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds, "moe_gemm": moe_gemm_builds,

@@ -121,6 +121,8 @@ def test_w16a16_linear_streams_weights_into_bf16_mma():
     pipe = c["w16a16 K=7168 pipelined"]       # two batches a loop pass: 2 x 8 MMAs; weights 2 x 8 loads ahead
     assert pipe["mma_bf16"] == 16 and pipe["ldg_v4"] == 16 and pipe["ldg_nc_v4"] == 32     # and 2 x 8 in it
     assert pipe["local"] == 0 and pipe["pdl_wait"] == 1 and pipe["pdl_launch"] == 1
+    norm = c["w16a16 K=7168 norm"]                # the RMSNorm folded in: x by scalar loads, three barriers
+    assert norm["mma_bf16"] == 16 and norm["ldg_v4"] == 0 and norm["local"] == 0 and norm["bar"] >= 5
     glu = c["w16a16 K=2048 GLU"]                      # silu(g) * u in registers: no 16-byte x load, no local
     assert glu["mma_bf16"] == 8 and glu["ldg_v4"] == 0 and glu["cvt_bf16x2"] >= 16 and glu["local"] == 0
     for name in ("w16a16 W_UK", "w16a16 W_UV"):     # the attention's grouped absorptions, rounded to bf16

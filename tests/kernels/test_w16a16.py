@@ -138,6 +138,27 @@ def test_two_batches_in_flight_change_no_bit(monkeypatch):
     assert not w16.pipelined(big, 1, 1) and not w16.pipelined(w, 3, 1)
 
 
+@pytest.mark.parametrize("k,t", [(96, 1), (2048, 5)])      # one batch; two in flight
+def test_norm_folded_into_the_product_is_rmsnorm_then_the_linear(k, t):
+    """norm: x is rmsnorm(x[:, :K]) * nw (rows of x wider than K: the query part of the fused
+    q_a / kv_a output), each row's 1 / rms summed by the block; one rms in another order may flip a bf16
+    rounding of the normed x: a few bf16 ulps of an input's share. Bad input: one line."""
+    from workbench.reference.layers import rmsnorm
+    n, eps = 32, 1e-6
+    _, wf, w = _weight(n, k, 19)
+    x = _x(t, k + 20, 20) * 3.0
+    nw = (1.0 + 0.1 * _x(1, k, 21)[0]).astype(np.float32)
+    out = poisoned((t, n))
+    with sim_speed():
+        linear(out, dev(x), w, t, norm=(dev(nw), eps))
+    want = _ref(rmsnorm(x[:, :k], nw, eps), wf)
+    assert_close(host(out), want, rtol=3e-3, atol_rel=3e-3, what=f"K={k} T={t}")
+    with pytest.raises(KernelInputError, match="at most 8 rows"):
+        linear(poisoned((9, n)), dev(_x(9, k, 20)), w, 9, norm=(dev(nw), eps))
+    with pytest.raises(KernelInputError, match="norm weight"):
+        linear(out, dev(x), w, t, norm=(dev(nw[:-1].copy()), eps))
+
+
 @pytest.mark.parametrize("t", [1, 10])
 def test_grouped_product_is_each_groups_linear_of_its_x_slice(t):
     """Groups: G stacked matrices, group g reading x columns g XG .. + K of rows XS long and writing
