@@ -117,6 +117,7 @@ W16_CORE_KERNEL = False                      # the W16A16 attention core's softm
 W16_ABSORB = True                            # the W16A16 core's W_UK / W_UV products on the W16A16 kernel
                                              # (grouped by head, PDL) where it runs, else cuBLAS's bmm
 W16_SOFTMAX = True                           # ... and then its masked softmax on mla.softmax16_kernel
+W16_NORM = True                              # an RMSNorm before a W16A16 projection inside it (<= 8 rows)
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
 
@@ -547,14 +548,37 @@ def embed(h, table, ids, meta, rows: int, stream=0) -> None:
     embed_kernel[rows, (TPB, row_slices(h.shape[1])), stream](h, table, ids, meta)
 
 
-def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False) -> None:
-    """out [T, N] (+)= x [T, K] @ W.T."""
-    if w.path == W16A16:
+def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False, norm=None) -> None:
+    """out [T, N] (+)= x [T, K] @ W.T; ``norm`` (weight [K], eps) where ``folds_norm``: x [T, >= K] is
+    rmsnorm(x[:, :K]) * weight, in the product."""
+    if norm is not None:
+        if not folds_norm(w, rows):
+            raise KernelInputError(f"an RMSNorm folds into a W16A16 projection of at most 8 rows, not a "
+                                   f"{w.path} one of {rows}")
+        w16a16.linear(kernel_array(out), kernel_array(x), w.wt, rows, accumulate, stream,
+                      norm=(kernel_array(norm[0]), norm[1]))
+    elif w.path == W16A16:
         w16a16.linear(kernel_array(out), kernel_array(x), w.wt, rows, accumulate, stream, W16_MULTI_TILE)
     elif w.path == BLAS_PATH:
         blas.linear(out, x, w.wt, rows, accumulate=accumulate, stream=stream)
     else:
         _linear(out, x, w.wt, meta, rows, accumulate=accumulate, stream=stream)
+
+
+def folds_norm(w: Dense, rows: int) -> bool:
+    """Whether the RMSNorm before ``w`` runs inside its product (``linear(..., norm=)``): a W16A16
+    projection on the kernel and at most 8 rows (``W16_NORM``), so the norm needs no launch of its own."""
+    return W16_NORM and w.path == W16A16 and rows <= 8
+
+
+def norm_linear(out, x, norm_w, eps: float, w: Dense, xn, meta, rows: int, stream=0) -> None:
+    """out [T, N] = (rmsnorm(x) * norm_w) @ W.T: folded into the product where ``folds_norm``, else the
+    norm into xn [T, K] and then the linear."""
+    if folds_norm(w, rows):
+        linear(out, x, w, meta, rows, stream, norm=(norm_w, eps))
+    else:
+        rmsnorm(xn, x, norm_w, eps, meta, rows, stream)
+        linear(out, xn, w, meta, rows, stream)
 
 
 def mla_prep(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank: int, c_rank: int, eps: float,
@@ -759,12 +783,12 @@ __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Bf16Weight", "W16A16", "dens
            "Scratch", "Staged", "SwiGLU", "advance", "argmax", "attention_rows", "attention_rows_buffers",
            "choose_config", "choose_moe_config", "copy_rows", "dense", "draft_attention",
            "draft_gather_rows", "draft_head_norm_rope", "embed", "expert_tiles", "experts_fused",
-           "fused_experts", "GEMV_TOKENS",
+           "folds_norm", "fused_experts", "GEMV_TOKENS",
            "gemm_workspace", "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep",
            "mla_w16", "mla_weights", "moe", "moe_fused", "moe_grouped", "moe_portable", "moe_stages",
-           "moe_weights", "moe_workspace", "padded_keys", "portable_stack", "repack_experts", "rmsnorm",
-           "route", "routed_experts", "router", "sim_speed", "swiglu", "swiglu_weights", "tiled_config",
-           "topk_logprobs", "torch_view", "tree_compile", "unrepack_int4"]
+           "moe_weights", "moe_workspace", "norm_linear", "padded_keys", "portable_stack", "repack_experts",
+           "rmsnorm", "route", "routed_experts", "router", "sim_speed", "swiglu", "swiglu_weights",
+           "tiled_config", "topk_logprobs", "torch_view", "tree_compile", "unrepack_int4"]
 # the kernel ladders' group (dev/kernels/)
 __all__ += ["GemmWorkspace", "TILE_ROWS", "stream_k_config",
             "fused_moe", "int4_matmul", "make_int4_matmul_kernel", "make_int4_staged_kernel",

@@ -79,14 +79,8 @@ class LayerRig:
 
     # ---- the parts a step is timed in (each a launch sequence on stream s) -------------------------
     def parts(self, n: int, own_routing: bool = False) -> dict[str, Any]:
-        b, cfg, lay, sc = self.buf, self.cfg, self.lay, self.scratch
-        eps = cfg.rms_norm_eps
-
-        def attention(s):
-            ops.rmsnorm(b.x, b.h, lay.attn_norm, eps, b.meta, n, s)
-            mla(self, lay, self.cache, n, s)
-
-        out = {"attention": attention}
+        b, lay, sc = self.buf, self.lay, self.scratch
+        out = {"attention": lambda s: mla(self, lay, self.cache, n, s)}
         if b.att is not None:                         # once per step, shared by all layers: timed apart
             out["step_rows"] = lambda s: step_rows(self, n, s)
         if lay.moe is None:
