@@ -36,8 +36,11 @@
 #                4096, each checked (and the kernel's rows against their decode alone) first
 #   drafter_k26  GPU test of the device drafter at the Kimi-K2.6-DFlash shape (3.5 B parameters, W16A16)
 #                against the reference (tests/engine/test_dflash.py -k kimi; ~40 GB of host memory)
-#   w16a16       dev/kernels/w16a16.py at 1-65 rows (the NT column tiles' rows beside NT = 1) and the GPU
-#                test of the W16A16 kernel and the attention core
+#   w16a16       dev/kernels/w16a16.py at 1-65 rows (the NT column tiles' rows beside NT = 1, v3 beside the
+#                pipelined v4) and the GPU test of the W16A16 kernel and the attention core
+#   smoke        GPU tier of the kernels a K2 layer runs (W16A16 with its groups, folded norm and two batches
+#                in flight, the attention core's kernels, norms, router, rows), on 8 workers: the first call
+#                after kernels changed without a GPU                                               ~120 s
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -93,6 +96,10 @@ for step in $STEPS; do
     w16a16) run "w16a16_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/w16a16.py --rows 1,9,17,33,65
             run tier_w16a16 240 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
               tests/kernels/test_w16a16.py tests/kernels/test_mla.py tests/kernels/test_blas.py ;;
+    smoke) run "gpu_tier_smoke_${KDTREE_GIT_SHA}" 300 env KDTREE_GPU=1 python3 -m pytest -q -n 8 \
+             -p no:cacheprovider -p no:warnings tests/kernels/test_w16a16.py tests/kernels/test_blas.py \
+             tests/kernels/test_mla.py tests/kernels/test_rmsnorm.py tests/kernels/test_router.py \
+             tests/kernels/test_ops.py tests/engine/test_ar.py -k "not k2_slice" ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done

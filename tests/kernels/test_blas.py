@@ -2,6 +2,8 @@
 GPU, torch's CPU BLAS here) against the portable kernels on fresh random inputs, and which FP32 weights
 take it. The engine tests run whole generations on it (tests/engine, ``blas_engine``)."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -208,34 +210,52 @@ def test_bf16_experts_want_the_bf16_output_mark(on_blas):
         ops.moe_weights(rt, plain, None)
 
 
+def _core_step(name: str, seed: int) -> SimpleNamespace:
+    """A W16A16 attention core's step on ``name``'s shape: wkv_b's bf16 bits and the step's inputs, a bf16
+    cache of 16 rows, 7 cached, a tree of 4 rows of which 3 live."""
+    from numformats.bf16 import bf16
+    cfg = preset(name)
+    rng = np.random.default_rng(seed)
+    h, c, r = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    nn, v = cfg.qk_nope_head_dim, cfg.v_head_dim
+    s8, start, rows, live = 16, 7, 4, 3
+    return SimpleNamespace(
+        cfg=cfg, s8=s8, rows=rows, live=live,
+        cache=to_device(bf16(rng.standard_normal((s8, c + r)).astype(np.float32)).bits.view(np.int16)),
+        q=to_device(rng.standard_normal((rows, h * (nn + r))).astype(np.float32)),
+        bits=bf16(rng.standard_normal((h * (nn + v), c)).astype(np.float32) * 0.1).bits,
+        depth=to_device(np.array([0, 1, 1, 2], np.int32)),
+        vis=to_device(np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], np.uint8)),
+        meta=to_device(np.array([start, live, 0, 0, 0, 0, 0, 0], np.int32)),
+        rope=tuple(to_device(t) for t in rope_tables(cfg, s8)))
+
+
+def _core_out(st: SimpleNamespace, w, att=None) -> np.ndarray:
+    """o [rows, H*V] of ``ops.mla_attention`` with the weights ``w`` over ``_core_step``'s inputs."""
+    cfg = st.cfg
+    h, v = cfg.num_attention_heads, cfg.v_head_dim
+    o = zeros((st.rows, h * v))
+    with ops.sim_speed():
+        if att is not None:
+            ops.attention_rows(att, *st.rope, st.depth, st.vis, st.meta, st.rows)
+        ops.mla_attention(o, st.q, st.cache, w, *st.rope, st.depth, st.vis, st.meta, cfg.softmax_scale, h,
+                          cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, v, st.s8, st.rows,
+                          att=att)
+    return download(o)
+
+
 def test_w16a16_attention_core_kernel_equals_torch_core(on_blas, monkeypatch):
     """The W16A16 attention core on mla.py's core kernel (``ops.W16_CORE_KERNEL``) against torch's masked
     softmax and p @ c_kv over the same bf16 cache, tree and scores, within what rounding p and ctx to
     bf16 in another summation order moves; the rows past meta[1] read zeros on the kernel."""
-    from numformats.bf16 import bf16
-    cfg = preset("tiny")
-    rng = np.random.default_rng(3)
-    h, c, r = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    nn, v = cfg.qk_nope_head_dim, cfg.v_head_dim
-    s8, start, rows, live = 16, 7, 4, 3
-    cache = to_device(bf16(rng.standard_normal((s8, c + r)).astype(np.float32)).bits.view(np.int16))
-    q = to_device(rng.standard_normal((rows, h * (nn + r))).astype(np.float32))
-    wkv_b = rng.standard_normal((h * (nn + v), c)).astype(np.float32) * 0.1
-    w = ops.mla_weights(ops.Bf16Host(bf16(wkv_b).bits))
-    depth = to_device(np.array([0, 1, 1, 2], np.int32))
-    vis = to_device(np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], np.uint8))
-    meta = to_device(np.array([start, live, 0, 0, 0, 0, 0, 0], np.int32))
-    cos, sin = (to_device(t) for t in rope_tables(cfg, s8))
+    st = _core_step("tiny", 3)
+    w = ops.mla_weights(ops.Bf16Host(st.bits))
     outs = []
     for kernel in (True, False):
         monkeypatch.setattr(ops, "W16_CORE_KERNEL", kernel)
-        o = zeros((rows, h * v))
-        with ops.sim_speed():
-            ops.mla_attention(o, q, cache, w, cos, sin, depth, vis, meta, cfg.softmax_scale, h, c, r, nn, v,
-                              s8, rows)
-        outs.append(download(o))
-    np.testing.assert_allclose(outs[0][:live], outs[1][:live], rtol=2e-2, atol=2e-3)
-    assert (outs[0][live:] == 0).all()
+        outs.append(_core_out(st, w))
+    np.testing.assert_allclose(outs[0][:st.live], outs[1][:st.live], rtol=2e-2, atol=2e-3)
+    assert (outs[0][st.live:] == 0).all()
 
 
 @pytest.mark.parametrize("softmax", [True, False])
@@ -245,35 +265,19 @@ def test_w16a16_absorptions_on_the_kernel_equal_the_bmm_core(on_blas, monkeypatc
     (``ops.W16_SOFTMAX``), against cuBLAS's / torch's bmm over the same bf16 cache and tree: q_lat, p,
     ctx and o are rounded to bf16 after float32 sums in other orders, so within a few bf16 steps; rows
     past meta[1] are finite (zeros in, never read as live)."""
-    from numformats.bf16 import bf16
-    cfg = preset("tiny2")
-    rng = np.random.default_rng(5)
-    h, c, r = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    nn, v = cfg.qk_nope_head_dim, cfg.v_head_dim
-    s8, start, rows, live = 16, 7, 4, 3
-    cache = to_device(bf16(rng.standard_normal((s8, c + r)).astype(np.float32)).bits.view(np.int16))
-    q = to_device(rng.standard_normal((rows, h * (nn + r))).astype(np.float32))
-    bits = bf16(rng.standard_normal((h * (nn + v), c)).astype(np.float32) * 0.1).bits
-    depth = to_device(np.array([0, 1, 1, 2], np.int32))
-    vis = to_device(np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], np.uint8))
-    meta = to_device(np.array([start, live, 0, 0, 0, 0, 0, 0], np.int32))
-    cos, sin = (to_device(t) for t in rope_tables(cfg, s8))
+    st = _core_step("tiny2", 5)
+    cfg = st.cfg
     monkeypatch.setattr(ops, "W16_KERNEL", True)
     monkeypatch.setattr(ops, "W16_SOFTMAX", softmax)
     outs = []
     for absorb in (True, False):
         monkeypatch.setattr(ops, "W16_ABSORB", absorb)
-        w = ops.mla_weights(ops.Bf16Host(bits), n_heads=h, nope=nn)
+        w = ops.mla_weights(ops.Bf16Host(st.bits), n_heads=cfg.num_attention_heads, nope=cfg.qk_nope_head_dim)
         assert (w.uk is not None) == absorb
-        att = ops.attention_rows_buffers([w], rows, s8, r // 2)
+        att = ops.attention_rows_buffers([w], st.rows, st.s8, cfg.qk_rope_head_dim // 2)
         assert (att.q_all is not None) == absorb and att.hidden is not None
-        o = zeros((rows, h * v))
-        with ops.sim_speed():
-            ops.attention_rows(att, cos, sin, depth, vis, meta, rows)
-            ops.mla_attention(o, q, cache, w, cos, sin, depth, vis, meta, cfg.softmax_scale, h, c, r, nn, v,
-                              s8, rows, att=att)
-        outs.append(download(o))
-    np.testing.assert_allclose(outs[0][:live], outs[1][:live], rtol=2e-2, atol=2e-3)
+        outs.append(_core_out(st, w, att))
+    np.testing.assert_allclose(outs[0][:st.live], outs[1][:st.live], rtol=2e-2, atol=2e-3)
     assert np.isfinite(outs[0]).all()
     o16 = outs[0].view(np.uint32) & 0xFFFF                         # o rounded to bf16: no low bits
     assert (o16 == 0).all()
