@@ -20,6 +20,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``bits_to_bf162(u, v)`` | ``cvt.rn.bf16x2.f32`` of two float32 given as bits: low = u, high = v | numpy |
 | ``h2_to_f32(u)`` | two ``cvt.f32.f16`` of a half2's low and high halves | numpy float16 |
 | ``bf162_to_f32(u)`` | a bf16 pair word's low and high halves as float32 (shift / mask, exact) | numpy |
+| ``as_f32(u)`` | a 32-bit word as the float32 it holds (a bitcast: a ``ld_v4`` of floats) | numpy |
 | ``f32_to_h2(a, b)`` | two ``cvt.rn.f16.f32`` packed low = a, high = b | numpy float16 |
 | ``f32_to_bf162(a, b)`` | ``cvt.rn.bf16x2.f32`` of two float32 values: low = a, high = b | numpy |
 | ``stored_as(a, v)`` | ``v`` as ``a``'s element: itself (float32), ``cvt.rn.bf16.f32`` (int16 bits) | numpy |
@@ -267,6 +268,10 @@ _sim_mma = _sim_mma_of(bf16=False)
 _sim_mma_bf16 = _sim_mma_of(bf16=True)
 
 
+def _sim_as_f32(u):
+    return np.array([int(u) & 0xFFFFFFFF], np.uint32).view(np.float32)[0]
+
+
 def _sim_bits_to_bf162(u, v):
     from numformats.bf16 import bf16
     b = bf16(np.array([int(u) & 0xFFFFFFFF, int(v) & 0xFFFFFFFF], np.uint32).view(np.float32)).bits
@@ -371,6 +376,12 @@ def _build_gpu():
                                "cvt.f32.f16 $0, lo;\ncvt.f32.f16 $1, hi;\n}", "=f,=f,r")
             return _tuple(context, builder, sig.return_type, builder.call(asm, [v]), 2)
         return types.UniTuple(types.float32, 2)(u), codegen
+
+    @intrinsic
+    def as_f32(typingctx, u):
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(context.cast(builder, args[0], sig.args[0], types.uint32), f32)
+        return types.float32(u), codegen
 
     @intrinsic
     def bf162_to_f32(typingctx, u):
@@ -592,7 +603,8 @@ def _build_gpu():
             stored_as, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
-            mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait)
+            mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait,
+            as_f32)
 
 
 if SIMULATED:
@@ -609,6 +621,7 @@ if SIMULATED:
     f32_to_bf162 = _sim_f32_to_bf162
     h2_to_f32 = _sim_h2_to_f32
     bf162_to_f32 = _sim_bf162_to_f32
+    as_f32 = _sim_as_f32
     f32_to_h2 = _sim_f32_to_h2
     stored_as = _sim_stored_as
     ld_u32 = _sim_ld_u32
@@ -627,4 +640,5 @@ else:
      h2_to_f32, bf162_to_f32, f32_to_h2, stored_as, ld_u32,
      ld_cg_f32, ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for, griddep_launch_dependents,
      globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx, mbar_wait,
-     st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait) = _build_gpu()
+     st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait,
+     as_f32) = _build_gpu()

@@ -117,7 +117,8 @@ W16_CORE_KERNEL = False                      # the W16A16 attention core's softm
 W16_ABSORB = True                            # the W16A16 core's W_UK / W_UV products on the W16A16 kernel
                                              # (grouped by head, PDL) where it runs, else cuBLAS's bmm
 W16_SOFTMAX = True                           # ... and then its masked softmax on mla.softmax16_kernel
-W16_NORM = True                              # an RMSNorm before a W16A16 projection inside it (<= 8 rows)
+W16_NORM = True                              # an RMSNorm before a W16A16 projection inside it ...
+FOLD_ROWS = 16                               # ... up to this many rows (then as many registers as fit)
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
 
@@ -552,9 +553,8 @@ def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False
     """out [T, N] (+)= x [T, K] @ W.T; ``norm`` (weight [K], eps) where ``folds_norm``: x [T, >= K] is
     rmsnorm(x[:, :K]) * weight, in the product."""
     if norm is not None:
-        if not folds_norm(w, rows):
-            raise KernelInputError(f"an RMSNorm folds into a W16A16 projection of at most 8 rows, not a "
-                                   f"{w.path} one of {rows}")
+        if w.path != W16A16:
+            raise KernelInputError(f"an RMSNorm folds into a W16A16 projection on the kernel, not {w.path}")
         w16a16.linear(kernel_array(out), kernel_array(x), w.wt, rows, accumulate, stream,
                       norm=(kernel_array(norm[0]), norm[1]))
     elif w.path == W16A16:
@@ -567,18 +567,24 @@ def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False
 
 def folds_norm(w: Dense, rows: int) -> bool:
     """Whether the RMSNorm before ``w`` runs inside its product (``linear(..., norm=)``): a W16A16
-    projection on the kernel and at most 8 rows (``W16_NORM``), so the norm needs no launch of its own."""
-    return W16_NORM and w.path == W16A16 and rows <= 8
+    projection on the kernel and up to FOLD_ROWS rows (``W16_NORM``; every block sums its rows' scales,
+    and past 16 rows its registers spill)."""
+    return W16_NORM and w.path == W16A16 and rows <= FOLD_ROWS
 
 
 def norm_linear(out, x, norm_w, eps: float, w: Dense, xn, meta, rows: int, stream=0) -> None:
     """out [T, N] = (rmsnorm(x) * norm_w) @ W.T: folded into the product where ``folds_norm``, else the
-    norm into xn [T, K] and then the linear."""
+    norm into xn [T, K] and then the linear. Before a W16A16 projection on the kernel the unfused norm
+    sums as the folded one (``w16a16.norm_rows``), so a row's bits do not depend on the row count (a
+    verify row equals its decode row) with or without the fold."""
     if folds_norm(w, rows):
         linear(out, x, w, meta, rows, stream, norm=(norm_w, eps))
+        return
+    if W16_NORM and w.path == W16A16:
+        w16a16.norm_rows(kernel_array(xn), kernel_array(x), w.wt, kernel_array(norm_w), eps, rows, stream)
     else:
         rmsnorm(xn, x, norm_w, eps, meta, rows, stream)
-        linear(out, xn, w, meta, rows, stream)
+    linear(out, xn, w, meta, rows, stream)
 
 
 def mla_prep(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank: int, c_rank: int, eps: float,

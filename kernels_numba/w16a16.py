@@ -45,6 +45,7 @@ from ._validate import KernelInputError, as_array, check, flat
 from .blockops import silu_mul
 from .device import SIMULATED
 from .intrinsics import (
+    as_f32,
     bf162_to_f32,
     bits_to_bf162,
     f32_to_bf162,
@@ -85,6 +86,12 @@ class Groups:
     xs: int
     xg: int
     og: int
+
+
+@cuda.jit(device=True, inline="always")
+def normed(w_bits, x_bits, r):
+    """w * (x * r) of a float32 weight and input given as their bits (a 16-byte load's words)."""
+    return as_f32(w_bits) * (as_f32(x_bits) * r)
 
 
 def _torch():
@@ -148,6 +155,88 @@ def tiles_per_block(w: Bf16Weight, mt: int, multi: bool) -> int:
     return 1
 
 
+def sq_slots(ks: int) -> int:
+    """Shared float32 slots ``row_scales`` takes with ``ks`` warps."""
+    return 8 * ks * 32 + 8 * ks
+
+
+@functools.cache
+def make_row_scales(K: int, KS: int, XS: int, NRS: int):
+    """The RMSNorm scales of a W16A16 product's rows (``linear(..., norm=)``), an inline device function
+    row_scales(nr, sq, x, n_rows, eps, tid, warp, lane) for a block of KS warps: nr[r] = 1 / sqrt(mean(
+    x[r]^2) + eps) for rows r < n_rows <= NRS of x (rows XS long, K features), float32, 8 rows at a time:
+    thread tid sums its strided features of each row, lane i of each warp its warp's 32 sums of row i,
+    thread i the warps' sums in order. The order is set by K and KS alone, so a row's scale is the same
+    whatever the row count, fused or in ``norm_rows``."""
+    NTHR = KS * 32
+
+    @cuda.jit(device=True, inline="always")
+    def row_scales(nr, sq, x, n_rows, eps, tid, warp, lane):
+        for r0 in range(0, NRS, 8):
+            if r0 < n_rows:                                        # the same in every thread of the block
+                for r in range(min(8, n_rows - r0)):               # a runtime bound: not unrolled, the
+                    a = ZERO                                       # registers stay the MMA loop's
+                    for j in range(tid, K, NTHR):
+                        v = x[(r0 + r) * XS + j]
+                        a += v * v
+                    sq[r * NTHR + tid] = a
+                cuda.syncthreads()
+                if lane < 8 and r0 + lane < n_rows:
+                    a = ZERO
+                    for i in range(32):
+                        a += sq[lane * NTHR + warp * 32 + i]
+                    sq[8 * NTHR + lane * KS + warp] = a
+                cuda.syncthreads()
+                if tid < 8 and r0 + tid < n_rows:
+                    a = ZERO
+                    for w_ in range(KS):
+                        a += sq[8 * NTHR + tid * KS + w_]
+                    nr[r0 + tid] = float32(1.0) / math.sqrt(a / float32(K) + eps)
+                cuda.syncthreads()
+
+    return row_scales
+
+
+@functools.cache
+def make_norm_rows_kernel(K: int, KS: int):
+    """out [T, K] = rmsnorm(x [T, K]) * nw for rows < n_rows, each row's scale as a W16A16 product of KS
+    warps over K features sums it with the norm folded in (``make_row_scales``): grid (ceil(n / 8),),
+    block (32 KS,), 8 rows a block; PDL."""
+    NTHR = KS * 32
+    NSQ = sq_slots(KS)
+    row_scales = make_row_scales(K, KS, K, 8)
+
+    @cuda.jit
+    def norm_rows_kernel(out, x, nw, eps, n_rows):
+        griddep_wait()
+        griddep_launch_dependents()
+        sq = cuda.shared.array(NSQ, float32)
+        nr = cuda.shared.array(8, float32)
+        tid = cuda.threadIdx.x
+        r0 = cuda.blockIdx.x * 8
+        n = min(8, n_rows - r0)
+        row_scales(nr, sq, x[r0 * K:], n, eps, tid, tid >> 5, tid & 31)
+        for r in range(n):
+            for j in range(tid, K, NTHR):
+                out[r0 + r, j] = nw[j] * (x[(r0 + r) * K + j] * nr[r])
+
+    return norm_rows_kernel
+
+
+def norm_rows(out, x, w: Bf16Weight, nw, eps: float, rows: int, stream=0) -> None:
+    """out [T, K] float32 = rmsnorm(x [T, K]) * nw for the first ``rows`` rows, the bits a product on
+    ``w`` with the norm folded in (``linear(..., norm=)``) reads: the unfused path for row counts where
+    the fold does not pay."""
+    x = check(x, "x", np.float32, (None, w.k))
+    out = check(out, "out", np.float32, (None, w.k))
+    nw = check(nw, "norm weight", np.float32, (w.k,))
+    if not 1 <= rows <= min(x.shape[0], out.shape[0]):
+        raise KernelInputError(f"rows must be in 1..{min(x.shape[0], out.shape[0])}, got {rows}")
+    ks = w16_tiling(w.k)[0]
+    launch(make_norm_rows_kernel(w.k, ks), -(-rows // 8), ks * 32, stream, (out, flat(x), nw, np.float32(eps),
+                                                                             rows))
+
+
 def pipelined(w: Bf16Weight, mt: int, nt: int) -> bool:
     """Whether a launch keeps two batches of weights in flight a warp: few row tiles (the registers),
     one column tile a block and a grid of at most two blocks an SM (an SM with more blocks has more
@@ -158,17 +247,17 @@ def pipelined(w: Bf16Weight, mt: int, nt: int) -> bool:
 @functools.cache
 def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC: bool, GLU: bool = False,
                        GROUPS: Groups | None = None, ROUND: bool = False, PIPE: bool = False,
-                       NORM: bool = False, XROW: int = 0):
+                       NORM: bool = False):
     """out [T, N] float32 (+= when ACC) = bf16(x [T, K] float32) @ W.T for rows < n_rows (<= 8 MT),
     NT column tiles a block. GLU: x is gu [T, 2K] = [g || u] and the activation silu(g) * u, computed in
     float32 as the lane reads it (a SwiGLU's down projection without a kernel of its own between).
     GROUPS: a grouped product (module docstring; NT = 1); ROUND: sums rounded to bf16 (out float32
     or int16 bits); PIPE (NT = 1, NB >= 2): batch b + 1's weights load while batch b multiplies.
-    NORM (MT = 1, no GLU or groups): x is rmsnorm(x) * nw with eps, each row's 1 / rms summed by the block
-    after the PDL wait (an RMSNorm folded into the projection after it); XROW: x's row stride (K when 0).
+    NORM (NT = 1, no GLU or groups): x is rmsnorm(x) * nw with eps, each row's 1 / rms summed by the block
+    after the PDL wait (an RMSNorm folded into the projection after it).
     Arguments (out, x, wq, n_rows, nw, eps): nw and eps are read with NORM only."""
     K16 = K // 16
-    XS = GROUPS.xs if GROUPS else XROW or (2 * K if GLU else K)    # x's row stride
+    XS = GROUPS.xs if GROUPS else (2 * K if GLU else K)            # x's row stride
     GN = GROUPS.gn if GROUPS else 1 << 30                          # one group: every column in group 0
     XG = GROUPS.xg if GROUPS else 0
     OSHIFT = GROUPS.og - GROUPS.gn if GROUPS else 0                # out column - W row, per group
@@ -177,36 +266,12 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
     NWL = CPW * 4                                                  # PF steps of NT tiles
     NACC = NT * MT * 4
     PIPE = PIPE and NT == 1 and NB >= 2                            # two batches of weights in flight
-    NTHR = KS * 32
-    NSQ = 8 * NTHR + 8 * KS if NORM else 1                         # row_scales' slots
-    if NORM and (MT != 1 or GLU or GROUPS):
-        raise KernelInputError("a W16A16 product with its RMSNorm takes one row tile, no GLU or groups")
+    NRS = 8 * MT                                                   # rows whose 1 / rms a block keeps
+    NSQ = sq_slots(KS) if NORM else 1
+    if NORM and (NT != 1 or GLU or GROUPS):
+        raise KernelInputError("a W16A16 product with its RMSNorm takes one column tile, no GLU or groups")
 
-    @cuda.jit(device=True, inline="always")
-    def row_scales(nr, sq, x, n_rows, eps, tid, warp, lane):
-        """nr[r] = 1 / sqrt(mean(x[r]^2) + eps) for rows r < n_rows (<= 8), float32: thread tid sums its
-        strided features of every row, lane r of each warp its warp's 32 sums of row r, thread r the
-        warps' sums in order."""
-        for r in range(8):
-            a = ZERO
-            if r < n_rows:
-                for j in range(tid, K, NTHR):
-                    v = x[r * XS + j]
-                    a += v * v
-            sq[r * NTHR + tid] = a
-        cuda.syncthreads()
-        if lane < n_rows:
-            a = ZERO
-            for i in range(32):
-                a += sq[lane * NTHR + warp * 32 + i]
-            sq[8 * NTHR + lane * KS + warp] = a
-        cuda.syncthreads()
-        if tid < n_rows:
-            a = ZERO
-            for w_ in range(KS):
-                a += sq[8 * NTHR + tid * KS + w_]
-            nr[tid] = float32(1.0) / math.sqrt(a / float32(K) + eps)
-        cuda.syncthreads()
+    row_scales = make_row_scales(K, KS, XS, NRS)
 
     @cuda.jit(device=True, inline="always")
     def load_steps(wl, wq, nt0, b, h, warp, lane):
@@ -235,10 +300,11 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
                     xa = f32_to_bf162(silu_mul(x[xi], x[xi + K]), silu_mul(x[xi + 1], x[xi + K + 1]))
                     xb = f32_to_bf162(silu_mul(x[xi + 2], x[xi + K + 2]), silu_mul(x[xi + 3], x[xi + K + 3]))
                 elif NORM:
-                    xi = row * XS + col                            # w * (x * r): the reference's order
+                    xv = ld_v4(x, row * XS + col)                  # w * (x * r): the reference's order
+                    wv = ld_v4(nw, col)
                     r = nr[row]
-                    xa = f32_to_bf162(nw[col] * (x[xi] * r), nw[col + 1] * (x[xi + 1] * r))
-                    xb = f32_to_bf162(nw[col + 2] * (x[xi + 2] * r), nw[col + 3] * (x[xi + 3] * r))
+                    xa = f32_to_bf162(normed(wv[0], xv[0], r), normed(wv[1], xv[1], r))
+                    xb = f32_to_bf162(normed(wv[2], xv[2], r), normed(wv[3], xv[3], r))
                 else:
                     xv = ld_v4(x, row * XS + xg0 + col)
                     xa = bits_to_bf162(xv[0], xv[1])
@@ -263,7 +329,7 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
         t = lane & 3
         red = cuda.shared.array(NRED, float32)
         sq = cuda.shared.array(NSQ, float32)
-        nr = cuda.shared.array(8, float32)
+        nr = cuda.shared.array(NRS, float32)
         acc = cuda.local.array(NACC, float32)
         for i in range(NACC):
             acc[i] = ZERO
@@ -334,7 +400,8 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
     ``glu``: x is [T, 2K] = [g || u] and the activation silu(g) * u (a SwiGLU's down projection);
     ``groups``: a grouped product, x [T, XS], out [T, >= (G - 1) OG + GN] (module docstring);
     ``round_out``: the sums rounded to bf16; an int16 ``out`` takes them as bf16 bits;
-    ``norm`` (nw [K] float32, eps): x is rmsnorm(x[:, :K]) * nw (x [T, >= K]; at most 8 rows)."""
+    ``norm`` (nw [K] float32, eps): x is rmsnorm(x) * nw, every block summing the 1 / rms of its launch's
+    rows (up to 72) itself."""
     if not isinstance(w, Bf16Weight):
         raise KernelInputError("w must come from repack_w16")
     cols, width = w.n, (2 * w.k if glu else w.k)
@@ -348,15 +415,8 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
             raise KernelInputError(f"a grouped W16A16 product reads {(ng - 1) * g.xg + w.k} columns of "
                                    f"rows of {g.xs}")
         cols, width = (ng - 1) * g.og + g.gn, g.xs
-    x_row = 0
-    if norm is not None:
-        if glu or groups is not None or rows > 8:
-            raise KernelInputError(f"a W16A16 product with its RMSNorm takes at most 8 rows, no GLU or "
-                                   f"groups (got {rows} rows)")
-        x_row = int(as_array(x, "x").shape[1])
-        if x_row < w.k or x_row % 4:
-            raise KernelInputError(f"x: rows of {x_row} features, the norm needs {w.k} (a multiple of 4)")
-        width = x_row
+    if norm is not None and (glu or groups is not None or multi_tile):
+        raise KernelInputError("a W16A16 product with its RMSNorm takes no GLU, groups or column tiles")
     x = check(x, "x", np.float32, (None, width))
     out = as_array(out, "out")
     o16 = not accumulate and np.dtype(out.dtype) == np.int16
@@ -374,5 +434,5 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
         mt = row_tiles(n)
         nt = 1 if groups is not None or norm is not None else tiles_per_block(w, mt, multi_tile)
         kernel = make_w16a16_kernel(w.k, ks, cpw, nb, mt, nt, accumulate, glu, groups, round_out,
-                                    pipelined(w, mt, nt), norm is not None, x_row)
+                                    pipelined(w, mt, nt), norm is not None)
         launch(kernel, w.n // (16 * nt), ks * 32, stream, (out[r0:], flat(x[r0:]), w.words, n, nw, eps))

@@ -23,7 +23,7 @@ from kernels_numba.resources import sm90_build
 from kernels_numba.rmsnorm import norm_slices, rmsnorm_kernel
 from kernels_numba.router import SLICE_WARPS, logit_slices_f16_kernel, logit_slices_kernel, make_route
 from kernels_numba.rows import add_rows_kernel, to_f16_kernel
-from kernels_numba.w16a16 import Groups, make_w16a16_kernel, w16_tiling
+from kernels_numba.w16a16 import Groups, make_norm_rows_kernel, make_w16a16_kernel, w16_tiling
 
 KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "mma_bf16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt_bf16x2": "cvt.rn.bf16x2.f32",
@@ -182,7 +182,12 @@ def launch_fit_builds() -> dict:
                              TPB * KS),
             "q_rope": fit(q_rope_kernel, (T.int16[:, ::1], f2, f2, f2, i1, i1, *(T.int32,) * 3), TPB),
             "w16a16 K=8192 MT=9": fit(make_w16a16_kernel(8192, ks, cpw, nb, 9, 1, True),
-                                      (f2, f1, _sig(T.uint32), T.int64, f1, T.float32), ks * 32)}
+                                      (f2, f1, _sig(T.uint32), T.int64, f1, T.float32), ks * 32),
+            **{f"w16a16 K=7168 norm MT={mt}": fit(make_w16a16_kernel(7168, 8, 8, 7, mt, 1, False, PIPE=True,
+                                                                     NORM=True),
+                                                  (f2, f1, _sig(T.uint32), T.int64, f1, T.float32), 256)
+               for mt in (1, 2)},                 # the attention norm folded in, up to ops.FOLD_ROWS
+            "norm_rows K=7168": fit(make_norm_rows_kernel(7168, 8), (f2, f1, f1, T.float32, T.int64), 256)}
 
 
 GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds, "moe_gemm": moe_gemm_builds,

@@ -7,7 +7,7 @@ import torch
 
 from kernels_numba import KernelInputError
 from kernels_numba.sim import sim_speed
-from kernels_numba.w16a16 import Groups, linear, repack_w16, row_tiles, unrepack_w16, w16_tiling
+from kernels_numba.w16a16 import Groups, linear, norm_rows, repack_w16, row_tiles, unrepack_w16, w16_tiling
 from numformats.bf16 import bf16
 
 from .helpers import SIMULATED, assert_close, dev, gpu, host, needs_gpu, poisoned
@@ -138,25 +138,31 @@ def test_two_batches_in_flight_change_no_bit(monkeypatch):
     assert not w16.pipelined(big, 1, 1) and not w16.pipelined(w, 3, 1)
 
 
-@pytest.mark.parametrize("k,t", [(96, 1), (2048, 5)])      # one batch; two in flight
+@pytest.mark.parametrize("k,t", [(96, 1), (2048, 5), (96, 19)])      # one batch; two in flight; 3 row tiles
 def test_norm_folded_into_the_product_is_rmsnorm_then_the_linear(k, t):
-    """norm: x is rmsnorm(x[:, :K]) * nw (rows of x wider than K: the query part of the fused
-    q_a / kv_a output), each row's 1 / rms summed by the block; one rms in another order may flip a bf16
-    rounding of the normed x: a few bf16 ulps of an input's share. Bad input: one line."""
+    """norm: x is rmsnorm(x) * nw, each row's 1 / rms summed by the block, 8 rows at a time; one rms in
+    another order may flip a bf16 rounding of the normed x: a few bf16 ulps of an input's share. A row's
+    output is the same alone (a verify row equals its decode row), and ``norm_rows`` then the plain
+    product gives the folded product's bits (the unfused path). Bad input: one line."""
     from workbench.reference.layers import rmsnorm
     n, eps = 32, 1e-6
     _, wf, w = _weight(n, k, 19)
-    x = _x(t, k + 20, 20) * 3.0
+    x = _x(t, k, 20) * 3.0
     nw = (1.0 + 0.1 * _x(1, k, 21)[0]).astype(np.float32)
-    out = poisoned((t, n))
+    out, alone, xn, unfused = poisoned((t, n)), poisoned((1, n)), poisoned((t, k)), poisoned((t, n))
     with sim_speed():
         linear(out, dev(x), w, t, norm=(dev(nw), eps))
-    want = _ref(rmsnorm(x[:, :k], nw, eps), wf)
+        linear(alone, dev(x[t - 1:]), w, 1, norm=(dev(nw), eps))
+        norm_rows(xn, dev(x), w, dev(nw), eps, t)
+        linear(unfused, xn, w, t)
+    want = _ref(rmsnorm(x, nw, eps), wf)
     assert_close(host(out), want, rtol=3e-3, atol_rel=3e-3, what=f"K={k} T={t}")
-    with pytest.raises(KernelInputError, match="at most 8 rows"):
-        linear(poisoned((9, n)), dev(_x(9, k, 20)), w, 9, norm=(dev(nw), eps))
+    assert np.array_equal(host(alone)[0], host(out)[t - 1])
+    assert np.array_equal(host(unfused), host(out))
+    with pytest.raises(KernelInputError, match="no GLU"):
+        linear(out, dev(x), w, t, groups=Groups(16, k, 0, 16), norm=(dev(nw), eps))
     with pytest.raises(KernelInputError, match="norm weight"):
-        linear(out, dev(x), w, t, norm=(dev(nw[:-1].copy()), eps))
+        norm_rows(xn, dev(x), w, dev(nw[:-1].copy()), eps, t)
 
 
 @pytest.mark.parametrize("t", [1, 10])

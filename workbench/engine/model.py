@@ -1,9 +1,9 @@
 """One target forward on the device: the ops sequence over ``rows`` grid rows (meta[1] live).
 
 Mirrors ``workbench.reference.model.forward`` op for op: embed, per layer [attn_norm, the absorbed MLA
-(fused q_a/kv_a projection, norms + rope + cache write, wq_b, attention, wo + residual; the two norms
-before a W16A16 projection inside it where ops folds them), ffn_norm, the
-MoE block (router, routed and shared experts) or the dense MLP, + residual], final norm, head, argmax.
+(fused q_a/kv_a projection, attn_norm inside it where ops folds it; norms + rope + cache write, wq_b,
+attention, wo + residual), ffn_norm, the MoE block (router, routed and shared experts) or the dense
+MLP, + residual], final norm, head, argmax.
 A layer's ``moe_block`` (set when its experts were not uploaded) runs in place of ``ops.moe``: the
 expert-parallel stack (``workbench.parallel.ep_stack``) puts its all-to-all block there.
 Every op is ``kernels_numba.ops`` (fast kernels where the weights allow, portable ones otherwise); the
@@ -58,20 +58,15 @@ def launch_layer(eng, lay, cache, rows: int, s) -> None:
 
 
 def mla(eng, lay, cache, rows: int, s) -> None:
-    """h += wo(attention) of attn_norm(h) (``workbench.reference.mla.mla_absorbed``). The attention norm
-    runs inside the fused q_a / kv_a projection and the query norm inside wq_b where ops folds them
-    (``ops.folds_norm``: W16A16 projections, up to 8 rows); else the norm kernel and mla_prep run them."""
+    """h += wo(attention) of attn_norm(h) (``workbench.reference.mla.mla_absorbed``); the norm inside the
+    fused q_a / kv_a projection where ops folds it (``ops.norm_linear``)."""
     b, cfg = eng.buf, eng.cfg
-    ops.norm_linear(b.a1, b.h, lay.attn_norm, cfg.rms_norm_eps, lay.a1, b.x, b.meta, rows, s)
-    # a1 = [c_q || c_kv || k_pe]
-    fold_q = lay.wq_b is not None and ops.folds_norm(lay.wq_b, rows)
+    eps = cfg.rms_norm_eps
+    ops.norm_linear(b.a1, b.h, lay.attn_norm, eps, lay.a1, b.x, b.meta, rows, s)   # [c_q || c_kv || k_pe]
     ops.mla_prep(b.qn, cache, b.a1, lay.q_norm, lay.kv_norm, eng.cos, eng.sin, b.depth, b.meta,
-                 0 if fold_q else cfg.q_lora_rank or 0, cfg.kv_lora_rank, cfg.mla_norm_eps, rows, s)
+                 cfg.q_lora_rank or 0, cfg.kv_lora_rank, cfg.mla_norm_eps, rows, s)
     q = b.a1
-    if fold_q:
-        ops.linear(b.q, b.a1, lay.wq_b, b.meta, rows, s, norm=(lay.q_norm, cfg.mla_norm_eps))
-        q = b.q
-    elif lay.wq_b is not None:
+    if lay.wq_b is not None:
         ops.linear(b.q, b.qn, lay.wq_b, b.meta, rows, s)
         q = b.q
     ops.mla_attention(b.o, q, cache, lay.attn, eng.cos, eng.sin, b.depth, b.vis, b.meta, cfg.softmax_scale,
