@@ -550,8 +550,8 @@ def embed(h, table, ids, meta, rows: int, stream=0) -> None:
 
 
 def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False, norm=None) -> None:
-    """out [T, N] (+)= x [T, K] @ W.T; ``norm`` (weight [K], eps) where ``folds_norm``: x [T, >= K] is
-    rmsnorm(x[:, :K]) * weight, in the product."""
+    """out [T, N] (+)= x [T, K] @ W.T; ``norm`` (weight [K], eps), a W16A16 projection on the kernel only:
+    rmsnorm(x) * weight in x's place, computed in the product (``norm_linear`` picks it)."""
     if norm is not None:
         if w.path != W16A16:
             raise KernelInputError(f"an RMSNorm folds into a W16A16 projection on the kernel, not {w.path}")
