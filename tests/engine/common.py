@@ -88,15 +88,19 @@ def w16a16_model(name: str):
 
 
 @functools.cache
-def w16a16_engine(name: str, kernel: bool = False):
+def w16a16_engine(name: str, kernel: bool = False, budget: int = 0):
     """An engine on ``w16a16_model(name)``: its projections on the BLAS path, or on the W16A16 kernel
-    (``kernel``; the attention core stays on the BLAS path); the rest where ops puts it."""
+    (``kernel``; the attention core stays on the BLAS path); the rest where ops puts it. ``budget``: room
+    for DDTree verifies of that many nodes (``engine.ar.engine_for``), else the golden run's AR."""
     from kernels_numba import ops
+    from workbench.engine.ar import engine_for
     from workbench.engine.runtime import Engine
     b, w, _ = w16a16_model(name)
     saved, ops.W16_KERNEL = ops.W16_KERNEL, kernel
     try:
         with blas_on():
+            if budget:
+                return engine_for(b.config, w, len(b.prompt), len(b.golden), budget)
             return Engine(b.config, w, max_len=len(b.prompt) + len(b.golden) + 3, max_rows=len(b.prompt))
     finally:
         ops.W16_KERNEL = saved

@@ -15,6 +15,7 @@ reference's greedy continuation of that prompt. The dflash cases run the device 
 import numpy as np
 import pytest
 
+from kernels_numba import ops
 from tests.engine.common import (
     ATOL,
     BUNDLES,
@@ -237,11 +238,13 @@ def test_engine_ddtree_host_drafter_fallback_equals_reference():
 
 
 @E2E
-def test_engine_ddtree_w16a16_matches_the_reference():
-    """tiny W16A16 (bf16 projections and attention core, BLAS path): trees verified over the bf16 latent
-    cache give the reference's W16A16 greedy tokens and DDTree rounds, over the steps whose reference
-    top-2 margin is wide enough that bf16 rounding flips between the two cannot change a token
-    (tests/engine/test_ar.py::test_engine_ar_w16a16_matches_reference)."""
+@pytest.mark.parametrize("kernel,budget", [(False, 4), (True, 16)])
+def test_engine_ddtree_w16a16_matches_the_reference(kernel, budget):
+    """tiny W16A16 (bf16 projections and attention core; on the BLAS path, or on the W16A16 kernel with
+    the attention norm folded into a1 at decode and summed by ``norm_rows`` in a verify of 17 rows):
+    trees verified over the bf16 latent cache give the reference's W16A16 greedy tokens and DDTree
+    rounds, over the steps whose reference top-2 margin is wide enough that bf16 rounding flips between
+    the two cannot change a token (tests/engine/test_ar.py::test_engine_ar_w16a16_matches_reference)."""
     from tests.engine.test_ar import W16A16_ATOL
     from workbench.reference.generate import greedy_generate, top2_margin
     b, w, _ = w16a16_model("tiny")
@@ -252,8 +255,11 @@ def test_engine_ddtree_w16a16_matches_the_reference():
     n = sure_steps([top2_margin(lg) for lg in ref.logits], W16A16_ATOL, n_max)
     assert n >= 3, f"the reference's margins leave {n} sure tokens: the check would compare nothing"
     kw = dict(drafter_config=dcfg, oracle_p=0.8, oracle_seed=1, continuation=ref.tokens)
-    got = engine_ddtree_generate(w16a16_engine("tiny"), w, prompt, n, "oracle", 4, **kw)
-    want = ddtree_generate(b.config, w, prompt, n, "oracle", 4, **kw)
+    eng = w16a16_engine("tiny", kernel, budget)
+    a1 = eng.model.layers[0].a1
+    assert ops.folds_norm(a1, 1) == kernel and not ops.folds_norm(a1, budget + 1)
+    got = engine_ddtree_generate(eng, w, prompt, n, "oracle", budget, **kw)
+    want = ddtree_generate(b.config, w, prompt, n, "oracle", budget, **kw)
     np.testing.assert_array_equal(got.tokens, ref.tokens[:n])
     # the last round may accept nodes past n, where the margins were not checked
     assert [(r.tree_size, r.accepted_len) for r in got.rounds[:-1]] == \
