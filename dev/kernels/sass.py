@@ -9,7 +9,8 @@ int4_staged.py's tilings at M = 64. --moe: the fused-MoE GEMMs at K2 width
 SASS listings.
 
 --glue: the glue kernels of a K2 layer (norms, mla_prep, the router's two kernels, the SwiGLU down
-projection, to_f16, add_rows), with registers x threads against the SM's 64 K.
+projection, to_f16, add_rows, a1 with its norm, the attention core's q_rope and softmax), with registers
+x threads against the SM's 64 K.
 
 Pipeline: ``ops.sm90_build`` (numba's compile_ptx for sm_90, linked by nvJitLink under the kernel's own
 register cap) -> nvdisasm. nvdisasm comes from the ``nvidia-cuda-nvdisasm`` wheel (``pip install
@@ -175,6 +176,16 @@ def glue_builds():
         out.append((f"w16a16 glu K={k} threads={ks * 32}", kern,
                     sig(f32(t, n), f32(2 * k * t), np.zeros(n * k // 2, np.uint32), T.int64, f32(k),
                         T.float32)))
+    ks, cpw, nb = ops.w16_tiling(d)                          # a1 at decode: the attention norm folded in
+    a1 = ops.make_w16a16_kernel(d, ks, cpw, nb, 1, 1, False, PIPE=True, NORM=True)
+    out += [(f"w16a16 a1 + norm threads={ks * 32}", a1,
+             sig(f32(t, 2112), f32(t * d), np.zeros(2112 * d // 2, np.uint32), T.int64, f32(d), T.float32)),
+            (f"q_rope threads={TPB}", ops.mla.q_rope_kernel,
+             sig(np.zeros((t, 64 * 576), np.int16), f32(t, 64 * 192), f32(8, 32), f32(8, 32), i32(t), meta,
+                 T.int32, T.int32, T.int32)),
+            (f"softmax16 threads={TPB * KS}", ops.mla.softmax16_kernel,
+             sig(np.zeros((t * 64, 4096), np.int16), f32(t * 64, 4096), np.zeros((t, 4096), np.uint8),
+                 T.int32, T.float32))]
     return out
 
 
