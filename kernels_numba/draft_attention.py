@@ -80,17 +80,27 @@ def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm, 
 
 
 _ATTN: dict = {}
-MAX_KEYS = 11_264               # p[] in static shared memory: 4 * (MAX_KEYS + d + 32) bytes < 48 KiB
+KT = TPB                        # keys a score tile holds (one a lane), DT dims at a time ...
+DT = 32                         # ... in shared memory, rows padded to DT + 1 words (no bank conflicts)
+DT1 = DT + 1                    # (numba sizes shared arrays from constants, not expressions)
+MAX_KEYS = 10_240               # p[] in static shared memory: 4 * (MAX_KEYS + KT (DT + 1) + d + 32) < 48 KiB
 
 
 def make_draft_attention(head_dim: int, max_keys: int):
     """kernel(o [Bs, H*d], q [Bs, H*d], kc [S, Hkv*d], vc [S, Hkv*d], kb [Bs, Hkv*d], vb [Bs, Hkv*d],
     n_ctx int32, meta, scale float32, group int32 = G); grid (Bs, H), block (32,); keys
-    n_ctx + meta[4] + meta[1] <= max_keys. Shared memory: 4 * (max_keys + d + 32) bytes."""
+    n_ctx + meta[4] + meta[1] <= max_keys. Shared memory: 4 * (max_keys + KT (DT + 1) + d + 32) bytes.
+
+    Scores: the warp stages KT keys x DT dims at a time in shared memory, each lane reading DT
+    consecutive floats of one key row (a lane per key row read 32 rows an instruction), then lane l sums
+    key j0 + l over the dims in order. p @ V: lane l keeps the d / 32 columns l, l + 32, ... in
+    registers and walks the keys once. Every sum runs in the same order as a plain loop over the dims
+    (scores) and the keys (outputs)."""
     key = (head_dim, max_keys)
     if key in _ATTN:
         return _ATTN[key]
     HD, MK = head_dim, max_keys
+    NC = -(-HD // TPB)                                       # output columns a lane keeps
 
     @cuda.jit
     def draft_attention_kernel(o, q, kc, vc, kb, vb, n_ctx0, meta, scale, group):
@@ -110,18 +120,27 @@ def make_draft_attention(head_dim: int, max_keys: int):
         for c in range(tid, HD, TPB):
             qs[c] = q[row, off + c]
         cuda.syncthreads()
+        kt = cuda.shared.array((KT, DT1), np.float32)
         m = -math.inf
-        for j in range(tid, nk, TPB):                        # scores over cache || block keys
+        for j0 in range(0, nk, KT):                          # scores over cache || block keys
+            j = j0 + tid
             acc = np.float32(0.0)
-            if j < n_ctx:
-                for c in range(HD):
-                    acc += qs[c] * kc[j, kv + c]
-            else:
-                for c in range(HD):
-                    acc += qs[c] * kb[j - n_ctx, kv + c]
-            s = acc * scale
-            p[j] = s
-            m = max(m, s)
+            for c0 in range(0, HD, DT):
+                for i in range(KT):                          # key j0 + i, dim c0 + lane: coalesced
+                    jj = j0 + i
+                    v = np.float32(0.0)
+                    if jj < nk and c0 + tid < HD:
+                        v = kc[jj, kv + c0 + tid] if jj < n_ctx else kb[jj - n_ctx, kv + c0 + tid]
+                    kt[i, tid] = v
+                cuda.syncthreads()
+                if j < nk:
+                    for c in range(min(DT, HD - c0)):
+                        acc += qs[c0 + c] * kt[tid, c]
+                cuda.syncthreads()
+            if j < nk:
+                s = acc * scale
+                p[j] = s
+                m = max(m, s)
         m = block_max(sh, m)
         z = np.float32(0.0)
         for j in range(tid, nk, TPB):
@@ -130,13 +149,25 @@ def make_draft_attention(head_dim: int, max_keys: int):
             z += e
         z = block_sum(sh, z)                                 # barriers inside: p[] is complete
         inv = np.float32(1.0) / z
-        for c in range(tid, HD, TPB):                        # o = softmax @ [vc || vb]
-            acc = np.float32(0.0)
-            for j in range(n_ctx):
-                acc += p[j] * vc[j, kv + c]
-            for j in range(nb):
-                acc += p[n_ctx + j] * vb[j, kv + c]
-            o[row, off + c] = acc * inv
+        out = cuda.local.array(NC, np.float32)               # o = softmax @ [vc || vb], columns in registers
+        for i in range(NC):
+            out[i] = np.float32(0.0)
+        for j in range(n_ctx):
+            pj = p[j]
+            for i in range(NC):
+                c = tid + TPB * i
+                if c < HD:
+                    out[i] += pj * vc[j, kv + c]
+        for j in range(nb):
+            pj = p[n_ctx + j]
+            for i in range(NC):
+                c = tid + TPB * i
+                if c < HD:
+                    out[i] += pj * vb[j, kv + c]
+        for i in range(NC):
+            c = tid + TPB * i
+            if c < HD:
+                o[row, off + c] = out[i] * inv
 
     _ATTN[key] = draft_attention_kernel
     return draft_attention_kernel
@@ -200,7 +231,7 @@ def draft_attention(o, q, kc, vc, kb, vb, n_ctx: int, meta, scale: float, n: int
     """Launch the attention for n block rows (= meta[1]) and n_heads query heads over n_ctx + meta[4]
     cache rows (the meta part is the caller's to keep in range): o, q [>= n, H*d] float32, kb, vb
     [>= n, Hkv*d] float32, kc, vc [S >= n_ctx, Hkv*d] float32 (Hkv = n_kv_heads, default H, dividing H),
-    n_ctx + n <= max_keys <= MAX_KEYS (the drafter cache of one generation must stay under ~11k rows)."""
+    n_ctx + n <= max_keys <= MAX_KEYS (the drafter cache of one generation must stay under ~10k rows)."""
     hkv = n_heads if n_kv_heads is None else n_kv_heads
     if hkv < 1 or n_heads % hkv:
         raise KernelInputError(f"draft_attention: {n_heads} query heads are not a multiple of {hkv} KV heads")

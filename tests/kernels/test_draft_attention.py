@@ -70,16 +70,18 @@ def test_head_norm_rope_matches_reference(norm, half):
     np.testing.assert_array_equal(split, out)
 
 
-@pytest.mark.parametrize("hkv", [4, 2, 1])
-def test_draft_attention_matches_numpy(hkv):
+@pytest.mark.parametrize("hkv,d,n_ctx", [(4, 8, 5), (2, 8, 5), (1, 8, 5), (2, 40, 33)])
+def test_draft_attention_matches_numpy(hkv, d, n_ctx):
+    """Against numpy; d = 40 over 37 keys: score tiles of 32 keys x 32 dims, a partial one of each."""
     rng = np.random.default_rng(3)
-    h, d, n_ctx, bs = 4, 8, 5, 4
+    h, bs = 4, 4
     q = rng.standard_normal((bs, h * d)).astype(np.float32)
     kb, vb = (rng.standard_normal((bs, hkv * d)).astype(np.float32) for _ in range(2))
-    kc, vc = (rng.standard_normal((9, hkv * d)).astype(np.float32) for _ in range(2))
+    kc, vc = (rng.standard_normal((n_ctx + 4, hkv * d)).astype(np.float32) for _ in range(2))
     o = np.zeros((bs, h * d), np.float32)
     scale = d ** -0.5
-    draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, 16, n_kv_heads=hkv)
+    mk = n_ctx + 2 * bs
+    draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, mk, n_kv_heads=hkv)
     k = np.concatenate([kc[:n_ctx], kb]).reshape(-1, hkv, d).repeat(h // hkv, axis=1)   # [T, H, d]: h // G
     v = np.concatenate([vc[:n_ctx], vb]).reshape(-1, hkv, d).repeat(h // hkv, axis=1)
     s = np.einsum("shd,thd->hst", q.reshape(bs, h, d), k) * scale
@@ -88,15 +90,15 @@ def test_draft_attention_matches_numpy(hkv):
     want = np.einsum("hst,thd->shd", a, v).reshape(bs, h * d)
     np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
     split = np.zeros_like(o)                                              # context rows from the meta
-    draft_attention(split, q, kc, vc, kb, vb, 2, _meta(bs, n_ctx=n_ctx - 2), scale, bs, h, d, 16,
+    draft_attention(split, q, kc, vc, kb, vb, 2, _meta(bs, n_ctx=n_ctx - 2), scale, bs, h, d, mk,
                     n_kv_heads=hkv)
     np.testing.assert_array_equal(split, o)
     with pytest.raises(KernelInputError):                                 # more keys than max_keys
-        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, 8, n_kv_heads=hkv)
+        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, n_ctx, n_kv_heads=hkv)
     with pytest.raises(KernelInputError):                                 # H*d disagrees
-        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d + 2, 16, n_kv_heads=hkv)
+        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d + 2, mk, n_kv_heads=hkv)
     with pytest.raises(KernelInputError):                                 # KV heads do not divide H
-        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, 16, n_kv_heads=3)
+        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, mk, n_kv_heads=3)
 
 
 PROBE = """
