@@ -38,6 +38,8 @@
 #                against the reference (tests/engine/test_dflash.py -k kimi; ~40 GB of host memory)
 #   w16a16       dev/kernels/w16a16.py at 1-65 rows (the NT column tiles' rows beside NT = 1, v3 beside the
 #                pipelined v4) and the GPU test of the W16A16 kernel and the attention core
+#   draft_attn   dev/kernels/draft_attention.py: the drafter's attention beside torch's SDPA at the
+#                Kimi-K2.6-DFlash shape, contexts 256-4,096, each checked against float64 first   ~60 s
 #   smoke        GPU tier of the kernels a K2 layer runs (W16A16 with its groups, folded norm and two batches
 #                in flight, the attention core's kernels, norms, router, rows), on 8 workers: the first call
 #                after kernels changed without a GPU                                               ~120 s
@@ -96,6 +98,7 @@ for step in $STEPS; do
     w16a16) run "w16a16_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/w16a16.py --rows 1,9,17,33,65
             run tier_w16a16 240 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
               tests/kernels/test_w16a16.py tests/kernels/test_mla.py tests/kernels/test_blas.py ;;
+    draft_attn) run "draft_attention_${KDTREE_GIT_SHA}" 150 python3 dev/kernels/draft_attention.py ;;
     smoke) run "gpu_tier_smoke_${KDTREE_GIT_SHA}" 300 env KDTREE_GPU=1 python3 -m pytest -q -n 8 \
              -p no:cacheprovider -p no:warnings tests/kernels/test_w16a16.py tests/kernels/test_blas.py \
              tests/kernels/test_mla.py tests/kernels/test_rmsnorm.py tests/kernels/test_router.py \
