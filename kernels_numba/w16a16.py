@@ -29,6 +29,12 @@ and W_UV of every head in one launch); output columns g GN .. (g + 1) GN take x 
 of a row XS long and land at columns g OG .. of out, so each head reads its own slice of q (or of ctx)
 and writes into its slot of a wider row (q_lat beside q_pe). ``round_out``: the sums rounded to bf16
 (stored as float32, or as bits into an int16 out), the reference's r(.) after a product.
+
+With its RMSNorm (``norm``): x is rmsnorm(x) * nw, each block summing its rows' scales after the PDL
+wait while its first weights load (``make_row_scales``: an order set by K and KS, so a row's scale does
+not depend on the row count); ``norm_rows`` writes the same normed rows for a plain product.
+Pipelined (``pipelined``): a warp keeps two batches of weights in registers, one loading while the
+other multiplies, where a small grid would otherwise keep one batch an SM in flight.
 """
 
 from __future__ import annotations
