@@ -106,6 +106,27 @@ def spin_timed(fn: Callable[[], None], reps: int, *, spin: int = SPIN_GRAPH,
     return samples
 
 
+def kernel_table(fn: Callable[[], None], reps: int = 5, top: int = 15) -> list[str]:
+    """Where ``fn``'s device time goes (GPU only): ``fn`` run ``reps`` times eagerly under torch's
+    profiler after one warm-up; lines of the total per call and the ``top`` kernels (numba's and
+    torch's) by device time per call, with their launch counts."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.key_averages() if e.device_type != DeviceType.CPU and e.device_time_total > 0]
+    ev.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in ev) / reps
+    lines = [f"{total:9.1f} us of device time a call in {sum(e.count for e in ev) // reps} kernels"]
+    lines += [f"{e.device_time_total / reps:9.1f} us x{e.count // reps:<4d} {e.key[:100]}" for e in ev[:top]]
+    return lines
+
+
 def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
     """Device-to-device copy of ``nbytes``: (read + written) bytes / median time, in GB/s."""
     import torch

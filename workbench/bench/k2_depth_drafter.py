@@ -80,7 +80,8 @@ class RoundDrafter:
 
 
 def random_drafter(engine, seed: int, log) -> tuple[RoundDrafter | None, str, Any]:
-    """(the round callable, its description, a function timing its captured round with a ``Timer``)."""
+    """(the round callable, its description, a function timing its captured round with a ``Timer``; on a
+    GPU it also logs where one eager round's device time goes, kernel by kernel)."""
     if not ops.BLAS:
         return None, "not run: the W16A16 drafter needs the BLAS path", None
     dcfg = drafter_config(engine.cfg, engine.taps)
@@ -93,5 +94,9 @@ def random_drafter(engine, seed: int, log) -> tuple[RoundDrafter | None, str, An
            "unused (the oracle's decide the tree)")
 
     def timed(timer) -> float:
+        if timer.gpu:
+            from .common import kernel_table
+            for line in kernel_table(lambda: dev._launch(dev.eng.stream, dev.cap)):
+                log(f"  drafter round: {line}")
         return timer(lambda s: dev._launch(s, dev.cap))
     return RoundDrafter(dev), how, timed
