@@ -167,10 +167,10 @@ def sq_slots(ks: int) -> int:
 
 
 @functools.cache
-def make_row_scales(K: int, KS: int, XS: int, NRS: int):
+def make_row_scales(K: int, KS: int, NRS: int):
     """The RMSNorm scales of a W16A16 product's rows (``linear(..., norm=)``), an inline device function
     row_scales(nr, sq, x, n_rows, eps, tid, warp, lane) for a block of KS warps: nr[r] = 1 / sqrt(mean(
-    x[r]^2) + eps) for rows r < n_rows <= NRS of x (rows XS long, K features), float32, 8 rows at a time:
+    x[r]^2) + eps) for rows r < n_rows <= NRS of x [*, K], float32, 8 rows at a time:
     thread tid sums its strided features of each row, lane i of each warp its warp's 32 sums of row i,
     thread i the warps' sums in order. The order is set by K and KS alone, so a row's scale is the same
     whatever the row count, fused or in ``norm_rows``."""
@@ -183,7 +183,7 @@ def make_row_scales(K: int, KS: int, XS: int, NRS: int):
                 for r in range(min(8, n_rows - r0)):               # a runtime bound: not unrolled, the
                     a = ZERO                                       # registers stay the MMA loop's
                     for j in range(tid, K, NTHR):
-                        v = x[(r0 + r) * XS + j]
+                        v = x[(r0 + r) * K + j]
                         a += v * v
                     sq[r * NTHR + tid] = a
                 cuda.syncthreads()
@@ -210,7 +210,7 @@ def make_norm_rows_kernel(K: int, KS: int):
     block (32 KS,), 8 rows a block; PDL."""
     NTHR = KS * 32
     NSQ = sq_slots(KS)
-    row_scales = make_row_scales(K, KS, K, 8)
+    row_scales = make_row_scales(K, KS, 8)
 
     @cuda.jit
     def norm_rows_kernel(out, x, nw, eps, n_rows):
@@ -272,12 +272,12 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
     NWL = CPW * 4                                                  # PF steps of NT tiles
     NACC = NT * MT * 4
     PIPE = PIPE and NT == 1 and NB >= 2                            # two batches of weights in flight
-    NRS = 8 * MT                                                   # rows whose 1 / rms a block keeps
+    NRS = 8 * MT if NORM else 1                                    # rows whose 1 / rms a block keeps
     NSQ = sq_slots(KS) if NORM else 1
     if NORM and (NT != 1 or GLU or GROUPS):
         raise KernelInputError("a W16A16 product with its RMSNorm takes one column tile, no GLU or groups")
 
-    row_scales = make_row_scales(K, KS, XS, NRS)
+    row_scales = make_row_scales(K, KS, NRS)
 
     @cuda.jit(device=True, inline="always")
     def load_steps(wl, wq, nt0, b, h, warp, lane):
@@ -439,6 +439,6 @@ def linear(out, x, w: Bf16Weight, rows: int, accumulate: bool = False, stream=0,
         n = min(most, rows - r0)
         mt = row_tiles(n)
         nt = 1 if groups is not None or norm is not None else tiles_per_block(w, mt, multi_tile)
-        kernel = make_w16a16_kernel(w.k, ks, cpw, nb, mt, nt, accumulate, glu, groups, round_out,
-                                    pipelined(w, mt, nt), norm is not None)
+        kernel = make_w16a16_kernel(w.k, ks, cpw, nb, mt, nt, accumulate, glu, groups, round_out and not o16,
+                                    pipelined(w, mt, nt), norm is not None)   # (int16 bits round as stored)
         launch(kernel, w.n // (16 * nt), ks * 32, stream, (out[r0:], flat(x[r0:]), w.words, n, nw, eps))

@@ -141,10 +141,10 @@ def w16a16_builds() -> dict:
     ks, cpw, nb = w16_tiling(2048)                # the shared expert's down projection, silu(g) * u read in
     out["w16a16 K=2048 GLU"] = counts(make_w16a16_kernel(2048, ks, cpw, nb, 1, 1, True, True),
                                       (rows2d, *args))
-    for name, k, g, o in (("W_UK", 128, Groups(512, 12288, 192, 576), T.int16[:, ::1]),   # K2's absorptions
-                          ("W_UV", 512, Groups(128, 32768, 512, 128), rows2d)):
-        ks, cpw, nb = w16_tiling(k)
-        out[f"w16a16 {name}"] = counts(make_w16a16_kernel(k, ks, cpw, nb, 1, 1, False, False, g, True),
+    for name, k, g, o, rnd in (("W_UK", 128, Groups(512, 12288, 192, 576), T.int16[:, ::1], False),   # K2's
+                               ("W_UV", 512, Groups(128, 32768, 512, 128), rows2d, True)):   # absorptions
+        ks, cpw, nb = w16_tiling(k)          # (bf16 bits into int16 round as they are stored: no ROUND)
+        out[f"w16a16 {name}"] = counts(make_w16a16_kernel(k, ks, cpw, nb, 1, 1, False, False, g, rnd),
                                        (o, *args))
     return out
 
