@@ -30,10 +30,9 @@ def main() -> None:
     a = ap.parse_args()
 
     import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
     from kernels_numba.device import head_rows, upload
+    from workbench.bench.common import kernel_table
     from workbench.bench.k2_layer import layer
     from workbench.config import preset
     from workbench.ddtree.scenarios import ancestor_inputs, random_tree
@@ -52,25 +51,9 @@ def main() -> None:
     tl.cache[:a.context].normal_()
 
     def table(fn, title: str) -> None:
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(a.reps):
-                fn()
-            torch.cuda.synchronize()
         print(f"\n== {title}: per step, device time by kernel ({a.reps} steps)")
-        avg = prof.key_averages()
-        ev = [e for e in avg if e.device_type != DeviceType.CPU and e.device_time_total > 0]
-        ev.sort(key=lambda e: -e.device_time_total)
-        total = sum(e.device_time_total for e in ev) / a.reps
-        print(f"   total {total:8.1f} us per step in {sum(e.count for e in ev) // a.reps} kernels")
-        for e in ev[:a.top]:
-            print(f"   {e.device_time_total / a.reps:8.1f} us  x{e.count // a.reps:<3d} {e.key[:110]}")
-        ops = [e for e in avg if e.device_type == DeviceType.CPU and e.self_device_time_total > 0]
-        ops.sort(key=lambda e: -e.self_device_time_total)
-        print("   torch ops by the device time of the work they launched themselves:")
-        for e in ops[:10]:
-            print(f"   {e.self_device_time_total / a.reps:8.1f} us  x{e.count // a.reps:<3d} {e.key[:110]}")
+        for line in kernel_table(fn, a.reps, a.top, ops=10):
+            print(f"   {line}")
 
     for n in rows:
         parents, _ = random_tree(cfg, n - 1, seed=n)

@@ -106,10 +106,11 @@ def spin_timed(fn: Callable[[], None], reps: int, *, spin: int = SPIN_GRAPH,
     return samples
 
 
-def kernel_table(fn: Callable[[], None], reps: int = 5, top: int = 15) -> list[str]:
+def kernel_table(fn: Callable[[], None], reps: int = 5, top: int = 15, ops: int = 0) -> list[str]:
     """Where ``fn``'s device time goes (GPU only): ``fn`` run ``reps`` times eagerly under torch's
     profiler after one warm-up; lines of the total per call and the ``top`` kernels (numba's and
-    torch's) by device time per call, with their launch counts."""
+    torch's) by device time per call, with their launch counts; ``ops``: then that many torch ops by
+    the device time of the work they launched themselves (a memcpy or a copy kernel named by its op)."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -119,11 +120,18 @@ def kernel_table(fn: Callable[[], None], reps: int = 5, top: int = 15) -> list[s
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    ev = [e for e in prof.key_averages() if e.device_type != DeviceType.CPU and e.device_time_total > 0]
+    avg = prof.key_averages()
+    ev = [e for e in avg if e.device_type != DeviceType.CPU and e.device_time_total > 0]
     ev.sort(key=lambda e: -e.device_time_total)
     total = sum(e.device_time_total for e in ev) / reps
     lines = [f"{total:9.1f} us of device time a call in {sum(e.count for e in ev) // reps} kernels"]
     lines += [f"{e.device_time_total / reps:9.1f} us x{e.count // reps:<4d} {e.key[:100]}" for e in ev[:top]]
+    if ops:
+        launched = [e for e in avg if e.device_type == DeviceType.CPU and e.self_device_time_total > 0]
+        launched.sort(key=lambda e: -e.self_device_time_total)
+        lines.append("torch ops by the device time of the work they launched themselves:")
+        lines += [f"{e.self_device_time_total / reps:9.1f} us x{e.count // reps:<4d} {e.key[:100]}"
+                  for e in launched[:ops]]
     return lines
 
 
