@@ -152,6 +152,7 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
     SCALE = np.float32(scaling)
     NS = int(slices)
     NT = TPB * ks
+    PKS = 1 if NS else ks                                    # (sliced logits come summed per slice)
 
     @cuda.jit
     def route_kernel(ids, wts, x, gate_t, bias, meta):
@@ -163,7 +164,7 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
         tid = cuda.threadIdx.x
         ty = cuda.threadIdx.y
         lt = ty * TPB + tid
-        part = cuda.shared.array((ks, E), np.float32)
+        part = cuda.shared.array((PKS, E), np.float32)       # the in-kernel logits' partial sums
         score = cuda.shared.array(E, np.float32)             # unbiased sigmoid scores
         choice = cuda.shared.array(E, np.float32)            # biased, for selection only
         gsc = cuda.shared.array(G, np.float32)
