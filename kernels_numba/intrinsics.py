@@ -46,7 +46,8 @@ bytes on that block's barrier ``s[si]``. The simulator runs clusters of one bloc
 ``cluster_wait`` and ``mbar_wait`` are ``syncthreads``, so all threads of a block call them together.
 
 ``i`` is an element index into ``a`` (any 1-D array); the 16 bytes at element ``i`` must be
-16-byte aligned (the host wrappers check base pointers, the kernels keep offsets multiples of 16 B).
+16-byte aligned (the host wrappers check base pointers, the kernels keep offsets multiples of 16 B;
+the simulator's 16-byte accesses raise IndexError off a boundary or past the end, as the GPU faults).
 ``mma_16816``, ``syncwarp`` and ``bcast0`` are warp-collective: all 32 lanes of a warp must call
 them together (blockDim.x is a multiple of 32 in every kernel here).
 Fragment layout (PTX ISA, m16n8k16 .f16): lane = 4*g + t;
@@ -78,24 +79,32 @@ def _host_array(a):
     return np.asarray(getattr(a, "_ary", a))
 
 
-def _sim_ld_u32x4(a, i):
+def _sim_words16(a, i) -> np.ndarray:
+    """The 16 bytes at element ``i`` of ``a`` as 4 words (a view); IndexError where the GPU's 16-byte
+    access would fault: past the end, or not 16-byte aligned (a GPU allocation's base is 256-aligned, a
+    numpy array's at least 16, so an offset misaligned here is misaligned there)."""
     arr = _host_array(a)
     i = int(i)
-    raw = arr[i:i + 16 // arr.dtype.itemsize].view(np.uint32)
+    raw = arr[i:i + 16 // arr.dtype.itemsize]
+    if i < 0 or raw.nbytes != 16:
+        raise IndexError(f"16-byte access at element {i} of an array of {arr.size}")
+    if raw.ctypes.data % 16:
+        raise IndexError(f"16-byte access at element {i}: {raw.ctypes.data % 16} B off a 16-byte boundary")
+    return raw.view(np.uint32)
+
+
+def _sim_ld_u32x4(a, i):
+    raw = _sim_words16(a, i)
     return raw[0], raw[1], raw[2], raw[3]
 
 
 def _sim_cp_async16(s, si, a, ai):
-    src = _host_array(a)
-    ai = int(ai)
-    words = src[ai:ai + 16 // src.dtype.itemsize].view(np.uint32)
+    words = _sim_words16(a, ai)
     _sim_st_u32x4(s, si, words[0], words[1], words[2], words[3])
 
 
 def _sim_st_u32x4(a, i, w0, w1, w2, w3):
-    arr = _host_array(a)
-    i = int(i)
-    arr[i:i + 16 // arr.dtype.itemsize].view(np.uint32)[:] = (w0, w1, w2, w3)
+    _sim_words16(a, i)[:] = (w0, w1, w2, w3)
 
 
 @functools.lru_cache(maxsize=1 << 16)                   # a weight word is dequantized once per use

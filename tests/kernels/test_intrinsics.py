@@ -1,6 +1,7 @@
 """The intrinsics' semantics: simulator fallbacks against numpy, and the GPU versions against the same."""
 
 import numpy as np
+import pytest
 from numba import cuda, float32, int32, uint32
 
 from kernels_numba import intrinsics as ki
@@ -161,3 +162,27 @@ def test_stored_as_rounds_to_bf16_only_into_int16():
 @needs_gpu
 def test_stored_as_gpu():
     _run_store(1)
+
+
+@cuda.jit
+def _v4_at_kernel(out, a, i):
+    w = ki.ld_v4(a, i)
+    for j in range(4):
+        out[j] = w[j]
+
+
+@pytest.mark.skipif(not ki.SIMULATED, reason="the simulator's fallback")
+def test_simulated_16_byte_loads_fault_where_the_gpu_would():
+    """The simulator's 16-byte load checks what the GPU's faults on: an element offset off a 16-byte
+    boundary (a float32 at index 1) and a read past the end; an aligned read gives the 4 words."""
+    a = np.arange(12, dtype=np.uint32)
+    out = np.zeros(4, np.uint32)
+    _v4_at_kernel[1, 1](out, a, 4)
+    assert out.tolist() == [4, 5, 6, 7]
+    for i, why in ((1, "boundary"), (10, "array of 12")):
+        try:
+            _v4_at_kernel[1, 1](out, a, i)
+        except IndexError as e:
+            assert why in str(e)
+        else:
+            raise AssertionError(f"a 16-byte load at element {i} ran")
