@@ -7,7 +7,8 @@ next kernel may start as soon as every block of this one has executed ``griddep_
 it issues its weight loads (which depend on nothing earlier in the stream) and then blocks in
 ``griddep_wait()`` until the previous grid has completed and its writes are visible, before it reads any
 activation or writes any output. A kernel launched this way must call ``griddep_wait()`` before its
-first dependent read or write; without the launch attribute the wait is a no-op.
+first dependent read or write (``launch`` refuses a kernel whose body never calls it); without the
+launch attribute the wait is a no-op.
 
 numba-cuda (0.30) launches through ``cuda.core``'s ``LaunchConfig``, which has the
 ``programmatic_stream_serialization`` attribute but no numba API to set it. On import, this module
@@ -61,9 +62,27 @@ def launch(kernel, grid, block, stream, args, pdl: bool = True, cluster: int = 1
     clusters of one block)."""
     if cluster > 1 and not CLUSTERS_AVAILABLE:
         raise RuntimeError("this numba-cuda cannot launch thread block clusters")
+    if pdl and not waits(kernel):
+        raise RuntimeError(f"{_name(kernel)} is launched with PDL but never calls griddep_wait: it could "
+                           "read its inputs before the kernel that writes them has finished")
     _local.pdl = pdl and PDL_AVAILABLE
     _local.cluster = cluster if PDL_AVAILABLE else 1
     try:
         kernel[grid, block, stream](*args)
     finally:
         _local.pdl, _local.cluster = False, 1
+
+
+def _py_func(kernel):
+    return getattr(kernel, "py_func", None) or kernel.fn          # a dispatcher; the simulator's kernel
+
+
+def _name(kernel) -> str:
+    return _py_func(kernel).__name__
+
+
+def waits(kernel) -> bool:
+    """Whether the kernel's own body calls ``griddep_wait`` (or ``griddep_wait_for``): what a PDL launch
+    needs, here and in the simulator alike (which cannot show the race a missing wait makes)."""
+    names = _py_func(kernel).__code__.co_names
+    return "griddep_wait" in names or "griddep_wait_for" in names
