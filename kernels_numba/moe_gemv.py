@@ -17,7 +17,8 @@ all with PDL:
   down     grid (D/16, P): 16 rows of pair p's w2 times h[p]: ``y[p, n] = w_p * acc``. Its weight
            loads come before its wait (coherent loads, which ptxas keeps there): every kernel of
            the four triggers its dependents only after its own wait, so once down runs the routing
-           is final.
+           is final (and so are moe_align's tiles, which the tiled down reads for its first item's
+           weights before the wait; a block with no item never waits, as it writes nothing).
   combine  moe_align.make_combine_kernel (sum over pairs in fixed order; it waits first).
 
 Tiled (above GEMV_TOKENS tokens): moe_align first puts each expert's pairs in tiles of 8; gate_up and
@@ -96,10 +97,10 @@ def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, 
         acc = cuda.local.array(4, float32)
         tk = n_tok * k_top
         c0 = warp * CPW
-        if GATE_UP or TILED:
+        if GATE_UP:
             griddep_wait()                                # topk_ids / the tiles may be the previous kernel's
             griddep_launch_dependents()                   # after the wait: the routing is final
-            if GATE_UP and not TILED and cuda.blockIdx.y == 0 and tile == 0 and tid == 0:
+            if not TILED and cuda.blockIdx.y == 0 and tile == 0 and tid == 0:
                 meta[1] = 0
         first = cuda.blockIdx.y
         end, step = (meta[0], cuda.gridDim.y) if TILED else (first + 1, 1)   # per pair: one item, no loop
@@ -128,7 +129,7 @@ def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, 
                     wl[ci * 4 + j] = w[j]
                 for j in range(2):
                     sl[ci * 2 + j] = sq[sbase + (ci * 2 + j) * 8]
-            if not GATE_UP and not TILED:
+            if not GATE_UP and item == first:             # the first item's weights load before it
                 griddep_wait()                            # h is act's output
                 griddep_launch_dependents()
                 if not ok and tile == 0 and tid == 0:
