@@ -32,6 +32,34 @@ def default_stream():
     return 0
 
 
+class SideStream:
+    """A second stream for launches that may run beside the main stream's: ``fork(stream)`` returns it
+    once everything launched so far on ``stream`` is done (an event), ``join(stream)`` makes ``stream``
+    wait for everything launched on it since. Eager runs and captured graphs alike (a capture follows
+    the events into the second stream and back); without a GPU both are ``stream``, in program order.
+    Made on the first fork, which is an eager run (a capture may not create streams)."""
+
+    def __init__(self) -> None:
+        self._torch_stream = self._side = self._fork = self._join = None
+
+    def fork(self, stream):
+        if not on_gpu():
+            return stream
+        if self._side is None:
+            import torch
+            self._torch_stream = torch.cuda.Stream()                 # non-blocking: no tie to stream 0
+            self._side = cuda.external_stream(self._torch_stream.cuda_stream)
+            self._fork, self._join = cuda.event(timing=False), cuda.event(timing=False)
+        self._fork.record(stream)
+        self._fork.wait(self._side)
+        return self._side
+
+    def join(self, stream) -> None:
+        if self._side is not None:
+            self._join.record(self._side)
+            self._join.wait(stream)
+
+
 def to_device(a: np.ndarray):
     a = np.ascontiguousarray(a)
     if SIMULATED:

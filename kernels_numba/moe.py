@@ -204,10 +204,12 @@ def stream_k_config(d: int, i: int, tokens: int) -> dict:
 
 
 def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoEWorkspace | None = None,
-              stream=None, config: dict | None = None, check_routing: bool = False, accumulate: bool = False):
+              stream=None, config: dict | None = None, check_routing: bool = False, accumulate: bool = False,
+              extra=None, before_combine=None):
     """``out [T, D] float32`` (+= with ``accumulate``) = the MoE layer for ``x`` float16 [T, D] routed by
     ``topk_ids`` int32 [T, K] (values in [0, E)) with ``topk_w`` float32 [T, K] (routed_scaling_factor
-    included).
+    included), plus ``extra`` [T, D] float32 where given (added last, in the combine). ``before_combine()``
+    runs before the combine launches (a stream join: ``extra`` may come from another stream).
 
     ``weights`` from ``prepare_moe(...).to_device()``; ``workspace`` from ``moe_workspace`` (pass
     one for CUDA-graph capture: allocating inside a capture fails). Expert ids outside [0, E) are
@@ -215,8 +217,11 @@ def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoE
     and raises KernelInputError for them. Raises KernelInputError before launching on bad shapes.
     """
     stream = as_stream(stream)
-    stages, out, ws = moe_stages(x, topk_ids, topk_w, weights, out, workspace, stream, config, accumulate)
-    for _, run in stages:
+    stages, out, ws = moe_stages(x, topk_ids, topk_w, weights, out, workspace, stream, config, accumulate,
+                                 extra)
+    for name, run in stages:
+        if name == "combine" and before_combine is not None:
+            before_combine()
         run(stream)
     if check_routing:
         if not isinstance(ws.meta, np.ndarray):
@@ -229,7 +234,7 @@ def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoE
 
 
 def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoEWorkspace | None = None,
-               stream=None, config: dict | None = None, accumulate: bool = False):
+               stream=None, config: dict | None = None, accumulate: bool = False, extra=None):
     """Every check of ``fused_moe`` (same arguments), then ``(stages, out, workspace)``: stages are
     ``(name, launch(stream))`` for align, gate_up, down and combine in launch order; ``fused_moe``
     runs them all, a benchmark may time a prefix. ``out`` / ``workspace`` are allocated on
@@ -265,9 +270,13 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
             raise KernelInputError("accumulate needs an out to add into")
         out = empty((t, d), np.float32, stream)
     out = check(out, "out", np.float32, (t, d), align=4)
-    combine = make_combine_kernel(d, k, weights.n_shared, accumulate)
+    if extra is not None:
+        extra = check(extra, "extra", np.float32, (t, d), align=4)
+    combine = make_combine_kernel(d, k, weights.n_shared, accumulate, extra is not None)
+    extra = ws.y if extra is None else flat(extra)    # unread without: y, which the combine only reads
     if "gemv" in cfg:
-        return _gemv_stages(x, ids, tw, weights, out, ws, cfg, (w13q, w13s, w2q, w2s), combine), out, ws
+        wts = (w13q, w13s, w2q, w2s)
+        return _gemv_stages(x, ids, tw, weights, out, ws, cfg, wts, combine, extra), out, ws
     nb, wgu, wdn = cfg["blocks"], cfg["gu"][0], cfg["dn"][0]
     if _part_size(cfg) > ws.part.size:
         raise KernelInputError(f"MoE config {cfg} needs a part buffer of {_part_size(cfg)} floats, the "
@@ -284,12 +293,12 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
                                                        ws.cnt_dn, p * w2.n16)),
         ("down", lambda s: down[nb, wdn * 32, s](ws.y, ws.h, w2q, w2s, *tiles, ws.cnt_dn, ws.cnt_dn, 0)),
         ("combine", lambda s: combine[(-(-d // 128), t), 128, s](flat(out), ws.y, t, flat(ids),
-                                                                  weights.n_routed)),
+                                                                  weights.n_routed, extra)),
     ]
     return stages, out, ws
 
 
-def _gemv_stages(x, ids, tw, weights: MoEWeights, out, ws: MoEWorkspace, cfg: dict, wts, combine):
+def _gemv_stages(x, ids, tw, weights: MoEWeights, out, ws: MoEWorkspace, cfg: dict, wts, combine, extra):
     """The GEMV path's stages (moe_gemv.py), all launched with PDL: gate_up, act, down, combine, after
     moe_align's expert tiles when ``cfg`` is tiled."""
     w13q, w13s, w2q, w2s = wts
@@ -314,7 +323,7 @@ def _gemv_stages(x, ids, tw, weights: MoEWeights, out, ws: MoEWorkspace, cfg: di
         ("down", lambda s: launch(down, (d // 16, rows), ksdn * 32, s,
                                   (ws.y, h16, w2q, w2s, *route, d // 16, *tiles))),
         ("combine", lambda s: launch(combine, (-(-d // 128), t), 128, s,
-                                     (flat(out), ws.y, t, flat(ids), weights.n_routed))),
+                                     (flat(out), ws.y, t, flat(ids), weights.n_routed, extra))),
     ]
     if tiled:
         nthr, xe = align_threads(weights.w13.experts), weights.w13.experts

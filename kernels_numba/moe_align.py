@@ -115,13 +115,15 @@ def make_align_kernel(EX: int, NTHR: int):
 
 
 @functools.cache
-def make_combine_kernel(D: int, K: int, S: int, ACC: bool = False):
+def make_combine_kernel(D: int, K: int, S: int, ACC: bool = False, EXTRA: bool = False):
     """out[t, n] (+= when ACC) = sum_k y[t*K + k, n] + sum_s y[T*K + s*T + t, n] (router weights already
     in y), over the slots k whose expert id lies in [0, n_routed): a dropped pair's y row is never
-    written. ACC adds the sum into out (the residual rows) in one addition, as a separate add would."""
+    written. ACC adds the sum into out (the residual rows) in one addition, as a separate add would;
+    EXTRA then adds extra[t, n] (a shared expert's output computed apart) in one more, so the bits are
+    those of adding it into out afterwards. ``extra`` is not read without EXTRA."""
 
     @cuda.jit
-    def moe_combine_kernel(out, y, n_tok, topk_ids, n_routed):
+    def moe_combine_kernel(out, y, n_tok, topk_ids, n_routed, extra):
         griddep_wait()                                        # y is down's (a no-op without PDL)
         n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         t = cuda.blockIdx.y
@@ -133,10 +135,10 @@ def make_combine_kernel(D: int, K: int, S: int, ACC: bool = False):
                     s += y[(t * K + k) * D + n]
             for j in range(S):
                 s += y[(n_tok * K + j * n_tok + t) * D + n]
-            if ACC:
-                out[t * D + n] += s
-            else:
-                out[t * D + n] = s
+            v = out[t * D + n] + s if ACC else s
+            if EXTRA:
+                v += extra[t * D + n]
+            out[t * D + n] = v
 
     return moe_combine_kernel
 

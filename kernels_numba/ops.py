@@ -56,7 +56,7 @@ from ._validate import KernelInputError, flat
 from .blas import padded_keys  # noqa: F401 - the key rows the BLAS attention pads to
 from .blas import view as torch_view  # noqa: F401 - a torch tensor over a device array (no copy)
 from .blockops import KS, TPB, col_blocks, row_slices
-from .device import SIMULATED, head_rows, kernel_array, on_gpu, rows_view, to_device, zeros
+from .device import SIMULATED, SideStream, head_rows, kernel_array, on_gpu, rows_view, to_device, zeros
 from .draft_attention import draft_attention  # the dflash drafter's attention (GQA), draft_attention.py
 from .draft_attention import gather_rows as draft_gather_rows  # its context input from the tap buffer
 from .draft_attention import head_norm_rope as draft_head_norm_rope  # per-head q/k norm + RoPE (2 layouts)
@@ -119,6 +119,7 @@ W16_ABSORB = True                            # the W16A16 core's W_UK / W_UV pro
 W16_SOFTMAX = True                           # ... and then its masked softmax on mla.softmax16_kernel
 W16_NORM = True                              # an RMSNorm before a W16A16 projection inside it ...
 FOLD_ROWS = 16                               # ... up to this many rows (then as many registers as fit)
+SHARED_BESIDE = True                         # a W16A16 shared expert on a second stream beside fused_moe
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
 
@@ -520,6 +521,7 @@ class Scratch:
         self.logits = zeros(max(rows * per_row, 1))                               # [S*T, E] sliced logits
         self.gemm = gemm_workspace(rows, [(m.n, m.k, m.group_size) for s in fast for m in (s.w13, s.w2)])
         self._fused = {_ws_key(m.fused, k): m.fused for m in fused}
+        self.side = SideStream()                                                # SHARED_BESIDE's stream
         self._ws: dict = {}
         self.top_k = k
 
@@ -670,12 +672,12 @@ def int4_gemm(x16, w: Int4Weight, out, workspace: GemmWorkspace | None = None, s
 
 
 def experts_fused(x16, ids, wts, w: MoEWeights, out, workspace, stream=0, config: dict | None = None,
-                  accumulate: bool = False):
+                  accumulate: bool = False, extra=None, before_combine=None):
     """out [T, D] float32 (+= with ``accumulate``) = the fused MoE of x16 [T, D] float16 routed by ids /
-    wts [T, K]: what ``moe`` runs (fused_moe, default config); ``config`` for the benchmark's
-    alternatives."""
+    wts [T, K] (+ extra [T, D], added in its combine after ``before_combine()``): what ``moe`` runs
+    (fused_moe, default config); ``config`` for the benchmark's alternatives."""
     return fused_moe(x16, ids, wts, w, out=out, workspace=workspace, stream=stream, config=config,
-                     accumulate=accumulate)
+                     accumulate=accumulate, extra=extra, before_combine=before_combine)
 
 
 def _to_f16(sc: Scratch, x, dim: int, meta, rows: int, stream):
@@ -689,8 +691,11 @@ def _add(h, y, meta, rows: int, stream) -> None:
     launch(add_rows_kernel, (col_blocks(y.shape[1]), rows), TPB, stream, (h, y, meta))
 
 
-def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
-    """h [T, D] += w2 (silu(w1 x) * (w3 x)) for x [T, D] (dense MLP or shared expert)."""
+def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0, accumulate: bool = True) -> None:
+    """h [T, D] += w2 (silu(w1 x) * (w3 x)) for x [T, D] (dense MLP or shared expert); ``accumulate=False``
+    (W16A16 only): h = that product."""
+    if not accumulate and w.path != W16A16:
+        raise KernelInputError(f"only the W16A16 SwiGLU writes its product without adding it, not {w.path}")
     if w.path == INT4_MATMUL:
         i, d = w.width, w.dim
         gu, h16, y = rows_view(sc.gu, rows, 2 * i), rows_view(sc.h16, rows, i), rows_view(sc.y, rows, d)
@@ -703,7 +708,7 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0) -> None:
     if w.path == W16A16:
         gu = kernel_array(rows_view(sc.gu, rows, 2 * w.width))
         w16a16.linear(gu, kernel_array(x), w.w13, rows, stream=stream, multi_tile=W16_MULTI_TILE)
-        w16a16.linear(kernel_array(h), gu, w.w2, rows, accumulate=True, stream=stream,
+        w16a16.linear(kernel_array(h), gu, w.w2, rows, accumulate=accumulate, stream=stream,
                       multi_tile=W16_MULTI_TILE, glu=True)                # silu(g) * u as it reads gu
         return
     if w.path == BLAS_PATH:
@@ -732,26 +737,45 @@ def route(ids, wts, x, r: Router, sc: Scratch, meta, rows: int, stream=0, x16=No
         launch(r.kernel, rows, (TPB, KS), stream, (ids, wts, x, r.gate_t, r.bias, meta))
 
 
-def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
-    """h [T, D] += the MoE block of x [T, D]: router, routed experts, shared experts."""
+def shares_beside(w: MoE) -> bool:
+    """Whether ``moe`` can run this block's shared expert beside its routed experts: a W16A16 one beside
+    fused_moe."""
+    return w.path == FUSED_MOE and w.shared is not None and w.shared.path == W16A16
+
+
+def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0, beside: bool | None = None) -> None:
+    """h [T, D] += the MoE block of x [T, D]: router, routed experts, shared experts. Beside
+    (``shares_beside``; ``beside`` None: ``SHARED_BESIDE``) the shared expert runs on the scratch's second
+    stream while the router picks and the experts load, into the scratch's y, which fused_moe's combine
+    adds last (the bits of adding it afterwards)."""
+    beside = (SHARED_BESIDE if beside is None else beside) and shares_beside(w)
+    shared = None
+    if beside:
+        shared = rows_view(sc.y, rows, w.dim)
+        swiglu(shared, x, w.shared, sc, meta, rows, sc.side.fork(stream), accumulate=False)
     folded = w.path == FUSED_MOE and w.router.path == SLICED           # f16(x) from the router's read of x
     route(sc.rids, sc.rwts, x, w.router, sc, meta, rows, stream,
           rows_view(sc.x16, rows, w.dim) if folded else None)
     if w.path == FUSED_MOE and not folded:
         _to_f16(sc, x, w.dim, meta, rows, stream)
-    routed_experts(h, x, sc.rids, sc.rwts, w, sc, meta, rows, stream)
-    if w.shared is not None:
+    routed_experts(h, x, sc.rids, sc.rwts, w, sc, meta, rows, stream, shared)
+    if w.shared is not None and not beside:
         swiglu(h, x, w.shared, sc, meta, rows, stream)
 
 
-def routed_experts(h, x, ids, wts, w: MoE, sc: Scratch, meta, rows: int, stream=0) -> None:
+def routed_experts(h, x, ids, wts, w: MoE, sc: Scratch, meta, rows: int, stream=0, shared=None) -> None:
     """h [T, D] += the routed experts of x [T, D] routed by ids / wts [T, K] (``moe``'s middle stage;
     ``bench k2`` times it alone). fused_moe reads f16(x) from the scratch (``moe`` converts it first) and
-    its combine adds each row's sum into h."""
+    its combine adds each row's sum into h, then ``shared`` [T, D] (fused_moe only), once the scratch's
+    second stream, which computes it, has joined."""
+    if shared is not None and w.path != FUSED_MOE:
+        raise KernelInputError(f"only fused_moe's combine adds a shared expert's rows, not {w.path}")
     if w.path == FUSED_MOE:
         experts_fused(kernel_array(rows_view(sc.x16, rows, w.dim), np.float16),
                       kernel_array(head_rows(ids, rows)), kernel_array(head_rows(wts, rows)), w.fused,
-                      kernel_array(head_rows(h, rows)), sc.workspace(w.fused, rows), stream, accumulate=True)
+                      kernel_array(head_rows(h, rows)), sc.workspace(w.fused, rows), stream, accumulate=True,
+                      extra=None if shared is None else kernel_array(shared),
+                      before_combine=None if shared is None else lambda: sc.side.join(stream))
     elif w.path == GROUPED_MM:
         blas.experts_grouped(h, x, ids, wts, w.grouped.w13, w.grouped.w2, rows, stream)
     else:
@@ -793,7 +817,8 @@ __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Bf16Weight", "W16A16", "dens
            "gemm_workspace", "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep",
            "mla_w16", "mla_weights", "moe", "moe_fused", "moe_grouped", "moe_portable", "moe_stages",
            "moe_weights", "moe_workspace", "norm_linear", "padded_keys", "portable_stack", "repack_experts",
-           "rmsnorm", "route", "routed_experts", "router", "sim_speed", "swiglu", "swiglu_weights",
+           "rmsnorm", "route", "routed_experts", "router", "shares_beside", "sim_speed", "swiglu",
+           "swiglu_weights",
            "tiled_config", "topk_logprobs", "torch_view", "tree_compile", "unrepack_int4"]
 # the kernel ladders' group (dev/kernels/)
 __all__ += ["GemmWorkspace", "TILE_ROWS", "stream_k_config",

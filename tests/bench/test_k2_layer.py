@@ -73,6 +73,18 @@ def test_small_fp32_experts_match_reference():
     assert all(r["passed"] for r in res), res
 
 
+def test_small_k2_layout_layer_matches_reference(monkeypatch):
+    """K2's layout at small widths: INT4 routed experts on fused_moe, the rest W16A16 on the W16A16 kernel
+    (simulated), so the shared expert runs beside the routed experts (``ops.shares_beside``)."""
+    monkeypatch.setattr(ops, "BLAS", True)
+    monkeypatch.setattr(ops, "BLAS_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(ops, "W16_KERNEL", True)
+    rig = _rig(SMALL, 1, dense="bf16")
+    assert ops.shares_beside(rig.lay.moe) and ops.SHARED_BESIDE
+    res = check_layer(SMALL, 3, rig, prefix=4, tree_nodes=16, log=lambda m: None)
+    assert all(r["passed"] and r["dense"] == "bf16" for r in res), res
+
+
 def test_a_wrong_weight_fails_the_check():
     rig = _rig(SMALL, 1)
     upload(rig.lay.ffn_norm, download(rig.lay.ffn_norm) * np.float32(1.01))  # ffn_norm 1% off on the device
@@ -90,7 +102,8 @@ def test_parts_launch_and_floors(experts, monkeypatch):
         rig.step(n)
         for own in (False, True):
             parts = rig.parts(n, own_routing=own)
-            assert list(parts) == ["attention", "router", "routed_experts", "shared_expert", "layer"]
+            assert list(parts) == ["attention", "router", "routed_experts", "shared_expert", "moe_block",
+                                   "layer"]
             for fn in parts.values():
                 fn(0)
     assert np.isfinite(rig.out(n)).all()

@@ -100,8 +100,9 @@ def moe_glue_builds() -> dict:
         for stage, k, tiling, up in (("gate_up", 7168, cfg["gu"], True), ("down", 2048, cfg["dn"], False)):
             out[f"{name} {stage}"] = counts(make_moe_gemv_kernel(k, *tiling, up, cfg["maxreg"], tiled), vsig)
     out["moe act"] = counts(moe_act_kernel, (a(T.uint16), a(T.float32), T.int64))
-    csig = (a(T.float32), a(T.float32), T.int64, a(T.int32), T.int64)       # out, y, n_tok, ids, n_routed
-    out["moe combine"] = counts(make_combine_kernel(7168, 8, 1), csig)
+    csig = (a(T.float32), a(T.float32), T.int64, a(T.int32), T.int64, a(T.float32))   # out, y, n_tok, ids,
+    out["moe combine"] = counts(make_combine_kernel(7168, 8, 1), csig)                  # n_routed, extra
+    out["moe combine + shared"] = counts(make_combine_kernel(7168, 8, 0, True, True), csig)
     return out
 
 

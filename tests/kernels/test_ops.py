@@ -137,3 +137,43 @@ def test_copy_rows_copies_live_rows_only(ks):
     copy_rows_kernel[3, (TPB, ks), 0](dst, to_device(src), meta)
     got = download(dst)
     assert (got[:2] == src[:2]).all() and (got[2] == 0).all()
+
+
+def test_a_w16a16_shared_expert_beside_fused_moe_gives_the_bits_of_one_after_it(monkeypatch):
+    """K2's layout: INT4 routed experts on fused_moe and a W16A16 shared expert. Beside (on the second
+    stream, its rows added in fused_moe's combine) h holds the very bits of running it after fused_moe
+    (the same float32 additions in the same order), and both are the reference's MoE block."""
+    from numformats.bf16 import bf16
+    from workbench.quant.w16a16 import W16A16
+    monkeypatch.setattr(ops, "BLAS", True)
+    monkeypatch.setattr(ops, "BLAS_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(ops, "W16_KERNEL", True)                         # the W16A16 kernel, simulated
+    cfg = replace(preset("tiny"), num_hidden_layers=1, first_k_dense_replace=0)
+    w, m_int4 = _moe_model(cfg, 11)
+    d, i = cfg.hidden_size, cfg.n_shared_experts * cfg.moe_intermediate_size
+    rng = np.random.default_rng(12)
+    shared = [bf16(rng.standard_normal(s) * 0.1) for s in ((i, d), (i, d), (d, i))]
+    names = ("w1", "w3", "w2")
+    w = {k: v for k, v in w.items() if not k.startswith("layers.0.ffn.shared.")}    # the INT4 one's out
+    w.update({f"layers.0.ffn.shared.{n}": W16A16(s) for n, s in zip(names, shared, strict=True)})
+    ex = "layers.0.ffn.experts"
+    experts = [tuple(ops.Int4Host(w[f"{ex}.{j}.{n}.packed"], w[f"{ex}.{j}.{n}.scale"]) for n in names)
+               for j in range(cfg.n_routed_experts)]
+    m = ops.moe_weights(m_int4.router, experts, [ops.Bf16Host(s.bits) for s in shared])
+    assert (m.path, m.shared.path) == (ops.FUSED_MOE, ops.W16A16)
+    rows, live = 3, 2
+    x = rng.standard_normal((rows, d)).astype(np.float32)
+    h0 = rng.standard_normal((rows, d)).astype(np.float32)
+    meta = to_device(np.array([0, live, 0, 0, 0, 0, 0, 0], np.int32))
+    got = {}
+    for beside in (True, False):
+        monkeypatch.setattr(ops, "SHARED_BESIDE", beside)
+        sc = ops.Scratch(rows, [], [m])
+        sc.reserve(rows)
+        h = to_device(h0.copy())
+        with sim_speed():
+            ops.moe(h, to_device(x), m, sc, meta, rows)
+        got[beside] = download(h)
+    np.testing.assert_array_equal(got[True], got[False])
+    assert_close(got[True][:live], h0[:live] + moe(cfg, w, 0, x[:live]), rtol=1e-2, atol_rel=1e-2,
+                 what="shared beside")

@@ -95,11 +95,14 @@ def _floor_bytes(
         return lb["shared_params"] * w, lb["shared_params"] * 2
     if part == "dense_mlp":
         return lb["mlp_params"] * w, lb["mlp_params"] * 2
-    parts = (
-        ["attention", "router", "routed_experts", "shared_expert"]
-        if cfg.is_moe_layer(layer)
-        else ["attention", "dense_mlp"]
-    )
+    if part.startswith("moe_block"):
+        parts = ["router", "routed_experts", "shared_expert"]
+    else:
+        parts = (
+            ["attention", "router", "routed_experts", "shared_expert"]
+            if cfg.is_moe_layer(layer)
+            else ["attention", "dense_mlp"]
+        )
     both = [_floor_bytes(cfg, layer, p, n, context, uniq, experts, dense) for p in parts]
     return sum(b[0] for b in both), sum(b[1] for b in both)
 
@@ -170,7 +173,7 @@ def time_layer(
                         if rotate
                         else float(len(np.unique(own)))
                     )
-                elif part in ("layer", "router") and own is not None:
+                elif (part in ("layer", "router") or part.startswith("moe_block")) and own is not None:
                     uniq = float(len(np.unique(own)))
                 else:
                     uniq = float("nan")
