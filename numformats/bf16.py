@@ -63,16 +63,39 @@ def bf16(x: Any) -> BF16Array:
     if isinstance(x, BF16Array):
         return x
     f = np.asarray(x, dtype=np.float32)
-    u = f.view(np.uint32).astype(np.uint64)                       # room for the rounding carry
-    lsb = (u >> np.uint64(16)) & np.uint64(1)                     # ties go to the even result
-    rounded = (u + np.uint64(0x7FFF) + lsb) >> np.uint64(16)
-    nan = np.isnan(f)
-    quiet = (u >> np.uint64(16)) | np.uint64(0x0040)              # keep NaN a NaN after truncation
-    bits = np.where(nan, quiet, rounded).astype(np.uint16)
-    return BF16Array(bits.reshape(f.shape))
+    return BF16Array((_rounded_top(f).reshape(-1) >> np.uint32(16)).astype(np.uint16).reshape(f.shape))
+
+
+def exact_bf16(x: Any) -> BF16Array | None:
+    """``x`` as a BF16Array when every value is a bfloat16 value (its float32 low half zero), else None."""
+    if isinstance(x, BF16Array):
+        return x
+    f = np.asarray(x, dtype=np.float32)
+    u = f.reshape(-1).view(np.uint32)
+    if (u & np.uint32(0xFFFF)).any():
+        return None
+    return BF16Array((u >> np.uint32(16)).astype(np.uint16).reshape(f.shape))
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:
     """x rounded to the nearest bfloat16 value (ties to even), in x's float dtype (W16A16's rounding,
     ``workbench.quant.w16a16``)."""
-    return bf16(x).float32().astype(x.dtype, copy=False)
+    f = np.asarray(x, dtype=np.float32)
+    r = _rounded_top(f)
+    r &= np.uint32(0xFFFF0000)
+    return r.view(np.float32).astype(x.dtype, copy=False)
+
+
+def _rounded_top(f: np.ndarray) -> np.ndarray:
+    """The float32 bits of f (float32) with the rounding to bfloat16 added into the top half
+    (low half left over): u + 0x7FFF + lsb(top half). Without NaNs it cannot carry out of 32 bits (the
+    largest, -inf, gives 0xFF808000); a NaN keeps its top half, made quiet."""
+    u = f.reshape(-1).view(np.uint32)                             # 1-d: in-place ops on 0-d give scalars
+    r = u >> np.uint32(16)
+    r &= np.uint32(1)                                             # ties go to the even result
+    r += np.uint32(0x7FFF)
+    r += u
+    nan = np.isnan(f.reshape(-1))
+    if nan.any():
+        r[nan] = (u[nan] | np.uint32(0x00400000)) & np.uint32(0xFFFF0000)
+    return r.reshape(f.shape)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from numformats.bf16 import BF16Array, bf16, round_bf16
+from numformats.bf16 import BF16Array, exact_bf16, round_bf16
 
 from ..config import ModelConfig
 from ..errors import InputError
@@ -112,12 +112,10 @@ class _Marked(Mapping):
 def _mark(name: str, w: Any, out16: bool = False) -> W16A16:
     if isinstance(w, W16A16):
         return w
-    if not isinstance(w, BF16Array):
-        f = np.asarray(w, np.float32)
-        w = bf16(f)
-        if not np.array_equal(w.float32(), f):
-            raise InputError(f"{name} holds values bf16 cannot represent; W16A16 wants bf16 weights")
-    return W16A16(w, out16)
+    exact = exact_bf16(w)
+    if exact is None:
+        raise InputError(f"{name} holds values bf16 cannot represent; W16A16 wants bf16 weights")
+    return W16A16(exact, out16)
 
 
 def w16a16(cfg: ModelConfig, weights: Mapping[str, Any], dense: bool = True,
