@@ -109,8 +109,8 @@ BLAS = on_gpu()                              # FP32 ops may take the BLAS path (
 BLAS_MIN_ELEMENTS = 1 << 20                  # ... for weights of at least this many elements (4 MB)
 W16A16 = "w16a16"
 W16_KERNEL = on_gpu()                        # bf16 weights on the W16A16 kernel (tests turn it on on CPU)
-W16_MULTI_TILE = False                       # its NT column tiles a block from 17 rows: the same bits,
-                                             # mixed on the H200 (wo faster, wq_b slower), cuBLAS wins there
+W16_MULTI_TILE = True                        # its NT column tiles a block where they measured faster
+                                             # (the same bits): ``multi_tiles``
 W16_CORE_KERNEL = False                      # the W16A16 attention core's softmax and p @ c_kv on mla.py's
                                              # core kernels (keys in logical order), else torch + cuBLAS:
                                              # off until v2 (key chunks) is timed (v1: 1.2-23x slower)
@@ -551,6 +551,14 @@ def embed(h, table, ids, meta, rows: int, stream=0) -> None:
     embed_kernel[rows, (TPB, row_slices(h.shape[1])), stream](h, table, ids, meta)
 
 
+def multi_tiles(w: Bf16Weight, rows: int) -> bool:
+    """Whether a W16A16 product of ``rows`` rows takes NT column tiles a block (``w16a16.tiles_per_block``;
+    no bit changes): where they measured faster beside one tile a block on the H200 (c49e943), three row
+    tiles (17-24 rows: a 16-node verify) and K >= 2048: wo -14.7, w2 -4.3, the lm_head -17 us at 17 rows;
+    at K = 1536 (wq_b) +4.1, at 33 rows mixed (wo -4.7, the head +24)."""
+    return W16_MULTI_TILE and 16 < rows <= 24 and w.k >= 2048
+
+
 def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False, norm=None) -> None:
     """out [T, N] (+)= x [T, K] @ W.T; ``norm`` (weight [K], eps), a W16A16 projection on the kernel only:
     rmsnorm(x) * weight in x's place, computed in the product (``norm_linear`` picks it)."""
@@ -560,7 +568,8 @@ def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False
         w16a16.linear(kernel_array(out), kernel_array(x), w.wt, rows, accumulate, stream,
                       norm=(kernel_array(norm[0]), norm[1]))
     elif w.path == W16A16:
-        w16a16.linear(kernel_array(out), kernel_array(x), w.wt, rows, accumulate, stream, W16_MULTI_TILE)
+        w16a16.linear(kernel_array(out), kernel_array(x), w.wt, rows, accumulate, stream,
+                      multi_tiles(w.wt, rows))
     elif w.path == BLAS_PATH:
         blas.linear(out, x, w.wt, rows, accumulate=accumulate, stream=stream)
     else:
@@ -707,9 +716,9 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0, accumulate: 
         return
     if w.path == W16A16:
         gu = kernel_array(rows_view(sc.gu, rows, 2 * w.width))
-        w16a16.linear(gu, kernel_array(x), w.w13, rows, stream=stream, multi_tile=W16_MULTI_TILE)
+        w16a16.linear(gu, kernel_array(x), w.w13, rows, stream=stream, multi_tile=multi_tiles(w.w13, rows))
         w16a16.linear(kernel_array(h), gu, w.w2, rows, accumulate=accumulate, stream=stream,
-                      multi_tile=W16_MULTI_TILE, glu=True)                # silu(g) * u as it reads gu
+                      multi_tile=multi_tiles(w.w2, rows), glu=True)       # silu(g) * u as it reads gu
         return
     if w.path == BLAS_PATH:
         blas.swiglu(h, x, w.w13, w.w2, rows_view(sc.gu, rows, 2 * w.width), rows_view(sc.act, rows, w.width),

@@ -1,12 +1,13 @@
 """The W16A16 linear on a GPU at K2's projection shapes: the package kernel (``ops.linear`` on a
 ``dense_w16`` weight) beside its baseline, cuBLAS's bf16 GEMM with float32 output (the BLAS path,
-``torch.mm(bf16(x), W.T, out_dtype=float32)``), and the weight bytes each must read; from 17 rows
-also the kernel with NT column tiles a block where it takes more than one (``w16a16_nt``,
-``ops.W16_MULTI_TILE``), and where the package keeps two batches of weights in flight a warp
+``torch.mm(bf16(x), W.T, out_dtype=float32)``), and the weight bytes each must read; from 17 rows,
+where NT column tiles a block can run, the kernel the other way (``w16a16_nt``: NT tiles where the
+package takes one, ``ops.multi_tiles``; ``w16a16_nt1``: one where it takes NT), and where the package
+keeps two batches of weights in flight a warp
 (``w16a16.pipelined``) the kernel with one (``w16a16_v3``), each checked equal to the package kernel bit
 for bit first.
 
-    python dev/kernels/w16a16.py [--rows 1,2,5,9,17,33,65] [--reps 40] [--shapes a1,wq_b,wo,w13,w2,head]
+    python dev/kernels/w16a16.py [--rows 1,2,5,9,17,33,65] [--reps 40] [--shapes a1,wq_b,wo,w13,w2,head,...]
 
 Each shape is checked first: the kernel's rows against the same rows alone, bit for bit (at every row
 count; row 0 and the last row), and against cuBLAS within 1e-3 of the largest output. Then both are
@@ -30,7 +31,8 @@ from kernels_numba.device import download, on_gpu, rows_view, to_device  # noqa:
 from workbench.bench.k2_depth import Timer  # noqa: E402
 
 SHAPES = {"a1": (7168, 2112), "wq_b": (1536, 12288), "wo": (8192, 7168), "w13": (7168, 4096),
-          "w2": (2048, 7168), "head": (7168, 163840)}          # K, N of K2's W16A16 projections
+          "w2": (2048, 7168), "head": (7168, 163840),          # K, N of K2's W16A16 projections
+          "dense_w13": (7168, 36864), "dense_w2": (18432, 7168)}    # and of its dense layer's MLP
 
 
 def main() -> None:
@@ -70,13 +72,14 @@ def main() -> None:
             if not err <= 1e-3:
                 raise SystemExit(f"{name} at {t} rows: {err:.2e} of the largest output from cuBLAS")
             paths = [("w16a16", kern, False), ("cublas_bf16", blas, False)]
-            if ops.tiles_per_block(kern.wt, ops.row_tiles(t), True) > 1:   # NT column tiles a block:
+            if ops.tiles_per_block(kern.wt, ops.row_tiles(t), True) > 1:   # NT column tiles a block or
+                other = not ops.multi_tiles(kern.wt, t)                     # one, the package's other way:
                 nt = rows_view(ref.reshape(-1), t, n)                       # the same bits, checked
-                with patch.object(ops, "W16_MULTI_TILE", True):
+                with patch.object(ops, "multi_tiles", lambda w, r, other=other: other):
                     ops.linear(nt, x, kern, meta, t)
                 if not np.array_equal(download(nt), got):
                     raise SystemExit(f"{name} at {t} rows: NT tiles a block differ from one tile a block")
-                paths.append(("w16a16_nt", kern, True))
+                paths.append(("w16a16_nt" if other else "w16a16_nt1", kern, other))
             if w16.pipelined(kern.wt, ops.row_tiles(t), 1):             # v3: one batch in flight a warp
                 v3 = rows_view(ref.reshape(-1), t, n)
                 with patch.object(w16, "PIPE_TILES", 0):
@@ -86,7 +89,8 @@ def main() -> None:
                 paths.append(("w16a16_v3", kern, False))
             mb = k * n * 2 / 1e6
             for path, w, multi in paths:
-                with patch.object(ops, "W16_MULTI_TILE", multi), \
+                pick = (lambda w, r, m=multi: m) if path.startswith("w16a16_nt") else ops.multi_tiles
+                with patch.object(ops, "multi_tiles", pick), \
                         patch.object(w16, "PIPE_TILES", 0 if path == "w16a16_v3" else w16.PIPE_TILES):
                     us = timer(lambda s, w=w, o=o, t=t, x=x: ops.linear(o, x, w, meta, t, s))
                 print(f"{name},{k},{n},{t},{path},{us:.2f},{mb:.1f}", flush=True)

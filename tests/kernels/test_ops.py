@@ -177,3 +177,31 @@ def test_a_w16a16_shared_expert_beside_fused_moe_gives_the_bits_of_one_after_it(
     np.testing.assert_array_equal(got[True], got[False])
     assert_close(got[True][:live], h0[:live] + moe(cfg, w, 0, x[:live]), rtol=1e-2, atol_rel=1e-2,
                  what="shared beside")
+
+
+def test_w16a16_products_take_column_tiles_where_they_measured_faster(monkeypatch):
+    """``ops.multi_tiles``: NT column tiles a block at 17-24 rows for K >= 2048 only (the H200's side-by-side
+    numbers), and a product taking them still gives each row the bits of that row alone."""
+    import torch
+
+    import kernels_numba.w16a16 as w16
+    from numformats.bf16 import bf16
+    monkeypatch.setattr(ops, "W16_KERNEL", True)
+    monkeypatch.setattr(w16, "MIN_BLOCKS", 1)                    # NT tiles with a small N
+    k, n, t = 2048, 64, 17
+    rng = np.random.default_rng(21)
+    bits = bf16(rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k)).bits
+    dense = ops.dense_w16(torch.from_numpy(np.ascontiguousarray(bits.T).view(np.int16)).view(torch.bfloat16))
+    assert dense.path == ops.W16A16
+    assert [ops.multi_tiles(dense.wt, r) for r in (16, 17, 24, 25)] == [False, True, True, False]
+    assert ops.tiles_per_block(dense.wt, ops.row_tiles(t), True) == 4
+    narrow = ops.dense_w16(torch.zeros((1536, 16), dtype=torch.bfloat16))
+    assert not ops.multi_tiles(narrow.wt, t)                         # wq_b's K: one tile a block
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    meta = to_device(np.array([0, t, 0, 0, 0, 0, 0, 0], np.int32))
+    out, one = zeros((t, n)), zeros((1, n))
+    with sim_speed():
+        ops.linear(out, to_device(x), dense, meta, t)
+        for r in (0, t - 1):
+            ops.linear(one, to_device(x[r:r + 1]), dense, meta, 1)
+            np.testing.assert_array_equal(download(one)[0], download(out)[r])
