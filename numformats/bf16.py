@@ -7,9 +7,12 @@ numpy has no bfloat16 dtype; bundles hand these arrays out as ``BF16Array``.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
+
+_LOW = 0 if sys.byteorder == "little" else 1      # where a float32's low half sits in memory
 
 
 class BF16Array:
@@ -71,10 +74,10 @@ def exact_bf16(x: Any) -> BF16Array | None:
     if isinstance(x, BF16Array):
         return x
     f = np.asarray(x, dtype=np.float32)
-    u = f.reshape(-1).view(np.uint32)
-    if (u & np.uint32(0xFFFF)).any():
+    halves = f.reshape(-1).view(np.uint16).reshape(-1, 2)        # each float's two 16-bit halves
+    if halves[:, _LOW].any():
         return None
-    return BF16Array((u >> np.uint32(16)).astype(np.uint16).reshape(f.shape))
+    return BF16Array(halves[:, 1 - _LOW].reshape(f.shape).copy())
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:

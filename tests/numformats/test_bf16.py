@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from numformats.bf16 import BF16Array, bf16
+from numformats.bf16 import BF16Array, bf16, exact_bf16, round_bf16
 
 
 def _reference_bits(x: np.ndarray) -> np.ndarray:
@@ -52,3 +52,26 @@ def test_every_bf16_pattern_widens_and_narrows_back():
     np.testing.assert_array_equal(back[~nan], bits[~nan])
     assert np.isnan(BF16Array(back[nan]).float32()).all()
     np.testing.assert_array_equal(np.asarray(BF16Array(bits)).view(np.uint32), bits.astype(np.uint32) << 16)
+
+
+def test_round_bf16_keeps_shape_and_dtype_and_equals_the_widened_bits():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((7, 9)).astype(np.float32)[:, ::2] * np.float32(1e3)      # strided
+    r = round_bf16(x)
+    assert r.shape == x.shape and r.dtype == np.float32
+    np.testing.assert_array_equal(r.view(np.uint32) >> 16, _reference_bits(x))
+    assert not (r.view(np.uint32) & 0xFFFF).any()
+    d = round_bf16(np.float64(1.00390625) * np.ones(()))                               # 0-d float64: a tie
+    assert d.shape == () and d.dtype == np.float64 and d == 1.0
+    assert np.isnan(round_bf16(np.array([np.nan], np.float32))).all()
+
+
+def test_exact_bf16_takes_bf16_values_only():
+    bits = np.arange(0, 2**16, 7, dtype=np.uint32).astype(np.uint16)[:9360].reshape(-1, 13)
+    wide = BF16Array(bits).float32()
+    np.testing.assert_array_equal(exact_bf16(wide).bits, bits)              # NaNs and infs among them
+    off = wide.copy()
+    off.view(np.uint32)[3, 5] |= 1                                          # one low bit set
+    assert exact_bf16(off) is None
+    b = BF16Array(bits)
+    assert exact_bf16(b) is b
