@@ -74,11 +74,15 @@ def bench_moe(torch, copy, rows, log):
         out = torch.empty(t, D, device="cuda")
         base, gemv = choose_moe_config(D, I, t), choose_moe_config(D, I, 1)
         tiled = {**gemv, "tiled": True, "rows": TILE_ROWS}
+        p = t * (K + S)                              # pairs: at most min(E + S, p) + p / 8 tiles
+        tile_each = {**gemv, "tiled": True, "rows": min(E + S, p) + p // 8}
         ws = moe_workspace(t, K, mw, config=gemv)   # room for every path (a stream-K part buffer too)
-        paths = {id(gemv): "GEMV path ", id(tiled): "tiled GEMV path "}
+        paths = {id(gemv): "GEMV path ", id(tiled): "tiled GEMV path ",
+                 id(tile_each): "tiled GEMV path, a grid row per tile "}
         cfgs = [("fused_moe (numba, default)", base)] + [
             (f"fused_moe alt config {paths.get(id(c), 'stream-K ')}{c['gu']}/{c['dn']}", c)
-            for c in [stream_k_config(D, I, t), *ALT_CONFIGS, gemv, tiled] if c != base]
+            for c in [stream_k_config(D, I, t), *ALT_CONFIGS, gemv, tiled, tile_each]
+            if c != base]
         floor_us = None
         for impl, cfg in cfgs:
             run = functools.partial(ops.experts_fused, x, ids, tw, mw, out, ws, config=cfg)   # the engine's
