@@ -154,12 +154,14 @@ def attention_rows(att: AttentionRows, cos, sin, depth, vis, meta, rows: int, st
     ``rope.rope_rows_kernel``); row i sees cached keys < start and new key j < n = meta[1] where
     vis[i, j] (padding and later keys hidden; one kernel, ``mla.key_mask_kernel``)."""
     from .blockops import TPB
+    from .launch import launch
     from .mla import key_mask_kernel
     from .rope import rope_rows_kernel
     torch = _torch()
-    rope_rows_kernel[rows, TPB, stream](kernel_view(torch.view_as_real(att.rot)), cos, sin, depth, meta)
+    launch(rope_rows_kernel, rows, TPB, stream, (kernel_view(torch.view_as_real(att.rot)), cos, sin, depth,
+                                                 meta))
     if att.hidden is not None:
-        key_mask_kernel[rows, 8 * TPB, stream](kernel_view(att.hidden.view(torch.uint8)), vis, meta)
+        launch(key_mask_kernel, rows, 8 * TPB, stream, (kernel_view(att.hidden.view(torch.uint8)), vis, meta))
 
 
 def mla_attention(o, q, cache, wkv_b, att: AttentionRows, depth, vis, meta, scale: float, n_heads: int,

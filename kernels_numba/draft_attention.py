@@ -31,6 +31,8 @@ from numba import cuda
 
 from ._validate import KernelInputError
 from .blockops import TPB, block_max, block_sum
+from .intrinsics import griddep_launch_dependents, griddep_wait
+from .launch import launch
 from .rmsnorm import row_rms_scale
 from .rope import rope_pair
 
@@ -38,6 +40,8 @@ from .rope import rope_pair
 @cuda.jit
 def gather_rows_kernel(out, feats, rows, taps, meta):
     """out [T, F*D] row i = feats[taps[0], rows[i]] || ... || feats[taps[F-1], rows[i]]; grid (T,)."""
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     i = cuda.blockIdx.x
     if i >= meta[1]:
         return
@@ -53,6 +57,8 @@ def gather_rows_kernel(out, feats, rows, taps, meta):
 def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm, half):
     """y [T, H*d] -> out [S, H*d] rows out_row0 + meta[2] + row; grid (T, H), block (32,). In-place ok.
     half: 0 pairs (2i, 2i+1), 1 pairs (i, i + d/2)."""
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     row = cuda.blockIdx.x
     h = cuda.blockIdx.y
     if row >= meta[1]:
@@ -104,6 +110,8 @@ def make_draft_attention(head_dim: int, max_keys: int):
 
     @cuda.jit
     def draft_attention_kernel(o, q, kc, vc, kb, vb, n_ctx0, meta, scale, group):
+        griddep_wait()                                          # PDL: the inputs are earlier kernels'
+        griddep_launch_dependents()
         row = cuda.blockIdx.x
         h = cuda.blockIdx.y
         nb = meta[1]
@@ -200,7 +208,7 @@ def gather_rows(out, feats, rows, taps, meta, n: int, stream=0) -> None:
     t = _want(taps, "taps", np.int32, 1)
     if o[1] != t[0] * f[2] or not 0 < n <= min(o[0], r[0]):
         raise KernelInputError(f"gather_rows: out {o}, feats {f}, rows {r}, taps {t}, n {n} disagree")
-    gather_rows_kernel[n, TPB, stream](out, feats, rows, taps, meta)
+    launch(gather_rows_kernel, n, TPB, stream, (out, feats, rows, taps, meta))
 
 
 def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: float, n: int, n_heads: int,
@@ -221,9 +229,9 @@ def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: flo
     if not 0 < n <= ys[0] or out_row0 < 0 or out_row0 + n > os_[0] or pos0 < 0 or pos0 + n > cs[0]:
         raise KernelInputError(f"head_norm_rope: rows {n} at out row {out_row0} / position {pos0} exceed "
                                f"y {ys}, out {os_} or the rope table {cs}")
-    head_norm_rope_kernel[(n, n_heads), TPB, stream](out, y, w, cos, sin, np.int32(out_row0), np.int32(pos0),
-                                                     meta, np.float32(eps), np.int32(1 if norm else 0),
-                                                     np.int32(1 if half else 0))
+    launch(head_norm_rope_kernel, (n, n_heads), TPB, stream,
+           (out, y, w, cos, sin, np.int32(out_row0), np.int32(pos0), meta, np.float32(eps),
+            np.int32(1 if norm else 0), np.int32(1 if half else 0)))
 
 
 def draft_attention(o, q, kc, vc, kb, vb, n_ctx: int, meta, scale: float, n: int, n_heads: int,
@@ -249,5 +257,5 @@ def draft_attention(o, q, kc, vc, kb, vb, n_ctx: int, meta, scale: float, n: int
     if n_ctx < 0 or n_ctx > min(shapes["kc"][0], shapes["vc"][0]) or n_ctx + n > max_keys:
         raise KernelInputError(f"draft_attention: {n_ctx} context rows + {n} block rows exceed the cache "
                                f"{shapes['kc']} or max_keys {max_keys}")
-    make_draft_attention(head_dim, max_keys)[(n, n_heads), TPB, stream](
-        o, q, kc, vc, kb, vb, np.int32(n_ctx), meta, np.float32(scale), np.int32(n_heads // hkv))
+    launch(make_draft_attention(head_dim, max_keys), (n, n_heads), TPB, stream,
+           (o, q, kc, vc, kb, vb, np.int32(n_ctx), meta, np.float32(scale), np.int32(n_heads // hkv)))

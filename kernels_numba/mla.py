@@ -209,6 +209,8 @@ def key_mask_kernel(hidden, vis, meta):
     start = meta[0] is seen, key start + t when t < meta[1] and vis[i, t], the rest (later keys, padding)
     is hidden: the key mask of a step's rows, built once for every layer's BLAS attention core.
     grid (T,), block (any)."""
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     i = cuda.blockIdx.x
     start, live = meta[0], meta[1]
     for j in range(cuda.threadIdx.x, hidden.shape[1], cuda.blockDim.x):

@@ -548,7 +548,7 @@ def _ws_key(w: MoEWeights, k: int) -> tuple:
 
 def embed(h, table, ids, meta, rows: int, stream=0) -> None:
     """h [T, D] = table[ids] for the live rows."""
-    embed_kernel[rows, (TPB, row_slices(h.shape[1])), stream](h, table, ids, meta)
+    launch(embed_kernel, rows, (TPB, row_slices(h.shape[1])), stream, (h, table, ids, meta))
 
 
 def multi_tiles(w: Bf16Weight, rows: int) -> bool:
@@ -794,11 +794,11 @@ def routed_experts(h, x, ids, wts, w: MoE, sc: Scratch, meta, rows: int, stream=
 
 def argmax(out, logits, meta, rows: int, stream=0) -> None:
     """out [T] int32 = argmax per live row (ties to the lowest id)."""
-    argmax_kernel[rows, (TPB, row_slices(logits.shape[1])), stream](out, logits, meta)
+    launch(argmax_kernel, rows, (TPB, row_slices(logits.shape[1])), stream, (out, logits, meta))
 
 
 def copy_rows(dst, src, meta, rows: int, stream=0) -> None:
-    copy_rows_kernel[rows, (TPB, row_slices(src.shape[1])), stream](dst, src, meta)
+    launch(copy_rows_kernel, rows, (TPB, row_slices(src.shape[1])), stream, (dst, src, meta))
 
 
 def advance(ids, amax, out, meta, stream=0) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from numba import cuda
 
+from .intrinsics import griddep_launch_dependents, griddep_wait
+
 
 @cuda.jit(device=True)
 def rope_pair(x0, x1, cos, sin, pos, i):
@@ -24,6 +26,8 @@ def rope_rows_kernel(rot, cos, sin, depth, meta):
     """rot float32 [T, R/2, 2] (a complex64 [T, R/2] buffer) = (cos, sin) [pos, :] at pos = meta[0] +
     depth[i] for the live rows i < meta[1], (1, 0) past them: a step's rope rows, gathered once for every
     layer's BLAS attention core. grid (T,), block (32,)."""
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     i = cuda.blockIdx.x
     live = i < meta[1]
     pos = meta[0] + depth[i] if live else 0

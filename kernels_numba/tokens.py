@@ -13,6 +13,7 @@ import numpy as np
 from numba import cuda
 
 from .blockops import ROW_THREADS, block_argmax, block_lane, copy_row
+from .intrinsics import griddep_launch_dependents, griddep_wait
 
 BIG = 2 ** 30
 
@@ -20,6 +21,8 @@ BIG = 2 ** 30
 @cuda.jit
 def embed_kernel(h, table, ids, meta):
     """h [T, D] = table [V, D][ids[t]] for t < meta[1]; grid (T,), block (32, ks)."""
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
@@ -29,6 +32,8 @@ def embed_kernel(h, table, ids, meta):
 @cuda.jit
 def argmax_kernel(out, logits, meta):
     """out [T] int32 = argmax(logits [T, V]) per row (ties to the lowest id); grid (T,), block (32, ks)."""
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
@@ -63,6 +68,8 @@ def advance_kernel(ids, amax, outbuf, meta):
 @cuda.jit
 def copy_rows_kernel(dst, src, meta):
     """dst [T, D] = src [T, D] for rows < meta[1] (tapped hidden states); grid (T,), block (32, ks)."""
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
