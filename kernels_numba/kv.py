@@ -14,11 +14,14 @@ from __future__ import annotations
 from numba import cuda
 
 from .blockops import TPB
+from .intrinsics import griddep_launch_dependents, griddep_wait
 
 
 @cuda.jit
 def kv_compact_kernel(cache, ctl):
     """cache [Ly, S, W]; grid (Ly,), block (32,). A <= 1 is a no-op."""
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     layer = cuda.blockIdx.x
     n_acc = ctl[4, 1]
     ps = ctl[4, 2]

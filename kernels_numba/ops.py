@@ -803,17 +803,17 @@ def copy_rows(dst, src, meta, rows: int, stream=0) -> None:
 
 def advance(ids, amax, out, meta, stream=0) -> None:
     """AR decode bookkeeping on the device: emit amax[0], feed it back as ids[0], start += 1."""
-    advance_kernel[1, 1, stream](ids, amax, out, meta)
+    launch(advance_kernel, 1, 1, stream, (ids, amax, out, meta))
 
 
 def kv_compact(cache, ctl, n_layers: int, stream=0) -> None:
     """Move the previous round's accepted rows together in every layer's latent cache (kv.py)."""
-    kv_compact_kernel[n_layers, TPB, stream](cache, ctl)
+    launch(kv_compact_kernel, n_layers, TPB, stream, (cache, ctl))
 
 
 def tree_compile(ids, depth, vis, meta, ctl, stream=0) -> None:
     """Tree ids, depths and the ancestor mask from the control block (tree.py)."""
-    tree_compile_kernel[1, TPB, stream](ids, depth, vis, meta, ctl)
+    launch(tree_compile_kernel, 1, TPB, stream, (ids, depth, vis, meta, ctl))
 
 
 __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Bf16Weight", "W16A16", "dense_w16", "swiglu_w16",

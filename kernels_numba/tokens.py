@@ -58,6 +58,8 @@ def advance_kernel(ids, amax, outbuf, meta):
 
     grid (1,), block (1,). Keeps the whole decode loop free of host round trips.
     """
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     tok = amax[0]
     outbuf[meta[2]] = tok
     ids[0] = tok

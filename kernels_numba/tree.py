@@ -21,6 +21,8 @@ from numba import cuda
 from ._validate import empty
 from .blockops import TPB, block_argmax
 from .device import SIMULATED
+from .intrinsics import griddep_launch_dependents, griddep_wait
+from .launch import launch
 
 BIG = 2 ** 30
 
@@ -137,6 +139,8 @@ def _sorted_range(keys, idx, logits, src, lo, hi):
 def topk_sort_kernel(out, logits, row0, k):
     """V <= SORT_MAX: bitonic sort of the padded row's (logit, id) pairs in shared memory (independent
     of K). grid (L,), block (nt,), nt a power of two <= TOPK_MAX_THREADS."""
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     row = cuda.blockIdx.x
     src = row0 + row
     tid = cuda.threadIdx.x
@@ -156,6 +160,8 @@ def topk_sort_kernel(out, logits, row0, k):
 def topk_rounds_kernel(out, logits, row0, k):
     """Any V: K rounds of a block-wide argmax below the previous pick (K * V / 32 reads per
     thread). grid (L,), block (32,)."""
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     row = cuda.blockIdx.x
     src = row0 + row
     tid = cuda.threadIdx.x
@@ -187,6 +193,8 @@ def topk_chunk_kernel(part_v, part_i, part_lse, logits, row0, k, chunk):
     """Large V, stage 1: block (c, row) sorts logits[row0 + row, c*chunk : (c+1)*chunk] in shared memory
     and keeps its first K pairs (part_v / part_i [L, S, K]; -inf / BIG past the chunk's end) and the
     chunk's float64 logsumexp (part_lse [L, S]). grid (S, L), block (nt,); chunk <= CHUNK_MAX."""
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     c = cuda.blockIdx.x
     row = cuda.blockIdx.y
     src = row0 + row
@@ -216,6 +224,8 @@ def topk_merge_kernel(out, part_v, part_i, part_lse, k):
     """Large V, stage 2: the S chunks' K candidates of a row sorted in shared memory, the first K written
     as ``topk_logprobs`` does, the chunks' logsumexps combined in chunk order. grid (L,), block (nt,);
     S * K <= MERGE_MAX."""
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
@@ -275,14 +285,14 @@ def topk_logprobs(out, logits, row0, k: int, n_rows: int, stream=0, chunk: int =
     chunk = chunk or CHUNK
     s = -(-v // chunk)
     if v <= SORT_MAX:
-        topk_sort_kernel[n_rows, TOPK_THREADS, stream](out, logits, np.int32(row0), np.int32(k))
+        launch(topk_sort_kernel, n_rows, TOPK_THREADS, stream, (out, logits, np.int32(row0), np.int32(k)))
     elif chunk <= CHUNK_MAX and s * k <= MERGE_MAX:
         pv, pi, pl = _chunk_parts(n_rows, s, k)
-        topk_chunk_kernel[(s, n_rows), TOPK_THREADS, stream](pv, pi, pl, logits, np.int32(row0), np.int32(k),
-                                                            np.int32(chunk))
-        topk_merge_kernel[n_rows, TOPK_THREADS, stream](out, pv, pi, pl, np.int32(k))
+        launch(topk_chunk_kernel, (s, n_rows), TOPK_THREADS, stream,
+               (pv, pi, pl, logits, np.int32(row0), np.int32(k), np.int32(chunk)))
+        launch(topk_merge_kernel, n_rows, TOPK_THREADS, stream, (out, pv, pi, pl, np.int32(k)))
     else:
-        topk_rounds_kernel[n_rows, TPB, stream](out, logits, np.int32(row0), np.int32(k))
+        launch(topk_rounds_kernel, n_rows, TPB, stream, (out, logits, np.int32(row0), np.int32(k)))
 
 
 @cuda.jit
@@ -291,6 +301,8 @@ def tree_compile_kernel(ids, depth, vis, meta, ctl):
 
     grid (1,), block (32,); rows >= N+1 are left alone (kernels skip them via meta[1]).
     """
+    griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    griddep_launch_dependents()
     tid = cuda.threadIdx.x
     n = ctl[4, 3]
     for i in range(tid, n, TPB):
