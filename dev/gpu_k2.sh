@@ -21,7 +21,8 @@
 #                (drafter_k26) and the k2_slice cases (bench k2's checks): with tests/kernels on 12 workers
 #                about 330 tests passed in 420 s at 778f5cf
 #   kernels      bench kernels (int4_matmul, fused_moe against their baselines)              ~190 s
-#   profile      dev/profile_k2_attention.py: the attention step's kernels by device time   ~40 s
+#   profile      dev/profile_k2_step.py: the MoE layer step by kernel (attention eagerly beside torch;
+#                attention, the MoE block beside / after and the layer as CUDA graphs: launches, idle)  ~200 s
 #   staged       dev/kernels/int4_matmul.py --staged: the staged W4A16 kernel's builds and tilings
 #                beside the tiled kernel and cuBLAS at M = 33 / 48 / 64, each checked first   ~60 s
 #   ep           bench ep --worlds 1: the split at P = 1, 2, 4, 8 rank after rank on this GPU, and the
@@ -85,7 +86,7 @@ for step in $STEPS; do
     tier_engine) run "gpu_tier_engine_${KDTREE_GIT_SHA}" 540 env KDTREE_GPU=1 python3 -m pytest -q -n 8 \
                    -p no:cacheprovider -p no:warnings --durations=20 tests/engine tests/bench -k "not kimi and not k2_slice" ;;
     kernels) run kernels 300 python3 -m workbench bench kernels --out "$OUT/kernels" ;;
-    profile) run profile 120 python3 dev/profile_k2_attention.py --rows 1,17 ;;
+    profile) run "profile_k2_step_${KDTREE_GIT_SHA}" 300 python3 dev/profile_k2_step.py --rows 1,17 ;;
     staged) run "int4_staged_${KDTREE_GIT_SHA}_h200" 330 python3 dev/kernels/int4_matmul.py --staged ;;
     ep) run ep 520 python3 -m workbench bench ep --worlds 1 --out "$OUT/ep" ;;
     tier_ep) run tier_ep 200 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \

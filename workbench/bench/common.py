@@ -135,6 +135,66 @@ def kernel_table(fn: Callable[[], None], reps: int = 5, top: int = 15, ops: int 
     return lines
 
 
+def timeline_steps(work: list[tuple[float, float]], split_us: float = 500.0) -> list[dict[str, float]]:
+    """Device work (start, end) in us of several steps run apart: per step (a run of work with no idle
+    stretch of ``split_us`` or more inside), its launches, its span (first start to last end), the time
+    something ran (the union of the intervals: kernels that overlap, by PDL or on a second stream,
+    count once) and the idle rest of the span (launch gaps and waits)."""
+    steps: list[list[tuple[float, float]]] = []
+    reach = -float("inf")
+    for s, e in sorted(work):
+        if not steps or s - reach >= split_us:
+            steps.append([])
+            reach = -float("inf")
+        steps[-1].append((s, e))
+        reach = max(reach, e)
+    out = []
+    for step in steps:
+        busy, cur_s, cur_e = 0.0, *step[0]
+        for s, e in step[1:]:
+            if s > cur_e:
+                busy += cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        busy += cur_e - cur_s
+        span = max(e for _, e in step) - step[0][0]
+        out.append({"launches": len(step), "span_us": span, "busy_us": busy, "idle_us": span - busy})
+    return out
+
+
+def graph_profile(fn: Callable[[], None], reps: int = 10, top: int = 15) -> list[str]:
+    """``fn`` captured in a CUDA graph and replayed ``reps`` times under torch's profiler (GPU only), a
+    millisecond apart: lines of the median step's launches, span, busy and idle time
+    (``timeline_steps``), then the ``top`` kernels by device time per step with their counts."""
+    import time
+
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    g = capture_graph(fn)
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            g.replay()
+            torch.cuda.synchronize()
+            time.sleep(0.002)                         # steps 2 ms apart: timeline_steps splits them there
+    work = [(e.time_range.start, e.time_range.end) for e in prof.events()
+            if e.device_type != DeviceType.CPU and e.time_range.end > e.time_range.start]
+    steps = timeline_steps(work, split_us=1000.0)
+    if not steps:
+        return ["no device work was recorded (a profiler that does not see graph replays?)"]
+    mid = {k: statistics.median(st[k] for st in steps) for k in steps[0]}
+    lines = [f"{len(steps)} steps, the median: {mid['launches']:.0f} launches, span {mid['span_us']:.1f} us, "
+             f"busy {mid['busy_us']:.1f} us, idle {mid['idle_us']:.1f} us (gaps and waits)"]
+    ev = [e for e in prof.key_averages() if e.device_type != DeviceType.CPU and e.device_time_total > 0]
+    ev.sort(key=lambda e: -e.device_time_total)
+    n = len(steps)
+    lines += [f"{e.device_time_total / n:9.1f} us x{e.count / n:<5.1f} {e.key[:100]}" for e in ev[:top]]
+    return lines
+
+
 def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
     """Device-to-device copy of ``nbytes``: (read + written) bytes / median time, in GB/s."""
     import torch
