@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kernels_numba import KernelInputError, ops
-from kernels_numba.device import download, head_rows, to_device, zeros
+from kernels_numba.device import download, head_rows, on_gpu, to_device, zeros
 from kernels_numba.sim import sim_speed
 from workbench.config import preset
 from workbench.quant.int4 import gen_quant4
@@ -191,11 +191,13 @@ def test_w16a16_products_take_column_tiles_where_they_measured_faster(monkeypatc
     k, n, t = 2048, 64, 17
     rng = np.random.default_rng(21)
     bits = bf16(rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k)).bits
-    dense = ops.dense_w16(torch.from_numpy(np.ascontiguousarray(bits.T).view(np.int16)).view(torch.bfloat16))
+    where = "cuda" if on_gpu() else "cpu"                           # the weight's device: the kernel's
+    w_t = torch.from_numpy(np.ascontiguousarray(bits.T).view(np.int16)).view(torch.bfloat16).to(where)
+    dense = ops.dense_w16(w_t)
     assert dense.path == ops.W16A16
     assert [ops.multi_tiles(dense.wt, r) for r in (16, 17, 24, 25)] == [False, True, True, False]
     assert ops.tiles_per_block(dense.wt, ops.row_tiles(t), True) == 4
-    narrow = ops.dense_w16(torch.zeros((1536, 16), dtype=torch.bfloat16))
+    narrow = ops.dense_w16(torch.zeros((1536, 16), dtype=torch.bfloat16, device=where))
     assert not ops.multi_tiles(narrow.wt, t)                         # wq_b's K: one tile a block
     x = rng.standard_normal((t, k)).astype(np.float32)
     meta = to_device(np.array([0, t, 0, 0, 0, 0, 0, 0], np.int32))
