@@ -33,24 +33,32 @@ def default_stream():
 
 
 class SideStream:
-    """A second stream for launches that may run beside the main stream's: ``fork(stream)`` returns it
-    once everything launched so far on ``stream`` is done (an event), ``join(stream)`` makes ``stream``
-    wait for everything launched on it since. Eager runs and captured graphs alike (a capture follows
-    the events into the second stream and back); without a GPU both are ``stream``, in program order.
-    Made on the first fork, which is an eager run (a capture may not create streams)."""
+    """A second stream for launches that may run beside the main stream's: ``mark(stream)`` notes the
+    point of ``stream`` they start from (an event), ``fork()`` returns the second stream waiting for it,
+    ``join(stream)`` makes ``stream`` wait for everything launched on the second stream since. The
+    branch's launches may be issued after later main-stream ones: issued main first, a captured graph's
+    branches of every layer take one stream (issued branch first, its instantiation gives each layer's
+    branch a stream of its own). Eager runs and captures alike; without a GPU the branch runs on the
+    marked stream, in program order. Made on the first mark, an eager run (a capture may not create
+    streams)."""
 
     def __init__(self) -> None:
-        self._torch_stream = self._side = self._fork = self._join = None
+        self._torch_stream = self._side = self._fork = self._join = self._marked = None
 
-    def fork(self, stream):
+    def mark(self, stream) -> None:
+        self._marked = stream
         if not on_gpu():
-            return stream
+            return
         if self._side is None:
             import torch
             self._torch_stream = torch.cuda.Stream()                 # non-blocking: no tie to stream 0
             self._side = cuda.external_stream(self._torch_stream.cuda_stream)
             self._fork, self._join = cuda.event(timing=False), cuda.event(timing=False)
         self._fork.record(stream)
+
+    def fork(self):
+        if self._side is None:
+            return self._marked
         self._fork.wait(self._side)
         return self._side
 

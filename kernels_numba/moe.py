@@ -209,7 +209,8 @@ def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoE
     """``out [T, D] float32`` (+= with ``accumulate``) = the MoE layer for ``x`` float16 [T, D] routed by
     ``topk_ids`` int32 [T, K] (values in [0, E)) with ``topk_w`` float32 [T, K] (routed_scaling_factor
     included), plus ``extra`` [T, D] float32 where given (added last, in the combine). ``before_combine()``
-    runs before the combine launches (a stream join: ``extra`` may come from another stream).
+    runs just before the combine is launched: it may launch what writes ``extra`` on another stream and
+    join it.
 
     ``weights`` from ``prepare_moe(...).to_device()``; ``workspace`` from ``moe_workspace`` (pass
     one for CUDA-graph capture: allocating inside a capture fails). Expert ids outside [0, E) are

@@ -521,7 +521,7 @@ class Scratch:
         self.logits = zeros(max(rows * per_row, 1))                               # [S*T, E] sliced logits
         self.gemm = gemm_workspace(rows, [(m.n, m.k, m.group_size) for s in fast for m in (s.w13, s.w2)])
         self._fused = {_ws_key(m.fused, k): m.fused for m in fused}
-        self.side = SideStream()                                                # SHARED_BESIDE's stream
+        self.side = SideStream()                                                # SHARED_BESIDE's
         self._ws: dict = {}
         self.top_k = k
 
@@ -683,8 +683,8 @@ def int4_gemm(x16, w: Int4Weight, out, workspace: GemmWorkspace | None = None, s
 def experts_fused(x16, ids, wts, w: MoEWeights, out, workspace, stream=0, config: dict | None = None,
                   accumulate: bool = False, extra=None, before_combine=None):
     """out [T, D] float32 (+= with ``accumulate``) = the fused MoE of x16 [T, D] float16 routed by ids /
-    wts [T, K] (+ extra [T, D], added in its combine after ``before_combine()``): what ``moe`` runs
-    (fused_moe, default config); ``config`` for the benchmark's alternatives."""
+    wts [T, K] (+ extra [T, D], added in its combine, launched after ``before_combine()``): what ``moe``
+    runs (fused_moe, default config); ``config`` for the benchmark's alternatives."""
     return fused_moe(x16, ids, wts, w, out=out, workspace=workspace, stream=stream, config=config,
                      accumulate=accumulate, extra=extra, before_combine=before_combine)
 
@@ -755,36 +755,43 @@ def shares_beside(w: MoE) -> bool:
 def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0, beside: bool | None = None) -> None:
     """h [T, D] += the MoE block of x [T, D]: router, routed experts, shared experts. Beside
     (``shares_beside``; ``beside`` None: ``SHARED_BESIDE``) the shared expert runs on the scratch's second
-    stream while the router picks and the experts load, into the scratch's y, which fused_moe's combine
-    adds last (the bits of adding it afterwards)."""
+    stream from the point x is ready, while the router picks and the experts load, into the scratch's y,
+    which fused_moe's combine adds last (the bits of adding it afterwards). Its launches are issued after
+    the routed ones, before the combine (``device.SideStream``: one second stream for a whole graph)."""
     beside = (SHARED_BESIDE if beside is None else beside) and shares_beside(w)
-    shared = None
     if beside:
-        shared = rows_view(sc.y, rows, w.dim)
-        swiglu(shared, x, w.shared, sc, meta, rows, sc.side.fork(stream), accumulate=False)
+        sc.side.mark(stream)
     folded = w.path == FUSED_MOE and w.router.path == SLICED           # f16(x) from the router's read of x
     route(sc.rids, sc.rwts, x, w.router, sc, meta, rows, stream,
           rows_view(sc.x16, rows, w.dim) if folded else None)
     if w.path == FUSED_MOE and not folded:
         _to_f16(sc, x, w.dim, meta, rows, stream)
-    routed_experts(h, x, sc.rids, sc.rwts, w, sc, meta, rows, stream, shared)
-    if w.shared is not None and not beside:
-        swiglu(h, x, w.shared, sc, meta, rows, stream)
+    if not beside:
+        routed_experts(h, x, sc.rids, sc.rwts, w, sc, meta, rows, stream)
+        if w.shared is not None:
+            swiglu(h, x, w.shared, sc, meta, rows, stream)
+        return
+    shared = rows_view(sc.y, rows, w.dim)
+
+    def shared_then_join() -> None:
+        swiglu(shared, x, w.shared, sc, meta, rows, sc.side.fork(), accumulate=False)
+        sc.side.join(stream)
+    routed_experts(h, x, sc.rids, sc.rwts, w, sc, meta, rows, stream, (shared, shared_then_join))
 
 
 def routed_experts(h, x, ids, wts, w: MoE, sc: Scratch, meta, rows: int, stream=0, shared=None) -> None:
     """h [T, D] += the routed experts of x [T, D] routed by ids / wts [T, K] (``moe``'s middle stage;
     ``bench k2`` times it alone). fused_moe reads f16(x) from the scratch (``moe`` converts it first) and
-    its combine adds each row's sum into h, then ``shared`` [T, D] (fused_moe only), once the scratch's
-    second stream, which computes it, has joined."""
+    its combine adds each row's sum into h; ``shared`` (fused_moe only): (rows [T, D], issue), the
+    combine adding those rows last after ``issue()``, which launches what writes them."""
     if shared is not None and w.path != FUSED_MOE:
         raise KernelInputError(f"only fused_moe's combine adds a shared expert's rows, not {w.path}")
     if w.path == FUSED_MOE:
+        extra, issue = shared if shared is not None else (None, None)
         experts_fused(kernel_array(rows_view(sc.x16, rows, w.dim), np.float16),
                       kernel_array(head_rows(ids, rows)), kernel_array(head_rows(wts, rows)), w.fused,
                       kernel_array(head_rows(h, rows)), sc.workspace(w.fused, rows), stream, accumulate=True,
-                      extra=None if shared is None else kernel_array(shared),
-                      before_combine=None if shared is None else lambda: sc.side.join(stream))
+                      extra=None if extra is None else kernel_array(extra), before_combine=issue)
     elif w.path == GROUPED_MM:
         blas.experts_grouped(h, x, ids, wts, w.grouped.w13, w.grouped.w2, rows, stream)
     else:
