@@ -70,7 +70,7 @@ def main() -> None:
         rig.load(rng.standard_normal((n, cfg.hidden_size)).astype(np.float32), a.context, pos - a.context,
                  vis.astype(np.uint8))
         rig.step(n)                                   # the FFN input and the router's routing in place
-        parts = rig.parts(n, own_routing=True)
+        parts = rig.parts(n, own_routing=True, moe_block=True)
         attention = parts["attention"]
         table(kernel_table(lambda attention=attention: attention(0), a.reps, a.top, ops=10),
               f"engine attention, {a.dense} dense, {n} rows, eager: per step, device time by kernel")

@@ -101,9 +101,10 @@ def test_parts_launch_and_floors(experts, monkeypatch):
     with sim_speed():
         rig.step(n)
         for own in (False, True):
-            parts = rig.parts(n, own_routing=own)
+            parts = rig.parts(n, own_routing=own, moe_block=True)
             assert list(parts) == ["attention", "router", "routed_experts", "shared_expert", "moe_block",
                                    "layer"]
+            assert "moe_block" not in rig.parts(n, own_routing=own)
             for fn in parts.values():
                 fn(0)
     assert np.isfinite(rig.out(n)).all()

@@ -149,7 +149,7 @@ def time_layer(
         for routing, own_r in variants:
             if own_r:                                 # what the layer replays left: the router's routing
                 own = rig.routes(n)
-            for part, fn in rig.parts(n, own_routing=own_r).items():
+            for part, fn in rig.parts(n, own_routing=own_r, moe_block=True).items():
                 if routing == "router" and part != "routed_experts":
                     continue
                 rotate = part == "routed_experts" and routing == "random"

@@ -78,7 +78,7 @@ class LayerRig:
         return download(head_rows(self.scratch.rids, n))
 
     # ---- the parts a step is timed in (each a launch sequence on stream s) -------------------------
-    def parts(self, n: int, own_routing: bool = False) -> dict[str, Any]:
+    def parts(self, n: int, own_routing: bool = False, moe_block: bool = False) -> dict[str, Any]:
         b, lay, sc = self.buf, self.lay, self.scratch
         out = {"attention": lambda s: mla(self, lay, self.cache, n, s)}
         if b.att is not None:                         # once per step, shared by all layers: timed apart
@@ -94,11 +94,11 @@ class LayerRig:
             out["routed_experts"] = lambda s: ops.routed_experts(self.y, b.x, ids, wts, m, sc, b.meta, n, s)
             if m.shared is not None:
                 out["shared_expert"] = lambda s: ops.swiglu(self.y, b.x, m.shared, sc, b.meta, n, s)
-            # the three as a step runs them, and (where it can run beside them) the shared expert after
-            out["moe_block"] = lambda s: ops.moe(self.y, b.x, m, sc, b.meta, n, s)
-            if ops.shares_beside(m):
-                out["moe_block_shared_after"] = lambda s: ops.moe(self.y, b.x, m, sc, b.meta, n, s,
-                                                                  beside=False)
+            if moe_block:                             # the three as a step runs them; and, where the
+                out["moe_block"] = lambda s: ops.moe(self.y, b.x, m, sc, b.meta, n, s)   # shared expert
+                if ops.shares_beside(m):              # runs beside the routed ones, it after them
+                    out["moe_block_shared_after"] = lambda s: ops.moe(self.y, b.x, m, sc, b.meta, n, s,
+                                                                      beside=False)
         def layer(s):                                 # from the same input rows on every replay
             ops.copy_rows(b.h, self.h0, b.meta, n, s)
             self.step(n, s)
