@@ -42,8 +42,9 @@
 #   draft_attn   dev/kernels/draft_attention.py: the drafter's attention beside torch's SDPA at the
 #                Kimi-K2.6-DFlash shape, contexts 256-4,096, each checked against float64 first   ~60 s
 #   smoke        GPU tier of the kernels a K2 layer runs (W16A16 with its groups, folded norm and two batches
-#                in flight, the attention core's kernels, norms, router, rows, the drafter's attention), on 8
-#                workers: the first call after kernels changed without a GPU                       ~150 s
+#                in flight, the attention core's kernels, norms, router, rows, fused_moe, the shared expert
+#                beside it, the drafter's attention, the round's top-k), on 8 workers: the first call after
+#                kernels changed without a GPU                                                     ~180 s
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -103,7 +104,8 @@ for step in $STEPS; do
     smoke) run "gpu_tier_smoke_${KDTREE_GIT_SHA}" 300 env KDTREE_GPU=1 python3 -m pytest -q -n 8 \
              -p no:cacheprovider -p no:warnings tests/kernels/test_w16a16.py tests/kernels/test_blas.py \
              tests/kernels/test_mla.py tests/kernels/test_rmsnorm.py tests/kernels/test_router.py \
-             tests/kernels/test_ops.py tests/kernels/test_draft_attention.py tests/engine/test_ar.py \
+             tests/kernels/test_ops.py tests/kernels/test_draft_attention.py tests/kernels/test_moe.py \
+             tests/kernels/test_tree.py tests/kernels/test_launch.py tests/engine/test_ar.py \
              tests/engine/test_dflash.py -k "not k2_slice and not kimi" ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
