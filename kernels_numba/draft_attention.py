@@ -7,7 +7,8 @@ P context rows in the cache, MK = most keys one attention launch may see (P + Bs
 - ``gather_rows``: the context input [n, F*D] = the tapped target features of the committed rows,
   concatenated in the drafter's layer order (``speculative.features``), read in place from the
   engine's tap buffer [F', T', D].
-- ``head_norm_rope``: per (row, head), RMSNorm over d (weight [d], like ``dflash._heads``) then RoPE
+- ``head_norm_rope``: per (row, head) of y's columns from col0 (one part of a stacked q || k || v
+  projection), RMSNorm over d (weight [d], like ``dflash._heads``) then RoPE
   (the cos / sin table's, YaRN included) at position pos0 + meta[3] + row on interleaved pairs
   (2i, 2i+1) or, with ``half``, rotate-half pairs (i, i + d/2), written to rows out_row0 + meta[2] + row
   of out (a projection buffer in place, or the drafter cache); with ``norm`` False a plain copy (values).
@@ -54,9 +55,9 @@ def gather_rows_kernel(out, feats, rows, taps, meta):
 
 
 @cuda.jit
-def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm, half):
-    """y [T, H*d] -> out [S, H*d] rows out_row0 + meta[2] + row; grid (T, H), block (32,). In-place ok.
-    half: 0 pairs (2i, 2i+1), 1 pairs (i, i + d/2)."""
+def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm, half, col0):
+    """y [T, >= col0 + H*d] columns col0 .. -> out [S, H*d] rows out_row0 + meta[2] + row; grid (T, H),
+    block (32,). In-place ok. half: 0 pairs (2i, 2i+1), 1 pairs (i, i + d/2)."""
     griddep_wait()                                          # PDL: the inputs are earlier kernels'
     griddep_launch_dependents()
     row = cuda.blockIdx.x
@@ -66,20 +67,21 @@ def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm, 
     tid = cuda.threadIdx.x
     d = w.shape[0]
     off = h * d
+    src = col0 + off                                         # this head's columns of y
     dst = out_row0 + meta[2] + row
     if norm == 0:                                            # uniform over the block
         for j in range(tid, d, TPB):
-            out[dst, off + j] = y[row, off + j]
+            out[dst, off + j] = y[row, src + j]
         return
     sh = cuda.shared.array(TPB, np.float32)
-    r = row_rms_scale(sh, y, row, off, d, eps)               # ends with a barrier: reads done
+    r = row_rms_scale(sh, y, row, src, d, eps)               # ends with a barrier: reads done
     pos = pos0 + meta[3] + row
     h2 = d // 2
     for i in range(tid, h2, TPB):
         j0 = i if half else 2 * i                            # the pair's two dims
         j1 = i + h2 if half else 2 * i + 1
-        x0 = w[j0] * (y[row, off + j0] * r)
-        x1 = w[j1] * (y[row, off + j1] * r)
+        x0 = w[j0] * (y[row, src + j0] * r)
+        x1 = w[j1] * (y[row, src + j1] * r)
         a, b = rope_pair(x0, x1, cos, sin, pos, i)
         out[dst, off + j0] = a
         out[dst, off + j1] = b
@@ -212,18 +214,18 @@ def gather_rows(out, feats, rows, taps, meta, n: int, stream=0) -> None:
 
 
 def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: float, n: int, n_heads: int,
-                   norm: bool = True, stream=0, half: bool = False) -> None:
-    """Launch ``head_norm_rope_kernel`` over (n, n_heads) blocks: y [T, h*d] float32, out [S, h*d]
-    float32 (rows out_row0 + meta[2] + 0 .. n-1 written, at positions pos0 + meta[3] + 0 .. n-1), w [d],
-    cos / sin [>= pos0 + n, d/2] float32; ``half``: rotate-half pairs. The meta parts are the caller's
-    to keep in range."""
+                   norm: bool = True, stream=0, half: bool = False, col0: int = 0) -> None:
+    """Launch ``head_norm_rope_kernel`` over (n, n_heads) blocks: y [T, >= col0 + h*d] float32 (its
+    columns col0 .., a stacked projection's part), out [S, h*d] float32 (rows out_row0 + meta[2] + 0 ..
+    n-1 written, at positions pos0 + meta[3] + 0 .. n-1), w [d], cos / sin [>= pos0 + n, d/2] float32;
+    ``half``: rotate-half pairs. The meta parts are the caller's to keep in range."""
     ys = _want(y, "y", np.float32, 2)
     os_ = _want(out, "out", np.float32, 2)
     (d,) = _want(w, "w", np.float32, 1)
     cs = _want(cos, "cos", np.float32, 2)
     if _want(sin, "sin", np.float32, 2) != cs:
         raise KernelInputError("head_norm_rope: cos and sin differ in shape")
-    if d % 2 or ys[1] != n_heads * d or os_[1] != ys[1] or cs[1] != d // 2:
+    if d % 2 or col0 < 0 or ys[1] < col0 + n_heads * d or os_[1] != n_heads * d or cs[1] != d // 2:
         raise KernelInputError(f"head_norm_rope: y {ys}, out {os_}, w ({d},), cos {cs}, heads {n_heads} "
                                "disagree")
     if not 0 < n <= ys[0] or out_row0 < 0 or out_row0 + n > os_[0] or pos0 < 0 or pos0 + n > cs[0]:
@@ -231,7 +233,7 @@ def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: flo
                                f"y {ys}, out {os_} or the rope table {cs}")
     launch(head_norm_rope_kernel, (n, n_heads), TPB, stream,
            (out, y, w, cos, sin, np.int32(out_row0), np.int32(pos0), meta, np.float32(eps),
-            np.int32(1 if norm else 0), np.int32(1 if half else 0)))
+            np.int32(1 if norm else 0), np.int32(1 if half else 0), np.int32(col0)))
 
 
 def draft_attention(o, q, kc, vc, kb, vb, n_ctx: int, meta, scale: float, n: int, n_heads: int,

@@ -229,3 +229,29 @@ def test_verify_routing_reads_every_moe_layer_and_leaves_the_round_as_it_was():
     load = layers_load(routes)
     assert load["last_layer_experts"] == len(np.unique(last))
     assert load["unique_experts"] == np.mean([len(np.unique(r)) for r in routes])
+
+
+def test_the_random_drafter_builds_and_runs_a_round_on_a_small_stand_in():
+    """``bench depth``'s drafter (``RandomDFlash``: DeviceDFlash on random weights drawn in place, q || k || v
+    stacked as DeviceDFlash stacks them) at the simulator's small shape: the prompt's call, then a round,
+    finite draft logits."""
+    from types import SimpleNamespace
+
+    from kernels_numba.sim import sim_speed
+    from tests.engine.common import blas_on
+    from tests.engine.test_build import CFG, PROMPT
+    from workbench.bench.k2_depth_drafter import random_drafter
+    from workbench.engine.build import RandomSource, build_model
+    from workbench.engine.runtime import Engine
+    with blas_on(), sim_speed():
+        model = build_model(CFG, RandomSource(CFG, seed=6), sets=2)
+        eng = Engine(CFG, None, max_len=len(PROMPT) + 16, max_rows=len(PROMPT), taps=(1, 3), model=model)
+        drafter, how, _ = random_drafter(eng, 3, log=lambda m: None)
+        assert drafter is not None, how
+        state = SimpleNamespace(bonus=9, start=5, new_rows=np.arange(5, dtype=np.int32))
+        drafter.start(state)                                                  # the prompt's call
+        drafter(state)                                                        # the first round
+        state.bonus, state.start, state.new_rows = 4, 7, np.array([0, 2], np.int32)   # two accepted
+        drafter(state)
+        logits = eng.fetch(drafter.dev.logits)
+    assert logits.shape[0] == 7 and np.isfinite(logits).all()

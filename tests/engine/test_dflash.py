@@ -97,7 +97,7 @@ def test_device_dflash_w16a16_matches_reference_logits():
         _check_logits(name, b, w, dcfg, True, 1e-2)
         dev = DeviceDFlash(engine(name), w, dcfg)
         bf16_path = ops.W16A16 if ops.W16_KERNEL else ops.BLAS_PATH                # the kernel on a GPU
-        assert dev.fc.path == dev.layers[0]["attn.wq"].path == dev.layers[0]["mlp"].path == bf16_path
+        assert dev.fc.path == dev.layers[0]["attn.wqkv"].path == dev.layers[0]["mlp"].path == bf16_path
 
 
 @pytest.mark.slow

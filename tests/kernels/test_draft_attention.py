@@ -68,6 +68,12 @@ def test_head_norm_rope_matches_reference(norm, half):
     split = np.zeros_like(out)                                            # offsets split host / device
     head_norm_rope(split, y, w, c32, s32, 1, 2, _meta(n, row0 - 1, pos0 - 2), 1e-6, n, h, norm, half=half)
     np.testing.assert_array_equal(split, out)
+    stacked = np.concatenate([rng.standard_normal((4, 3)).astype(np.float32), y, y[:, :5]], axis=1)
+    part = np.zeros_like(out)                                             # y as columns 3 .. of a wider row
+    head_norm_rope(part, stacked, w, c32, s32, row0, pos0, _meta(n), 1e-6, n, h, norm, half=half, col0=3)
+    np.testing.assert_array_equal(part, out)
+    with pytest.raises(KernelInputError):                                 # past the row's end
+        head_norm_rope(part, stacked, w, c32, s32, row0, pos0, _meta(n), 1e-6, n, h, norm, col0=9)
 
 
 @pytest.mark.parametrize("hkv,d,n_ctx", [(4, 8, 5), (2, 8, 5), (1, 8, 5), (2, 40, 33)])
@@ -115,7 +121,7 @@ out = {}
 for name, k, sig in [
         ("gather", gather_rows_kernel, (f2, f3, i1, i1, i1)),
         ("norm_rope", head_norm_rope_kernel, (f2, f2, f1, f2, f2, T.int32, T.int32, i1, T.float32, T.int32,
-                                              T.int32)),
+                                              T.int32, T.int32)),
         ("attention", make_draft_attention(128, 4104), (f2,) * 6 + (T.int32, i1, T.float32, T.int32))]:
     ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0))
     out[name] = {"bar": ptx.count("bar.sync"), "local": ptx.count(".local")}

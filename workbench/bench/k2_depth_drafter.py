@@ -50,7 +50,10 @@ class RandomDFlash(DeviceDFlash):
             p = f"drafter.layers.{i}."
             lay: dict[str, Any] = {k: src.vector(p + k, shapes[p + k][0])
                                    for k in ("attn_norm", "ffn_norm", "attn.q_norm", "attn.k_norm")}
-            lay.update({k: src.dense([(p + k, shapes[p + k])]) for k in PROJ})
+            part = {k: (p + k, shapes[p + k]) for k in PROJ}                # stacked as DeviceDFlash's
+            lay.update({"attn.wqkv": src.dense([part["attn.wq"], part["attn.wk"], part["attn.wv"]]),
+                        "attn.wkv": src.dense([part["attn.wk"], part["attn.wv"]]),
+                        "attn.wo": src.dense([part["attn.wo"]])})
             lay["mlp"] = src.mlp(p + "mlp", dcfg.intermediate_size)
             self.layers.append(lay)
 

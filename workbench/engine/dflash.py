@@ -5,10 +5,11 @@ H drafter query heads, Hkv KV heads, d head dim, I drafter MLP width, T engine r
 S cache rows (max_len).
 
 Per call: the committed rows' tapped features are gathered from the engine's tap buffer (no host
-copy) -> fc -> hidden_norm -> per layer wk (k_norm, RoPE) / wv appended to the device drafter cache
-at rows P .. start-1; the block [bonus, MASK x L] is embedded with the target table and runs the
-layers (attn_norm, wq/wk/wv, q_norm/k_norm + RoPE in the config's layout, non-causal GQA attention
-over cache || block, wo, ffn_norm, SwiGLU) -> final norm (the drafter's own or the target's) ->
+copy) -> fc -> hidden_norm -> per layer wk || wv (one stacked product; k_norm, RoPE) appended to the
+device drafter cache at rows P .. start-1; the block [bonus, MASK x L] is embedded with the target table
+and runs the layers (attn_norm, wq || wk || wv as one product, q_norm/k_norm + RoPE in the config's
+layout, non-causal GQA attention over cache || block, wo, ffn_norm, SwiGLU) -> final norm (the
+drafter's own or the target's) ->
 target head of block rows 1..L into ``logits`` [L, V] (the bonus row gets no head), which the top-k
 kernel reads in place. All through ``kernels_numba.ops`` on the engine's stream: the launch sequence
 of a round is captured once in a CUDA graph (``prepare``) and replayed, since every position and row
@@ -31,7 +32,7 @@ from ..ddtree.config import DrafterConfig
 from ..ddtree.dflash import check_drafter_weights, drafter_rope
 from ..errors import InputError
 from .graphs import StepGraph
-from .weights import _f32, dense_matrix, swiglu
+from .weights import _f32, dense_matrix, stack_rows, swiglu
 
 PROJ = ("attn.wq", "attn.wk", "attn.wv", "attn.wo")
 
@@ -94,7 +95,7 @@ class DeviceDFlash:
         self.cap = min(bs, t)                                # context rows of a captured call (a round's)
         self.cin = zeros((t, dcfg.n_features * dm))          # [T, F*D] gathered features
         self.ctx = zeros((t, dm))                            # [T, D] fc -> hidden_norm
-        self.proj = zeros((t, kvd))                          # [T, Hkv*d] context wk / wv projection
+        self.kv_ctx = zeros((t, 2 * kvd))                    # [T, 2 Hkv*d] context wk || wv projection
         self.k = zeros((dcfg.n_layers, s, kvd))              # drafter cache (RoPE'd keys), row = position
         self.v = zeros((dcfg.n_layers, s, kvd))
         self.k_views = [sub(self.k, i) for i in range(dcfg.n_layers)]
@@ -102,6 +103,7 @@ class DeviceDFlash:
         self.x = zeros((bs, dm))
         self.x_tail = tail_rows(self.x, 1)                   # [L, D] view: block rows 1..L
         self.hn = zeros((bs, dm))
+        self.qkv = zeros((bs, hd + 2 * kvd))                 # [Bs, H*d + 2 Hkv*d] wq || wk || wv
         self.q = zeros((bs, hd))                             # [Bs, H*d]
         self.kb = zeros((bs, kvd))                           # [Bs, Hkv*d]
         self.vb = zeros((bs, kvd))
@@ -122,7 +124,10 @@ class DeviceDFlash:
             p = f"drafter.layers.{i}."
             lay = {k: to_device(_f32(weights, p + k)) for k in ("attn_norm", "ffn_norm", "attn.q_norm",
                                                                  "attn.k_norm")}
-            lay.update({k: ops.dense(dense_matrix(weights, p + k)) for k in PROJ})
+            wq, wk, wv, wo = (dense_matrix(weights, p + k) for k in PROJ)
+            lay.update({"attn.wqkv": ops.dense(stack_rows([wq, wk, wv])),      # the block's one product
+                        "attn.wkv": ops.dense(stack_rows([wk, wv])),           # the context rows'
+                        "attn.wo": ops.dense(wo)})
             lay["mlp"] = ops.swiglu_weights(*swiglu(weights, p + "mlp"))
             self.layers.append(lay)
 
@@ -172,29 +177,28 @@ class DeviceDFlash:
         half = dcfg.rope_layout == "rotate_half"
         mc, mb = self.meta_c, self.meta_b
 
-        def rope(out, y, w, meta, rows, heads, norm=True):       # positions and rows from the meta
+        def rope(out, y, w, meta, rows, heads, col0, norm=True):     # positions and rows from the meta;
             ops.draft_head_norm_rope(out, y, w, self.cos, self.sin, 0, 0, meta, eps, rows, heads, norm, s,
-                                     half)
+                                     half, col0)                      # y's heads from its column col0
 
         if n:
             ops.draft_gather_rows(self.cin, self.eng.buf.feats, self.rows, self.taps, mc, n, s)
             ops.linear(self.ctx, self.cin, self.fc, mc, n, s)
             ops.rmsnorm(self.ctx, self.ctx, self.hidden_norm, eps, mc, n, s)
+            kvd = hkv * hdim
             for i, lay in enumerate(self.layers):
-                ops.linear(self.proj, self.ctx, lay["attn.wk"], mc, n, s)
-                rope(self.k_views[i], self.proj, lay["attn.k_norm"], mc, n, hkv)
-                ops.linear(self.proj, self.ctx, lay["attn.wv"], mc, n, s)
-                rope(self.v_views[i], self.proj, lay["attn.k_norm"], mc, n, hkv, norm=False)
+                ops.linear(self.kv_ctx, self.ctx, lay["attn.wkv"], mc, n, s)
+                rope(self.k_views[i], self.kv_ctx, lay["attn.k_norm"], mc, n, hkv, 0)
+                rope(self.v_views[i], self.kv_ctx, lay["attn.k_norm"], mc, n, hkv, kvd, norm=False)
         ops.embed(self.x, self.eng.model.embed, self.ids, mb, bs, s)
         scale = np.float32(hdim ** -0.5)
         max_keys = self.k.shape[1] + bs
         for i, lay in enumerate(self.layers):
             ops.rmsnorm(self.hn, self.x, lay["attn_norm"], eps, mb, bs, s)
-            ops.linear(self.q, self.hn, lay["attn.wq"], mb, bs, s)
-            rope(self.q, self.q, lay["attn.q_norm"], mb, bs, h)
-            ops.linear(self.kb, self.hn, lay["attn.wk"], mb, bs, s)
-            rope(self.kb, self.kb, lay["attn.k_norm"], mb, bs, hkv)
-            ops.linear(self.vb, self.hn, lay["attn.wv"], mb, bs, s)
+            ops.linear(self.qkv, self.hn, lay["attn.wqkv"], mb, bs, s)
+            rope(self.q, self.qkv, lay["attn.q_norm"], mb, bs, h, 0)
+            rope(self.kb, self.qkv, lay["attn.k_norm"], mb, bs, hkv, h * hdim)
+            rope(self.vb, self.qkv, lay["attn.k_norm"], mb, bs, hkv, (h + hkv) * hdim, norm=False)
             ops.draft_attention(self.o, self.q, self.k_views[i], self.v_views[i], self.kb, self.vb, 0, mb,
                                 scale, bs, h, hdim, max_keys, s, hkv)
             ops.linear(self.x, self.o, lay["attn.wo"], mb, bs, s, accumulate=True)

@@ -59,12 +59,13 @@ def matrix(weights: dict[str, Any], name: str):
 
 
 def stack_rows(parts: list) -> Any:
-    """[A; B; ...] of dense matrices of one kind (all FP32 or all W16A16): the fused a1 projection."""
+    """[A; B; ...] of dense matrices of one kind (all FP32 or all W16A16), one product's rows: the fused
+    a1 projection, the drafter's wq || wk || wv."""
     n16 = sum(isinstance(m, ops.Bf16Host) for m in parts)
     if n16 == len(parts):
         return ops.Bf16Host(np.concatenate([np.asarray(m.bits) for m in parts], axis=0))
     if n16:
-        raise InputError("the layer input's projections are W16A16 in all or in none")
+        raise InputError("projections stacked into one product are W16A16 in all or in none")
     return np.concatenate(parts, axis=0)
 
 
