@@ -562,14 +562,12 @@ def multi_tiles(w: Bf16Weight, rows: int) -> bool:
 def linear(out, x, w: Dense, meta, rows: int, stream=0, accumulate: bool = False, norm=None) -> None:
     """out [T, N] (+)= x [T, K] @ W.T; ``norm`` (weight [K], eps), a W16A16 projection on the kernel only:
     rmsnorm(x) * weight in x's place, computed in the product (``norm_linear`` picks it)."""
-    if norm is not None:
-        if w.path != W16A16:
-            raise KernelInputError(f"an RMSNorm folds into a W16A16 projection on the kernel, not {w.path}")
+    if norm is not None and w.path != W16A16:
+        raise KernelInputError(f"an RMSNorm folds into a W16A16 projection on the kernel, not {w.path}")
+    if w.path == W16A16:
         w16a16.linear(kernel_array(out), kernel_array(x), w.wt, rows, accumulate, stream,
-                      norm=(kernel_array(norm[0]), norm[1]))
-    elif w.path == W16A16:
-        w16a16.linear(kernel_array(out), kernel_array(x), w.wt, rows, accumulate, stream,
-                      multi_tiles(w.wt, rows))
+                      norm is None and multi_tiles(w.wt, rows),
+                      norm=None if norm is None else (kernel_array(norm[0]), norm[1]))
     elif w.path == BLAS_PATH:
         blas.linear(out, x, w.wt, rows, accumulate=accumulate, stream=stream)
     else:
@@ -776,22 +774,22 @@ def moe(h, x, w: MoE, sc: Scratch, meta, rows: int, stream=0, beside: bool | Non
     def shared_then_join() -> None:
         swiglu(shared, x, w.shared, sc, meta, rows, sc.side.fork(), accumulate=False)
         sc.side.join(stream)
-    routed_experts(h, x, sc.rids, sc.rwts, w, sc, meta, rows, stream, (shared, shared_then_join))
+    routed_experts(h, x, sc.rids, sc.rwts, w, sc, meta, rows, stream, shared, shared_then_join)
 
 
-def routed_experts(h, x, ids, wts, w: MoE, sc: Scratch, meta, rows: int, stream=0, shared=None) -> None:
+def routed_experts(h, x, ids, wts, w: MoE, sc: Scratch, meta, rows: int, stream=0, extra=None,
+                   before_combine=None) -> None:
     """h [T, D] += the routed experts of x [T, D] routed by ids / wts [T, K] (``moe``'s middle stage;
     ``bench k2`` times it alone). fused_moe reads f16(x) from the scratch (``moe`` converts it first) and
-    its combine adds each row's sum into h; ``shared`` (fused_moe only): (rows [T, D], issue), the
-    combine adding those rows last after ``issue()``, which launches what writes them."""
-    if shared is not None and w.path != FUSED_MOE:
+    its combine adds each row's sum into h, then ``extra`` [T, D] (fused_moe only, as ``experts_fused``:
+    launched after ``before_combine()``, which may launch what writes it)."""
+    if extra is not None and w.path != FUSED_MOE:
         raise KernelInputError(f"only fused_moe's combine adds a shared expert's rows, not {w.path}")
     if w.path == FUSED_MOE:
-        extra, issue = shared if shared is not None else (None, None)
         experts_fused(kernel_array(rows_view(sc.x16, rows, w.dim), np.float16),
                       kernel_array(head_rows(ids, rows)), kernel_array(head_rows(wts, rows)), w.fused,
                       kernel_array(head_rows(h, rows)), sc.workspace(w.fused, rows), stream, accumulate=True,
-                      extra=None if extra is None else kernel_array(extra), before_combine=issue)
+                      extra=None if extra is None else kernel_array(extra), before_combine=before_combine)
     elif w.path == GROUPED_MM:
         blas.experts_grouped(h, x, ids, wts, w.grouped.w13, w.grouped.w2, rows, stream)
     else:

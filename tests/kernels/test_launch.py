@@ -26,5 +26,6 @@ def test_a_pdl_launch_needs_the_kernel_to_wait():
         launch(_copy_at_once, 1, 32, 0, (out, x))
     assert not out.any()                                 # refused before it ran
     launch(_copy_at_once, 1, 32, 0, (out, x), pdl=False)
-    launch(_copy_waiting, 1, 32, 0, (out * 0, x))
-    assert np.array_equal(out, x)
+    waited = np.zeros_like(x)
+    launch(_copy_waiting, 1, 32, 0, (waited, x))
+    assert np.array_equal(out, x) and np.array_equal(waited, x)
