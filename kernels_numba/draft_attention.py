@@ -14,13 +14,14 @@ P context rows in the cache, MK = most keys one attention launch may see (P + Bs
   of out (a projection buffer in place, or the drafter cache); with ``norm`` False a plain copy (values).
 - ``draft_attention``: non-causal attention of the block's queries over [cache K/V rows 0..P) ||
   block K/V (Bs rows), P = n_ctx + meta[4], softmax(q.k * scale) per query head in float32, every
-  block row sees every key; query head h reads KV head h // G (GQA).
+  block row sees every key; query head h reads KV head h // G (GQA). Two kernels: the keys in chunks,
+  each chunk's key tiles read once for all Bs G queries of a KV head, then the chunks combined.
 
 The meta parts of the offsets let one captured launch sequence (a CUDA graph) follow the drafter's
 position from round to round; the host parts are checked at launch, the meta parts by the caller.
 
-Blocks are 32 threads (blockops.TPB); each host wrapper checks shapes and dtypes before launching
-(KernelInputError).
+Blocks are 32 threads (blockops.TPB), the attention's part 8 QB; each host wrapper checks shapes and
+dtypes before launching (KernelInputError).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ import numpy as np
 from numba import cuda
 
 from ._validate import KernelInputError
-from .blockops import TPB, block_max, block_sum
+from .blockops import TPB
+from .device import SIMULATED
 from .intrinsics import griddep_launch_dependents, griddep_wait
 from .launch import launch
 from .rmsnorm import row_rms_scale
@@ -88,99 +90,163 @@ def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm, 
 
 
 _ATTN: dict = {}
-KT = TPB                        # keys a score tile holds (one a lane), DT dims at a time ...
-DT = 32                         # ... in shared memory, rows padded to DT + 1 words (no bank conflicts)
-DT1 = DT + 1                    # (numba sizes shared arrays from constants, not expressions)
-MAX_KEYS = 10_240               # p[] in static shared memory: 4 * (MAX_KEYS + KT (DT + 1) + d + 32) < 48 KiB
+KT = 16                         # keys a tile: staged in shared memory once for a block's QB queries
+NSPLIT = 16                     # most key chunks (blocks) a KV head's queries are split over
+QB = 8 if SIMULATED else 32     # queries a block: (block row, query head) pairs of one KV head
 
 
-def make_draft_attention(head_dim: int, max_keys: int):
-    """kernel(o [Bs, H*d], q [Bs, H*d], kc [S, Hkv*d], vc [S, Hkv*d], kb [Bs, Hkv*d], vb [Bs, Hkv*d],
-    n_ctx int32, meta, scale float32, group int32 = G); grid (Bs, H), block (32,); keys
-    n_ctx + meta[4] + meta[1] <= max_keys. Shared memory: 4 * (max_keys + KT (DT + 1) + d + 32) bytes.
+def splits(max_keys: int) -> int:
+    """Key chunks of a launch: at most NSPLIT, one tile each at least (a host constant, so a captured
+    launch keeps its grid while the live key count moves with the meta)."""
+    return max(1, min(NSPLIT, -(-max_keys // KT)))
 
-    Scores: the warp stages KT keys x DT dims at a time in shared memory, each lane reading DT
-    consecutive floats of one key row (a lane per key row read 32 rows an instruction), then lane l sums
-    key j0 + l over the dims in order. p @ V: lane l keeps the d / 32 columns l, l + 32, ... in
-    registers and walks the keys once. Every sum runs in the same order as a plain loop over the dims
-    (scores) and the keys (outputs)."""
-    key = (head_dim, max_keys)
-    if key in _ATTN:
-        return _ATTN[key]
-    HD, MK = head_dim, max_keys
-    NC = -(-HD // TPB)                                       # output columns a lane keeps
+
+def workspace_shape(n: int, n_heads: int, head_dim: int) -> tuple[int, int, int, int]:
+    """The float32 workspace ``draft_attention`` takes: per key chunk, block row and query head its
+    unnormalised output (d), running max and sum of exponentials."""
+    return (NSPLIT, n, n_heads, head_dim + 2)
+
+
+def make_draft_attention(head_dim: int):
+    """(part, combine) kernels of the drafter's attention, flash-decoding style.
+
+    part(work, q, kc, vc, kb, vb, n_ctx int32, meta, scale float32, group int32 = G, nsplit int32);
+    grid (Hkv, nsplit, ceil(n G / QB)), block (8 QB,): the QB queries of one KV head, over chunk y of
+    the keys (whole tiles of KT), each key tile's K and V staged in shared memory once for them all. A
+    thread scores KT / 8 (key, query) pairs over d in order; then 8 threads a query keep d / 8 output
+    columns in registers under an online softmax (running max, rescaled sum) and write them with the
+    max and the sum to work[chunk, row, head].
+    combine(o, work, meta, nsplit); grid (Bs, H), block (32,): o = the chunks' outputs and sums
+    rescaled to their common max, summed in chunk order, divided."""
+    if head_dim in _ATTN:
+        return _ATTN[head_dim]
+    D = head_dim
+    D1 = D + 1                                               # K and Q rows padded: no bank conflicts
+    NTHR = 8 * QB
+    NCV = -(-D // 8)                                         # output columns a thread keeps
+    NQ = -(-QB * D // NTHR)                                  # q words a thread stages
+    NKV = -(-KT * D // NTHR)                                 # K (and V) words a thread stages a tile
+    PAIRS = QB * KT // NTHR                                  # scores a thread computes a tile
+    QSTEP = NTHR // KT
 
     @cuda.jit
-    def draft_attention_kernel(o, q, kc, vc, kb, vb, n_ctx0, meta, scale, group):
-        griddep_wait()                                          # PDL: the inputs are earlier kernels'
+    def draft_attention_part(work, q, kc, vc, kb, vb, n_ctx0, meta, scale, group, nsplit):
+        griddep_wait()                                       # PDL: the inputs are earlier kernels'
+        griddep_launch_dependents()
+        g = cuda.blockIdx.x
+        nb = meta[1]
+        n_ctx = n_ctx0 + meta[4]
+        nk = n_ctx + nb
+        nq = nb * group
+        q0 = cuda.blockIdx.z * QB
+        if q0 >= nq:
+            return
+        t = cuda.threadIdx.x
+        qs = cuda.shared.array((QB, D1), np.float32)
+        ks = cuda.shared.array((KT, D1), np.float32)
+        vs = cuda.shared.array((KT, D), np.float32)
+        sc = cuda.shared.array((QB, KT), np.float32)
+        kv = g * D                                           # the KV head's columns
+        for i in range(NQ):                                  # query qq: block row qq // G, head g G + qq % G
+            idx = t + i * NTHR
+            if idx < QB * D:
+                qi = idx // D
+                c = idx - qi * D
+                qq = q0 + qi
+                qs[qi, c] = q[qq // group, (g * group + qq % group) * D + c] if qq < nq else 0.0
+        step = nsplit * KT
+        chunk = (nk + step - 1) // step * KT
+        k0 = cuda.blockIdx.y * chunk
+        k1 = min(k0 + chunk, nk)
+        qv = t >> 3                                          # the query this thread accumulates
+        dg = t & 7                                           # ... its columns dg, dg + 8, ...
+        m = -math.inf
+        lsum = np.float32(0.0)
+        acc = cuda.local.array(NCV, np.float32)
+        for i in range(NCV):
+            acc[i] = np.float32(0.0)
+        for j0 in range(k0, k1, KT):
+            cuda.syncthreads()                               # the last tile's reads are done
+            for i in range(NKV):                             # every load of the tile in flight at once
+                idx = t + i * NTHR
+                if idx < KT * D:
+                    kj = idx // D
+                    c = idx - kj * D
+                    j = j0 + kj
+                    a = np.float32(0.0)
+                    b = np.float32(0.0)
+                    if j < k1:
+                        if j < n_ctx:
+                            a = kc[j, kv + c]
+                            b = vc[j, kv + c]
+                        else:
+                            a = kb[j - n_ctx, kv + c]
+                            b = vb[j - n_ctx, kv + c]
+                    ks[kj, c] = a
+                    vs[kj, c] = b
+            cuda.syncthreads()
+            kj = t % KT
+            for p_ in range(PAIRS):
+                qi = t // KT + QSTEP * p_
+                a = np.float32(0.0)
+                for c in range(D):
+                    a += qs[qi, c] * ks[kj, c]
+                sc[qi, kj] = a * scale if j0 + kj < k1 else -math.inf
+            cuda.syncthreads()
+            mt = m
+            for j in range(KT):
+                mt = max(mt, sc[qv, j])
+            alpha = math.exp(m - mt)                         # 0 at the first tile (m = -inf)
+            lsum *= alpha
+            for i in range(NCV):
+                acc[i] *= alpha
+            for j in range(KT):
+                pj = math.exp(sc[qv, j] - mt)
+                lsum += pj
+                for i in range(NCV):
+                    c = dg + 8 * i
+                    if c < D:
+                        acc[i] += pj * vs[j, c]
+            m = mt
+        qq = q0 + qv
+        if qq < nq:
+            row = qq // group
+            h = g * group + qq % group
+            sp = cuda.blockIdx.y
+            for i in range(NCV):
+                c = dg + 8 * i
+                if c < D:
+                    work[sp, row, h, c] = acc[i]
+            if dg == 0:
+                work[sp, row, h, D] = m
+                work[sp, row, h, D + 1] = lsum
+
+    @cuda.jit
+    def draft_attention_combine(o, work, meta, nsplit):
+        griddep_wait()
         griddep_launch_dependents()
         row = cuda.blockIdx.x
         h = cuda.blockIdx.y
-        nb = meta[1]
-        if row >= nb:
+        if row >= meta[1]:
             return
-        n_ctx = n_ctx0 + meta[4]
-        tid = cuda.threadIdx.x
-        off = h * HD                                         # this query head's columns of q / o
-        kv = (h // group) * HD                               # its KV head's columns of the keys / values
-        nk = n_ctx + nb
-        sh = cuda.shared.array(TPB, np.float32)
-        qs = cuda.shared.array(HD, np.float32)
-        p = cuda.shared.array(MK, np.float32)
-        for c in range(tid, HD, TPB):
-            qs[c] = q[row, off + c]
-        cuda.syncthreads()
-        kt = cuda.shared.array((KT, DT1), np.float32)
-        m = -math.inf
-        for j0 in range(0, nk, KT):                          # scores over cache || block keys
-            j = j0 + tid
-            acc = np.float32(0.0)
-            for c0 in range(0, HD, DT):
-                for i in range(KT):                          # key j0 + i, dim c0 + lane: coalesced
-                    jj = j0 + i
-                    v = np.float32(0.0)
-                    if jj < nk and c0 + tid < HD:
-                        v = kc[jj, kv + c0 + tid] if jj < n_ctx else kb[jj - n_ctx, kv + c0 + tid]
-                    kt[i, tid] = v
-                cuda.syncthreads()
-                if j < nk:
-                    for c in range(min(DT, HD - c0)):
-                        acc += qs[c0 + c] * kt[tid, c]
-                cuda.syncthreads()
-            if j < nk:
-                s = acc * scale
-                p[j] = s
-                m = max(m, s)
-        m = block_max(sh, m)
-        z = np.float32(0.0)
-        for j in range(tid, nk, TPB):
-            e = math.exp(p[j] - m)
-            p[j] = e
-            z += e
-        z = block_sum(sh, z)                                 # barriers inside: p[] is complete
-        inv = np.float32(1.0) / z
-        out = cuda.local.array(NC, np.float32)               # o = softmax @ [vc || vb], columns in registers
-        for i in range(NC):
-            out[i] = np.float32(0.0)
-        for j in range(n_ctx):
-            pj = p[j]
-            for i in range(NC):
-                c = tid + TPB * i
-                if c < HD:
-                    out[i] += pj * vc[j, kv + c]
-        for j in range(nb):
-            pj = p[n_ctx + j]
-            for i in range(NC):
-                c = tid + TPB * i
-                if c < HD:
-                    out[i] += pj * vb[j, kv + c]
-        for i in range(NC):
-            c = tid + TPB * i
-            if c < HD:
-                o[row, off + c] = out[i] * inv
+        mx = -math.inf
+        for sp in range(nsplit):
+            if work[sp, row, h, D + 1] > 0:
+                mx = max(mx, work[sp, row, h, D])
+        den = np.float32(0.0)
+        for sp in range(nsplit):
+            if work[sp, row, h, D + 1] > 0:
+                den += math.exp(work[sp, row, h, D] - mx) * work[sp, row, h, D + 1]
+        inv = np.float32(1.0) / den
+        for c in range(cuda.threadIdx.x, D, TPB):
+            a = np.float32(0.0)
+            for sp in range(nsplit):
+                if work[sp, row, h, D + 1] > 0:
+                    a += math.exp(work[sp, row, h, D] - mx) * work[sp, row, h, c]
+            o[row, h * D + c] = a * inv
 
-    _ATTN[key] = draft_attention_kernel
-    return draft_attention_kernel
+    _ATTN[head_dim] = (draft_attention_part, draft_attention_combine)
+    return _ATTN[head_dim]
 
 
 def _info(a, name: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -237,11 +303,11 @@ def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: flo
 
 
 def draft_attention(o, q, kc, vc, kb, vb, n_ctx: int, meta, scale: float, n: int, n_heads: int,
-                    head_dim: int, max_keys: int, stream=0, n_kv_heads: int | None = None) -> None:
+                    head_dim: int, max_keys: int, work, stream=0, n_kv_heads: int | None = None) -> None:
     """Launch the attention for n block rows (= meta[1]) and n_heads query heads over n_ctx + meta[4]
     cache rows (the meta part is the caller's to keep in range): o, q [>= n, H*d] float32, kb, vb
     [>= n, Hkv*d] float32, kc, vc [S >= n_ctx, Hkv*d] float32 (Hkv = n_kv_heads, default H, dividing H),
-    n_ctx + n <= max_keys <= MAX_KEYS (the drafter cache of one generation must stay under ~10k rows)."""
+    n_ctx + n <= max_keys; work float32 of ``workspace_shape(n, n_heads, head_dim)``."""
     hkv = n_heads if n_kv_heads is None else n_kv_heads
     if hkv < 1 or n_heads % hkv:
         raise KernelInputError(f"draft_attention: {n_heads} query heads are not a multiple of {hkv} KV heads")
@@ -253,11 +319,18 @@ def draft_attention(o, q, kc, vc, kb, vb, n_ctx: int, meta, scale: float, n: int
                                f"(o, q) and Hkv*d = {hkv * head_dim} (keys, values)")
     if not 0 < n <= min(shapes[k][0] for k in ("o", "q", "kb", "vb")):
         raise KernelInputError(f"draft_attention: {n} block rows exceed the buffers {shapes}")
-    if not 0 < max_keys <= MAX_KEYS or head_dim > 512:
-        raise KernelInputError(f"draft_attention: max_keys {max_keys} must lie in 1..{MAX_KEYS} and head_dim "
-                               f"{head_dim} <= 512 (static shared memory)")
-    if n_ctx < 0 or n_ctx > min(shapes["kc"][0], shapes["vc"][0]) or n_ctx + n > max_keys:
+    if 4 * ((QB + KT) * (head_dim + 1) + KT * (head_dim + QB)) > 48 * 1024:
+        raise KernelInputError(f"draft_attention: head_dim {head_dim} does not fit 48 KiB of static shared "
+                               "memory")
+    if n_ctx < 0 or n_ctx > min(shapes["kc"][0], shapes["vc"][0]) or not 0 < n_ctx + n <= max_keys:
         raise KernelInputError(f"draft_attention: {n_ctx} context rows + {n} block rows exceed the cache "
                                f"{shapes['kc']} or max_keys {max_keys}")
-    launch(make_draft_attention(head_dim, max_keys), (n, n_heads), TPB, stream,
-           (o, q, kc, vc, kb, vb, np.int32(n_ctx), meta, np.float32(scale), np.int32(n_heads // hkv)))
+    if _want(work, "work", np.float32, 4) != workspace_shape(n, n_heads, head_dim):
+        raise KernelInputError(f"draft_attention: work {_info(work, 'work')[0]} is not "
+                               f"{workspace_shape(n, n_heads, head_dim)}")
+    part, combine = make_draft_attention(head_dim)
+    ns = np.int32(splits(max_keys))
+    group = n_heads // hkv
+    launch(part, (hkv, int(ns), -(-n * group // QB)), 8 * QB, stream,
+           (work, q, kc, vc, kb, vb, np.int32(n_ctx), meta, np.float32(scale), np.int32(group), ns))
+    launch(combine, (n, n_heads), TPB, stream, (o, work, meta, ns))

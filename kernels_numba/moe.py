@@ -169,10 +169,11 @@ def _sm_count() -> int:
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-# the per-pair GEMV path is the default up to this many tokens (G = 32): up to 8 it measured at least as
-# fast as stream-K at K2 width (docs/perf.md, MoE v8); above, the tiled GEMV path reads each expert once
-# per 8-pair tile and computes every pair exactly as the per-pair path does (a verify's rows equal decode's)
-GEMV_TOKENS = 8
+# the per-pair GEMV path is the default up to this many tokens (G = 32): it measured faster than the tiled
+# path at T = 8 and 16 (561 / 1,101 against 600 / 1,123 us), slower at 32 (kernels_9f3c2313bae9); above,
+# the tiled GEMV path reads each expert once per 8-pair tile and computes every pair exactly as the
+# per-pair path does (a verify's rows equal decode's)
+GEMV_TOKENS = 16
 TILE_ROWS = 64                 # the tiled path's grid rows: each walks tiles row, row + 64, ...
 
 

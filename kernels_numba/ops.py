@@ -60,6 +60,7 @@ from .device import SIMULATED, SideStream, head_rows, kernel_array, on_gpu, rows
 from .draft_attention import draft_attention  # the dflash drafter's attention (GQA), draft_attention.py
 from .draft_attention import gather_rows as draft_gather_rows  # its context input from the tap buffer
 from .draft_attention import head_norm_rope as draft_head_norm_rope  # per-head q/k norm + RoPE (2 layouts)
+from .draft_attention import workspace_shape as draft_attention_workspace  # ... and its workspace's shape
 from .int4_layout import Int4Weight, LayoutError, repack_int4, unrepack_int4  # noqa: F401 - re-exported
 from .int4_matmul import GemmWorkspace, Staged, choose_config, gemm_workspace, int4_matmul, tiled_config  # noqa: F401 - bench kernels' launch configs
 from .kv import kv_compact_kernel
@@ -116,7 +117,8 @@ W16_CORE_KERNEL = False                      # the W16A16 attention core's softm
                                              # off until v2 (key chunks) is timed (v1: 1.2-23x slower)
 W16_ABSORB = True                            # the W16A16 core's W_UK / W_UV products on the W16A16 kernel
                                              # (grouped by head, PDL) where it runs, else cuBLAS's bmm
-W16_SOFTMAX = True                           # ... and then its masked softmax on mla.softmax16_kernel
+W16_SOFTMAX = False                          # ... and then its masked softmax on mla.softmax16_kernel:
+                                             # off, torch's softmax measured faster (mla_core_9f3c2313bae9)
 W16_NORM = True                              # an RMSNorm before a W16A16 projection inside it ...
 FOLD_ROWS = 16                               # ... up to this many rows (then as many registers as fit)
 SHARED_BESIDE = True                         # a W16A16 shared expert on a second stream beside fused_moe
@@ -826,8 +828,8 @@ __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Bf16Weight", "W16A16", "dens
            "Int4Host", "Int4Weight", "LayoutError", "MLA", "MoE", "MoEWeights", "PORTABLE", "Router",
            "Scratch", "Staged", "SwiGLU", "advance", "argmax", "attention_rows", "attention_rows_buffers",
            "choose_config", "choose_moe_config", "copy_rows", "dense", "draft_attention",
-           "draft_gather_rows", "draft_head_norm_rope", "embed", "expert_tiles", "experts_fused",
-           "folds_norm", "fused_experts", "GEMV_TOKENS",
+           "draft_attention_workspace", "draft_gather_rows", "draft_head_norm_rope", "embed", "expert_tiles",
+           "experts_fused", "folds_norm", "fused_experts", "GEMV_TOKENS",
            "gemm_workspace", "group_size", "int4_gemm", "kv_compact", "linear", "mla_attention", "mla_prep",
            "mla_w16", "mla_weights", "moe", "moe_fused", "moe_grouped", "moe_portable", "moe_stages",
            "moe_weights", "moe_workspace", "norm_linear", "padded_keys", "portable_stack", "repack_experts",

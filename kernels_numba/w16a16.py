@@ -205,26 +205,50 @@ def make_row_scales(K: int, KS: int, NRS: int):
 
 @functools.cache
 def make_norm_rows_kernel(K: int, KS: int):
-    """out [T, K] = rmsnorm(x [T, K]) * nw for rows < n_rows, each row's scale as a W16A16 product of KS
-    warps over K features sums it with the norm folded in (``make_row_scales``): grid (ceil(n / 8),),
-    block (32 KS,), 8 rows a block; PDL."""
+    """out [T, K] = rmsnorm(x [T, K]) * nw for rows < n_rows, each row's scale summed in the order of a
+    W16A16 product of KS warps over K features with the norm folded in (``make_row_scales``): grid (T,),
+    block (32 KS,), a row a block, a thread's K / (32 KS) features loaded before the first sum; PDL."""
     NTHR = KS * 32
-    NSQ = sq_slots(KS)
-    row_scales = make_row_scales(K, KS, 8)
+    KN = -(-K // NTHR)                                             # features a thread holds
 
     @cuda.jit
     def norm_rows_kernel(out, x, nw, eps, n_rows):
         griddep_wait()
         griddep_launch_dependents()
-        sq = cuda.shared.array(NSQ, float32)
-        nr = cuda.shared.array(8, float32)
+        sq = cuda.shared.array(NTHR, float32)
+        ws = cuda.shared.array(KS, float32)
+        nr = cuda.shared.array(1, float32)
         tid = cuda.threadIdx.x
-        r0 = cuda.blockIdx.x * 8
-        n = min(8, n_rows - r0)
-        row_scales(nr, sq, x[r0 * K:], n, eps, tid, tid >> 5, tid & 31)
-        for r in range(n):
-            for j in range(tid, K, NTHR):
-                out[r0 + r, j] = nw[j] * (x[(r0 + r) * K + j] * nr[r])
+        r = cuda.blockIdx.x
+        if r >= n_rows:                                            # the same in every thread of the block
+            return
+        v = cuda.local.array(KN, float32)
+        for i in range(KN):                                        # every load in flight at once
+            j = tid + i * NTHR
+            v[i] = x[r * K + j] if j < K else ZERO
+        a = ZERO
+        for i in range(KN):                                        # row_scales' order: thread, warp, block
+            if tid + i * NTHR < K:
+                a += v[i] * v[i]
+        sq[tid] = a
+        cuda.syncthreads()
+        if tid & 31 == 0:
+            a = ZERO
+            for i in range(32):
+                a += sq[tid + i]
+            ws[tid >> 5] = a
+        cuda.syncthreads()
+        if tid == 0:
+            a = ZERO
+            for w_ in range(KS):
+                a += ws[w_]
+            nr[0] = float32(1.0) / math.sqrt(a / float32(K) + eps)
+        cuda.syncthreads()
+        s = nr[0]
+        for i in range(KN):
+            j = tid + i * NTHR
+            if j < K:
+                out[r, j] = nw[j] * (v[i] * s)
 
     return norm_rows_kernel
 
@@ -239,8 +263,7 @@ def norm_rows(out, x, w: Bf16Weight, nw, eps: float, rows: int, stream=0) -> Non
     if not 1 <= rows <= min(x.shape[0], out.shape[0]):
         raise KernelInputError(f"rows must be in 1..{min(x.shape[0], out.shape[0])}, got {rows}")
     ks = w16_tiling(w.k)[0]
-    launch(make_norm_rows_kernel(w.k, ks), -(-rows // 8), ks * 32, stream, (out, flat(x), nw, np.float32(eps),
-                                                                             rows))
+    launch(make_norm_rows_kernel(w.k, ks), rows, ks * 32, stream, (out, flat(x), nw, np.float32(eps), rows))
 
 
 def pipelined(w: Bf16Weight, mt: int, nt: int) -> bool:

@@ -62,10 +62,12 @@ def main() -> None:
         kb_h, vb_h = (rng.standard_normal((bs, hkv * d)).astype(np.float32) for _ in range(2))
         q, kc, vc, kb, vb = (to_device(x) for x in (q_h, kc_h, vc_h, kb_h, vb_h))
         o = to_device(np.zeros((bs, h * d), np.float32))
+        work = to_device(np.zeros(ops.draft_attention_workspace(bs, h, d), np.float32))
+        max_keys = n_ctx + bs                   # 16 key chunks from 256 keys, as the engine's cache gives
         want = reference(q_h, np.concatenate([kc_h, kb_h]), np.concatenate([vc_h, vb_h]), h, hkv, d, scale)
 
-        def kernel(s, o=o, q=q, kc=kc, vc=vc, kb=kb, vb=vb, n_ctx=n_ctx):
-            ops.draft_attention(o, q, kc, vc, kb, vb, n_ctx, meta, scale, bs, h, d, n_ctx + bs, s, hkv)
+        def kernel(s, o=o, q=q, kc=kc, vc=vc, kb=kb, vb=vb, n_ctx=n_ctx, work=work, max_keys=max_keys):
+            ops.draft_attention(o, q, kc, vc, kb, vb, n_ctx, meta, scale, bs, h, d, max_keys, work, s, hkv)
 
         # torch's layout: [1, heads, rows, d], keys and values of cache || block
         tq = torch.from_numpy(q_h).to(dev).view(bs, h, d).transpose(0, 1).unsqueeze(0).contiguous()

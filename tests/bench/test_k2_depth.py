@@ -84,8 +84,10 @@ def test_expert_load_reads_distinct_experts_up_to_the_gemv_rows_and_tiles_above(
     from kernels_numba import ops
     few = np.array([[1, 2], [1, 3]])                                       # 2 rows: the per-pair path
     assert k2_depth.expert_load(few) == {"unique_experts": 3.0, "expert_tiles": 3.0, "expert_reads": 3.0}
-    many = np.repeat(np.array([[5, 6]]), ops.GEMV_TOKENS + 9, axis=0)        # 17 rows, two experts
-    assert k2_depth.expert_load(many) == {"unique_experts": 2.0, "expert_tiles": 6.0, "expert_reads": 6.0}
+    n = ops.GEMV_TOKENS + 1                                                  # the tiled path, two experts
+    many = np.repeat(np.array([[5, 6]]), n, axis=0)
+    tiles = 2.0 * -(-n // 8)                                                 # each expert's n pairs in 8s
+    assert k2_depth.expert_load(many) == {"unique_experts": 2.0, "expert_tiles": tiles, "expert_reads": tiles}
 
 
 def test_side_by_side_of_the_committed_set_fills_every_term():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kernels_numba._validate import KernelInputError
-from kernels_numba.draft_attention import draft_attention, gather_rows, head_norm_rope
+from kernels_numba.draft_attention import draft_attention, gather_rows, head_norm_rope, workspace_shape
 from workbench.ddtree.config import DrafterConfig
 from workbench.ddtree.dflash import apply_rope_half, drafter_rope
 from workbench.reference.layers import rmsnorm
@@ -76,18 +76,20 @@ def test_head_norm_rope_matches_reference(norm, half):
         head_norm_rope(part, stacked, w, c32, s32, row0, pos0, _meta(n), 1e-6, n, h, norm, col0=9)
 
 
-@pytest.mark.parametrize("hkv,d,n_ctx", [(4, 8, 5), (2, 8, 5), (1, 8, 5), (2, 40, 33)])
+@pytest.mark.parametrize("hkv,d,n_ctx", [(4, 8, 5), (2, 8, 5), (1, 8, 5), (2, 40, 33), (1, 8, 300)])
 def test_draft_attention_matches_numpy(hkv, d, n_ctx):
-    """Against numpy; d = 40 over 37 keys: score tiles of 32 keys x 32 dims, a partial one of each."""
+    """Against numpy: d = 40 over 37 keys in three chunks, the last a partial tile; 304 keys in 16 chunks
+    of two tiles (the online softmax's rescaling); a larger max_keys leaves chunks empty."""
     rng = np.random.default_rng(3)
     h, bs = 4, 4
     q = rng.standard_normal((bs, h * d)).astype(np.float32)
     kb, vb = (rng.standard_normal((bs, hkv * d)).astype(np.float32) for _ in range(2))
     kc, vc = (rng.standard_normal((n_ctx + 4, hkv * d)).astype(np.float32) for _ in range(2))
     o = np.zeros((bs, h * d), np.float32)
+    work = np.zeros(workspace_shape(bs, h, d), np.float32)
     scale = d ** -0.5
     mk = n_ctx + 2 * bs
-    draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, mk, n_kv_heads=hkv)
+    draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, mk, work, n_kv_heads=hkv)
     k = np.concatenate([kc[:n_ctx], kb]).reshape(-1, hkv, d).repeat(h // hkv, axis=1)   # [T, H, d]: h // G
     v = np.concatenate([vc[:n_ctx], vb]).reshape(-1, hkv, d).repeat(h // hkv, axis=1)
     s = np.einsum("shd,thd->hst", q.reshape(bs, h, d), k) * scale
@@ -96,15 +98,22 @@ def test_draft_attention_matches_numpy(hkv, d, n_ctx):
     want = np.einsum("hst,thd->shd", a, v).reshape(bs, h * d)
     np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
     split = np.zeros_like(o)                                              # context rows from the meta
-    draft_attention(split, q, kc, vc, kb, vb, 2, _meta(bs, n_ctx=n_ctx - 2), scale, bs, h, d, mk,
+    draft_attention(split, q, kc, vc, kb, vb, 2, _meta(bs, n_ctx=n_ctx - 2), scale, bs, h, d, mk, work,
                     n_kv_heads=hkv)
     np.testing.assert_array_equal(split, o)
+    if n_ctx < 100:
+        wide = np.zeros_like(o)                                           # 16 chunks, most of them empty
+        draft_attention(wide, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, 512, work, n_kv_heads=hkv)
+        np.testing.assert_allclose(wide, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(KernelInputError):                                 # more keys than max_keys
-        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, n_ctx, n_kv_heads=hkv)
+        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, n_ctx, work, n_kv_heads=hkv)
     with pytest.raises(KernelInputError):                                 # H*d disagrees
-        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d + 2, mk, n_kv_heads=hkv)
+        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d + 2, mk, work, n_kv_heads=hkv)
     with pytest.raises(KernelInputError):                                 # KV heads do not divide H
-        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, mk, n_kv_heads=3)
+        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, mk, work, n_kv_heads=3)
+    with pytest.raises(KernelInputError, match="work"):                   # a workspace of another shape
+        draft_attention(o, q, kc, vc, kb, vb, n_ctx, _meta(bs), scale, bs, h, d, mk, work[:, :1],
+                        n_kv_heads=hkv)
 
 
 PROBE = """
@@ -117,12 +126,15 @@ assert not config.ENABLE_CUDASIM
 disp.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))   # device fns, no driver
 from kernels_numba.draft_attention import gather_rows_kernel, head_norm_rope_kernel, make_draft_attention
 f2, f3, f1, i1 = T.float32[:, ::1], T.float32[:, :, ::1], T.float32[::1], T.int32[::1]
+f4 = T.float32[:, :, :, ::1]
+part, combine = make_draft_attention(128)
 out = {}
 for name, k, sig in [
         ("gather", gather_rows_kernel, (f2, f3, i1, i1, i1)),
         ("norm_rope", head_norm_rope_kernel, (f2, f2, f1, f2, f2, T.int32, T.int32, i1, T.float32, T.int32,
                                               T.int32, T.int32)),
-        ("attention", make_draft_attention(128, 4104), (f2,) * 6 + (T.int32, i1, T.float32, T.int32))]:
+        ("attention", part, (f4,) + (f2,) * 5 + (T.int32, i1, T.float32, T.int32, T.int32)),
+        ("combine", combine, (f2, f4, i1, T.int32))]:
     ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0))
     out[name] = {"bar": ptx.count("bar.sync"), "local": ptx.count(".local")}
 json.dump(out, sys.stdout)
@@ -136,6 +148,6 @@ def test_kernels_compile_for_sm90():
                          timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     c = json.loads(res.stdout)
-    assert set(c) == {"gather", "norm_rope", "attention"}
-    assert c["attention"]["bar"] >= 4 and c["norm_rope"]["bar"] >= 2       # the block reductions
+    assert set(c) == {"gather", "norm_rope", "attention", "combine"}
+    assert c["attention"]["bar"] >= 3 and c["norm_rope"]["bar"] >= 2       # the tile barriers, the reductions
     assert all(v["local"] == 0 for v in c.values()), c                   # no local-memory spills

@@ -98,6 +98,7 @@ class DeviceDFlash:
         self.kv_ctx = zeros((t, 2 * kvd))                    # [T, 2 Hkv*d] context wk || wv projection
         self.k = zeros((dcfg.n_layers, s, kvd))              # drafter cache (RoPE'd keys), row = position
         self.v = zeros((dcfg.n_layers, s, kvd))
+        self.attn_work = zeros(ops.draft_attention_workspace(bs, dcfg.n_heads, dcfg.head_dim))
         self.k_views = [sub(self.k, i) for i in range(dcfg.n_layers)]
         self.v_views = [sub(self.v, i) for i in range(dcfg.n_layers)]
         self.x = zeros((bs, dm))
@@ -200,7 +201,7 @@ class DeviceDFlash:
             rope(self.kb, self.qkv, lay["attn.k_norm"], mb, bs, hkv, h * hdim)
             rope(self.vb, self.qkv, lay["attn.k_norm"], mb, bs, hkv, (h + hkv) * hdim, norm=False)
             ops.draft_attention(self.o, self.q, self.k_views[i], self.v_views[i], self.kb, self.vb, 0, mb,
-                                scale, bs, h, hdim, max_keys, s, hkv)
+                                scale, bs, h, hdim, max_keys, self.attn_work, s, hkv)
             ops.linear(self.x, self.o, lay["attn.wo"], mb, bs, s, accumulate=True)
             ops.rmsnorm(self.hn, self.x, lay["ffn_norm"], eps, mb, bs, s)
             ops.swiglu(self.x, self.hn, lay["mlp"], self.scratch, mb, bs, s)
