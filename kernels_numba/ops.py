@@ -121,6 +121,9 @@ W16_SOFTMAX = False                          # ... and then its masked softmax o
                                              # off, torch's softmax measured faster (mla_core_9f3c2313bae9)
 W16_NORM = True                              # an RMSNorm before a W16A16 projection inside it ...
 FOLD_ROWS = 16                               # ... up to this many rows (then as many registers as fit)
+W16_GLU_FOLD = False                         # silu(g) * u formed inside the W16A16 down projection (every
+                                             # block of it again), else by w16a16.glu_rows first: off, the
+                                             # fold cost up to 1.2 ms a dense MLP (k2_layer_9f3c2313bae9)
 SHARED_BESIDE = True                         # a W16A16 shared expert on a second stream beside fused_moe
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
@@ -517,8 +520,9 @@ class Scratch:
         self.y = zeros(max(rows * dim, 1))                                      # [T, D] a block's output
         self.gu = zeros(max(rows * 2 * width, 1))                               # [T, 2I] gate || up
         self.h16 = zeros(max(rows * width, 1), np.uint16)                       # [T, I] f16(silu(g) * u)
-        blas_act = max((s.width for s in sw if s.path == BLAS_PATH), default=0)
-        self.act = zeros(max(rows * blas_act, 1))                             # [T, I] silu(g) * u (BLAS)
+        act_w = max((s.width for s in sw if s.path == BLAS_PATH or s.path == W16A16 and not W16_GLU_FOLD),
+                    default=0)
+        self.act = zeros(max(rows * act_w, 1))                                # [T, I] silu(g) * u
         per_row = max((r.n_experts * r.slices for r in sliced), default=0)
         self.logits = zeros(max(rows * per_row, 1))                               # [S*T, E] sliced logits
         self.gemm = gemm_workspace(rows, [(m.n, m.k, m.group_size) for s in fast for m in (s.w13, s.w2)])
@@ -717,8 +721,12 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0, accumulate: 
     if w.path == W16A16:
         gu = kernel_array(rows_view(sc.gu, rows, 2 * w.width))
         w16a16.linear(gu, kernel_array(x), w.w13, rows, stream=stream, multi_tile=multi_tiles(w.w13, rows))
-        w16a16.linear(kernel_array(h), gu, w.w2, rows, accumulate=accumulate, stream=stream,
-                      multi_tile=multi_tiles(w.w2, rows), glu=True)       # silu(g) * u as it reads gu
+        a = gu
+        if not W16_GLU_FOLD:
+            a = kernel_array(rows_view(sc.act, rows, w.width))
+            w16a16.glu_rows(a, gu, rows, stream)
+        w16a16.linear(kernel_array(h), a, w.w2, rows, accumulate=accumulate, stream=stream,
+                      multi_tile=multi_tiles(w.w2, rows), glu=W16_GLU_FOLD)
         return
     if w.path == BLAS_PATH:
         blas.swiglu(h, x, w.w13, w.w2, rows_view(sc.gu, rows, 2 * w.width), rows_view(sc.act, rows, w.width),

@@ -266,6 +266,29 @@ def norm_rows(out, x, w: Bf16Weight, nw, eps: float, rows: int, stream=0) -> Non
     launch(make_norm_rows_kernel(w.k, ks), rows, ks * 32, stream, (out, flat(x), nw, np.float32(eps), rows))
 
 
+@cuda.jit
+def glu_rows_kernel(a, gu, n_rows):
+    """a [T, I] = silu(g) * u of gu [T, 2I] = [g || u] in float32, rows < n_rows: the expression the
+    folded product (``linear(glu=True)``) forms, so the plain product after it gives the same bits;
+    grid (ceil(I / 128), T), block (128,); PDL."""
+    griddep_wait()
+    griddep_launch_dependents()
+    row = cuda.blockIdx.y
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    width = a.shape[1]
+    if row < n_rows and i < width:
+        a[row, i] = silu_mul(gu[row, i], gu[row, width + i])
+
+
+def glu_rows(a, gu, rows: int, stream=0) -> None:
+    """a [T, I] float32 = silu(g) * u for gu [T, 2I] = [g || u], the first ``rows`` rows."""
+    a = check(a, "a", np.float32, (None, None))
+    gu = check(gu, "gu", np.float32, (None, 2 * a.shape[1]))
+    if not 1 <= rows <= min(a.shape[0], gu.shape[0]):
+        raise KernelInputError(f"rows must be in 1..{min(a.shape[0], gu.shape[0])}, got {rows}")
+    launch(glu_rows_kernel, (-(-a.shape[1] // 128), rows), 128, stream, (a, gu, rows))
+
+
 def pipelined(w: Bf16Weight, mt: int, nt: int) -> bool:
     """Whether a launch keeps two batches of weights in flight a warp: few row tiles (the registers),
     one column tile a block and a grid of at most two blocks an SM (an SM with more blocks has more

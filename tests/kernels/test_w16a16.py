@@ -7,7 +7,16 @@ import torch
 
 from kernels_numba import KernelInputError
 from kernels_numba.sim import sim_speed
-from kernels_numba.w16a16 import Groups, linear, norm_rows, repack_w16, row_tiles, unrepack_w16, w16_tiling
+from kernels_numba.w16a16 import (
+    Groups,
+    glu_rows,
+    linear,
+    norm_rows,
+    repack_w16,
+    row_tiles,
+    unrepack_w16,
+    w16_tiling,
+)
 from numformats.bf16 import bf16
 
 from .helpers import SIMULATED, assert_close, dev, gpu, host, needs_gpu, poisoned
@@ -101,11 +110,17 @@ def test_glu_linear_is_silu_times_up_then_the_linear_and_bad_input():
     _, wf, w = _weight(n, k, 10)
     gu = _x(t, 2 * k, 7)
     out = poisoned((t, n))
+    a, unfused = poisoned((t, k)), poisoned((t, n))
     with sim_speed():
         linear(out, dev(gu), w, 2, glu=True)
+        glu_rows(a, dev(gu), 2)                                             # the unfolded path: same bits
+        linear(unfused, a, w, 2)
     g, u = gu[:2, :k], gu[:2, k:]
     assert_close(host(out)[:2], _ref(g / (1 + np.exp(-g)) * u, wf), rtol=2e-3, atol_rel=2e-3)
     assert np.isnan(host(out)[2:]).all()
+    assert np.array_equal(host(unfused)[:2], host(out)[:2])
+    with pytest.raises(KernelInputError, match="gu: shape"):
+        glu_rows(a, dev(_x(t, k, 7)), 2)
     with pytest.raises(KernelInputError, match="x: shape"):
         linear(poisoned((2, n)), dev(_x(2, k, 7)), w, 2, glu=True)
     _, _, w = _weight(32, 96, 8)
