@@ -90,6 +90,8 @@ def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm, 
 
 
 _ATTN: dict = {}
+ZERO = np.float32(0.0)
+NEG_INF = np.float32(-np.inf)   # float32: a Python -inf would carry the softmax in float64
 KT = 16                         # keys a tile: staged in shared memory once for a block's QB queries
 NSPLIT = 16                     # most key chunks (blocks) a KV head's queries are split over
 QB = 8 if SIMULATED else 32     # queries a block: (block row, query head) pairs of one KV head
@@ -146,52 +148,60 @@ def make_draft_attention(head_dim: int):
         ks = cuda.shared.array((KT, D1), np.float32)
         vs = cuda.shared.array((KT, D), np.float32)
         sc = cuda.shared.array((QB, KT), np.float32)
+        rq = cuda.local.array(NQ, np.float32)                # words staged: every load issued before the
+        ra = cuda.local.array(NKV, np.float32)               # first shared store (a generic pointer may
+        rb = cuda.local.array(NKV, np.float32)               # alias shared memory: no reordering across)
         kv = g * D                                           # the KV head's columns
         for i in range(NQ):                                  # query qq: block row qq // G, head g G + qq % G
             idx = t + i * NTHR
+            qq = q0 + idx // D
+            ok = idx < QB * D and qq < nq
+            rq[i] = q[qq // group, (g * group + qq % group) * D + idx % D] if ok else ZERO
+        for i in range(NQ):
+            idx = t + i * NTHR
             if idx < QB * D:
-                qi = idx // D
-                c = idx - qi * D
-                qq = q0 + qi
-                qs[qi, c] = q[qq // group, (g * group + qq % group) * D + c] if qq < nq else 0.0
+                qs[idx // D, idx % D] = rq[i]
         step = nsplit * KT
         chunk = (nk + step - 1) // step * KT
         k0 = cuda.blockIdx.y * chunk
         k1 = min(k0 + chunk, nk)
         qv = t >> 3                                          # the query this thread accumulates
         dg = t & 7                                           # ... its columns dg, dg + 8, ...
-        m = -math.inf
-        lsum = np.float32(0.0)
+        m = NEG_INF
+        lsum = ZERO
         acc = cuda.local.array(NCV, np.float32)
         for i in range(NCV):
-            acc[i] = np.float32(0.0)
+            acc[i] = ZERO
         for j0 in range(k0, k1, KT):
+            for i in range(NKV):
+                idx = t + i * NTHR
+                j = j0 + idx // D
+                c = kv + idx % D
+                a = ZERO
+                b = ZERO
+                if idx < KT * D and j < k1:
+                    if j < n_ctx:
+                        a = kc[j, c]
+                        b = vc[j, c]
+                    else:
+                        a = kb[j - n_ctx, c]
+                        b = vb[j - n_ctx, c]
+                ra[i] = a
+                rb[i] = b
             cuda.syncthreads()                               # the last tile's reads are done
-            for i in range(NKV):                             # every load of the tile in flight at once
+            for i in range(NKV):
                 idx = t + i * NTHR
                 if idx < KT * D:
-                    kj = idx // D
-                    c = idx - kj * D
-                    j = j0 + kj
-                    a = np.float32(0.0)
-                    b = np.float32(0.0)
-                    if j < k1:
-                        if j < n_ctx:
-                            a = kc[j, kv + c]
-                            b = vc[j, kv + c]
-                        else:
-                            a = kb[j - n_ctx, kv + c]
-                            b = vb[j - n_ctx, kv + c]
-                    ks[kj, c] = a
-                    vs[kj, c] = b
+                    ks[idx // D, idx % D] = ra[i]
+                    vs[idx // D, idx % D] = rb[i]
             cuda.syncthreads()
             kj = t % KT
             for p_ in range(PAIRS):
                 qi = t // KT + QSTEP * p_
-                a = np.float32(0.0)
+                a = ZERO
                 for c in range(D):
                     a += qs[qi, c] * ks[kj, c]
-                sc[qi, kj] = a * scale if j0 + kj < k1 else -math.inf
+                sc[qi, kj] = a * scale if j0 + kj < k1 else NEG_INF
             cuda.syncthreads()
             mt = m
             for j in range(KT):
@@ -229,20 +239,25 @@ def make_draft_attention(head_dim: int):
         h = cuda.blockIdx.y
         if row >= meta[1]:
             return
-        mx = -math.inf
-        for sp in range(nsplit):
-            if work[sp, row, h, D + 1] > 0:
-                mx = max(mx, work[sp, row, h, D])
-        den = np.float32(0.0)
-        for sp in range(nsplit):
-            if work[sp, row, h, D + 1] > 0:
-                den += math.exp(work[sp, row, h, D] - mx) * work[sp, row, h, D + 1]
+        f = cuda.local.array(NSPLIT, np.float32)             # a chunk's weight: exp(m - max), 0 if empty
+        lw = cuda.local.array(NSPLIT, np.float32)
+        for sp in range(NSPLIT):                             # NSPLIT, not nsplit: the loads unroll
+            f[sp] = work[sp, row, h, D] if sp < nsplit else NEG_INF
+            lw[sp] = work[sp, row, h, D + 1] if sp < nsplit else ZERO
+        mx = NEG_INF
+        for sp in range(NSPLIT):
+            if lw[sp] > 0:
+                mx = max(mx, f[sp])
+        den = ZERO
+        for sp in range(NSPLIT):
+            f[sp] = math.exp(f[sp] - mx) if lw[sp] > 0 else ZERO
+            den += f[sp] * lw[sp]
         inv = np.float32(1.0) / den
         for c in range(cuda.threadIdx.x, D, TPB):
-            a = np.float32(0.0)
-            for sp in range(nsplit):
-                if work[sp, row, h, D + 1] > 0:
-                    a += math.exp(work[sp, row, h, D] - mx) * work[sp, row, h, c]
+            a = ZERO
+            for sp in range(NSPLIT):
+                if f[sp] > 0:
+                    a += f[sp] * work[sp, row, h, c]
             o[row, h * D + c] = a * inv
 
     _ATTN[head_dim] = (draft_attention_part, draft_attention_combine)
