@@ -221,6 +221,8 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
         cuda.syncthreads()
         if ty != 0:
             return
+        pick = cuda.local.array(K, np.int32)                 # the K picks and their scores (every lane)
+        pw = cuda.local.array(K, np.float32)
         cv = cuda.local.array(EL, np.float32)                # top-K by warp 0, ties to the lowest index:
         free = 0                                             # each lane's best free expert, then a tree
         for j in range(EL):                                  # over the 32 lanes
@@ -252,18 +254,18 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
             best = cand_i[0]
             if best % TPB == tid:
                 free &= ~(1 << (best // TPB))
-            if tid == 0:
-                ids[row, k] = best
-                wts[row, k] = score[best]
+            pick[k] = best                                   # in registers: no global round trips
+            pw[k] = score[best]
             syncwarp()
         if tid == 0:
             total = np.float32(0.0)
             for k in range(K):
-                total += wts[row, k]
+                total += pw[k]
             for k in range(K):
-                w = wts[row, k]
+                w = pw[k]
                 if NORM:
                     w = w / (total + np.float32(1e-20))
+                ids[row, k] = pick[k]
                 wts[row, k] = w * SCALE
 
     _CACHE[key] = route_kernel
