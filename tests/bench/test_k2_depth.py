@@ -257,3 +257,25 @@ def test_the_random_drafter_builds_and_runs_a_round_on_a_small_stand_in():
         drafter(state)
         logits = eng.fetch(drafter.dev.logits)
     assert logits.shape[0] == 7 and np.isfinite(logits).all()
+
+
+def test_drafter_round_bytes_are_its_weights_the_head_and_its_cached_rows():
+    """The drafter round's floor reads its W16A16 weights (fc, each layer's stacked projections and MLP)
+    and the target's lm_head once, 2 bytes a weight, and each layer's cached K and V rows (float32)."""
+    from kernels_numba.sim import sim_speed
+    from tests.engine.common import blas_on
+    from tests.engine.test_build import CFG
+    from workbench.bench.k2_depth_drafter import RandomDFlash, drafter_config, round_bytes
+    from workbench.engine.build import RandomSource, build_model
+    from workbench.engine.runtime import Engine
+    taps = (1, 3)
+    with blas_on(), sim_speed():
+        model = build_model(CFG, RandomSource(CFG, seed=6), sets=2)
+        eng = Engine(CFG, None, max_len=32, max_rows=8, taps=taps, model=model)
+        dcfg = drafter_config(CFG, taps)
+        dev = RandomDFlash(eng, dcfg, RandomSource(CFG, 7))
+    d, h, hkv, hd, i = CFG.hidden_size, dcfg.n_heads, dcfg.kv_heads, dcfg.head_dim, dcfg.intermediate_size
+    layer = (h + 2 * hkv) * hd * d + 2 * hkv * hd * d + d * h * hd + 3 * i * d
+    weights = d * len(taps) * d + CFG.vocab_size * d + dcfg.n_layers * layer
+    kv = dcfg.n_layers * 2 * (20 + dcfg.block_size) * hkv * hd * 4
+    assert round_bytes(dev, 20) == 2 * weights + kv

@@ -778,8 +778,12 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
                 continue
             est[b] = time.perf_counter() - t
             if draft_timed is not None:                       # its round, at a real round's positions
-                emit({"table": "part", "part": "drafter", "rows": BLOCK, "context": context,
-                      "us": draft_timed(timer)})
+                us, nbytes = draft_timed(timer, context)
+                floor = nbytes / (meta["copy_gbs"] * 1e3) if meta.get("copy_gbs") else 0.0
+                emit({"table": "part", "part": "drafter", "rows": BLOCK, "context": context, "us": us,
+                      "bytes": nbytes, "floor_us": round(floor, 2)})
+                log(f"drafter round: {us:.1f} us, floor {floor:.1f} us ({nbytes / 1e6:.1f} MB at the copy "
+                    "rate)")
                 draft_timed = None
             row = run_row(r, _agreement(r, ar[:n_tokens], margins), ar_ms, oracle_source(p, oracle), b)
             checks.append(row.pop("check"))

@@ -96,10 +96,31 @@ def random_drafter(engine, seed: int, log) -> tuple[RoundDrafter | None, str, An
            f"{list(dcfg.target_layer_ids)}; random bf16 W16A16 weights; run every round, its proposals "
            "unused (the oracle's decide the tree)")
 
-    def timed(timer) -> float:
+    def timed(timer, context: int) -> tuple[float, int]:
+        """(us of a captured round, the bytes it must read at ``context`` cached rows)."""
         if timer.gpu:
             from .common import kernel_table
             for line in kernel_table(lambda: dev._launch(dev.eng.stream, dev.cap)):
                 log(f"  drafter round: {line}")
-        return timer(lambda s: dev._launch(s, dev.cap))
+        return timer(lambda s: dev._launch(s, dev.cap)), round_bytes(dev, context)
     return RoundDrafter(dev), how, timed
+
+
+def _weight_bytes(w) -> int:
+    """A W16A16 projection's or SwiGLU's weight bytes: repacked (``Bf16Weight``, 2 a weight) or a torch
+    bf16 tensor on the BLAS path."""
+    if isinstance(w, ops.SwiGLU):
+        return _weight_bytes(w.w13) + _weight_bytes(w.w2)
+    m = w.wt if isinstance(w, ops.Dense) else w
+    return 2 * m.n * m.k if isinstance(m, ops.Bf16Weight) else m.numel() * m.element_size()
+
+
+def round_bytes(dev: DeviceDFlash, context: int) -> int:
+    """What one drafter round must read at least: its weights (fc, each layer's stacked projections and
+    MLP), the target's lm_head it shares, and each layer's cached K and V rows (float32) over
+    ``context`` + the block."""
+    dcfg = dev.dcfg
+    weights = _weight_bytes(dev.fc) + _weight_bytes(dev.eng.model.head) + sum(
+        _weight_bytes(lay[k]) for lay in dev.layers for k in ("attn.wqkv", "attn.wkv", "attn.wo", "mlp"))
+    kv = dcfg.n_layers * 2 * (context + dcfg.block_size) * dcfg.kv_heads * dcfg.head_dim * 4
+    return weights + kv
