@@ -219,35 +219,54 @@ def key_mask_kernel(hidden, vis, meta):
         hidden[i, j] = 0 if seen else 1
 
 
+SOFTMAX_UNROLL = 4                  # keys a thread loads before it uses them (in index order)
+NEG_INF = np.float32(-np.inf)       # float32: a Python -inf would carry the max in float64
+
+
 @cuda.jit
 def softmax16_kernel(p16, scores, hidden, n_heads, scale):
     """p16 [T*H, S8] int16 bf16 bits = bf16(softmax over the keys of scale * scores [T*H, S8]) with key j
     of row t hidden where hidden[t, j] (uint8 [T, S8], the step's key mask), hidden keys 0; a row with
-    every key hidden (a padding row) all 0. float32 max, sums and quotient, keys in index order, as
-    torch's masked softmax. grid (T*H,), block (32, ks); PDL."""
+    every key hidden (a padding row) all 0. float32 max, sums and quotient, each thread's keys in index
+    order, as torch's masked softmax; a thread's next SOFTMAX_UNROLL keys loaded before it uses them.
+    grid (T*H,), block (32, ks); PDL."""
     griddep_wait()
     griddep_launch_dependents()
     sh = cuda.shared.array(ROW_THREADS, np.float32)
+    sv = cuda.local.array(SOFTMAX_UNROLL, np.float32)
+    hv = cuda.local.array(SOFTMAX_UNROLL, np.uint8)
     row = cuda.blockIdx.x
     t = row // n_heads
     lt, nt = block_lane()
     nk = scores.shape[1]
-    m = -math.inf
-    for j in range(lt, nk, nt):
-        if hidden[t, j] == 0:
-            m = max(m, scores[row, j] * scale)
+    m = NEG_INF
+    for j0 in range(lt, nk, SOFTMAX_UNROLL * nt):
+        for u in range(SOFTMAX_UNROLL):
+            j = j0 + u * nt
+            if j < nk and hidden[t, j] == 0:
+                m = max(m, scores[row, j] * scale)
     m = np.float32(block_max(sh, m))
     total = np.float32(0.0)
-    if m != -math.inf:
-        for j in range(lt, nk, nt):
-            if hidden[t, j] == 0:
-                total += math.exp(scores[row, j] * scale - m)
+    if m != NEG_INF:
+        for j0 in range(lt, nk, SOFTMAX_UNROLL * nt):
+            for u in range(SOFTMAX_UNROLL):
+                j = j0 + u * nt
+                if j < nk and hidden[t, j] == 0:
+                    total += math.exp(scores[row, j] * scale - m)
     total = np.float32(block_sum(sh, total))
-    for j in range(lt, nk, nt):
-        v = np.float32(0.0)
-        if hidden[t, j] == 0 and m != -math.inf:
-            v = math.exp(scores[row, j] * scale - m) / total
-        p16[row, j] = stored_as(p16, v)
+    for j0 in range(lt, nk, SOFTMAX_UNROLL * nt):
+        for u in range(SOFTMAX_UNROLL):                   # loads first: the stores below may alias them
+            j = j0 + u * nt
+            ok = j < nk
+            sv[u] = scores[row, j] if ok else np.float32(0.0)
+            hv[u] = hidden[t, j] if ok else 1
+        for u in range(SOFTMAX_UNROLL):
+            j = j0 + u * nt
+            if j < nk:
+                v = np.float32(0.0)
+                if hv[u] == 0 and m != NEG_INF:
+                    v = math.exp(sv[u] * scale - m) / total
+                p16[row, j] = stored_as(p16, v)
 
 
 # ---- the W16A16 attention core in logical key order ---------------------------------------------------
