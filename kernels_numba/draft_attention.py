@@ -20,8 +20,8 @@ P context rows in the cache, MK = most keys one attention launch may see (P + Bs
 The meta parts of the offsets let one captured launch sequence (a CUDA graph) follow the drafter's
 position from round to round; the host parts are checked at launch, the meta parts by the caller.
 
-Blocks are 32 threads (blockops.TPB), the attention's part 8 QB; each host wrapper checks shapes and
-dtypes before launching (KernelInputError).
+Blocks are 32 threads (blockops.TPB), the gather GATHER_THREADS, the attention's part 8 QB; each host
+wrapper checks shapes and dtypes before launching (KernelInputError).
 """
 
 from __future__ import annotations
@@ -39,21 +39,32 @@ from .launch import launch
 from .rmsnorm import row_rms_scale
 from .rope import rope_pair
 
+GATHER_THREADS = 128
+GATHER_UNROLL = 8               # words a thread loads before it stores them (the stores may alias the loads)
+
 
 @cuda.jit
 def gather_rows_kernel(out, feats, rows, taps, meta):
-    """out [T, F*D] row i = feats[taps[0], rows[i]] || ... || feats[taps[F-1], rows[i]]; grid (T,)."""
+    """out [T, F*D] row i = feats[taps[0], rows[i]] || ... || feats[taps[F-1], rows[i]]; grid (T, F),
+    block (GATHER_THREADS,): block (i, f) copies tap f of row i, GATHER_UNROLL words a thread at a time."""
     griddep_wait()                                          # PDL: the inputs are earlier kernels'
     griddep_launch_dependents()
     i = cuda.blockIdx.x
+    f = cuda.blockIdx.y
     if i >= meta[1]:
         return
     r = rows[i]
+    src = taps[f]
     d = feats.shape[2]
-    for f in range(taps.shape[0]):
-        src = taps[f]
-        for j in range(cuda.threadIdx.x, d, TPB):
-            out[i, f * d + j] = feats[src, r, j]
+    buf = cuda.local.array(GATHER_UNROLL, np.float32)
+    for j0 in range(cuda.threadIdx.x, d, GATHER_THREADS * GATHER_UNROLL):
+        for u in range(GATHER_UNROLL):
+            j = j0 + u * GATHER_THREADS
+            buf[u] = feats[src, r, j] if j < d else np.float32(0.0)
+        for u in range(GATHER_UNROLL):
+            j = j0 + u * GATHER_THREADS
+            if j < d:
+                out[i, f * d + j] = buf[u]
 
 
 @cuda.jit
@@ -291,7 +302,7 @@ def gather_rows(out, feats, rows, taps, meta, n: int, stream=0) -> None:
     t = _want(taps, "taps", np.int32, 1)
     if o[1] != t[0] * f[2] or not 0 < n <= min(o[0], r[0]):
         raise KernelInputError(f"gather_rows: out {o}, feats {f}, rows {r}, taps {t}, n {n} disagree")
-    launch(gather_rows_kernel, n, TPB, stream, (out, feats, rows, taps, meta))
+    launch(gather_rows_kernel, (n, t[0]), GATHER_THREADS, stream, (out, feats, rows, taps, meta))
 
 
 def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: float, n: int, n_heads: int,
