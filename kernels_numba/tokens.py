@@ -7,8 +7,6 @@ meta (int32 [8], device): [0] start = cache rows before this step, [1] n live ro
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import cuda
 
@@ -16,6 +14,8 @@ from .blockops import ROW_THREADS, block_argmax, block_lane, copy_row
 from .intrinsics import griddep_launch_dependents, griddep_wait
 
 BIG = 2 ** 30
+ARGMAX_UNROLL = 4
+NEG_INF = np.float32(-np.inf)   # float32: a Python -inf would compare in float64
 
 
 @cuda.jit
@@ -39,14 +39,19 @@ def argmax_kernel(out, logits, meta):
         return
     shv = cuda.shared.array(ROW_THREADS, np.float32)
     shi = cuda.shared.array(ROW_THREADS, np.int32)
-    bv = -math.inf
+    buf = cuda.local.array(ARGMAX_UNROLL, np.float32)
+    bv = NEG_INF
     bi = BIG
     lt, nt = block_lane()
-    for j in range(lt, logits.shape[1], nt):                  # ascending j: strict > keeps the lowest
-        v = logits[row, j]
-        if v > bv:
-            bv = v
-            bi = j
+    nv = logits.shape[1]
+    for j0 in range(lt, nv, ARGMAX_UNROLL * nt):               # the next words loaded before they are
+        for u in range(ARGMAX_UNROLL):                        # compared (one memory latency each, not
+            j = j0 + u * nt                                   # one a word)
+            buf[u] = logits[row, j] if j < nv else NEG_INF
+        for u in range(ARGMAX_UNROLL):                        # ascending j: strict > keeps the lowest
+            if buf[u] > bv:
+                bv = buf[u]
+                bi = j0 + u * nt
     bv, bi = block_argmax(shv, shi, bv, bi)
     if lt == 0:
         out[row] = bi
