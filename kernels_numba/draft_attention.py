@@ -26,6 +26,7 @@ wrapper checks shapes and dtypes before launching (KernelInputError).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -100,7 +101,6 @@ def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm, 
         out[dst, off + j1] = b
 
 
-_ATTN: dict = {}
 ZERO = np.float32(0.0)
 NEG_INF = np.float32(-np.inf)   # float32: a Python -inf would carry the softmax in float64
 KT = 16                         # keys a tile: staged in shared memory once for a block's QB queries
@@ -120,6 +120,7 @@ def workspace_shape(n: int, n_heads: int, head_dim: int) -> tuple[int, int, int,
     return (NSPLIT, n, n_heads, head_dim + 2)
 
 
+@functools.cache
 def make_draft_attention(head_dim: int):
     """(part, combine) kernels of the drafter's attention, flash-decoding style.
 
@@ -131,8 +132,6 @@ def make_draft_attention(head_dim: int):
     max and the sum to work[chunk, row, head].
     combine(o, work, meta, nsplit); grid (Bs, H), block (32,): o = the chunks' outputs and sums
     rescaled to their common max, summed in chunk order, divided."""
-    if head_dim in _ATTN:
-        return _ATTN[head_dim]
     D = head_dim
     D1 = D + 1                                               # K and Q rows padded: no bank conflicts
     NTHR = 8 * QB
@@ -271,8 +270,7 @@ def make_draft_attention(head_dim: int):
                     a += f[sp] * work[sp, row, h, c]
             o[row, h * D + c] = a * inv
 
-    _ATTN[head_dim] = (draft_attention_part, draft_attention_combine)
-    return _ATTN[head_dim]
+    return draft_attention_part, draft_attention_combine
 
 
 def _info(a, name: str) -> tuple[tuple[int, ...], np.dtype]:

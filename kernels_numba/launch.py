@@ -22,6 +22,7 @@ The same hook launches thread block clusters (cuda.core's ``cluster``; its grid 
 
 from __future__ import annotations
 
+import functools
 import threading
 
 from .device import SIMULATED
@@ -81,6 +82,7 @@ def _name(kernel) -> str:
     return _py_func(kernel).__name__
 
 
+@functools.cache                                     # once a kernel, not on every launch
 def waits(kernel) -> bool:
     """Whether the kernel's own body calls ``griddep_wait`` (or ``griddep_wait_for``): what a PDL launch
     needs, here and in the simulator alike (which cannot show the race a missing wait makes)."""

@@ -506,7 +506,7 @@ class Scratch:
         sw = [*swiglus, *(m.shared for m in moes if m.shared is not None)]
         port = [s for s in sw if s.path == PORTABLE]
         fast = [s for s in sw if s.path == INT4_MATMUL]
-        f32_act = [s for s in sw if s.path in (BLAS_PATH, W16A16)]       # gate || up kept in float32
+        f32_act = [s for s in sw if s.path in (BLAS_PATH, W16A16)]       # gate || up, silu(g) * u float32
         fused = [m for m in moes if m.path == FUSED_MOE]
         self.rids = zeros((rows, k), np.int32)                                  # [T, K] routed ids
         self.rwts = zeros((rows, k))                                            # [T, K] routed weights
@@ -520,8 +520,7 @@ class Scratch:
         self.y = zeros(max(rows * dim, 1))                                      # [T, D] a block's output
         self.gu = zeros(max(rows * 2 * width, 1))                               # [T, 2I] gate || up
         self.h16 = zeros(max(rows * width, 1), np.uint16)                       # [T, I] f16(silu(g) * u)
-        act_w = max((s.width for s in sw if s.path == BLAS_PATH or s.path == W16A16 and not W16_GLU_FOLD),
-                    default=0)
+        act_w = max((s.width for s in f32_act), default=0)
         self.act = zeros(max(rows * act_w, 1))                                # [T, I] silu(g) * u
         per_row = max((r.n_experts * r.slices for r in sliced), default=0)
         self.logits = zeros(max(rows * per_row, 1))                               # [S*T, E] sliced logits

@@ -35,6 +35,11 @@ SHAPES = {"a1": (7168, 2112), "wq_b": (1536, 12288), "wo": (8192, 7168), "w13": 
           "dense_w13": (7168, 36864), "dense_w2": (18432, 7168)}    # and of its dense layer's MLP
 
 
+def forced(multi: bool | None):
+    """``ops.multi_tiles`` as it is (None) or answering ``multi`` for every product."""
+    return ops.multi_tiles if multi is None else (lambda w, rows: multi)
+
+
 def main() -> None:
     import torch
     w16 = ops.w16a16                                # its PIPE_TILES switch (the same bits, v3 beside v4)
@@ -71,11 +76,11 @@ def main() -> None:
             err = np.abs(got - want).max() / np.abs(want).max()
             if not err <= 1e-3:
                 raise SystemExit(f"{name} at {t} rows: {err:.2e} of the largest output from cuBLAS")
-            paths = [("w16a16", kern, False), ("cublas_bf16", blas, False)]
+            paths = [("w16a16", kern, None), ("cublas_bf16", blas, None)]
             if ops.tiles_per_block(kern.wt, ops.row_tiles(t), True) > 1:   # NT column tiles a block or
                 other = not ops.multi_tiles(kern.wt, t)                     # one, the package's other way:
                 nt = rows_view(ref.reshape(-1), t, n)                       # the same bits, checked
-                with patch.object(ops, "multi_tiles", lambda w, r, other=other: other):
+                with patch.object(ops, "multi_tiles", forced(other)):
                     ops.linear(nt, x, kern, meta, t)
                 if not np.array_equal(download(nt), got):
                     raise SystemExit(f"{name} at {t} rows: NT tiles a block differ from one tile a block")
@@ -86,11 +91,10 @@ def main() -> None:
                     ops.linear(v3, x, kern, meta, t)
                 if not np.array_equal(download(v3), got):
                     raise SystemExit(f"{name} at {t} rows: one batch in flight differs from two")
-                paths.append(("w16a16_v3", kern, False))
+                paths.append(("w16a16_v3", kern, None))
             mb = k * n * 2 / 1e6
             for path, w, multi in paths:
-                pick = (lambda w, r, m=multi: m) if path.startswith("w16a16_nt") else ops.multi_tiles
-                with patch.object(ops, "multi_tiles", pick), \
+                with patch.object(ops, "multi_tiles", forced(multi)), \
                         patch.object(w16, "PIPE_TILES", 0 if path == "w16a16_v3" else w16.PIPE_TILES):
                     us = timer(lambda s, w=w, o=o, t=t, x=x: ops.linear(o, x, w, meta, t, s))
                 print(f"{name},{k},{n},{t},{path},{us:.2f},{mb:.1f}", flush=True)

@@ -27,18 +27,19 @@ def _meta(n, row0=0, pos0=0, n_ctx=0):
     return m
 
 
-def test_gather_rows_concatenates_taps_in_order():
+@pytest.mark.parametrize("d", [5, 1100])                # 1,100: two passes of 128 x 8 words, the last partial
+def test_gather_rows_concatenates_taps_in_order(d):
     rng = np.random.default_rng(1)
-    feats = rng.standard_normal((3, 6, 5)).astype(np.float32)            # [F', T', D]
+    feats = rng.standard_normal((3, 6, d)).astype(np.float32)            # [F', T', D]
     taps = np.array([2, 0], np.int32)
     rows = np.array([4, 1, 3, 0, 0, 0], np.int32)
-    out = np.zeros((6, 10), np.float32)
+    out = np.zeros((6, 2 * d), np.float32)
     gather_rows(out, feats, rows, taps, _meta(3), 3)
     want = np.concatenate([feats[2][rows[:3]], feats[0][rows[:3]]], axis=-1)
     np.testing.assert_array_equal(out[:3], want)
     assert not out[3:].any()
     with pytest.raises(KernelInputError):
-        gather_rows(np.zeros((6, 9), np.float32), feats, rows, taps, _meta(3), 3)
+        gather_rows(np.zeros((6, 2 * d - 1), np.float32), feats, rows, taps, _meta(3), 3)
     with pytest.raises(KernelInputError):
         gather_rows(out, feats, rows.astype(np.int64), taps, _meta(3), 3)
 

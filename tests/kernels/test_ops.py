@@ -210,16 +210,17 @@ def test_w16a16_products_take_column_tiles_where_they_measured_faster(monkeypatc
 
 
 def test_argmax_takes_the_lowest_id_of_a_tie_at_any_width():
-    """Each row's argmax over V logits, ties to the lowest id, for widths that leave a thread's last
-    group of loads partly past V."""
+    """Each row's argmax over V logits, ties to the lowest id (across threads, and within a thread's own
+    keys: a row of one value), for widths that leave a thread's last group of loads partly past V."""
     rng = np.random.default_rng(11)
     for v in (37, 1000, 4099):
-        logits = rng.standard_normal((3, v)).astype(np.float32)
+        logits = rng.standard_normal((4, v)).astype(np.float32)
         logits[1, [5, v - 1]] = 9.0                                        # a tie: id 5 wins
         logits[2, :] = -np.inf
         logits[2, v - 2] = -1.0
-        out = to_device(np.full(4, -1, np.int32))
-        meta = to_device(np.array([0, 3, 0, 0, 0, 0, 0, 0], np.int32))
+        logits[3, :] = 0.5                                                 # every id ties: id 0
+        out = to_device(np.full(5, -1, np.int32))
+        meta = to_device(np.array([0, 4, 0, 0, 0, 0, 0, 0], np.int32))
         with sim_speed():
-            ops.argmax(out, to_device(logits), meta, 3)
-        assert download(out)[:3].tolist() == [int(np.argmax(logits[0])), 5, v - 2]
+            ops.argmax(out, to_device(logits), meta, 4)
+        assert download(out)[:4].tolist() == [int(np.argmax(logits[0])), 5, v - 2, 0]

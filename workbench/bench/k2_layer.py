@@ -97,12 +97,10 @@ def _floor_bytes(
         return lb["mlp_params"] * w, lb["mlp_params"] * 2
     if part.startswith("moe_block"):
         parts = ["router", "routed_experts", "shared_expert"]
+    elif cfg.is_moe_layer(layer):
+        parts = ["attention", "router", "routed_experts", "shared_expert"]
     else:
-        parts = (
-            ["attention", "router", "routed_experts", "shared_expert"]
-            if cfg.is_moe_layer(layer)
-            else ["attention", "dense_mlp"]
-        )
+        parts = ["attention", "dense_mlp"]
     both = [_floor_bytes(cfg, layer, p, n, context, uniq, experts, dense) for p in parts]
     return sum(b[0] for b in both), sum(b[1] for b in both)
 
