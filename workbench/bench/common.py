@@ -106,6 +106,15 @@ def spin_timed(fn: Callable[[], None], reps: int, *, spin: int = SPIN_GRAPH,
     return samples
 
 
+def _kernel_lines(avg, per: int, top: int) -> tuple[list, list[str]]:
+    """The device kernels among torch profiler averages ``avg`` by device time: (all of them, lines of the
+    ``top`` with their time and launch count per ``per`` calls)."""
+    from torch.autograd import DeviceType
+    ev = sorted((e for e in avg if e.device_type != DeviceType.CPU and e.device_time_total > 0),
+                key=lambda e: -e.device_time_total)
+    return ev, [f"{e.device_time_total / per:9.1f} us x{e.count // per:<4d} {e.key[:100]}" for e in ev[:top]]
+
+
 def kernel_table(fn: Callable[[], None], reps: int = 5, top: int = 15, ops: int = 0) -> list[str]:
     """Where ``fn``'s device time goes (GPU only): ``fn`` run ``reps`` times eagerly under torch's
     profiler after one warm-up; lines of the total per call and the ``top`` kernels (numba's and
@@ -121,11 +130,10 @@ def kernel_table(fn: Callable[[], None], reps: int = 5, top: int = 15, ops: int 
             fn()
         torch.cuda.synchronize()
     avg = prof.key_averages()
-    ev = [e for e in avg if e.device_type != DeviceType.CPU and e.device_time_total > 0]
-    ev.sort(key=lambda e: -e.device_time_total)
+    ev, top_lines = _kernel_lines(avg, reps, top)
     total = sum(e.device_time_total for e in ev) / reps
-    lines = [f"{total:9.1f} us of device time a call in {sum(e.count for e in ev) // reps} kernels"]
-    lines += [f"{e.device_time_total / reps:9.1f} us x{e.count // reps:<4d} {e.key[:100]}" for e in ev[:top]]
+    calls = sum(e.count for e in ev) // reps
+    lines = [f"{total:9.1f} us of device time a call in {calls} kernels", *top_lines]
     if ops:
         launched = [e for e in avg if e.device_type == DeviceType.CPU and e.self_device_time_total > 0]
         launched.sort(key=lambda e: -e.self_device_time_total)
@@ -188,11 +196,7 @@ def graph_profile(fn: Callable[[], None], reps: int = 10, top: int = 15) -> list
     mid = {k: statistics.median(st[k] for st in steps) for k in steps[0]}
     lines = [f"{len(steps)} steps, the median: {mid['launches']:.0f} launches, span {mid['span_us']:.1f} us, "
              f"busy {mid['busy_us']:.1f} us, idle {mid['idle_us']:.1f} us (gaps and waits)"]
-    ev = [e for e in prof.key_averages() if e.device_type != DeviceType.CPU and e.device_time_total > 0]
-    ev.sort(key=lambda e: -e.device_time_total)
-    n = len(steps)
-    lines += [f"{e.device_time_total / n:9.1f} us x{e.count / n:<5.1f} {e.key[:100]}" for e in ev[:top]]
-    return lines
+    return lines + _kernel_lines(prof.key_averages(), len(steps), top)[1]
 
 
 def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
