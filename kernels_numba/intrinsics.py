@@ -29,6 +29,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``ld_acquire_i32(a, i)`` | ``ld.acquire.gpu.global.b32``: later reads see what was released | ``a[i]`` |
 | ``syncwarp()`` | ``bar.warp.sync`` (all 32 lanes) | barrier of the warp's 32 threads |
 | ``bcast0(v)`` | ``shfl.sync.idx.b32``: lane 0's 32-bit integer to all 32 lanes | exchange |
+| ``shfl_xor(v, m)`` | ``shfl.sync.bfly.b32``: lane ``lane ^ m``'s float32 or int32 ``v`` | exchange |
 | ``griddep_wait()`` | ``griddepcontrol.wait``: until the previous grid has completed (PDL) | no-op |
 | ``griddep_wait_for(v)`` | the wait, predicated both ways on ``v``: ``v``'s loads stay before it | no-op |
 | ``griddep_launch_dependents()`` | ``griddepcontrol.launch_dependents``: the next grid may start | no-op |
@@ -48,7 +49,7 @@ bytes on that block's barrier ``s[si]``. The simulator runs clusters of one bloc
 ``i`` is an element index into ``a`` (any 1-D array); the 16 bytes at element ``i`` must be
 16-byte aligned (the host wrappers check base pointers, the kernels keep offsets multiples of 16 B;
 the simulator's 16-byte accesses raise IndexError off a boundary or past the end, as the GPU faults).
-``mma_16816``, ``syncwarp`` and ``bcast0`` are warp-collective: all 32 lanes of a warp must call
+``mma_16816``, ``syncwarp``, ``bcast0`` and ``shfl_xor`` are warp-collective: all 32 lanes of a warp must call
 them together (blockDim.x is a multiple of 32 in every kernel here).
 Fragment layout (PTX ISA, m16n8k16 .f16): lane = 4*g + t;
 A rows g / g+8, columns 2t..2t+1 (a0: row g, a1: row g+8) and 2t+8..2t+9 (a2, a3);
@@ -189,6 +190,15 @@ def _sim_bcast0(v):
         st["bcast"] = v
     _warp_wait(st, th)
     r = st["bcast"]
+    _warp_wait(st, th)                      # nobody overwrites before every lane read
+    return r
+
+
+def _sim_shfl_xor(v, m):
+    st, lane, th = _warp_state()
+    st["slots"][lane] = v
+    _warp_wait(st, th)
+    r = st["slots"][lane ^ int(m)]
     _warp_wait(st, th)                      # nobody overwrites before every lane read
     return r
 
@@ -508,6 +518,20 @@ def _build_gpu():
             return builder.call(asm, [args[0]])
         return v(v), codegen
 
+    @intrinsic
+    def shfl_xor(typingctx, v, m):
+        if v not in (types.float32, types.int32) or not isinstance(m, types.Integer):
+            return None
+        lty, c = (f32, "f") if v == types.float32 else (i32, "r")
+
+        def codegen(context, builder, sig, args):
+            lane_mask = context.cast(builder, args[1], sig.args[1], types.int32)
+            asm = ir.InlineAsm(
+                ir.FunctionType(lty, [lty, i32]), "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;",
+                f"={c},{c},r", side_effect=True)
+            return builder.call(asm, [args[0], lane_mask])
+        return v(v, m), codegen
+
     # thread block clusters, mbarriers and distributed shared memory. Shared operands are 32-bit
     # shared-window addresses: the array's base converted once (a pure asm, so LLVM can hoist and share
     # it) plus the byte offset in 32-bit arithmetic
@@ -609,7 +633,7 @@ def _build_gpu():
     return (_ld("ld.global.nc.L1::no_allocate.v4.u32"), _ld("ld.global.v4.u32"),
             _ld("ld.global.L1::no_allocate.v4.u32"), dequant_i4x8,
             mma_16816, mma_16816_bf16, bits_to_bf162, f32_to_bf162, h2_to_f32, bf162_to_f32, f32_to_h2,
-            stored_as, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
+            stored_as, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0, shfl_xor,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
             mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait,
@@ -638,6 +662,7 @@ if SIMULATED:
     ld_acquire_i32 = _sim_ld_acquire_i32
     syncwarp = _sim_syncwarp
     bcast0 = _sim_bcast0
+    shfl_xor = _sim_shfl_xor
     griddep_wait = griddep_wait_for = griddep_launch_dependents = _sim_nop
     globaltimer = _sim_globaltimer
     cluster_arrive_relaxed = mbar_init = fence_mbar_init = mbar_expect_tx = _sim_nop
@@ -646,8 +671,8 @@ if SIMULATED:
     st_async_f32 = _sim_st_async_f32
 else:
     (ld_stream_v4, ld_v4, ld_once_v4, dequant_i4x8, mma_16816, mma_16816_bf16, bits_to_bf162, f32_to_bf162,
-     h2_to_f32, bf162_to_f32, f32_to_h2, stored_as, ld_u32,
-     ld_cg_f32, ld_acquire_i32, syncwarp, bcast0, griddep_wait, griddep_wait_for, griddep_launch_dependents,
+     h2_to_f32, bf162_to_f32, f32_to_h2, stored_as, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
+     shfl_xor, griddep_wait, griddep_wait_for, griddep_launch_dependents,
      globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx, mbar_wait,
      st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait,
      as_f32) = _build_gpu()

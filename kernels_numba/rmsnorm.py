@@ -1,22 +1,24 @@
 """RMSNorm over rows, mirroring ``workbench.reference.layers.rmsnorm``: ``w * x / sqrt(mean(x^2) + eps)``.
 
 Legend: T rows (tokens) in the buffer, n = meta[1] live rows, K features.
-One block per row, (32, ks) threads with ks = ``norm_slices(K)``; each thread strides over K, the
-partial sums meet in shared memory. A row of K2's 7,168 takes 32 warps (7 elements a thread): one row
-alone is latency-bound, and 8 warps (28 elements, 7 batches of 4 loads for the sum and 7 for the
-scaling) took 9.2 us on the H200.
+One block per row, (32, ks) threads with ks = ``norm_slices(K)``; each thread holds its strided
+features in registers, the partial sums meet in shared memory. A row of K2's 7,168 takes 32 warps (7
+elements a thread): one row alone is latency-bound, and 8 warps (28 elements, 7 batches of 4 loads for
+the sum and 7 for the scaling) took 9.2 us on the H200. ``row_rms_scale`` is the strided form the
+fused kernels (mla_prep, the drafter's head norm) call on a part of a row.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 from numba import cuda
 
-from .blockops import TPB, block_sum, row_sumsq, scale_row
+from .blockops import TPB, block_sum, row_sumsq
 from .device import SIMULATED
-from .intrinsics import griddep_launch_dependents, griddep_wait
+from .intrinsics import griddep_launch_dependents, griddep_wait, shfl_xor, stored_as
 from .launch import launch
 from .resources import register_cap
 
@@ -37,22 +39,59 @@ def row_rms_scale(sh, x, row, off, k, eps):
     return np.float32(1.0) / math.sqrt(ms + eps)
 
 
-@cuda.jit(**NORM_JIT)
-def rmsnorm_kernel(out, x, w, eps, meta):
-    """out [T, K] = rmsnorm(x [T, K]) * w [K] for rows < meta[1]; grid (T,), block (32, ks). In-place ok.
-    Launched with PDL: it waits for the previous kernel, then lets the next one start."""
-    griddep_wait()
-    griddep_launch_dependents()
-    row = cuda.blockIdx.x
-    if row >= meta[1]:
-        return
-    sh = cuda.shared.array(NORM_THREADS, np.float32)
-    k = x.shape[1]
-    r = row_rms_scale(sh, x, row, 0, k, eps)
-    scale_row(out, row, x, row, 0, w, r, k)
+@functools.cache
+def make_rmsnorm_kernel(KN: int):
+    """rmsnorm_kernel for rows of at most KN features a thread: x's row and w held in registers (w's
+    loads before the PDL wait, as weights depend on no kernel), so a row costs one memory round trip,
+    not one per four features; the sum of squares in float32, thread order, then a five-step butterfly
+    in each warp, then the warps' sums in order."""
+
+    @cuda.jit(**NORM_JIT)
+    def rmsnorm_kernel(out, x, w, eps, meta):
+        """out [T, K] = rmsnorm(x [T, K]) * w [K] for rows < meta[1]; grid (T,), block (32, ks), K <= KN
+        32 ks. In-place ok (the row is read before any store). Launched with PDL."""
+        lt = cuda.threadIdx.y * TPB + cuda.threadIdx.x             # (no device function: a probe compiles
+        nt = TPB * cuda.blockDim.y                                  # it to PTX without a driver)
+        k = x.shape[1]
+        wv = cuda.local.array(KN, np.float32)
+        for i in range(KN):
+            j = lt + i * nt
+            wv[i] = w[j] if j < k else np.float32(0.0)
+        griddep_wait()
+        griddep_launch_dependents()
+        row = cuda.blockIdx.x
+        if row >= meta[1]:
+            return
+        xv = cuda.local.array(KN, np.float32)
+        for i in range(KN):
+            j = lt + i * nt
+            xv[i] = x[row, j] if j < k else np.float32(0.0)
+        a = np.float32(0.0)
+        for i in range(KN):
+            a += xv[i] * xv[i]
+        for m in (16, 8, 4, 2, 1):
+            a += shfl_xor(a, m)
+        ws = cuda.shared.array(TPB, np.float32)                  # a sum a warp (at most 32 warps)
+        if cuda.threadIdx.x == 0:
+            ws[cuda.threadIdx.y] = a
+        cuda.syncthreads()
+        ms = np.float32(0.0)
+        for y in range(cuda.blockDim.y):
+            ms += ws[y]
+        r = np.float32(1.0) / math.sqrt(ms / np.float32(k) + eps)
+        for i in range(KN):
+            j = lt + i * nt
+            if j < k:
+                out[row, j] = stored_as(out, wv[i] * (xv[i] * r))
+
+    return rmsnorm_kernel
+
+
+rmsnorm_kernel = make_rmsnorm_kernel(-(-7168 // (TPB * 32)))     # K2's width on 32 warps (the PTX probes')
 
 
 def rmsnorm(out, x, w, eps: float, meta, rows: int, stream=0, ks: int | None = None) -> None:
     """Launch ``rmsnorm_kernel`` over ``rows`` blocks (rows >= meta[1]; surplus blocks exit)."""
     ks = norm_slices(x.shape[1]) if ks is None else ks
-    launch(rmsnorm_kernel, rows, (TPB, ks), stream, (out, x, w, np.float32(eps), meta))
+    kern = make_rmsnorm_kernel(-(-x.shape[1] // (TPB * ks)))
+    launch(kern, rows, (TPB, ks), stream, (out, x, w, np.float32(eps), meta))

@@ -2,11 +2,11 @@
 
 Legend: T rows, n = meta[1] live rows, D model width, E routed experts, K experts per token,
 G routing groups, S slices of D. One (32, KS)-thread block per row: the threads compute the E gate
-logits, or sum them from S partial slices (``slices``: ``logit_slices_kernel`` wrote them); thread 0
-applies the (tiny) group limit; then one warp picks the K experts, each pick a max over the warp (a
-lane scans the experts it holds in registers, then a shared-memory tree over the lanes; one thread
-scanning 384 experts K times took ~280 us on the H200), ties to the lowest index, exactly as the
-reference's stable argsort does.
+logits, or sum them from S partial slices (``slices``: ``logit_slices_kernel`` wrote them, and a thread
+loads all of its partials before the first sum); thread 0 applies the (tiny) group limit; then one warp
+picks the K experts, each pick a max over the warp (a lane scans the experts it holds in registers,
+then five shuffles over the lanes; one thread scanning 384 experts K times took ~280 us on the H200),
+ties to the lowest index, exactly as the reference's stable argsort does.
 
 ``logit_slices_kernel`` reads a large gate (K2's: 7,168 x 384 float32, 11 MB) with many blocks, and
 sums each row's logit in an order that does not depend on how many rows run: a row's routing in a
@@ -23,10 +23,11 @@ from numba import cuda, uint16
 
 from ._validate import KernelInputError
 from .blockops import KS, TPB
-from .intrinsics import f32_to_h2, griddep_launch_dependents, griddep_wait, syncwarp
+from .intrinsics import f32_to_h2, griddep_launch_dependents, griddep_wait, shfl_xor
 from .resources import register_cap
 
 _CACHE: dict = {}
+NEG_INF = np.float32(-np.inf)                # float32: a Python -inf would carry the picks in float64
 
 
 @cuda.jit(device=True, inline="always")
@@ -57,11 +58,13 @@ def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS, f16: boo
     key = ("slices", slice_d, warps, f16)
     if key in _CACHE:
         return _CACHE[key]
-    if slice_d % warps or not 1 <= slice_d // warps <= MOST_SPAN:
+    if slice_d % (32 * warps) or not 1 <= slice_d // warps <= MOST_SPAN:
         raise KernelInputError(f"a slice of {slice_d} features over {warps} warps is not 1..{MOST_SPAN} "
-                               "features a thread")
+                               "features a thread and a multiple of the block's threads")
     SD, NW, NR = slice_d, warps, SLICE_ROWS
     F = SD // NW
+    CPR = SD // (32 * NW)                                       # x values a thread stages per row
+    XPT = NR * CPR                                              # (numba sizes arrays from a constant)
 
     @cuda.jit(**register_cap(32 * NW))                      # 32 gate values a thread fit under the cap
     def logit_slices(parts, x, gate_t, meta, x16):
@@ -92,14 +95,18 @@ def make_logit_slices(slice_d: int = SLICE_D, warps: int = SLICE_WARPS, f16: boo
         red = cuda.shared.array((NW, NR, 32), np.float32)
         acc = cuda.local.array(NR, np.float32)
         lin = w * 32 + c
+        xv = cuda.local.array(XPT, np.float32)
         for t0 in range(0, n, NR):
-            for i in range(lin, NR * SD, 32 * NW):
-                t = i // SD
-                d = d0 + i % SD
-                v = x[t0 + t, d] if t0 + t < n and d < d_all else np.float32(0.0)
-                xs[t, i % SD] = v
-                if f16 and cuda.blockIdx.x == 0 and t0 + t < n and d < d_all:
-                    x16[t0 + t, d] = uint16(f32_to_h2(v, np.float32(0.0)) & 0xFFFF)
+            for t in range(NR):                                 # every load in flight before a store
+                for q in range(CPR):
+                    d = d0 + q * 32 * NW + lin
+                    xv[t * CPR + q] = x[t0 + t, d] if t0 + t < n and d < d_all else np.float32(0.0)
+            for t in range(NR):
+                for q in range(CPR):
+                    d = d0 + q * 32 * NW + lin
+                    xs[t, d - d0] = xv[t * CPR + q]
+                    if f16 and cuda.blockIdx.x == 0 and t0 + t < n and d < d_all:
+                        x16[t0 + t, d] = uint16(f32_to_h2(xv[t * CPR + q], np.float32(0.0)) & 0xFFFF)
             cuda.syncthreads()
             for t in range(NR):
                 acc[t] = np.float32(0.0)
@@ -152,6 +159,8 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
     SCALE = np.float32(scaling)
     NS = int(slices)
     NT = TPB * ks
+    EPT = -(-E // NT)                                        # experts a thread scores
+    NPV = max(1, EPT * NS)                                   # the partials it holds (numba: a constant)
     PKS = 1 if NS else ks                                    # (sliced logits come summed per slice)
 
     @cuda.jit
@@ -169,17 +178,24 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
         choice = cuda.shared.array(E, np.float32)            # biased, for selection only
         gsc = cuda.shared.array(G, np.float32)
         gok = cuda.shared.array(G, np.int32)
-        cand_i = cuda.shared.array(TPB, np.int32)            # per lane: its best free expert
-        cand_v = cuda.shared.array(TPB, np.float32)
-        if NS:
+        if NS:                                               # every partial in flight before a sum
             rows_all = x.shape[0] // NS
-            for e in range(lt, E, NT):
-                acc = np.float32(0.0)
+            pv = cuda.local.array(NPV, np.float32)
+            bw = cuda.local.array(EPT, np.float32)
+            for i in range(EPT):
+                e = lt + i * NT
+                bw[i] = bias[e] if e < E else np.float32(0.0)
                 for sl in range(NS):
-                    acc += x[sl * rows_all + row, e]
-                s = sigmoid_ref(acc)
-                score[e] = s
-                choice[e] = s + bias[e]
+                    pv[i * NS + sl] = x[sl * rows_all + row, e] if e < E else np.float32(0.0)
+            for i in range(EPT):
+                e = lt + i * NT
+                if e < E:
+                    acc = np.float32(0.0)
+                    for sl in range(NS):
+                        acc += pv[i * NS + sl]
+                    s = sigmoid_ref(acc)
+                    score[e] = s
+                    choice[e] = s + bw[i]
         else:
             for e in range(tid, E, TPB):
                 acc = np.float32(0.0)
@@ -224,39 +240,29 @@ def make_route(n_experts: int, top_k: int, n_group: int, topk_group: int, norm_t
         pick = cuda.local.array(K, np.int32)                 # the K picks and their scores (every lane)
         pw = cuda.local.array(K, np.float32)
         cv = cuda.local.array(EL, np.float32)                # top-K by warp 0, ties to the lowest index:
-        free = 0                                             # each lane's best free expert, then a tree
-        for j in range(EL):                                  # over the 32 lanes
+        free = 0                                             # each lane's best free expert, then a
+        for j in range(EL):                                  # butterfly over the 32 lanes
             e = tid + TPB * j
-            cv[j] = choice[e] if e < E else np.float32(0.0)
+            cv[j] = choice[e] if e < E else NEG_INF
             if e < E:
                 free |= 1 << j
         for k in range(K):
-            bi = -1
-            bv = -math.inf
+            bi = np.int32(-1)
+            bv = NEG_INF
             for j in range(EL):
                 if (free >> j) & 1 and (bi < 0 or cv[j] > bv):
-                    bi = tid + TPB * j
+                    bi = np.int32(tid + TPB * j)
                     bv = cv[j]
-            cand_i[tid] = bi
-            cand_v[tid] = bv
-            syncwarp()
-            step = TPB // 2
-            while step > 0:
-                if tid < step:
-                    oi = cand_i[tid + step]
-                    ov = cand_v[tid + step]
-                    mi = cand_i[tid]
-                    if oi >= 0 and (mi < 0 or ov > cand_v[tid] or (ov == cand_v[tid] and oi < mi)):
-                        cand_i[tid] = oi
-                        cand_v[tid] = ov
-                syncwarp()
-                step //= 2
-            best = cand_i[0]
-            if best % TPB == tid:
-                free &= ~(1 << (best // TPB))
-            pick[k] = best                                   # in registers: no global round trips
-            pw[k] = score[best]
-            syncwarp()
+            for m in (16, 8, 4, 2, 1):                       # (value desc, index asc) is a total order:
+                ov = shfl_xor(bv, m)                         # every lane ends on the same pick
+                oi = shfl_xor(bi, m)
+                if oi >= 0 and (bi < 0 or ov > bv or (ov == bv and oi < bi)):
+                    bi = oi
+                    bv = ov
+            if bi % TPB == tid:
+                free &= ~(1 << (bi // TPB))
+            pick[k] = bi                                     # in registers: no global round trips
+            pw[k] = score[bi]
         if tid == 0:
             total = np.float32(0.0)
             for k in range(K):

@@ -34,7 +34,7 @@ from workbench.config import preset  # noqa: E402
 from workbench.reference.layers import sigmoid  # noqa: E402
 from workbench.reference.moe import moe_gate  # noqa: E402
 
-CONFIGS = "512x16,512x8,256x8,256x16,1024x16,128x4"
+CONFIGS = "512x16,512x8,256x8,1024x16,128x4"
 
 
 def _meta(t: int):

@@ -36,7 +36,8 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "cp_async": "cp.async.cg.shared.global", "atom_global": "atom.global.add",
         "ld_cg": "ld.global.cg.f32",
         "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32", "cvt_bf16": "cvt.rn.bf16.f32",
-        "fma_f32": "fma.rn.f32", "bar_warp": "bar.warp.sync"}
+        "fma_f32": "fma.rn.f32", "bar_warp": "bar.warp.sync", "shfl_bfly": "shfl.sync.bfly.b32",
+        "f64": ".f64"}
 
 
 @cuda.jit
@@ -113,6 +114,7 @@ def row_builds() -> dict:
     out["rows add"] = counts(add_rows_kernel, (rows2d, rows2d, a(T.int32)))
     for name, lat in (("float32", rows2d), ("bf16", T.int16[:, ::1])):      # the latent cache's two dtypes
         out[f"stored_as {name}"] = counts(_store, (lat, a(T.float32)))
+    out["rmsnorm K=7168"] = counts(rmsnorm_kernel, (rows2d, rows2d, a(T.float32), T.float32, a(T.int32)))
     return out
 
 
