@@ -84,7 +84,7 @@ from .rmsnorm import norm_slices, rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnor
 from .router import SLICE_WARPS, logit_slice_count, logit_slices_f16_kernel, logit_slices_kernel, make_route
 from .rows import add_rows_kernel, to_f16_kernel
 from .sim import sim_speed  # noqa: F401 - the simulator's faster executor around a block of ops
-from .tokens import advance_kernel, argmax_kernel, copy_rows_kernel, embed_kernel
+from .tokens import advance_kernel, argmax_kernel, argmax_slices, copy_rows_kernel, embed_kernel
 from .tree import topk_logprobs, tree_compile_kernel
 from .w16a16 import Bf16Weight, Groups, repack_w16, row_tiles, tiles_per_block, unrepack_w16  # noqa: F401 - re-exported
 
@@ -806,9 +806,11 @@ def routed_experts(h, x, ids, wts, w: MoE, sc: Scratch, meta, rows: int, stream=
         ffn.down(h, sc.hid, ids, wts, w.stack, meta, rows, stream=stream)
 
 
-def argmax(out, logits, meta, rows: int, stream=0) -> None:
-    """out [T] int32 = argmax per live row (ties to the lowest id)."""
-    launch(argmax_kernel, rows, (TPB, row_slices(logits.shape[1])), stream, (out, logits, meta))
+def argmax(out, logits, meta, rows: int, stream=0, ks: int | None = None) -> None:
+    """out [T] int32 = argmax per live row (ties to the lowest id); ``ks`` warps a row (default
+    ``tokens.argmax_slices``)."""
+    ks = argmax_slices(logits.shape[1]) if ks is None else ks
+    launch(argmax_kernel, rows, (TPB, ks), stream, (out, logits, meta))
 
 
 def copy_rows(dst, src, meta, rows: int, stream=0) -> None:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .blockops import ROW_THREADS, block_argmax, block_lane, copy_row
-from .intrinsics import griddep_launch_dependents, griddep_wait
+from .blockops import TPB, copy_row
+from .device import SIMULATED
+from .intrinsics import griddep_launch_dependents, griddep_wait, shfl_xor
+from .resources import register_cap
 
 BIG = 2 ** 30
-ARGMAX_UNROLL = 4
+ARGMAX_UNROLL = 16
+ARGMAX_KS = 1 if SIMULATED else 32      # most warps a row's argmax takes (the simulator: one, as blockops.KS)
 NEG_INF = np.float32(-np.inf)   # float32: a Python -inf would compare in float64
 
 
@@ -29,20 +32,25 @@ def embed_kernel(h, table, ids, meta):
     copy_row(h, row, table, ids[row])
 
 
-@cuda.jit
+@cuda.jit(**register_cap(TPB * ARGMAX_KS))
 def argmax_kernel(out, logits, meta):
-    """out [T] int32 = argmax(logits [T, V]) per row (ties to the lowest id); grid (T,), block (32, ks)."""
+    """out [T] int32 = argmax(logits [T, V]) per row (ties to the lowest id); grid (T,), block (32, ks),
+    ks = ``argmax_slices(V)``: K2's 163,840 logits a row over 1,024 threads, 16 loads in flight each (one
+    block of 256 threads, 4 ahead, waited out 160 memory latencies: ~90 us a row). Each thread keeps its
+    best in index order, then five butterfly shuffles a warp and the warps in order, each step keeping
+    the larger value or, of two equal, the lower id."""
     griddep_wait()                                          # PDL: the inputs are earlier kernels'
     griddep_launch_dependents()
     row = cuda.blockIdx.x
     if row >= meta[1]:
         return
-    shv = cuda.shared.array(ROW_THREADS, np.float32)
-    shi = cuda.shared.array(ROW_THREADS, np.int32)
+    wv = cuda.shared.array(TPB, np.float32)                 # a warp's best (at most 32 warps)
+    wi = cuda.shared.array(TPB, np.int32)
     buf = cuda.local.array(ARGMAX_UNROLL, np.float32)
     bv = NEG_INF
-    bi = BIG
-    lt, nt = block_lane()
+    bi = np.int32(BIG)
+    lt = cuda.threadIdx.y * TPB + cuda.threadIdx.x
+    nt = TPB * cuda.blockDim.y
     nv = logits.shape[1]
     for j0 in range(lt, nv, ARGMAX_UNROLL * nt):               # the next words loaded before they are
         for u in range(ARGMAX_UNROLL):                        # compared (one memory latency each, not
@@ -51,10 +59,28 @@ def argmax_kernel(out, logits, meta):
         for u in range(ARGMAX_UNROLL):                        # ascending j: strict > keeps the lowest
             if buf[u] > bv:
                 bv = buf[u]
-                bi = j0 + u * nt
-    bv, bi = block_argmax(shv, shi, bv, bi)
+                bi = np.int32(j0 + u * nt)
+    for m in (16, 8, 4, 2, 1):
+        ov = shfl_xor(bv, m)
+        oi = shfl_xor(bi, m)
+        if ov > bv or (ov == bv and oi < bi):
+            bv = ov
+            bi = oi
+    if cuda.threadIdx.x == 0:
+        wv[cuda.threadIdx.y] = bv
+        wi[cuda.threadIdx.y] = bi
+    cuda.syncthreads()
     if lt == 0:
+        for y in range(1, cuda.blockDim.y):
+            if wv[y] > bv or (wv[y] == bv and wi[y] < bi):
+                bv = wv[y]
+                bi = wi[y]
         out[row] = bi
+
+
+def argmax_slices(v: int) -> int:
+    """Warps for one row of ``v`` logits: ARGMAX_UNROLL loads a thread at least, at most ARGMAX_KS warps."""
+    return max(1, min(ARGMAX_KS, v // (TPB * ARGMAX_UNROLL)))
 
 
 @cuda.jit

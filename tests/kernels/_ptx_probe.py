@@ -23,6 +23,7 @@ from kernels_numba.resources import sm90_build
 from kernels_numba.rmsnorm import norm_slices, rmsnorm_kernel
 from kernels_numba.router import SLICE_WARPS, logit_slices_f16_kernel, logit_slices_kernel, make_route
 from kernels_numba.rows import add_rows_kernel, to_f16_kernel
+from kernels_numba.tokens import argmax_kernel, argmax_slices
 from kernels_numba.w16a16 import Groups, make_norm_rows_kernel, make_w16a16_kernel, w16_tiling
 
 KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
@@ -115,6 +116,7 @@ def row_builds() -> dict:
     for name, lat in (("float32", rows2d), ("bf16", T.int16[:, ::1])):      # the latent cache's two dtypes
         out[f"stored_as {name}"] = counts(_store, (lat, a(T.float32)))
     out["rmsnorm K=7168"] = counts(rmsnorm_kernel, (rows2d, rows2d, a(T.float32), T.float32, a(T.int32)))
+    out["argmax"] = counts(argmax_kernel, (a(T.int32), rows2d, a(T.int32)))
     return out
 
 
@@ -169,8 +171,8 @@ def fit(kernel, sig, threads: int) -> dict:
 
 def launch_fit_builds() -> dict:
     """The kernels of a K2 layer with blocks past 256 threads or many values a thread, at K2's widths and
-    the block their wrappers launch: the norms on up to 32 warps, mla_prep, the sliced router logits (32
-    gate values a thread), the route kernel and the W16A16 linear at its most row tiles."""
+    the block their wrappers launch: the norms and the argmax on up to 32 warps, mla_prep, the sliced
+    router logits (32 gate values a thread), the route kernel and the W16A16 linear at its most row tiles."""
     f2, i1 = T.float32[:, ::1], _sig(T.int32)
     route = make_route(384, 8, 1, 1, True, 2.827, KS, 14)
     ks, cpw, nb = w16_tiling(8192)
@@ -178,6 +180,7 @@ def launch_fit_builds() -> dict:
     prep = (f2, T.int16[:, ::1], f2, f1, f1, f2, f2, i1, i1, T.int64, T.int64, T.float32)
     return {"rmsnorm K=7168": fit(rmsnorm_kernel, (f2, f2, f1, T.float32, i1), TPB * norm_slices(7168)),
             "mla_prep": fit(mla_prep_kernel, prep, TPB * norm_slices(1536)),
+            "argmax V=163840": fit(argmax_kernel, (i1, f2, i1), TPB * argmax_slices(163840)),
             "router slices": fit(logit_slices_kernel, (f2, f2, f2, i1, f2), TPB * SLICE_WARPS),
             "router slices f16": fit(logit_slices_f16_kernel, (f2, f2, f2, i1, u2), TPB * SLICE_WARPS),
             "route K2": fit(route, (T.int32[:, ::1], f2, f2, f2, f1, i1), TPB * KS),

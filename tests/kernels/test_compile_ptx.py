@@ -86,6 +86,13 @@ def test_rmsnorm_holds_its_row_in_registers(row_counts):
     assert c["local"] == 0 and c["shfl_bfly"] == 5 and c["f64"] == 0 and c["pdl_wait"] == 1
 
 
+def test_argmax_keeps_its_loads_in_registers(row_counts):
+    """The step's argmax: 16 logits a thread in flight (no local memory), the (value, id) pairs meet by
+    five butterfly shuffles each, float32 only."""
+    c = row_counts["argmax"]
+    assert c["local"] == 0 and c["shfl_bfly"] == 10 and c["f64"] == 0 and c["pdl_wait"] == 1
+
+
 def test_row_glue_kernels(row_counts):
     """ops' float16 rounding and residual add between the engine's float32 rows and the W4A16 kernels."""
     ptx_counts = row_counts

@@ -209,9 +209,11 @@ def test_w16a16_products_take_column_tiles_where_they_measured_faster(monkeypatc
             np.testing.assert_array_equal(download(one)[0], download(out)[r])
 
 
-def test_argmax_takes_the_lowest_id_of_a_tie_at_any_width():
-    """Each row's argmax over V logits, ties to the lowest id (across threads, and within a thread's own
-    keys: a row of one value), for widths that leave a thread's last group of loads partly past V."""
+@pytest.mark.parametrize("ks", [None, 3])
+def test_argmax_takes_the_lowest_id_of_a_tie_at_any_width(ks):
+    """Each row's argmax over V logits, ties to the lowest id (across lanes, warps, and within a thread's
+    own keys: a row of one value), for widths that leave a thread's last group of loads partly past V;
+    ks = 3: three warps meet after each warp's shuffles."""
     rng = np.random.default_rng(11)
     for v in (37, 1000, 4099):
         logits = rng.standard_normal((4, v)).astype(np.float32)
@@ -222,5 +224,5 @@ def test_argmax_takes_the_lowest_id_of_a_tie_at_any_width():
         out = to_device(np.full(5, -1, np.int32))
         meta = to_device(np.array([0, 4, 0, 0, 0, 0, 0, 0], np.int32))
         with sim_speed():
-            ops.argmax(out, to_device(logits), meta, 4)
+            ops.argmax(out, to_device(logits), meta, 4, ks=ks)
         assert download(out)[:4].tolist() == [int(np.argmax(logits[0])), 5, v - 2, 0]
