@@ -9,6 +9,9 @@ What it runs (every path checked against workbench.reference.moe at a small shap
                   at T = 1, 4, 16, 64 against the floor, then each stage's time.
   --sweep-tokens  the default config beside the GEMV path (v7 / v8, moe_gemv.py) at these T.
   --diag          each stage's time from prefix graphs at the default config and any EXTRA_CONFIGS.
+  --gemv-sweep    the per-pair GEMV path at T = 1 and 8 over its gate/up and down tilings (warps per
+                  block, chunks per warp) and register caps (more resident blocks an SM against
+                  weights held in registers), each config's output first compared with the default's.
 The earlier rungs (v1-v5, the v6dp and load-only variants made by text patches) are in git history;
 docs/perf.md's ladder names the commit of each (the last tree that held them all:
 ``git show 0841025:dev/kernels/moe.py``). The package kernels are reached through kernels_numba.ops only
@@ -98,6 +101,41 @@ def token_sweep(torch, tokens):
     return 0
 
 
+def gemv_sweep(torch, tokens=(1, 8)):
+    """The GEMV path's tilings and register caps beside its default at each T; a config whose output
+    differs from the default's by more than 1e-3 (relative to its largest value) is reported, not timed."""
+    from workbench.bench.common import copy_bandwidth
+    copy = copy_bandwidth()
+    print(f"copy {copy:.0f} GB/s")
+    mw = k2_random_experts(torch)
+    base = ops.choose_moe_config(7168, 2048, 1)
+    key = (base["gu"], base["dn"], base["maxreg"])
+    cfgs = [base] + [{**base, "gu": gu, "dn": dn, "maxreg": reg} for gu in ((8, 14), (14, 8), (16, 7))
+                     for dn in ((4, 8), (8, 4)) for reg in (64, 96, 128) if (gu, dn, reg) != key]
+    for t in tokens:
+        ids = routings(torch, t, 1, seed=t)[0]
+        x = torch.randn(t, 7168, device="cuda").half()
+        tw = torch.rand(t, 8, device="cuda")
+        want = None
+        for cfg in cfgs:
+            out = torch.empty(t, 7168, device="cuda")
+            ws = ops.moe_workspace(t, 8, mw, config=cfg)
+            ops.fused_moe(x, ids, tw, mw, out=out, workspace=ws, config=cfg)
+            torch.cuda.synchronize()
+            if want is None:
+                want = out.clone()
+            err = float((out - want).abs().max() / want.abs().max())
+            name = f"gemv T={t} {cfg['gu']}/{cfg['dn']}@{cfg['maxreg']}"
+            if not err < 1e-3:
+                print(f"{name}: differs from the default by {err:.1e}")
+                continue
+            med, uniq = time_version(torch, mw, t, cfg)
+            floor = uniq * EXPERT_BYTES / (copy * 1e3)
+            print(f"{name}: {med:.1f} us, floor {floor:.1f} us, "
+                  f"{100 * floor / med:.1f}% of floor", flush=True)
+    return 0
+
+
 def time_version(torch, mw, t, cfg, reps=24):
     """(median us, floor us) of one graph-captured layer call, routing rotated over 8 sets."""
     id_sets = routings(torch, t, 8, seed=t)
@@ -140,8 +178,13 @@ def main(argv=None) -> int:
                     "checks")
     ap.add_argument("--sweep-tokens", type=int, nargs="+", help="the default config beside the GEMV path "
                     "at these token counts (after the small-shape checks)")
+    ap.add_argument("--gemv-sweep", action="store_true", help="the GEMV path's tilings and register caps")
     args = ap.parse_args(argv)
     import torch
+    if args.gemv_sweep:
+        if not args.no_check:
+            check_small(torch)
+        return gemv_sweep(torch)
     if args.ncu:
         return ncu_calls(torch)
     if args.sweep_tokens:
