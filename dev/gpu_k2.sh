@@ -45,6 +45,10 @@
 #                in flight, the attention core's kernels, norms, router, rows, fused_moe, the shared expert
 #                beside it, the drafter's attention, the round's top-k), on 8 workers: the first call after
 #                kernels changed without a GPU                                                     ~180 s
+#   glue         GPU tier of the row kernels alone (router, rmsnorm, argmax, shuffles) and the engines that
+#                run them (AR, DFlash), on 8 workers                                              ~120 s
+#   gemv_sweep   dev/kernels/moe.py --gemv-sweep: fused_moe's per-pair GEMV tilings and register caps at
+#                T = 1 and 8, each checked against the default's output                          ~120 s
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -107,6 +111,10 @@ for step in $STEPS; do
              tests/kernels/test_ops.py tests/kernels/test_draft_attention.py tests/kernels/test_moe.py \
              tests/kernels/test_tree.py tests/kernels/test_launch.py tests/engine/test_ar.py \
              tests/engine/test_dflash.py -k "not k2_slice and not kimi" ;;
+    glue) run "gpu_tier_glue_${KDTREE_GIT_SHA}" 200 env KDTREE_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider \
+            -p no:warnings tests/kernels/test_router.py tests/kernels/test_rmsnorm.py tests/kernels/test_ops.py \
+            tests/kernels/test_intrinsics.py tests/engine/test_ar.py tests/engine/test_dflash.py -k "not kimi" ;;
+    gemv_sweep) run "moe_gemv_sweep_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/moe.py --gemv-sweep ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done
