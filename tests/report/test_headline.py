@@ -256,10 +256,10 @@ def test_a_composed_set_says_which_run_gave_what(tmp_path):
 
 def test_cost_aware_rows_carry_the_stated_and_drawn_acceptance(tmp_path):
     """The cost-aware view: the run beside its best fixed budget, with the E(N) it read and the oracle's
-    hit rate for its p; a set without them (the committed one predates them) leaves those cells empty."""
+    hit rate for its p, in the fixture and in every cost-aware run of the committed set."""
     write_depth_set(tmp_path)
     (row,) = depthdata.cost_aware(depthdata.load_depth(tmp_path))
     assert row["best_fixed_budget"] == 4 and row["vs_best_fixed"] == pytest.approx(8.67 / 10.5)
     assert (row["tau"], row["expected_tau"], row["oracle_hit_rate"]) == (2.98, 3.2, 0.73)
     committed = depthdata.cost_aware(depthdata.load_depth("reports/bench"))
-    assert len(committed) == 4 and all(r["best_fixed_ms_per_token"] > 0 for r in committed)
+    assert committed and all(r["best_fixed_ms_per_token"] > 0 and r["oracle_hit_rate"] for r in committed)
