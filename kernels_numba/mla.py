@@ -19,48 +19,106 @@ vis[i, j] != 0; its rope position is start + depth[i].
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 from numba import cuda
 
 from ._validate import KernelInputError, check
-from .blockops import KS, ROW_THREADS, TPB, block_lane, block_max, block_sum, scale_row
+from .blockops import KS, ROW_THREADS, TPB, block_lane, block_max, block_sum
 from .device import SIMULATED
 from .intrinsics import bf162_to_f32, griddep_launch_dependents, griddep_wait, stored_as
-from .rmsnorm import NORM_JIT, NORM_THREADS, row_rms_scale
+from .rmsnorm import NORM_JIT, NORM_THREADS
 from .rope import rope_pair
 
 
-@cuda.jit(**NORM_JIT)
-def mla_prep_kernel(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank, c_rank, eps):
-    """a1 [T, Q+C+R] (or [T, H*(N+R)+C+R] when q_rank == 0) -> qn [T, Q], cache rows start+i (float32,
-    or bf16 bits in an int16 cache: the W16A16 attention's latent cache).
+@functools.cache
+def make_mla_prep_kernel(QN: int, CN: int, RN: int):
+    """mla_prep_kernel for at most QN query-norm features, CN latent features and RN rope pairs a thread
+    (block (32, ks): QN = ceil(Q / 32 ks), ...): every load of the row, and the two norms' weights (before
+    the PDL wait: weights depend on no kernel), in flight at once; then ``rmsnorm.row_rms_scale``'s
+    sums in its order and the stores. Each phase of the strided form waited out its own memory round
+    trip, the later loads behind the earlier stores (generic pointers may alias)."""
 
-    grid (T,), block (32, ks) with ks = ``rmsnorm.norm_slices`` of the longer norm. q_rank 0 skips the
-    query norm (q comes straight from a1). Launched with PDL (waits, then lets the next kernel start).
-    """
-    griddep_wait()
-    griddep_launch_dependents()
-    row = cuda.blockIdx.x
-    if row >= meta[1]:
-        return
-    sh = cuda.shared.array(NORM_THREADS, np.float32)
-    lt, nt = block_lane()
-    start = meta[0]
-    off = a1.shape[1] - cache.shape[1]                       # column where c_kv starts in a1
-    if q_rank > 0:
-        r = row_rms_scale(sh, a1, row, 0, q_rank, eps)
-        scale_row(qn, row, a1, row, 0, q_norm, r, q_rank)
-    r2 = row_rms_scale(sh, a1, row, off, c_rank, eps)
-    dst = start + row
-    scale_row(cache, dst, a1, row, off, kv_norm, r2, c_rank)
-    pos = start + depth[row]
-    half = (cache.shape[1] - c_rank) // 2
-    for i in range(lt, half, nt):
-        y0, y1 = rope_pair(a1[row, off + c_rank + 2 * i], a1[row, off + c_rank + 2 * i + 1], cos, sin, pos, i)
-        cache[dst, c_rank + 2 * i] = stored_as(cache, y0)
-        cache[dst, c_rank + 2 * i + 1] = stored_as(cache, y1)
+    @cuda.jit(**NORM_JIT)
+    def mla_prep_kernel(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank, c_rank, eps):
+        """a1 [T, Q+C+R] (or [T, H*(N+R)+C+R] when q_rank == 0) -> qn [T, Q], cache rows start+i
+        (float32, or bf16 bits in an int16 cache: the W16A16 attention's latent cache).
+
+        grid (T,), block (32, ks) with ks = ``rmsnorm.norm_slices`` of the longer norm. q_rank 0 skips
+        the query norm (q comes straight from a1). Launched with PDL (waits, then lets the next kernel
+        start)."""
+        lt = cuda.threadIdx.y * TPB + cuda.threadIdx.x
+        nt = TPB * cuda.blockDim.y
+        qw = cuda.local.array(QN, np.float32)
+        cw = cuda.local.array(CN, np.float32)
+        for i in range(QN):
+            j = lt + i * nt
+            qw[i] = q_norm[j] if j < q_rank else np.float32(0.0)
+        for i in range(CN):
+            j = lt + i * nt
+            cw[i] = kv_norm[j] if j < c_rank else np.float32(0.0)
+        griddep_wait()
+        griddep_launch_dependents()
+        row = cuda.blockIdx.x
+        if row >= meta[1]:
+            return
+        sh = cuda.shared.array(NORM_THREADS, np.float32)
+        start = meta[0]
+        off = a1.shape[1] - cache.shape[1]                   # column where c_kv starts in a1
+        half = (cache.shape[1] - c_rank) // 2
+        pos = start + depth[row]
+        qv = cuda.local.array(QN, np.float32)
+        cv = cuda.local.array(CN, np.float32)
+        rv = cuda.local.array((RN, 2), np.float32)
+        for i in range(QN):
+            j = lt + i * nt
+            qv[i] = a1[row, j] if j < q_rank else np.float32(0.0)
+        for i in range(CN):
+            j = lt + i * nt
+            cv[i] = a1[row, off + j] if j < c_rank else np.float32(0.0)
+        for i in range(RN):
+            p = lt + i * nt
+            ok = p < half
+            rv[i, 0] = a1[row, off + c_rank + 2 * p] if ok else np.float32(0.0)
+            rv[i, 1] = a1[row, off + c_rank + 2 * p + 1] if ok else np.float32(0.0)
+        dst = start + row
+        if q_rank > 0:
+            a = np.float32(0.0)
+            for i in range(QN):
+                if lt + i * nt < q_rank:
+                    a += qv[i] * qv[i]
+            r = np.float32(1.0) / math.sqrt(block_sum(sh, a) / np.float32(q_rank) + eps)
+            for i in range(QN):
+                j = lt + i * nt
+                if j < q_rank:
+                    qn[row, j] = stored_as(qn, qw[i] * (qv[i] * r))
+        a = np.float32(0.0)
+        for i in range(CN):
+            if lt + i * nt < c_rank:
+                a += cv[i] * cv[i]
+        r2 = np.float32(1.0) / math.sqrt(block_sum(sh, a) / np.float32(c_rank) + eps)
+        for i in range(CN):
+            j = lt + i * nt
+            if j < c_rank:
+                cache[dst, j] = stored_as(cache, cw[i] * (cv[i] * r2))
+        for i in range(RN):
+            p = lt + i * nt
+            if p < half:
+                y0, y1 = rope_pair(rv[i, 0], rv[i, 1], cos, sin, pos, p)
+                cache[dst, c_rank + 2 * p] = stored_as(cache, y0)
+                cache[dst, c_rank + 2 * p + 1] = stored_as(cache, y1)
+
+    return mla_prep_kernel
+
+
+def prep_counts(q_rank: int, c_rank: int, rope: int, threads: int) -> tuple[int, int, int]:
+    """(QN, CN, RN) of ``make_mla_prep_kernel`` for these widths over ``threads`` threads."""
+    return (max(1, -(-q_rank // threads)), max(1, -(-c_rank // threads)), max(1, -(-(rope // 2) // threads)))
+
+
+mla_prep_kernel = make_mla_prep_kernel(*prep_counts(1536, 512, 64, TPB * 12))   # K2's (the PTX probes')
 
 
 @cuda.jit

@@ -66,7 +66,12 @@ from .int4_matmul import GemmWorkspace, Staged, choose_config, gemm_workspace, i
 from .kv import kv_compact_kernel
 from .launch import launch
 from .linear import linear as _linear
-from .mla import make_mla_attention, mla_prep_kernel
+from .mla import (
+    make_mla_attention,
+    make_mla_prep_kernel,
+    mla_prep_kernel,  # noqa: F401 - K2's instance (its registers: dev/kernels/sass.py --glue)
+    prep_counts,
+)
 from .moe import (  # noqa: F401 - bench kernels' configs and per-stage times
     GEMV_TOKENS,
     TILE_ROWS,
@@ -602,11 +607,13 @@ def norm_linear(out, x, norm_w, eps: float, w: Dense, xn, meta, rows: int, strea
 
 
 def mla_prep(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank: int, c_rank: int, eps: float,
-             rows: int, stream=0) -> None:
-    """q_norm of c_q into qn; kv_norm(c_kv) || rope(k_pe) into cache rows start + i (mla.py)."""
-    ks = norm_slices(max(q_rank, c_rank))
-    launch(mla_prep_kernel, rows, (TPB, ks), stream, (qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta,
-                                                     np.int32(q_rank), np.int32(c_rank), np.float32(eps)))
+             rows: int, stream=0, ks: int | None = None) -> None:
+    """q_norm of c_q into qn; kv_norm(c_kv) || rope(k_pe) into cache rows start + i (mla.py), on
+    ``ks`` warps a row (default ``norm_slices`` of the longer norm)."""
+    ks = norm_slices(max(q_rank, c_rank)) if ks is None else ks
+    kern = make_mla_prep_kernel(*prep_counts(q_rank, c_rank, cache.shape[1] - c_rank, TPB * ks))
+    launch(kern, rows, (TPB, ks), stream, (qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta,
+                                          np.int32(q_rank), np.int32(c_rank), np.float32(eps)))
 
 
 def attention_rows_buffers(attns, max_rows: int, max_len: int, half_rope: int) -> blas.AttentionRows | None:

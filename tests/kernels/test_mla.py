@@ -7,7 +7,8 @@ import pytest
 from kernels_numba.blockops import TPB
 from kernels_numba.device import download, kernel_array, to_device, zeros
 from kernels_numba.linear import linear
-from kernels_numba.mla import make_mla_attention, mla_prep_kernel
+from kernels_numba.mla import make_mla_attention
+from kernels_numba.ops import mla_prep
 from kernels_numba.sim import sim_speed
 from numformats.bf16 import BF16Array, bf16
 from workbench.config import preset
@@ -46,9 +47,8 @@ def test_mla_kernels_match_reference(q_lora, tree, ks):
     d_qn = zeros((s, max(q_rank, 1)))
     q_norm = w[a + "q_norm"] if q_lora else np.zeros(1, np.float32)
     d_depth, d_vis = to_device(depth), to_device(vis)
-    mla_prep_kernel[s, (TPB, ks), 0](d_qn, dev_cache, d_a1, to_device(q_norm), to_device(w[a + "kv_norm"]),
-                                     cos, sin, d_depth, meta, np.int32(q_rank), np.int32(cfg.kv_lora_rank),
-                                     np.float32(1e-6))
+    mla_prep(d_qn, dev_cache, d_a1, to_device(q_norm), to_device(w[a + "kv_norm"]), cos, sin, d_depth, meta,
+             q_rank, cfg.kv_lora_rank, 1e-6, s, ks=ks)
     q = d_a1
     if q_lora:
         q = zeros((s, cfg.num_attention_heads * cfg.qk_head_dim))
