@@ -137,6 +137,7 @@ def _check_config(cfg, d: int, i: int, g: int = 32) -> dict:
         tiled, rows = cfg.get("tiled", False), cfg.get("rows", 1)          # rows: the tiled path's grid
         if (cfg["gemv"] is not True or g != 32 or ksgu * cpwgu != d // 64 or ksdn * cpwdn != i // 64
                 or not 32 <= reg <= 255 or not 1 <= ksgu <= 32 or not 1 <= ksdn <= 32
+                or not isinstance(cfg.get("glu", False), bool)
                 or not isinstance(tiled, bool) or (tiled and "rows" not in cfg)
                 or not isinstance(rows, int) or not 1 <= rows <= 65535):
             raise KernelInputError(f"bad MoE config {cfg} for D={d} I={i} G={g}")
@@ -302,31 +303,34 @@ def moe_stages(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: Mo
 
 def _gemv_stages(x, ids, tw, weights: MoEWeights, out, ws: MoEWorkspace, cfg: dict, wts, combine, extra):
     """The GEMV path's stages (moe_gemv.py), all launched with PDL: gate_up, act, down, combine, after
-    moe_align's expert tiles when ``cfg`` is tiled."""
+    moe_align's expert tiles when ``cfg`` is tiled; with ``cfg["glu"]`` gate_up forms h itself (no act)."""
     w13q, w13s, w2q, w2s = wts
     t, k = ids.shape
     d, i = weights.w13.k, weights.w13.n
     p = t * (k + weights.n_shared)
-    if ws.gu is None or ws.gu.size < p * 2 * i:
+    glu = cfg.get("glu", False)
+    if not glu and (ws.gu is None or ws.gu.size < p * 2 * i):
         raise KernelInputError("workspace has no room for the GEMV path's gate/up outputs: make it with "
                                "moe_workspace(..., config=...)")
     (ksgu, cpwgu), (ksdn, cpwdn), reg = cfg["gu"], cfg["dn"], cfg["maxreg"]
     tiled = cfg.get("tiled", False)
-    gate_up = make_moe_gemv_kernel(d, ksgu, cpwgu, True, reg, tiled)
+    gate_up = make_moe_gemv_kernel(d, ksgu, cpwgu, True, reg, tiled, glu)
     down = make_moe_gemv_kernel(i, ksdn, cpwdn, False, reg, tiled)
     route = (flat(ids), flat(tw), ws.meta, t, k, weights.n_routed)
     tiles = (ws.tile_expert, ws.tile_rows)
     rows = min(p, cfg["rows"]) if tiled else p
     h16 = ws.h.view(np.float16)
     stages = [
-        ("gate_up", lambda s: launch(gate_up, (2 * (i // 16), rows), ksgu * 32, s,
-                                     (ws.gu, flat(x), w13q, w13s, *route, i // 16, *tiles))),
+        ("gate_up", lambda s: launch(gate_up, ((1 if glu else 2) * (i // 16), rows), ksgu * 32, s,
+                                     (ws.h if glu else ws.gu, flat(x), w13q, w13s, *route, i // 16, *tiles))),
         ("act", lambda s: launch(moe_act_kernel, (-(-i // 128), p), 128, s, (ws.h, ws.gu, i))),
         ("down", lambda s: launch(down, (d // 16, rows), ksdn * 32, s,
                                   (ws.y, h16, w2q, w2s, *route, d // 16, *tiles))),
         ("combine", lambda s: launch(combine, (-(-d // 128), t), 128, s,
                                      (flat(out), ws.y, t, flat(ids), weights.n_routed, extra))),
     ]
+    if glu:
+        del stages[1]                                 # gate_up wrote h itself
     if tiled:
         nthr, xe = align_threads(weights.w13.experts), weights.w13.experts
         align = make_align_kernel(xe, nthr)

@@ -69,17 +69,23 @@ def gemv_tiling(k: int, want_warps: int) -> tuple[int, int] | None:
 
 
 @functools.cache
-def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, TILED: bool = False):
+def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, TILED: bool = False,
+                         GLU: bool = False):
     """GATE_UP: the gate/up GEMV over the pair layout of prepare_moe (K = D); else the down GEMV
     (K = I, x router weight, coherent weight loads before the wait). TILED: each block row walks
     moe_align's 8-pair expert tiles (grid-stride over ``meta[0]`` tiles), the tile's pairs in the MMA's
-    8 activation columns, so an expert is read once per tile; else block row p is pair p alone."""
+    8 activation columns, so an expert is read once per tile; else block row p is pair p alone.
+    GLU (gate/up only): block (n, p) loads both halves of rows 16 n .. 16 n + 15 (twice the weights in
+    registers), each x fragment feeding both, and writes ``h = f16(silu(gate) * up)`` itself (grid
+    (I/16, P), dst the float16 bits of h): the act launch and the gate/up buffer go, every sum as before."""
+    NH = 2 if GLU else 1           # halves a block holds: gate and up, or the one of its tile
     KC = K // 64
     NS = K // 32                   # scale groups per row
     TILE_W = KC * 128              # uint32 words per 16-row tile
     NRED = KS * 4 * 32
     NWL, NSL = CPW * 4, CPW * 2
     NCOL = 8 if TILED else 1       # activation columns stored
+    NREDH, NWLH, NSLH, NACC = NRED * NH, NWL * NH, NSL * NH, 4 * NH   # (numba sizes arrays from constants)
     opts = {} if SIMULATED else {"max_registers": maxreg}
 
     @cuda.jit(**opts)
@@ -91,10 +97,10 @@ def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, 
         lane = tid & 31
         g = lane >> 2
         t = lane & 3
-        red = cuda.shared.array(NRED, float32)
-        wl = cuda.local.array(NWL, uint32)
-        sl = cuda.local.array(NSL, uint32)
-        acc = cuda.local.array(4, float32)
+        red = cuda.shared.array(NREDH, float32)
+        wl = cuda.local.array(NWLH, uint32)
+        sl = cuda.local.array(NSLH, uint32)
+        acc = cuda.local.array(NACC, float32)
         tk = n_tok * k_top
         c0 = warp * CPW
         if GATE_UP:
@@ -117,18 +123,24 @@ def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, 
                 else:
                     e = n_routed + (p - tk) // n_tok
                     ok = True
-            mat = (e * n16 + (tile >> 1)) * 2 + (tile & 1) if GATE_UP else e * n16 + tile
-            wbase = mat * TILE_W + c0 * 128 + lane * 4
-            sbase = (mat * NS + c0 * 2) * 8 + g
-            for ci in range(CPW):
-                if GATE_UP:
-                    w = ld_stream_v4(wq, wbase + ci * 128)
+            for hh in range(NH):
+                if GLU:
+                    mat = (e * n16 + tile) * 2 + hh
+                elif GATE_UP:
+                    mat = (e * n16 + (tile >> 1)) * 2 + (tile & 1)
                 else:
-                    w = ld_once_v4(wq, wbase + ci * 128)
-                for j in range(4):
-                    wl[ci * 4 + j] = w[j]
-                for j in range(2):
-                    sl[ci * 2 + j] = sq[sbase + (ci * 2 + j) * 8]
+                    mat = e * n16 + tile
+                wbase = mat * TILE_W + c0 * 128 + lane * 4
+                sbase = (mat * NS + c0 * 2) * 8 + g
+                for ci in range(CPW):
+                    if GATE_UP:
+                        w = ld_stream_v4(wq, wbase + ci * 128)
+                    else:
+                        w = ld_once_v4(wq, wbase + ci * 128)
+                    for j in range(4):
+                        wl[(hh * CPW + ci) * 4 + j] = w[j]
+                    for j in range(2):
+                        sl[(hh * CPW + ci) * 2 + j] = sq[sbase + (ci * 2 + j) * 8]
             if not GATE_UP and item == first:             # the first item's weights load before it
                 griddep_wait()                            # h is act's output
                 griddep_launch_dependents()
@@ -141,23 +153,25 @@ def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, 
                 row = pg // k_top if pg < tk else (pg - tk) % n_tok
             else:
                 row = pg                                  # h holds one row per pair
-            for i in range(4):
+            for i in range(4 * NH):
                 acc[i] = ZERO
             xb = row * K + c0 * 64 + 8 * t
             for ci in range(CPW):
                 for h in range(2):
-                    a = dequant_i4x8(wl[ci * 4 + 2 * h])
-                    b = dequant_i4x8(wl[ci * 4 + 2 * h + 1])
-                    s_lo, s_hi = h2_to_f32(sl[ci * 2 + h])
                     xv = ld_v4(act, xb + ci * 64 + 32 * h)
-                    d = mma_16816(a[0], a[1], a[2], a[3], xv[0], xv[1], ZERO, ZERO, ZERO, ZERO)
-                    d = mma_16816(b[0], b[1], b[2], b[3], xv[2], xv[3], d[0], d[1], d[2], d[3])
-                    acc[0] += s_lo * d[0]
-                    acc[1] += s_lo * d[1]
-                    acc[2] += s_hi * d[2]
-                    acc[3] += s_hi * d[3]
-            for i in range(4):
-                red[(warp * 4 + i) * 32 + lane] = acc[i]
+                    for hh in range(NH):
+                        a = dequant_i4x8(wl[(hh * CPW + ci) * 4 + 2 * h])
+                        b = dequant_i4x8(wl[(hh * CPW + ci) * 4 + 2 * h + 1])
+                        s_lo, s_hi = h2_to_f32(sl[(hh * CPW + ci) * 2 + h])
+                        d = mma_16816(a[0], a[1], a[2], a[3], xv[0], xv[1], ZERO, ZERO, ZERO, ZERO)
+                        d = mma_16816(b[0], b[1], b[2], b[3], xv[2], xv[3], d[0], d[1], d[2], d[3])
+                        acc[hh * 4 + 0] += s_lo * d[0]
+                        acc[hh * 4 + 1] += s_lo * d[1]
+                        acc[hh * 4 + 2] += s_hi * d[2]
+                        acc[hh * 4 + 3] += s_hi * d[3]
+            for hh in range(NH):
+                for i in range(4):
+                    red[((hh * KS + warp) * 4 + i) * 32 + lane] = acc[hh * 4 + i]
             cuda.syncthreads()
             for o in range(tid, 16 * NCOL, KS * 32):      # output row r of the tile, activation column j
                 r = o & 15
@@ -169,7 +183,12 @@ def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, 
                     s = ZERO
                     for w_ in range(KS):
                         s += red[(w_ * 4 + ri) * 32 + li]
-                    if GATE_UP:
+                    if GLU:                               # act's silu(gate) * up, on the same sums
+                        su = ZERO
+                        for w_ in range(KS):
+                            su += red[((KS + w_) * 4 + ri) * 32 + li]
+                        dst[p * n16 * 16 + tile * 16 + r] = uint16(f32_to_h2(silu_mul(s, su), ZERO) & 0xFFFF)
+                    elif GATE_UP:
                         dst[(2 * p + (tile & 1)) * n16 * 16 + (tile >> 1) * 16 + r] = s
                     else:
                         wgt = float32(1.0)

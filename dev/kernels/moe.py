@@ -11,7 +11,8 @@ What it runs (every path checked against workbench.reference.moe at a small shap
   --diag          each stage's time from prefix graphs at the default config and any EXTRA_CONFIGS.
   --gemv-sweep    the per-pair GEMV path at T = 1 and 8 over its gate/up and down tilings (warps per
                   block, chunks per warp) and register caps (more resident blocks an SM against
-                  weights held in registers), each config's output first compared with the default's.
+                  weights held in registers), and gate/up forming h itself (``glu``: no act launch),
+                  each config's output first compared with the default's.
 The earlier rungs (v1-v5, the v6dp and load-only variants made by text patches) are in git history;
 docs/perf.md's ladder names the commit of each (the last tree that held them all:
 ``git show 0841025:dev/kernels/moe.py``). The package kernels are reached through kernels_numba.ops only
@@ -112,6 +113,8 @@ def gemv_sweep(torch, tokens=(1, 8)):
     key = (base["gu"], base["dn"], base["maxreg"])
     cfgs = [base] + [{**base, "gu": gu, "dn": dn, "maxreg": reg} for gu in ((8, 14), (14, 8), (16, 7))
                      for dn in ((4, 8), (8, 4)) for reg in (64, 96, 128) if (gu, dn, reg) != key]
+    cfgs += [{**base, "gu": gu, "maxreg": reg, "glu": True}                # gate/up forms h: no act launch
+             for gu, reg in (((8, 14), 128), ((8, 14), 255), ((16, 7), 128), ((14, 8), 128))]
     for t in tokens:
         ids = routings(torch, t, 1, seed=t)[0]
         x = torch.randn(t, 7168, device="cuda").half()
@@ -125,7 +128,7 @@ def gemv_sweep(torch, tokens=(1, 8)):
             if want is None:
                 want = out.clone()
             err = float((out - want).abs().max() / want.abs().max())
-            name = f"gemv T={t} {cfg['gu']}/{cfg['dn']}@{cfg['maxreg']}"
+            name = f"gemv T={t} {cfg['gu']}/{cfg['dn']}@{cfg['maxreg']}{' glu' if cfg.get('glu') else ''}"
             if not err < 1e-3:
                 print(f"{name}: differs from the default by {err:.1e}")
                 continue

@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from kernels_numba import KernelInputError
-from kernels_numba.moe import GEMV_TOKENS, choose_moe_config, fused_moe, moe_workspace, prepare_moe
+from kernels_numba.moe import (
+    GEMV_TOKENS,
+    choose_moe_config,
+    fused_moe,
+    moe_stages,
+    moe_workspace,
+    prepare_moe,
+)
 from kernels_numba.sim import sim_speed
 from workbench.config import preset
 from workbench.quant.int4 import gen_quant4
@@ -172,6 +179,29 @@ def test_tiled_gemv_rows_equal_the_per_pair_rows_bit_for_bit():
     assert np.array_equal(tiled, pairs) and np.array_equal(tiled, alone)
 
 
+def test_gate_up_forming_h_equals_the_act_launch_bit_for_bit():
+    """``glu``: a gate/up block holds both halves of its 16 rows and forms h = f16(silu(gate) * up) in its
+    epilogue, in place of the act launch: the same sums, so the same bits, per pair and over expert
+    tiles (with the shared expert among the pairs)."""
+    cfg = preset("tiny")
+    d, i = cfg.hidden_size, cfg.moe_intermediate_size
+    _, mw = _model(cfg, 71)
+    t, k = 11, cfg.num_experts_per_tok
+    rng = np.random.default_rng(72)
+    x = rng.standard_normal((t, d)).astype(np.float16)
+    ids = np.stack([rng.choice(cfg.n_routed_experts, k, replace=False) for _ in range(t)]).astype(np.int32)
+    tw = rng.random((t, k)).astype(np.float32)
+    base = choose_moe_config(d, i, 1)
+    with sim_speed():
+        for path in ({}, {"tiled": True, "rows": 2}):
+            want = host(fused_moe(dev(x), dev(ids), dev(tw), mw, config={**base, **path}))
+            glu = {**base, **path, "glu": True}
+            got = host(fused_moe(dev(x), dev(ids), dev(tw), mw, config=glu))
+            assert np.array_equal(got, want), path
+            names = [n for n, _ in moe_stages(dev(x), dev(ids), dev(tw), mw, config=glu)[0]]
+            assert names == ["align"] * bool(path) + ["gate_up", "down", "combine"]
+
+
 def test_gemv_path_without_shared_experts_equals_stream_k():
     """No shared experts (P = K pairs): the GEMV path against the stream-K one on the same inputs; each
     adding into given rows (``accumulate``)."""
@@ -287,7 +317,7 @@ def test_bad_configs_raise_before_launch():
     gemv = {"gemv": True, "gu": (2, 1), "dn": (1, 1), "maxreg": 128}
     x1, ids1, tw1, out1 = x[:1], ids[:1], tw[:1], poisoned((1, cfg.hidden_size))
     for bad in ({**gemv, "gu": (3, 1)}, {**gemv, "dn": (1, 2)}, {**gemv, "gemv": 1}, {**gemv, "maxreg": 16},
-                {**gemv, "tiled": 1}, {**gemv, "tiled": True, "rows": 0}):
+                {**gemv, "tiled": 1}, {**gemv, "tiled": True, "rows": 0}, {**gemv, "glu": 1}):
         with pytest.raises(KernelInputError, match="bad MoE config"):
             fused_moe(x1, ids1, tw1, mw, out=out1, config=bad)
     _, mw64 = _model(cfg, 9, group=64)
