@@ -77,7 +77,8 @@ def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, 
     8 activation columns, so an expert is read once per tile; else block row p is pair p alone.
     GLU (gate/up only): block (n, p) loads both halves of rows 16 n .. 16 n + 15 (twice the weights in
     registers), each x fragment feeding both, and writes ``h = f16(silu(gate) * up)`` itself (grid
-    (I/16, P), dst the float16 bits of h): the act launch and the gate/up buffer go, every sum as before."""
+    (I/16, P), dst the float16 bits of h): the act launch and the gate/up buffer go, every sum as before.
+    At 14 chunks a warp its loops no longer unroll (the arrays go to local memory, PTX): 7 or 8."""
     NH = 2 if GLU else 1           # halves a block holds: gate and up, or the one of its tile
     KC = K // 64
     NS = K // 32                   # scale groups per row

@@ -114,7 +114,7 @@ def gemv_sweep(torch, tokens=(1, 8)):
     cfgs = [base] + [{**base, "gu": gu, "dn": dn, "maxreg": reg} for gu in ((8, 14), (14, 8), (16, 7))
                      for dn in ((4, 8), (8, 4)) for reg in (64, 96, 128) if (gu, dn, reg) != key]
     cfgs += [{**base, "gu": gu, "maxreg": reg, "glu": True}                # gate/up forms h: no act launch
-             for gu, reg in (((8, 14), 128), ((8, 14), 255), ((16, 7), 128), ((14, 8), 128))]
+             for gu, reg in (((16, 7), 128), ((14, 8), 128))]    # (at 14 chunks a warp it does not unroll)
     for t in tokens:
         ids = routings(torch, t, 1, seed=t)[0]
         x = torch.randn(t, 7168, device="cuda").half()

@@ -101,6 +101,8 @@ def moe_glue_builds() -> dict:
         name = "moe gemv tiled" if tiled else "moe gemv"
         for stage, k, tiling, up in (("gate_up", 7168, cfg["gu"], True), ("down", 2048, cfg["dn"], False)):
             out[f"{name} {stage}"] = counts(make_moe_gemv_kernel(k, *tiling, up, cfg["maxreg"], tiled), vsig)
+        glu = make_moe_gemv_kernel(7168, 16, 7, True, cfg["maxreg"], tiled, True)   # gate/up forms h
+        out[f"{name} gate_up glu"] = counts(glu, (a(T.uint16), *vsig[1:]))
     out["moe act"] = counts(moe_act_kernel, (a(T.uint16), a(T.float32), T.int64))
     csig = (a(T.float32), a(T.float32), T.int64, a(T.int32), T.int64, a(T.float32))   # out, y, n_tok, ids,
     out["moe combine"] = counts(make_combine_kernel(7168, 8, 1), csig)                  # n_routed, extra

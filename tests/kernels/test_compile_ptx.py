@@ -72,6 +72,8 @@ def test_moe_align_gemv_and_combine():
             assert c["mma"] >= 2 and c["local"] == 0 and c["pdl_wait"] == 1 and c["pdl_launch"] == 1, name
         assert ptx_counts[f"{name} gate_up"]["ldg_nc_v4"] >= 1
         assert ptx_counts[f"{name} down"]["ldg_once_v4"] >= 1 and ptx_counts[f"{name} down"]["ldg_nc_v4"] == 0
+        glu = ptx_counts[f"{name} gate_up glu"]                  # both halves, then h in float16
+        assert glu["mma"] >= 4 and glu["local"] == 0 and glu["cvt_f16"] >= 1 and glu["pdl_wait"] == 1, name
     assert ptx_counts["moe act"]["pdl_wait"] == 1
 
 
