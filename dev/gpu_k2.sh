@@ -43,10 +43,8 @@
 #                Kimi-K2.6-DFlash shape, contexts 256-4,096, each checked against float64 first   ~60 s
 #   smoke        GPU tier of the kernels a K2 layer runs (W16A16 with its groups, folded norm and two batches
 #                in flight, the attention core's kernels, norms, router, rows, fused_moe, the shared expert
-#                beside it, the drafter's attention, the round's top-k), on 8 workers: the first call after
+#                beside it, the drafter's attention, the round's top-k, the shuffles), on 8 workers: the first call after
 #                kernels changed without a GPU                                                     ~180 s
-#   glue         GPU tier of the row kernels alone (router, rmsnorm, argmax, shuffles) and the engines that
-#                run them (AR, DFlash), on 8 workers                                              ~120 s
 #   gemv_sweep   dev/kernels/moe.py --gemv-sweep: fused_moe's per-pair GEMV tilings and register caps at
 #                T = 1 and 8, each checked against the default's output                          ~120 s
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
@@ -109,11 +107,9 @@ for step in $STEPS; do
              -p no:cacheprovider -p no:warnings tests/kernels/test_w16a16.py tests/kernels/test_blas.py \
              tests/kernels/test_mla.py tests/kernels/test_rmsnorm.py tests/kernels/test_router.py \
              tests/kernels/test_ops.py tests/kernels/test_draft_attention.py tests/kernels/test_moe.py \
-             tests/kernels/test_tree.py tests/kernels/test_launch.py tests/engine/test_ar.py \
+             tests/kernels/test_tree.py tests/kernels/test_launch.py tests/kernels/test_intrinsics.py \
+             tests/engine/test_ar.py \
              tests/engine/test_dflash.py -k "not k2_slice and not kimi" ;;
-    glue) run "gpu_tier_glue_${KDTREE_GIT_SHA}" 200 env KDTREE_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider \
-            -p no:warnings tests/kernels/test_router.py tests/kernels/test_rmsnorm.py tests/kernels/test_ops.py \
-            tests/kernels/test_intrinsics.py tests/engine/test_ar.py tests/engine/test_dflash.py -k "not kimi" ;;
     gemv_sweep) run "moe_gemv_sweep_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/moe.py --gemv-sweep ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
