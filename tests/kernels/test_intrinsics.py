@@ -136,6 +136,48 @@ def test_warp_and_load_intrinsics_gpu():
 
 
 @cuda.jit
+def _shfl_probe_kernel(got_f, got_i, sums, xs, ids):
+    """Two warps: each lane's float and int from lane ^ m for m = 1, 2, ... 16, then the butterfly sum of
+    the floats (every lane of a warp ends with the same bits)."""
+    tid = cuda.threadIdx.x
+    v = xs[tid]
+    k = 0
+    for m in (1, 2, 4, 8, 16):
+        got_f[tid * 5 + k] = ki.shfl_xor(v, m)
+        got_i[tid * 5 + k] = ki.shfl_xor(ids[tid], m)
+        k += 1
+    a = v
+    for m in (16, 8, 4, 2, 1):
+        a += ki.shfl_xor(a, m)
+    sums[tid] = a
+
+
+def _run_shfl(seed):
+    rng = np.random.default_rng(seed)
+    xs = rng.standard_normal(64).astype(np.float32)
+    ids = rng.integers(-2**31, 2**31, 64, dtype=np.int64).astype(np.int32)
+    got_f, got_i = dev(np.zeros(64 * 5, np.float32)), dev(np.zeros(64 * 5, np.int32))
+    sums = dev(np.zeros(64, np.float32))
+    _shfl_probe_kernel[1, 64](got_f, got_i, sums, dev(xs), dev(ids))
+    src = np.arange(64)[:, None] ^ np.array([1, 2, 4, 8, 16])                  # lane ^ m, within the warp
+    np.testing.assert_array_equal(host(got_f).reshape(64, 5), xs[src])
+    np.testing.assert_array_equal(host(got_i).reshape(64, 5), ids[src])
+    s = host(sums).reshape(2, 32)
+    assert (s == s[:, :1]).all()                                               # one value a warp
+    np.testing.assert_allclose(s[:, 0], xs.reshape(2, 32).sum(1, dtype=np.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_shfl_xor_exchanges_within_the_warp():
+    _run_shfl(0)
+
+
+@gpu
+@needs_gpu
+def test_shfl_xor_exchanges_within_the_warp_gpu():
+    _run_shfl(1)
+
+
+@cuda.jit
 def _store_probe_kernel(bits, same, xs):
     """Each thread stores its float into a bf16 (int16 bits) row and a float32 row."""
     i = cuda.threadIdx.x
