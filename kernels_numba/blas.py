@@ -264,10 +264,9 @@ def mla_core16(att: AttentionRows, cache, scale: float, n_heads: int, rows: int,
     softmax(scale * att.q_all @ kv16.T)) over the bf16 latent cache kv16 [S8, C+R] (int16 bits), float32
     sums; the W_UV kernel rounds ctx to bf16 as it reads it (the reference's r(ctx)). One score GEMM and
     one p @ c_kv over the step's rows x heads, the key mask ``att.hidden``; the softmax on
-    ``mla.softmax16_kernel`` (``softmax_kernel``; one launch for torch's scale, mask, softmax and cast)."""
-    from .blockops import TPB, row_slices
-    from .launch import launch
-    from .mla import softmax16_kernel
+    ``mla.softmax16`` (``softmax_kernel``; one launch for torch's scale, mask, softmax and cast; torch's
+    past ``mla.SOFTMAX_MAX_KEYS`` keys)."""
+    from .mla import SOFTMAX_MAX_KEYS, softmax16
     torch = _torch()
     with on(stream):
         kvb = view(cache).view(torch.bfloat16)                                  # [S8, C+R]
@@ -276,11 +275,10 @@ def mla_core16(att: AttentionRows, cache, scale: float, n_heads: int, rows: int,
             raise KernelInputError(f"AttentionRows for {att.keys} keys, cache of {s8} rows")
         q = att.q_all[:rows].view(torch.bfloat16).reshape(rows * n_heads, -1)   # [T H, C+R]
         scores = _bmm16(q, kvb.T, f32=True)                                     # [T H, S8]
-        if softmax_kernel:
+        if softmax_kernel and s8 <= SOFTMAX_MAX_KEYS:
             p = torch.empty(scores.shape, dtype=torch.bfloat16, device=scores.device)
-            launch(softmax16_kernel, rows * n_heads, (TPB, row_slices(s8)), stream,
-                   (kernel_view(p.view(torch.int16)), kernel_view(scores),
-                    kernel_view(att.hidden.view(torch.uint8)), n_heads, np.float32(scale)))
+            softmax16(kernel_view(p.view(torch.int16)), kernel_view(scores),
+                      kernel_view(att.hidden.view(torch.uint8)), n_heads, scale, rows, stream)
         else:
             p = (scores.view(rows, n_heads, s8) * scale).masked_fill(att.hidden[:rows, None], float("-inf"))
             p = p.softmax(dim=-1).to(torch.bfloat16).view(rows * n_heads, s8)

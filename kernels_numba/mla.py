@@ -26,9 +26,9 @@ import numpy as np
 from numba import cuda
 
 from ._validate import KernelInputError, check
-from .blockops import KS, ROW_THREADS, TPB, block_lane, block_max, block_sum
+from .blockops import KS, TPB, block_lane, block_max, block_sum, row_slices
 from .device import SIMULATED
-from .intrinsics import bf162_to_f32, griddep_launch_dependents, griddep_wait, stored_as
+from .intrinsics import bf162_to_f32, griddep_launch_dependents, griddep_wait, shfl_xor, stored_as
 from .rmsnorm import NORM_JIT, NORM_THREADS
 from .rope import rope_pair
 
@@ -277,54 +277,79 @@ def key_mask_kernel(hidden, vis, meta):
         hidden[i, j] = 0 if seen else 1
 
 
-SOFTMAX_UNROLL = 4                  # keys a thread loads before it uses them (in index order)
+SOFTMAX_KPT = 16                    # most keys a thread of the softmax kernel holds
+SOFTMAX_MAX_KEYS = SOFTMAX_KPT * TPB * 32   # its longest row (32 warps); torch's softmax beyond
 NEG_INF = np.float32(-np.inf)       # float32: a Python -inf would carry the max in float64
 
 
-@cuda.jit
-def softmax16_kernel(p16, scores, hidden, n_heads, scale):
-    """p16 [T*H, S8] int16 bf16 bits = bf16(softmax over the keys of scale * scores [T*H, S8]) with key j
-    of row t hidden where hidden[t, j] (uint8 [T, S8], the step's key mask), hidden keys 0; a row with
-    every key hidden (a padding row) all 0. float32 max, sums and quotient, each thread's keys in index
-    order, as torch's masked softmax; a thread's next SOFTMAX_UNROLL keys loaded before it uses them.
-    grid (T*H,), block (32, ks); PDL."""
-    griddep_wait()
-    griddep_launch_dependents()
-    sh = cuda.shared.array(ROW_THREADS, np.float32)
-    sv = cuda.local.array(SOFTMAX_UNROLL, np.float32)
-    hv = cuda.local.array(SOFTMAX_UNROLL, np.uint8)
-    row = cuda.blockIdx.x
-    t = row // n_heads
-    lt, nt = block_lane()
-    nk = scores.shape[1]
-    m = NEG_INF
-    for j0 in range(lt, nk, SOFTMAX_UNROLL * nt):
-        for u in range(SOFTMAX_UNROLL):
-            j = j0 + u * nt
-            if j < nk and hidden[t, j] == 0:
-                m = max(m, scores[row, j] * scale)
-    m = np.float32(block_max(sh, m))
-    total = np.float32(0.0)
-    if m != NEG_INF:
-        for j0 in range(lt, nk, SOFTMAX_UNROLL * nt):
-            for u in range(SOFTMAX_UNROLL):
-                j = j0 + u * nt
-                if j < nk and hidden[t, j] == 0:
-                    total += math.exp(scores[row, j] * scale - m)
-    total = np.float32(block_sum(sh, total))
-    for j0 in range(lt, nk, SOFTMAX_UNROLL * nt):
-        for u in range(SOFTMAX_UNROLL):                   # loads first: the stores below may alias them
-            j = j0 + u * nt
-            ok = j < nk
-            sv[u] = scores[row, j] if ok else np.float32(0.0)
-            hv[u] = hidden[t, j] if ok else 1
-        for u in range(SOFTMAX_UNROLL):
-            j = j0 + u * nt
+@functools.cache
+def make_softmax16(KPT: int):
+    """softmax16_kernel for rows of at most KPT keys a thread: a thread's scores and mask bytes loaded at
+    once and held (v2 read the row three times, each mask load ahead of its score load, and took the
+    block's max over every thread's slot in one thread); the max by shuffles (exact in any order),
+    the sum of each thread's exponentials in key order, then ``blockops.block_sum``'s order."""
+
+    @cuda.jit(**NORM_JIT)
+    def softmax16_kernel(p16, scores, hidden, n_heads, scale):
+        """p16 [T*H, S8] int16 bf16 bits = bf16(softmax over the keys of scale * scores [T*H, S8]) with
+        key j of row t hidden where hidden[t, j] (uint8 [T, S8], the step's key mask), hidden keys 0; a
+        row with every key hidden (a padding row) all 0, float32 exponentials and quotient as torch's
+        masked softmax. grid (T*H,), block (32, ks) with S8 <= KPT 32 ks; PDL."""
+        griddep_wait()
+        griddep_launch_dependents()
+        sh = cuda.shared.array(NORM_THREADS, np.float32)
+        wm = cuda.shared.array(TPB, np.float32)              # a warp's max (at most 32 warps)
+        sv = cuda.local.array(KPT, np.float32)
+        row = cuda.blockIdx.x
+        t = row // n_heads
+        lt = cuda.threadIdx.y * TPB + cuda.threadIdx.x
+        nt = TPB * cuda.blockDim.y
+        nk = scores.shape[1]
+        for i in range(KPT):                                 # every load in flight before a use
+            j = lt + i * nt
+            s = scores[row, j] if j < nk else np.float32(0.0)
+            hv = hidden[t, j] if j < nk else np.uint8(1)
+            sv[i] = s * scale if hv == 0 else NEG_INF
+        m = NEG_INF
+        for i in range(KPT):
+            m = max(m, sv[i])
+        for k in (16, 8, 4, 2, 1):
+            m = max(m, shfl_xor(m, k))
+        if cuda.threadIdx.x == 0:
+            wm[cuda.threadIdx.y] = m
+        cuda.syncthreads()
+        for y in range(cuda.blockDim.y):
+            m = max(m, wm[y])
+        total = np.float32(0.0)
+        if m != NEG_INF:                                     # the same in every thread
+            for i in range(KPT):
+                e = math.exp(sv[i] - m) if sv[i] != NEG_INF else np.float32(0.0)
+                sv[i] = e
+                total += e
+        total = np.float32(block_sum(sh, total))
+        for i in range(KPT):
+            j = lt + i * nt
             if j < nk:
-                v = np.float32(0.0)
-                if hv[u] == 0 and m != NEG_INF:
-                    v = math.exp(sv[u] * scale - m) / total
+                v = sv[i] / total if m != NEG_INF else np.float32(0.0)
                 p16[row, j] = stored_as(p16, v)
+
+    return softmax16_kernel
+
+
+def softmax16(p16, scores, hidden, n_heads: int, scale: float, rows: int, stream=0) -> None:
+    """Launch ``make_softmax16``'s kernel over rows x heads: (32, ks) threads a row, ks the fewest warps
+    (at least ``row_slices``) that hold S8 keys at SOFTMAX_KPT a thread."""
+    from .launch import launch
+    s8 = scores.shape[1]
+    if s8 > SOFTMAX_MAX_KEYS:
+        raise KernelInputError(f"the softmax kernel holds at most {SOFTMAX_MAX_KEYS} keys a row, got {s8}")
+    ks = min(32, max(row_slices(s8), -(-s8 // (TPB * SOFTMAX_KPT))))
+    kern = make_softmax16(-(-s8 // (TPB * ks)))
+    launch(kern, rows * n_heads, (TPB, ks), stream,
+           (p16, scores, hidden, np.int32(n_heads), np.float32(scale)))
+
+
+softmax16_kernel = make_softmax16(SOFTMAX_KPT)      # at 4,096 keys on 8 warps (the PTX probes')
 
 
 # ---- the W16A16 attention core in logical key order ---------------------------------------------------

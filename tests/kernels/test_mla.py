@@ -163,3 +163,26 @@ def test_mla_core_wrapper_refuses_mismatched_buffers_in_one_line():
         mla_core_bf16(ctx, kernel_array(zeros((4, 3, 16))), cache, depth, vis, meta, 0.1, part, stats)
     with pytest.raises(KernelInputError, match="part: shape"):
         mla_core_bf16(ctx, scores, cache, depth, vis, meta, 0.1, kernel_array(zeros((4, 2, 64))), stats)
+
+
+@pytest.mark.parametrize("s8", [40, 1100])
+def test_softmax16_is_the_masked_softmax_in_bf16(s8):
+    """``mla.softmax16``: bf16 of softmax(scale * scores) over the visible keys, hidden keys 0, a row
+    with every key hidden all 0; 1,100 keys take 3 warps of 12 keys a thread under the simulator (the
+    max meets across warps), 40 one warp of 2."""
+    from kernels_numba.mla import softmax16
+    rng = np.random.default_rng(s8)
+    t, h, scale = 3, 2, 0.125
+    scores = (rng.standard_normal((t * h, s8)) * 8).astype(np.float32)
+    hidden = (rng.random((t, s8)) < 0.3).astype(np.uint8)
+    hidden[2] = 1                                                    # a padding row: every key hidden
+    p16 = to_device(np.full((t * h, s8), 7, np.int16))
+    with sim_speed():
+        softmax16(p16, to_device(scores), to_device(hidden), h, scale, t)
+    got = BF16Array(download(p16).view(np.uint16)).float32()
+    z = np.where(np.repeat(hidden, h, 0) == 1, -np.inf, scores.astype(np.float64) * scale)
+    with np.errstate(invalid="ignore"):
+        want = np.exp(z - z.max(1, keepdims=True))
+        want = np.nan_to_num(want / want.sum(1, keepdims=True))
+    np.testing.assert_allclose(got, want, rtol=2 ** -8, atol=1e-30)
+    assert (got[np.repeat(hidden, h, 0) == 1] == 0).all() and (got[4:] == 0).all()
