@@ -5,7 +5,7 @@ One block per row, (32, ks) threads with ks = ``norm_slices(K)``; each thread ho
 features in registers, the partial sums meet in shared memory. A row of K2's 7,168 takes 32 warps (7
 elements a thread): one row alone is latency-bound, and 8 warps (28 elements, 7 batches of 4 loads for
 the sum and 7 for the scaling) took 9.2 us on the H200. ``row_rms_scale`` is the strided form the
-fused kernels (mla_prep, the drafter's head norm) call on a part of a row.
+drafter's head norm calls on a part of a row.
 """
 
 from __future__ import annotations
