@@ -29,7 +29,7 @@ from ._validate import KernelInputError, check
 from .blockops import KS, TPB, block_lane, block_max, block_sum, row_slices
 from .device import SIMULATED
 from .intrinsics import bf162_to_f32, griddep_launch_dependents, griddep_wait, shfl_xor, stored_as
-from .rmsnorm import NORM_JIT, NORM_THREADS
+from .rmsnorm import NORM_JIT, NORM_THREADS, held_sumsq, hold_row, store_normed
 from .rope import rope_pair
 
 
@@ -72,12 +72,8 @@ def make_mla_prep_kernel(QN: int, CN: int, RN: int):
         qv = cuda.local.array(QN, np.float32)
         cv = cuda.local.array(CN, np.float32)
         rv = cuda.local.array((RN, 2), np.float32)
-        for i in range(QN):
-            j = lt + i * nt
-            qv[i] = a1[row, j] if j < q_rank else np.float32(0.0)
-        for i in range(CN):
-            j = lt + i * nt
-            cv[i] = a1[row, off + j] if j < c_rank else np.float32(0.0)
+        hold_row(qv, a1, row, 0, QN, q_rank, lt, nt)
+        hold_row(cv, a1, row, off, CN, c_rank, lt, nt)
         for i in range(RN):
             p = lt + i * nt
             ok = p < half
@@ -85,24 +81,12 @@ def make_mla_prep_kernel(QN: int, CN: int, RN: int):
             rv[i, 1] = a1[row, off + c_rank + 2 * p + 1] if ok else np.float32(0.0)
         dst = start + row
         if q_rank > 0:
-            a = np.float32(0.0)
-            for i in range(QN):
-                if lt + i * nt < q_rank:
-                    a += qv[i] * qv[i]
-            r = np.float32(1.0) / math.sqrt(block_sum(sh, a) / np.float32(q_rank) + eps)
-            for i in range(QN):
-                j = lt + i * nt
-                if j < q_rank:
-                    qn[row, j] = stored_as(qn, qw[i] * (qv[i] * r))
-        a = np.float32(0.0)
-        for i in range(CN):
-            if lt + i * nt < c_rank:
-                a += cv[i] * cv[i]
-        r2 = np.float32(1.0) / math.sqrt(block_sum(sh, a) / np.float32(c_rank) + eps)
-        for i in range(CN):
-            j = lt + i * nt
-            if j < c_rank:
-                cache[dst, j] = stored_as(cache, cw[i] * (cv[i] * r2))
+            ms = block_sum(sh, held_sumsq(qv, QN, q_rank, lt, nt)) / np.float32(q_rank)
+            r = np.float32(1.0) / math.sqrt(ms + eps)
+            store_normed(qn, row, 0, qw, qv, r, QN, q_rank, lt, nt)
+        ms = block_sum(sh, held_sumsq(cv, CN, c_rank, lt, nt)) / np.float32(c_rank)
+        r2 = np.float32(1.0) / math.sqrt(ms + eps)
+        store_normed(cache, dst, 0, cw, cv, r2, CN, c_rank, lt, nt)
         for i in range(RN):
             p = lt + i * nt
             if p < half:

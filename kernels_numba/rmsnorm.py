@@ -39,6 +39,34 @@ def row_rms_scale(sh, x, row, off, k, eps):
     return np.float32(1.0) / math.sqrt(ms + eps)
 
 
+@cuda.jit(device=True, inline="always")
+def hold_row(v, x, row, off, n, k, lt, nt):
+    """v[i] = x[row, off + lt + i nt] for lt + i nt < k, else 0 (i < n): a thread's strided share of a
+    row, every load issued before any use (inlined: n a constant, the loop unrolls into registers)."""
+    for i in range(n):
+        j = lt + i * nt
+        v[i] = x[row, off + j] if j < k else np.float32(0.0)
+
+
+@cuda.jit(device=True, inline="always")
+def held_sumsq(v, n, k, lt, nt):
+    """This thread's sum of its held features' squares (lt + i nt < k), in index order, float32."""
+    a = np.float32(0.0)
+    for i in range(n):
+        if lt + i * nt < k:
+            a += v[i] * v[i]
+    return a
+
+
+@cuda.jit(device=True, inline="always")
+def store_normed(out, orow, ooff, wv, v, r, n, k, lt, nt):
+    """out[orow, ooff + j] = wv[i] * (v[i] * r) for this thread's held features j = lt + i nt < k."""
+    for i in range(n):
+        j = lt + i * nt
+        if j < k:
+            out[orow, ooff + j] = stored_as(out, wv[i] * (v[i] * r))
+
+
 @functools.cache
 def make_rmsnorm_kernel(KN: int):
     """rmsnorm_kernel for rows of at most KN features a thread: x's row and w held in registers (w's
@@ -63,12 +91,8 @@ def make_rmsnorm_kernel(KN: int):
         if row >= meta[1]:
             return
         xv = cuda.local.array(KN, np.float32)
-        for i in range(KN):
-            j = lt + i * nt
-            xv[i] = x[row, j] if j < k else np.float32(0.0)
-        a = np.float32(0.0)
-        for i in range(KN):
-            a += xv[i] * xv[i]
+        hold_row(xv, x, row, 0, KN, k, lt, nt)
+        a = held_sumsq(xv, KN, k, lt, nt)
         for m in (16, 8, 4, 2, 1):
             a += shfl_xor(a, m)
         ws = cuda.shared.array(TPB, np.float32)                  # a sum a warp (at most 32 warps)
@@ -79,10 +103,7 @@ def make_rmsnorm_kernel(KN: int):
         for y in range(cuda.blockDim.y):
             ms += ws[y]
         r = np.float32(1.0) / math.sqrt(ms / np.float32(k) + eps)
-        for i in range(KN):
-            j = lt + i * nt
-            if j < k:
-                out[row, j] = stored_as(out, wv[i] * (xv[i] * r))
+        store_normed(out, row, 0, wv, xv, r, KN, k, lt, nt)
 
     return rmsnorm_kernel
 
