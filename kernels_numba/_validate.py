@@ -19,6 +19,13 @@ class KernelInputError(ValueError):
     """An input a kernel cannot take; raised by the host wrapper before launching."""
 
 
+def warps(ks: int, name: str) -> int:
+    """``ks`` if it is 1..32 warps a block (a block has at most 1,024 threads), else KernelInputError."""
+    if not isinstance(ks, (int, np.integer)) or not 1 <= ks <= 32:
+        raise KernelInputError(f"{name}: ks must be 1..32 warps a block, got {ks}")
+    return int(ks)
+
+
 def as_array(a, name: str):
     """A numba device array (or, in the simulator, a numpy array) viewing ``a`` without a copy.
 

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from . import blas, ffn, mla, w16a16
-from ._validate import KernelInputError, flat
+from ._validate import KernelInputError, flat, warps
 from .blas import padded_keys  # noqa: F401 - the key rows the BLAS attention pads to
 from .blas import view as torch_view  # noqa: F401 - a torch tensor over a device array (no copy)
 from .blockops import KS, TPB, col_blocks, row_slices
@@ -610,7 +610,7 @@ def mla_prep(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank: int,
              rows: int, stream=0, ks: int | None = None) -> None:
     """q_norm of c_q into qn; kv_norm(c_kv) || rope(k_pe) into cache rows start + i (mla.py), on
     ``ks`` warps a row (default ``norm_slices`` of the longer norm)."""
-    ks = norm_slices(max(q_rank, c_rank)) if ks is None else ks
+    ks = norm_slices(max(q_rank, c_rank)) if ks is None else warps(ks, "mla_prep")
     kern = make_mla_prep_kernel(*prep_counts(q_rank, c_rank, cache.shape[1] - c_rank, TPB * ks))
     launch(kern, rows, (TPB, ks), stream, (qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta,
                                           np.int32(q_rank), np.int32(c_rank), np.float32(eps)))
@@ -816,7 +816,7 @@ def routed_experts(h, x, ids, wts, w: MoE, sc: Scratch, meta, rows: int, stream=
 def argmax(out, logits, meta, rows: int, stream=0, ks: int | None = None) -> None:
     """out [T] int32 = argmax per live row (ties to the lowest id); ``ks`` warps a row (default
     ``tokens.argmax_slices``)."""
-    ks = argmax_slices(logits.shape[1]) if ks is None else ks
+    ks = argmax_slices(logits.shape[1]) if ks is None else warps(ks, "argmax")
     launch(argmax_kernel, rows, (TPB, ks), stream, (out, logits, meta))
 
 

@@ -16,6 +16,7 @@ import math
 import numpy as np
 from numba import cuda
 
+from ._validate import warps
 from .blockops import TPB, block_sum, row_sumsq
 from .device import SIMULATED
 from .intrinsics import griddep_launch_dependents, griddep_wait, shfl_xor, stored_as
@@ -113,6 +114,6 @@ rmsnorm_kernel = make_rmsnorm_kernel(-(-7168 // (TPB * 32)))     # K2's width on
 
 def rmsnorm(out, x, w, eps: float, meta, rows: int, stream=0, ks: int | None = None) -> None:
     """Launch ``rmsnorm_kernel`` over ``rows`` blocks (rows >= meta[1]; surplus blocks exit)."""
-    ks = norm_slices(x.shape[1]) if ks is None else ks
+    ks = norm_slices(x.shape[1]) if ks is None else warps(ks, "rmsnorm")
     kern = make_rmsnorm_kernel(-(-x.shape[1] // (TPB * ks)))
     launch(kern, rows, (TPB, ks), stream, (out, x, w, np.float32(eps), meta))

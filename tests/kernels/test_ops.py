@@ -209,6 +209,19 @@ def test_w16a16_products_take_column_tiles_where_they_measured_faster(monkeypatc
             np.testing.assert_array_equal(download(one)[0], download(out)[r])
 
 
+def test_row_kernels_refuse_a_block_past_32_warps_before_launching():
+    from kernels_numba.rmsnorm import rmsnorm
+    x = to_device(np.ones((2, 64), np.float32))
+    meta = to_device(np.array([0, 2, 0, 0, 0, 0, 0, 0], np.int32))
+    out = to_device(np.full(2, -1, np.int32))
+    for ks in (0, 33):
+        with pytest.raises(KernelInputError, match="ks must be 1..32 warps"):
+            ops.argmax(out, x, meta, 2, ks=ks)
+        with pytest.raises(KernelInputError, match="ks must be 1..32 warps"):
+            rmsnorm(x, x, to_device(np.ones(64, np.float32)), 1e-6, meta, 2, ks=ks)
+    assert (download(out) == -1).all() and (download(x) == 1).all()
+
+
 @pytest.mark.parametrize("ks", [None, 3])
 def test_argmax_takes_the_lowest_id_of_a_tie_at_any_width(ks):
     """Each row's argmax over V logits, ties to the lowest id (across lanes, warps, and within a thread's
