@@ -16,7 +16,6 @@ import numpy as np
 from numba import cuda
 
 from .device import SIMULATED
-from .intrinsics import stored_as
 
 TPB = 32                                    # threads per block along x in every engine kernel
 # K-slices along y for the long dot products (linear, experts, router, attention): a block is
@@ -128,52 +127,6 @@ def block_argmax(shv, shi, v, i):
             bi = ci
     cuda.syncthreads()
     return bv, bi
-
-
-@cuda.jit(device=True)
-def row_sumsq(x, row, off, k):
-    """This thread's sum of x[row, off + j]^2 over its strided j < k (j = lane, lane + nt, ...), in
-    that order. Four loads are issued before their sums: a one-block-per-row loop is latency-bound,
-    and a load per iteration waits out a memory round trip each time."""
-    lt, nt = block_lane()
-    acc = np.float32(0.0)
-    j = lt
-    while j + 3 * nt < k:
-        v0 = x[row, off + j]
-        v1 = x[row, off + j + nt]
-        v2 = x[row, off + j + 2 * nt]
-        v3 = x[row, off + j + 3 * nt]
-        acc += v0 * v0
-        acc += v1 * v1
-        acc += v2 * v2
-        acc += v3 * v3
-        j += 4 * nt
-    while j < k:
-        v = x[row, off + j]
-        acc += v * v
-        j += nt
-    return acc
-
-
-@cuda.jit(device=True)
-def scale_row(out, orow, x, row, off, w, r, k):
-    """out[orow, j] = w[j] * (x[row, off + j] * r) for this thread's strided j < k, four loads ahead
-    (``out`` may be ``x``: every element is read before it is written; an int16 ``out`` holds bf16 bits,
-    ``stored_as``)."""
-    lt, nt = block_lane()
-    j = lt
-    while j + 3 * nt < k:
-        c = off + j
-        a0, a1, a2, a3 = x[row, c], x[row, c + nt], x[row, c + 2 * nt], x[row, c + 3 * nt]
-        b0, b1, b2, b3 = w[j], w[j + nt], w[j + 2 * nt], w[j + 3 * nt]
-        out[orow, j] = stored_as(out, b0 * (a0 * r))
-        out[orow, j + nt] = stored_as(out, b1 * (a1 * r))
-        out[orow, j + 2 * nt] = stored_as(out, b2 * (a2 * r))
-        out[orow, j + 3 * nt] = stored_as(out, b3 * (a3 * r))
-        j += 4 * nt
-    while j < k:
-        out[orow, j] = stored_as(out, w[j] * (x[row, off + j] * r))
-        j += nt
 
 
 @cuda.jit(device=True)

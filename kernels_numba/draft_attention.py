@@ -33,11 +33,11 @@ import numpy as np
 from numba import cuda
 
 from ._validate import KernelInputError
-from .blockops import TPB
+from .blockops import TPB, block_sum
 from .device import SIMULATED
 from .intrinsics import griddep_launch_dependents, griddep_wait
 from .launch import launch
-from .rmsnorm import row_rms_scale
+from .rmsnorm import held_sumsq, hold_row
 from .rope import rope_pair
 
 GATHER_THREADS = 128
@@ -68,37 +68,65 @@ def gather_rows_kernel(out, feats, rows, taps, meta):
                 out[i, f * d + j] = buf[u]
 
 
-@cuda.jit
-def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm, half, col0):
-    """y [T, >= col0 + H*d] columns col0 .. -> out [S, H*d] rows out_row0 + meta[2] + row; grid (T, H),
-    block (32,). In-place ok. half: 0 pairs (2i, 2i+1), 1 pairs (i, i + d/2)."""
-    griddep_wait()                                          # PDL: the inputs are earlier kernels'
-    griddep_launch_dependents()
-    row = cuda.blockIdx.x
-    h = cuda.blockIdx.y
-    if row >= meta[1]:
-        return
-    tid = cuda.threadIdx.x
-    d = w.shape[0]
-    off = h * d
-    src = col0 + off                                         # this head's columns of y
-    dst = out_row0 + meta[2] + row
-    if norm == 0:                                            # uniform over the block
-        for j in range(tid, d, TPB):
-            out[dst, off + j] = y[row, src + j]
-        return
-    sh = cuda.shared.array(TPB, np.float32)
-    r = row_rms_scale(sh, y, row, src, d, eps)               # ends with a barrier: reads done
-    pos = pos0 + meta[3] + row
-    h2 = d // 2
-    for i in range(tid, h2, TPB):
-        j0 = i if half else 2 * i                            # the pair's two dims
-        j1 = i + h2 if half else 2 * i + 1
-        x0 = w[j0] * (y[row, src + j0] * r)
-        x1 = w[j1] * (y[row, src + j1] * r)
-        a, b = rope_pair(x0, x1, cos, sin, pos, i)
-        out[dst, off + j0] = a
-        out[dst, off + j1] = b
+@functools.cache
+def make_head_norm_rope(DN: int, PN: int):
+    """head_norm_rope_kernel for heads of at most 32 DN dims (PN = ceil(d / 64) rope pairs a lane): a
+    lane's strided features (for the norm's sum: a lane's in index order, then ``block_sum``'s), its
+    pairs' features and their weights (loaded before the PDL wait) held in registers, so a head costs
+    one memory round trip (the strided form read the head for the sum, then again pair by pair)."""
+
+    @cuda.jit
+    def head_norm_rope_kernel(out, y, w, cos, sin, out_row0, pos0, meta, eps, norm, half, col0):
+        """y [T, >= col0 + H*d] columns col0 .. -> out [S, H*d] rows out_row0 + meta[2] + row; grid (T, H),
+        block (32,). In-place ok (a head is read before any store). half: 0 pairs (2i, 2i+1), 1 pairs
+        (i, i + d/2)."""
+        tid = cuda.threadIdx.x
+        d = w.shape[0]
+        h2 = d // 2
+        w0 = cuda.local.array(PN, np.float32)
+        w1 = cuda.local.array(PN, np.float32)
+        for m in range(PN):
+            i = tid + m * TPB
+            ok = i < h2
+            w0[m] = w[i if half else 2 * i] if ok else ZERO
+            w1[m] = w[i + h2 if half else 2 * i + 1] if ok else ZERO
+        griddep_wait()                                      # PDL: the inputs are earlier kernels'
+        griddep_launch_dependents()
+        row = cuda.blockIdx.x
+        h = cuda.blockIdx.y
+        if row >= meta[1]:
+            return
+        off = h * d
+        src = col0 + off                                     # this head's columns of y
+        dst = out_row0 + meta[2] + row
+        if norm == 0:                                        # uniform over the block
+            for j in range(tid, d, TPB):
+                out[dst, off + j] = y[row, src + j]
+            return
+        xs = cuda.local.array(DN, np.float32)
+        x0 = cuda.local.array(PN, np.float32)
+        x1 = cuda.local.array(PN, np.float32)
+        hold_row(xs, y, row, src, DN, d, tid, TPB)
+        for m in range(PN):
+            i = tid + m * TPB
+            ok = i < h2
+            x0[m] = y[row, src + (i if half else 2 * i)] if ok else ZERO
+            x1[m] = y[row, src + (i + h2 if half else 2 * i + 1)] if ok else ZERO
+        sh = cuda.shared.array(TPB, np.float32)
+        ms = block_sum(sh, held_sumsq(xs, DN, d, tid, TPB)) / np.float32(d)
+        r = np.float32(1.0) / math.sqrt(ms + eps)
+        pos = pos0 + meta[3] + row
+        for m in range(PN):
+            i = tid + m * TPB
+            if i < h2:
+                a, b = rope_pair(w0[m] * (x0[m] * r), w1[m] * (x1[m] * r), cos, sin, pos, i)
+                out[dst, off + (i if half else 2 * i)] = a
+                out[dst, off + (i + h2 if half else 2 * i + 1)] = b
+
+    return head_norm_rope_kernel
+
+
+head_norm_rope_kernel = make_head_norm_rope(4, 2)   # d = 128, the Kimi-K2.6-DFlash heads (the PTX probe's)
 
 
 ZERO = np.float32(0.0)
@@ -321,7 +349,7 @@ def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: flo
     if not 0 < n <= ys[0] or out_row0 < 0 or out_row0 + n > os_[0] or pos0 < 0 or pos0 + n > cs[0]:
         raise KernelInputError(f"head_norm_rope: rows {n} at out row {out_row0} / position {pos0} exceed "
                                f"y {ys}, out {os_} or the rope table {cs}")
-    launch(head_norm_rope_kernel, (n, n_heads), TPB, stream,
+    launch(make_head_norm_rope(-(-d // TPB), -(-d // (2 * TPB))), (n, n_heads), TPB, stream,
            (out, y, w, cos, sin, np.int32(out_row0), np.int32(pos0), meta, np.float32(eps),
             np.int32(1 if norm else 0), np.int32(1 if half else 0), np.int32(col0)))
 

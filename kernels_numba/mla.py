@@ -37,9 +37,9 @@ from .rope import rope_pair
 def make_mla_prep_kernel(QN: int, CN: int, RN: int):
     """mla_prep_kernel for at most QN query-norm features, CN latent features and RN rope pairs a thread
     (block (32, ks): QN = ceil(Q / 32 ks), ...): every load of the row, and the two norms' weights (before
-    the PDL wait: weights depend on no kernel), in flight at once; then ``rmsnorm.row_rms_scale``'s
-    sums in its order and the stores. Each phase of the strided form waited out its own memory round
-    trip, the later loads behind the earlier stores (generic pointers may alias)."""
+    the PDL wait: weights depend on no kernel), in flight at once; then the sums (a thread's features in
+    index order, then ``block_sum``'s) and the stores. Each phase of the strided form waited out its own
+    memory round trip, the later loads behind the earlier stores (generic pointers may alias)."""
 
     @cuda.jit(**NORM_JIT)
     def mla_prep_kernel(qn, cache, a1, q_norm, kv_norm, cos, sin, depth, meta, q_rank, c_rank, eps):

@@ -4,8 +4,8 @@ Legend: T rows (tokens) in the buffer, n = meta[1] live rows, K features.
 One block per row, (32, ks) threads with ks = ``norm_slices(K)``; each thread holds its strided
 features in registers, the partial sums meet in shared memory. A row of K2's 7,168 takes 32 warps (7
 elements a thread): one row alone is latency-bound, and 8 warps (28 elements, 7 batches of 4 loads for
-the sum and 7 for the scaling) took 9.2 us on the H200. ``row_rms_scale`` is the strided form the
-drafter's head norm calls on a part of a row.
+the sum and 7 for the scaling) took 9.2 us on the H200. ``hold_row``, ``held_sumsq`` and
+``store_normed`` serve the fused norms too (mla_prep, the drafter's head norm).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 from numba import cuda
 
 from ._validate import warps
-from .blockops import TPB, block_sum, row_sumsq
+from .blockops import TPB
 from .device import SIMULATED
 from .intrinsics import griddep_launch_dependents, griddep_wait, shfl_xor, stored_as
 from .launch import launch
@@ -31,13 +31,6 @@ NORM_JIT = register_cap(NORM_THREADS)  # the registers that let a block of 32 wa
 def norm_slices(k: int) -> int:
     """Warps for one row of ``k`` features: at least 4 elements a thread, at most NORM_KS warps."""
     return max(1, min(NORM_KS, k // (TPB * 4)))
-
-
-@cuda.jit(device=True)
-def row_rms_scale(sh, x, row, off, k, eps):
-    """1 / sqrt(mean(x[row, off:off+k]^2) + eps) in float32, same value in every thread of the block."""
-    ms = block_sum(sh, row_sumsq(x, row, off, k)) / np.float32(k)
-    return np.float32(1.0) / math.sqrt(ms + eps)
 
 
 @cuda.jit(device=True, inline="always")

@@ -44,12 +44,14 @@ def test_gather_rows_concatenates_taps_in_order(d):
         gather_rows(out, feats, rows.astype(np.int64), taps, _meta(3), 3)
 
 
-@pytest.mark.parametrize("norm,half", [(True, False), (False, False), (True, True)])
-def test_head_norm_rope_matches_reference(norm, half):
+@pytest.mark.parametrize("norm,half,d", [(True, False, 8), (False, False, 8), (True, True, 8),
+                                         (True, False, 72), (True, True, 72)])
+def test_head_norm_rope_matches_reference(norm, half, d):
+    """d = 72: a lane holds 3 strided features and 2 pairs, the last ones of only some lanes."""
     rng = np.random.default_rng(2)
-    dcfg = DrafterConfig(n_heads=2, head_dim=8, rope_scaling_type="yarn", rope_factor=4.0,
+    dcfg = DrafterConfig(n_heads=2, head_dim=d, rope_scaling_type="yarn", rope_factor=4.0,
                          original_max_position_embeddings=8, rope_attention_factor=1.2)
-    n, h, d, row0, pos0 = 3, 2, 8, 2, 5
+    n, h, row0, pos0 = 3, 2, 2, 5
     y = rng.standard_normal((4, h * d)).astype(np.float32)
     w = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
     cos, sin = drafter_rope(dcfg, np.arange(16))
