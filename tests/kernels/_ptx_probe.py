@@ -43,7 +43,7 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
 
 @cuda.jit
 def _store(out, v):
-    """The latent-cache store of mla_prep and scale_row alone (a kernel that calls device functions needs
+    """The latent-cache store of mla_prep and store_normed alone (a kernel that calls device functions needs
     a device to compile)."""
     out[0, 0] = stored_as(out, v[0])
 
