@@ -29,7 +29,8 @@ from ._validate import KernelInputError, check
 from .blockops import KS, TPB, block_lane, block_max, block_sum, row_slices
 from .device import SIMULATED
 from .intrinsics import bf162_to_f32, griddep_launch_dependents, griddep_wait, shfl_xor, stored_as
-from .rmsnorm import NORM_JIT, NORM_THREADS, held_sumsq, hold_row, store_normed
+from .launch import launch
+from .rmsnorm import NORM_JIT, NORM_THREADS, held_sumsq, hold_row, hold_vec, store_normed
 from .rope import rope_pair
 
 
@@ -53,12 +54,8 @@ def make_mla_prep_kernel(QN: int, CN: int, RN: int):
         nt = TPB * cuda.blockDim.y
         qw = cuda.local.array(QN, np.float32)
         cw = cuda.local.array(CN, np.float32)
-        for i in range(QN):
-            j = lt + i * nt
-            qw[i] = q_norm[j] if j < q_rank else np.float32(0.0)
-        for i in range(CN):
-            j = lt + i * nt
-            cw[i] = kv_norm[j] if j < c_rank else np.float32(0.0)
+        hold_vec(qw, q_norm, QN, q_rank, lt, nt)
+        hold_vec(cw, kv_norm, CN, c_rank, lt, nt)
         griddep_wait()
         griddep_launch_dependents()
         row = cuda.blockIdx.x
@@ -323,7 +320,6 @@ def make_softmax16(KPT: int):
 def softmax16(p16, scores, hidden, n_heads: int, scale: float, rows: int, stream=0) -> None:
     """Launch ``make_softmax16``'s kernel over rows x heads: (32, ks) threads a row, ks the fewest warps
     (at least ``row_slices``) that hold S8 keys at SOFTMAX_KPT a thread."""
-    from .launch import launch
     s8 = scores.shape[1]
     if s8 > SOFTMAX_MAX_KEYS:
         raise KernelInputError(f"the softmax kernel holds at most {SOFTMAX_MAX_KEYS} keys a row, got {s8}")

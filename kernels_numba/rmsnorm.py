@@ -43,6 +43,14 @@ def hold_row(v, x, row, off, n, k, lt, nt):
 
 
 @cuda.jit(device=True, inline="always")
+def hold_vec(v, w, n, k, lt, nt):
+    """v[i] = w[lt + i nt] for lt + i nt < k, else 0 (i < n): ``hold_row`` of a vector (a norm's weights)."""
+    for i in range(n):
+        j = lt + i * nt
+        v[i] = w[j] if j < k else np.float32(0.0)
+
+
+@cuda.jit(device=True, inline="always")
 def held_sumsq(v, n, k, lt, nt):
     """This thread's sum of its held features' squares (lt + i nt < k), in index order, float32."""
     a = np.float32(0.0)
@@ -76,9 +84,7 @@ def make_rmsnorm_kernel(KN: int):
         nt = TPB * cuda.blockDim.y                                  # it to PTX without a driver)
         k = x.shape[1]
         wv = cuda.local.array(KN, np.float32)
-        for i in range(KN):
-            j = lt + i * nt
-            wv[i] = w[j] if j < k else np.float32(0.0)
+        hold_vec(wv, w, KN, k, lt, nt)
         griddep_wait()
         griddep_launch_dependents()
         row = cuda.blockIdx.x

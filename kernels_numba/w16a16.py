@@ -63,6 +63,7 @@ from .intrinsics import (
     stored_as,
 )
 from .launch import launch
+from .rmsnorm import held_sumsq
 
 ZERO = float32(0.0)
 ROW_TILES = (1, 2, 3, 5, 9)    # the row-tile counts compiled: T <= 8, 16, 24, 40, 72 rows (a verify of
@@ -226,11 +227,7 @@ def make_norm_rows_kernel(K: int, KS: int):
         for i in range(KN):                                        # every load in flight at once
             j = tid + i * NTHR
             v[i] = x[r * K + j] if j < K else ZERO
-        a = ZERO
-        for i in range(KN):                                        # row_scales' order: thread, warp, block
-            if tid + i * NTHR < K:
-                a += v[i] * v[i]
-        sq[tid] = a
+        sq[tid] = held_sumsq(v, KN, K, tid, NTHR)                  # row_scales' order: thread, warp, block
         cuda.syncthreads()
         if tid & 31 == 0:
             a = ZERO
