@@ -18,6 +18,7 @@ from numba import cuda
 from .device import SIMULATED
 
 TPB = 32                                    # threads per block along x in every engine kernel
+NEG_INF = np.float32(-np.inf)               # a max's start: a Python -inf would carry it in float64
 # K-slices along y for the long dot products (linear, experts, router, attention): a block is
 # (32, KS) threads, each slice sums every KS-th term and the slices meet in shared memory. On the
 # GPU this cuts each thread's dependent load chain KS-fold (decode at tiny shapes is latency-bound);

@@ -33,7 +33,7 @@ import numpy as np
 from numba import cuda
 
 from ._validate import KernelInputError
-from .blockops import TPB, block_sum
+from .blockops import NEG_INF, TPB, block_sum
 from .device import SIMULATED
 from .intrinsics import griddep_launch_dependents, griddep_wait
 from .launch import launch
@@ -130,7 +130,6 @@ head_norm_rope_kernel = make_head_norm_rope(4, 2)   # d = 128, the Kimi-K2.6-DFl
 
 
 ZERO = np.float32(0.0)
-NEG_INF = np.float32(-np.inf)   # float32: a Python -inf would carry the softmax in float64
 KT = 16                         # keys a tile: staged in shared memory once for a block's QB queries
 NSPLIT = 16                     # most key chunks (blocks) a KV head's queries are split over
 QB = 8 if SIMULATED else 32     # queries a block: (block row, query head) pairs of one KV head

@@ -26,7 +26,7 @@ import numpy as np
 from numba import cuda
 
 from ._validate import KernelInputError, check
-from .blockops import KS, TPB, block_lane, block_max, block_sum, row_slices
+from .blockops import KS, NEG_INF, TPB, block_lane, block_max, block_sum, row_slices
 from .device import SIMULATED
 from .intrinsics import bf162_to_f32, griddep_launch_dependents, griddep_wait, shfl_xor, stored_as
 from .launch import launch
@@ -260,7 +260,6 @@ def key_mask_kernel(hidden, vis, meta):
 
 SOFTMAX_KPT = 16                    # most keys a thread of the softmax kernel holds
 SOFTMAX_MAX_KEYS = SOFTMAX_KPT * TPB * 32   # its longest row (32 warps); torch's softmax beyond
-NEG_INF = np.float32(-np.inf)       # float32: a Python -inf would carry the max in float64
 
 
 @functools.cache

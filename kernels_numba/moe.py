@@ -320,17 +320,17 @@ def _gemv_stages(x, ids, tw, weights: MoEWeights, out, ws: MoEWorkspace, cfg: di
     tiles = (ws.tile_expert, ws.tile_rows)
     rows = min(p, cfg["rows"]) if tiled else p
     h16 = ws.h.view(np.float16)
-    stages = [
-        ("gate_up", lambda s: launch(gate_up, ((1 if glu else 2) * (i // 16), rows), ksgu * 32, s,
-                                     (ws.h if glu else ws.gu, flat(x), w13q, w13s, *route, i // 16, *tiles))),
-        ("act", lambda s: launch(moe_act_kernel, (-(-i // 128), p), 128, s, (ws.h, ws.gu, i))),
+    stages = [("gate_up", lambda s: launch(gate_up, ((1 if glu else 2) * (i // 16), rows), ksgu * 32, s,
+                                          (ws.h if glu else ws.gu, flat(x), w13q, w13s, *route, i // 16,
+                                           *tiles)))]
+    if not glu:                                       # (glu: gate_up wrote h itself)
+        stages.append(("act", lambda s: launch(moe_act_kernel, (-(-i // 128), p), 128, s, (ws.h, ws.gu, i))))
+    stages += [
         ("down", lambda s: launch(down, (d // 16, rows), ksdn * 32, s,
                                   (ws.y, h16, w2q, w2s, *route, d // 16, *tiles))),
         ("combine", lambda s: launch(combine, (-(-d // 128), t), 128, s,
                                      (flat(out), ws.y, t, flat(ids), weights.n_routed, extra))),
     ]
-    if glu:
-        del stages[1]                                 # gate_up wrote h itself
     if tiled:
         nthr, xe = align_threads(weights.w13.experts), weights.w13.experts
         align = make_align_kernel(xe, nthr)

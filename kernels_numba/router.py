@@ -22,12 +22,11 @@ import numpy as np
 from numba import cuda, uint16
 
 from ._validate import KernelInputError
-from .blockops import KS, TPB
+from .blockops import KS, NEG_INF, TPB
 from .intrinsics import f32_to_h2, griddep_launch_dependents, griddep_wait, shfl_xor
 from .resources import register_cap
 
 _CACHE: dict = {}
-NEG_INF = np.float32(-np.inf)                # float32: a Python -inf would carry the picks in float64
 
 
 @cuda.jit(device=True, inline="always")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .blockops import TPB, copy_row
+from .blockops import NEG_INF, TPB, copy_row
 from .device import SIMULATED
 from .intrinsics import griddep_launch_dependents, griddep_wait, shfl_xor
 from .resources import register_cap
@@ -18,7 +18,6 @@ from .resources import register_cap
 BIG = 2 ** 30
 ARGMAX_UNROLL = 16
 ARGMAX_KS = 1 if SIMULATED else 32      # most warps a row's argmax takes (the simulator: one, as blockops.KS)
-NEG_INF = np.float32(-np.inf)   # float32: a Python -inf would compare in float64
 
 
 @cuda.jit
