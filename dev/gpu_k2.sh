@@ -47,6 +47,9 @@
 #                kernels changed without a GPU                                                     ~180 s
 #   gemv_sweep   dev/kernels/moe.py --gemv-sweep: fused_moe's per-pair GEMV tilings and register caps at
 #                T = 1 and 8, each checked against the default's output                          ~120 s
+#   wgmma        GPU test of the wgmma W4A16 kernel at K2 shapes (both scale modes), then
+#                dev/kernels/int4_matmul.py --wgmma: its tilings beside the staged default, the tiled kernel
+#                and cuBLAS bf16 at M = 33 / 48 / 64, each checked first
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -111,6 +114,9 @@ for step in $STEPS; do
              tests/engine/test_ar.py \
              tests/engine/test_dflash.py -k "not k2_slice and not kimi" ;;
     gemv_sweep) run "moe_gemv_sweep_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/moe.py --gemv-sweep ;;
+    wgmma) run "gpu_tier_wgmma_${KDTREE_GIT_SHA}" 150 env KDTREE_GPU=1 python3 -m pytest -q -n 4 -p no:cacheprovider \
+             -p no:warnings tests/kernels/test_int4_matmul.py -k wgmma
+           run "int4_wgmma_${KDTREE_GIT_SHA}_h200" 300 python3 dev/kernels/int4_matmul.py --wgmma ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done

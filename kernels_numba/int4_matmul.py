@@ -45,6 +45,8 @@ from ._validate import GRID_Y_MAX, KernelInputError, as_stream, check, empty, fl
 from .device import SIMULATED
 from .int4_layout import Int4Weight
 from .int4_staged import MAX_PX, MAX_SPLITS, Staged, make_int4_staged_kernel, partials
+from .int4_wgmma import MAX_PX as WGMMA_MAX_PX
+from .int4_wgmma import Wgmma, make_int4_wgmma_kernel
 from .intrinsics import (
     cluster_arrive_relaxed,
     cluster_wait,
@@ -245,18 +247,32 @@ STAGED_SMS = 132                                        # H200 SMs
 STAGED_PER_SM = 4                                       # resident blocks of 4 warps per SM (128 registers)
 
 
+def _splits(blocks: int, kc: int, per_sm: int) -> int:
+    """K shares for ``blocks`` column blocks over ``kc`` chunks: none when the blocks alone fill the SMs,
+    else as many as ``per_sm`` resident blocks per SM allow, each of at least two chunks."""
+    if blocks >= STAGED_SMS:
+        return 1
+    return max(d for d in range(1, MAX_SPLITS + 1) if kc % d == 0 and (d == 1 or (
+        blocks * d <= per_sm * STAGED_SMS and kc // d >= 2)))
+
+
 def _staged_config(k: int, n: int | None) -> Staged:
-    """MT = 4 (two grid rows at M = 33..64), NT = 4, equal rings of 4 (PW = PX measured best); K is split
-    only when the column blocks alone leave SMs idle, then into as many shares as STAGED_PER_SM blocks
-    per SM allow, each at least two chunks. At K2 shapes: gate/up 8 splits, down none."""
+    """MT = 4 (two grid rows at M = 33..64), NT = 4, equal rings of 4 (PW = PX measured best); K split by
+    ``_splits``. At K2 shapes: gate/up 8 splits, down none."""
     n16 = -(-(n or 2048) // 16)
     nt = min(4, n16)
-    blocks, kc = -(-n16 // nt) * 2, k // 64
-    s = 1
-    if blocks < STAGED_SMS:
-        s = max(d for d in range(1, MAX_SPLITS + 1) if kc % d == 0 and (d == 1 or (
-            blocks * d <= STAGED_PER_SM * STAGED_SMS and kc // d >= 2)))
-    return Staged(4, nt, s, 4, 4)
+    return Staged(4, nt, _splits(-(-n16 // nt) * 2, k // 64, STAGED_PER_SM), 4, 4)
+
+
+WGMMA_PER_SM = 3                # resident wgmma blocks an SM (a warpgroup, <= 168 registers, 41 KB shared)
+
+
+def wgmma_config(k: int, n: int | None = None, prescale: bool = False) -> Wgmma:
+    """The wgmma kernel's tiling for M = 33..64 (not a default: not yet timed): MT = 8 (one grid row),
+    one warpgroup, PW = 3 weight and PX = 4 x stages; K split by ``_splits``. At K2 shapes: gate/up 8
+    splits (256 blocks), down 2 (224)."""
+    n16 = -(-(n or 2048) // 16)
+    return Wgmma(8, 1, _splits(-(-n16 // 4), k // 64, WGMMA_PER_SM), 3, 4, prescale)
 
 
 def choose_config(m: int, k: int, g: int = 32, n: int | None = None) -> tuple[int, ...] | Staged:
@@ -306,8 +322,9 @@ def gemm_workspace(rows: int, shapes, stream=0) -> GemmWorkspace:
     return GemmWorkspace(empty(words, np.float32, stream), zeroed(cells, np.int32, stream))
 
 
-def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int, ...] | Staged | None = None,
-                pdl: bool = True, workspace: GemmWorkspace | None = None):
+def int4_matmul(x, weight: Int4Weight, out=None, stream=None,
+                config: tuple[int, ...] | Staged | Wgmma | None = None, pdl: bool = True,
+                workspace: GemmWorkspace | None = None):
     """``out [M, N] float32 = f16(x) @ W.T`` for a repacked W4A16 weight (``repack_int4``).
 
     ``x`` float16 ``[M, K]`` C-contiguous, 16-byte aligned, M >= 1; ``weight`` an ``Int4Weight``
@@ -315,7 +332,7 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     Accepts numba device arrays or torch CUDA tensors; launches on ``stream`` (numba stream,
     torch stream or raw handle; None = default). ``config`` (MT, KS, CPW) or (MT, KS, CPW, KP)
     overrides ``choose_config`` (KP = 2: tile pairs in clusters of 2 blocks, see the module notes), as
-    does a ``Staged`` tiling (the staged kernel, int4_staged.py).
+    does a ``Staged`` tiling (the staged kernel, int4_staged.py) or a ``Wgmma`` one (int4_wgmma.py, Hopper).
     ``pdl``: launch with programmatic dependent launch (``launch.py``), so the
     weight loads overlap the previous kernel in the stream. ``workspace`` (``gemm_workspace``) holds the
     staged kernel's split-K partials; without one a launch that needs it allocates its own. Raises
@@ -337,7 +354,7 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
         out = empty((m, n), np.float32, stream)
     out = check(out, "out", np.float32, (m, n), align=4)
     config = config or choose_config(m, k, gs, n)
-    if isinstance(config, Staged):
+    if isinstance(config, (Staged, Wgmma)):
         _launch_staged(x, weight, out, wq, sq, config, stream, pdl, workspace)
         return out
     mt, ks, cpw, kp = (*config, 0)[:4]
@@ -357,11 +374,20 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None, config: tuple[int,
     return out
 
 
-def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl: bool,
+def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged | Wgmma, stream, pdl: bool,
                    ws: GemmWorkspace | None):
     m, n, k, gs = x.shape[0], weight.n, weight.k, weight.group_size
     kc = k // 64
-    if (cfg.mt not in MT_BUCKETS or not 1 <= cfg.nt <= 16 or not 1 <= cfg.splits <= MAX_SPLITS
+    if isinstance(cfg, Wgmma):
+        if (not 1 <= cfg.mt <= 8 or cfg.wg not in (1, 2) or not 1 <= cfg.splits <= MAX_SPLITS
+                or kc % cfg.splits or not 3 <= cfg.px <= WGMMA_MAX_PX or cfg.pw < max(2, cfg.px - 1)
+                or cfg.shared_words(gs) * 4 > 48 * 1024):
+            raise KernelInputError(f"bad wgmma config {cfg} for K={k}: MT in 1..8, WG 1 or 2, S in "
+                                   f"1..{MAX_SPLITS} dividing K/64 = {kc}, PX in 3..{WGMMA_MAX_PX}, "
+                                   "PW >= PX - 1, at most 48 KB of shared memory")
+        if not SIMULATED and cuda.get_current_device().compute_capability != (9, 0):
+            raise KernelInputError("the wgmma kernel needs an sm_90 GPU (H100 / H200)")
+    elif (cfg.mt not in MT_BUCKETS or not 1 <= cfg.nt <= 16 or not 1 <= cfg.splits <= MAX_SPLITS
             or kc % cfg.splits or cfg.pw < 2 or not 2 <= cfg.px <= MAX_PX
             or cfg.shared_words(gs) * 4 > 48 * 1024):
         raise KernelInputError(f"bad staged config {cfg} for K={k}: NT in 1..16, S in 1..{MAX_SPLITS} "
@@ -382,5 +408,8 @@ def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged, stream, pdl:
         # not touched without split K (the simulator copies every argument back after a launch, so there
         # an alias of out would undo its stores)
         part, cnt = (empty(1, np.float32) if SIMULATED else flat(out)), sq
-    kernel = make_int4_staged_kernel(k, gs, cfg.mt, cfg.nt, cfg.splits, cfg.pw, cfg.px)
+    if isinstance(cfg, Wgmma):
+        kernel = make_int4_wgmma_kernel(k, gs, cfg.mt, cfg.wg, cfg.splits, cfg.pw, cfg.px, cfg.prescale)
+    else:
+        kernel = make_int4_staged_kernel(k, gs, cfg.mt, cfg.nt, cfg.splits, cfg.pw, cfg.px)
     launch(kernel, grid, cfg.nt * 32, stream, (flat(out), flat(x), wq, sq, part, cnt, m, n), pdl, 1)

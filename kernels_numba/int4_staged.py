@@ -89,6 +89,43 @@ def partials(cfg: Staged, n16: int, grid_rows: int) -> tuple[int, int]:
 
 
 @functools.cache
+def make_split_sum(S: int, NT: int, NACC: int):
+    """Split K's end for a block of NT warps holding NACC accumulators a lane: publish them at ``pbase``
+    (this lane's word of warp 0's share 0 in the ``cell``'s partials), count the ``cell``; the block
+    that completes the count sums the S shares in split order (so results do not depend on timing) into
+    ``acc``, resets the counter for the next launch and returns True; the others return False."""
+
+    @cuda.jit(device=True, inline="always")
+    def split_sum(acc, part, cnt, last, cell, s, pbase):
+        for i in range(NACC):
+            part[pbase + (s * NT * NACC + i) * 32] = acc[i]
+        cuda.threadfence()
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            last[0] = cuda.atomic.add(cnt, cell, 1)
+        cuda.syncthreads()
+        if last[0] != S - 1:
+            return False
+        cuda.threadfence()
+        tot = cuda.local.array(NACC, float32)
+        for i in range(NACC):
+            tot[i] = ZERO
+        for s2 in range(S):                               # split order, whichever block is last
+            if s2 == s:
+                for i in range(NACC):
+                    tot[i] += acc[i]
+            else:
+                for i in range(NACC):
+                    tot[i] += ld_cg_f32(part, pbase + (s2 * NT * NACC + i) * 32)
+        for i in range(NACC):
+            acc[i] = tot[i]
+        if cuda.threadIdx.x == 0:
+            cnt[cell] = 0
+        return True
+    return split_sum
+
+
+@functools.cache
 def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, PX: int):
     """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
     KC = K // 64
@@ -109,6 +146,7 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
     SPLIT = S > 1
     AHEAD = min(PW, PX) - 2        # commit groups younger than chunk c's that may still be in flight
     opts = {} if SIMULATED else {"max_registers": min(128, 65536 // (2 * NTHR) // 8 * 8)}   # 2+ blocks/SM
+    split_sum = make_split_sum(S, NT, NACC)
 
     @cuda.jit(**opts)
     def int4_staged_kernel(out, x, wq, sq, part, cnt, m_rows, n_rows):
@@ -198,33 +236,10 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
 
         griddep_launch_dependents()                           # only now: a next grid resident early slowed
         #                                                     this one's loop by 7 us (docs/perf.md, v17)
-        if SPLIT:                                             # publish, count; the last block sums
+        if SPLIT:
             cell = cuda.blockIdx.y * ((n16 + NT - 1) // NT) + cb
-            pbase = (cell * S * NT + warp) * NACC * 32 + lane
-            for i in range(NACC):
-                part[pbase + (s * NT * NACC + i) * 32] = acc[i]
-            cuda.threadfence()
-            cuda.syncthreads()
-            if tid == 0:
-                last[0] = cuda.atomic.add(cnt, cell, 1)
-            cuda.syncthreads()
-            if last[0] != S - 1:
+            if not split_sum(acc, part, cnt, last, cell, s, (cell * S * NT + warp) * NACC * 32 + lane):
                 return
-            cuda.threadfence()
-            tot = cuda.local.array(NACC, float32)
-            for i in range(NACC):
-                tot[i] = ZERO
-            for s2 in range(S):                               # split order, whichever block is last
-                if s2 == s:
-                    for i in range(NACC):
-                        tot[i] += acc[i]
-                else:
-                    for i in range(NACC):
-                        tot[i] += ld_cg_f32(part, pbase + (s2 * NT * NACC + i) * 32)
-            for i in range(NACC):
-                acc[i] = tot[i]
-            if tid == 0:
-                cnt[cell] = 0
         for mt in range(MT):
             for r in range(4):
                 n = tile * 16 + g + 8 * (r >> 1)

@@ -12,6 +12,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``ld_shared_v4(s, i)`` | ``ld.shared.v4.u32`` from shared ``s[i]`` (a 32-bit shared address) | 4 words |
 | ``st_shared_v4(s, i, w0, w1, w2, w3)`` | ``st.shared.v4.u32`` of four words at shared ``s[i]`` | 4 words |
 | ``cp_async16(s, si, a, ai)`` | ``cp.async.cg.shared.global``: 16 B, ``a[ai]`` to shared ``s[si]`` | copy |
+| ``cp_async4(s, si, a, ai)`` | ``cp.async.ca.shared.global``: 4 B, through L1 (neighbours' words) | copy |
 | ``cp_async_commit()`` | ``cp.async.commit_group``: the copies since the last commit form a group | no-op |
 | ``cp_async_wait(n)`` | ``cp.async.wait_group n`` (n a compile-time int): all but the newest n done | no-op |
 | ``dequant_i4x8(w)`` | 4 lop3 + shift, ``sub``/``fma`` ``.f16x2``: 8 nibbles -> 4 half2 | numpy f16 |
@@ -80,17 +81,18 @@ def _host_array(a):
     return np.asarray(getattr(a, "_ary", a))
 
 
-def _sim_words16(a, i) -> np.ndarray:
-    """The 16 bytes at element ``i`` of ``a`` as 4 words (a view); IndexError where the GPU's 16-byte
-    access would fault: past the end, or not 16-byte aligned (a GPU allocation's base is 256-aligned, a
-    numpy array's at least 16, so an offset misaligned here is misaligned there)."""
+def _sim_words16(a, i, nbytes=16) -> np.ndarray:
+    """The 16 (``nbytes``) bytes at element ``i`` of ``a`` as words (a view); IndexError where the GPU's
+    access would fault: past the end, or not aligned to its size (a GPU allocation's base is 256-aligned,
+    a numpy array's at least 16, so an offset misaligned here is misaligned there)."""
     arr = _host_array(a)
     i = int(i)
-    raw = arr[i:i + 16 // arr.dtype.itemsize]
-    if i < 0 or raw.nbytes != 16:
-        raise IndexError(f"16-byte access at element {i} of an array of {arr.size}")
-    if raw.ctypes.data % 16:
-        raise IndexError(f"16-byte access at element {i}: {raw.ctypes.data % 16} B off a 16-byte boundary")
+    raw = arr[i:i + nbytes // arr.dtype.itemsize]
+    if i < 0 or raw.nbytes != nbytes:
+        raise IndexError(f"{nbytes}-byte access at element {i} of an array of {arr.size}")
+    if raw.ctypes.data % nbytes:
+        raise IndexError(f"{nbytes}-byte access at element {i}: {raw.ctypes.data % nbytes} B off a "
+                         f"{nbytes}-byte boundary")
     return raw.view(np.uint32)
 
 
@@ -102,6 +104,10 @@ def _sim_ld_u32x4(a, i):
 def _sim_cp_async16(s, si, a, ai):
     words = _sim_words16(a, ai)
     _sim_st_u32x4(s, si, words[0], words[1], words[2], words[3])
+
+
+def _sim_cp_async4(s, si, a, ai):
+    _sim_words16(s, si, 4)[:] = _sim_words16(a, ai, 4)
 
 
 def _sim_st_u32x4(a, i, w0, w1, w2, w3):
@@ -299,6 +305,20 @@ def _sim_bits_to_bf162(u, v):
 
 # ---- GPU intrinsics ------------------------------------------------------------------------
 
+def shared_address(context, builder, aty, arr, idx):
+    """Codegen helper (GPU): the 32-bit shared-window address of ``arr[idx]`` (a shared array): the
+    array's base converted once (a pure asm, so LLVM can hoist and share it) plus the byte offset in
+    32-bit arithmetic."""
+    from llvmlite import ir
+    i32 = ir.IntType(32)
+    ary = context.make_array(aty)(context, builder, value=arr)
+    base = builder.ptrtoint(ary.data, ir.IntType(64))
+    cvta = ir.InlineAsm(ir.FunctionType(i32, [ir.IntType(64)]),
+                        "{\n.reg .u64 s;\ncvta.to.shared.u64 s, $1;\ncvt.u32.u64 $0, s;\n}", "=r,l")
+    off = builder.mul(builder.trunc(idx, i32), ir.Constant(i32, aty.dtype.bitwidth // 8))
+    return builder.add(builder.call(cvta, [base]), off)
+
+
 def _build_gpu():
     from llvmlite import ir
     from numba import types
@@ -324,7 +344,7 @@ def _build_gpu():
                 return None
 
             def codegen(context, builder, sig, args):
-                at = _saddr if shared else _ptr     # shared: 32-bit address, ordered with cp.async, barriers
+                at = shared_address if shared else _ptr   # shared: 32-bit address, ordered with cp.async
                 addr = at(context, builder, sig.args[0], args[0], args[1])
                 aty, cons = (i32, "r,~{memory}") if shared else (i32.as_pointer(), "l")
                 fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [aty])
@@ -532,17 +552,7 @@ def _build_gpu():
             return builder.call(asm, [args[0], lane_mask])
         return v(v, m), codegen
 
-    # thread block clusters, mbarriers and distributed shared memory. Shared operands are 32-bit
-    # shared-window addresses: the array's base converted once (a pure asm, so LLVM can hoist and share
-    # it) plus the byte offset in 32-bit arithmetic
-    def _saddr(context, builder, aty, arr, idx):
-        ary = context.make_array(aty)(context, builder, value=arr)
-        base = builder.ptrtoint(ary.data, ir.IntType(64))
-        cvta = ir.InlineAsm(ir.FunctionType(i32, [ir.IntType(64)]),
-                            "{\n.reg .u64 s;\ncvta.to.shared.u64 s, $1;\ncvt.u32.u64 $0, s;\n}", "=r,l")
-        off = builder.mul(builder.trunc(idx, i32), ir.Constant(i32, aty.dtype.bitwidth // 8))
-        return builder.add(builder.call(cvta, [base]), off)
-
+    # thread block clusters, mbarriers and distributed shared memory (shared operands: shared_address)
     def _on_bar(body):
         """``body`` on the shared barrier ``s[i]`` (address ``$0``) with a 32-bit operand ``$1``."""
         @intrinsic
@@ -552,7 +562,7 @@ def _build_gpu():
                 return None
 
             def codegen(context, builder, sig, args):
-                bar = _saddr(context, builder, sig.args[0], args[0], args[1])
+                bar = shared_address(context, builder, sig.args[0], args[0], args[1])
                 val = context.cast(builder, args[2], sig.args[2], types.uint32)
                 builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32]), body, "r,r,~{memory}",
                                           side_effect=True), [bar, val])
@@ -571,8 +581,8 @@ def _build_gpu():
             return None
 
         def codegen(context, builder, sig, args):
-            dst = _saddr(context, builder, sig.args[0], args[0], args[1])
-            bar = _saddr(context, builder, sig.args[4], args[4], args[5])
+            dst = shared_address(context, builder, sig.args[0], args[0], args[1])
+            bar = shared_address(context, builder, sig.args[4], args[4], args[5])
             rank = context.cast(builder, args[2], sig.args[2], types.uint32)
             val = context.cast(builder, args[3], sig.args[3], types.float32)
             text = ("{\n.reg .u32 d, b;\nmapa.shared::cluster.u32 d, $0, $2;\n"
@@ -592,7 +602,7 @@ def _build_gpu():
             return None
 
         def codegen(context, builder, sig, args):
-            addr = _saddr(context, builder, sig.args[0], args[0], args[1])
+            addr = shared_address(context, builder, sig.args[0], args[0], args[1])
             ws = [context.cast(builder, v, t, types.uint32)
                   for v, t in zip(args[2:], sig.args[2:], strict=True)]
             asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32] * 5),
@@ -602,22 +612,26 @@ def _build_gpu():
             return context.get_dummy_value()
         return types.none(a, i, w0, w1, w2, w3), codegen
 
-    @intrinsic
-    def cp_async16(typingctx, s, si, a, ai):
-        if not all(isinstance(v, types.Array) and v.ndim == 1 for v in (s, a)) or \
-                not all(isinstance(v, types.Integer) for v in (si, ai)):
-            return None
+    def _cp_async(text):
+        @intrinsic
+        def impl(typingctx, s, si, a, ai):
+            if not all(isinstance(v, types.Array) and v.ndim == 1 for v in (s, a)) or \
+                    not all(isinstance(v, types.Integer) for v in (si, ai)):
+                return None
 
-        def codegen(context, builder, sig, args):
-            dst = _saddr(context, builder, sig.args[0], args[0], args[1])
-            src = _ptr(context, builder, sig.args[2], args[2], args[3])
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32.as_pointer()]),
-                               "{\n.reg .u64 g;\ncvta.to.global.u64 g, $1;\n"
-                               "cp.async.cg.shared.global [$0], [g], 16;\n}",
-                               "r,l,~{memory}", side_effect=True)
-            builder.call(asm, [dst, src])
-            return context.get_dummy_value()
-        return types.none(s, si, a, ai), codegen
+            def codegen(context, builder, sig, args):
+                dst = shared_address(context, builder, sig.args[0], args[0], args[1])
+                src = _ptr(context, builder, sig.args[2], args[2], args[3])
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32.as_pointer()]),
+                                   "{\n.reg .u64 g;\ncvta.to.global.u64 g, $1;\n" + text + "\n}",
+                                   "r,l,~{memory}", side_effect=True)
+                builder.call(asm, [dst, src])
+                return context.get_dummy_value()
+            return types.none(s, si, a, ai), codegen
+        return impl
+
+    cp_async16 = _cp_async("cp.async.cg.shared.global [$0], [g], 16;")
+    cp_async4 = _cp_async("cp.async.ca.shared.global [$0], [g], 4;")
 
     @intrinsic
     def cp_async_wait(typingctx, n):
@@ -636,8 +650,8 @@ def _build_gpu():
             stored_as, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0, shfl_xor,
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
-            mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait,
-            as_f32)
+            mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async4, cp_async_commit,
+            cp_async_wait, as_f32)
 
 
 if SIMULATED:
@@ -645,6 +659,7 @@ if SIMULATED:
     ld_v4 = ld_once_v4 = ld_shared_v4 = _sim_ld_u32x4
     st_shared_v4 = _sim_st_u32x4
     cp_async16 = _sim_cp_async16
+    cp_async4 = _sim_cp_async4
     cp_async_commit = _sim_nop
     cp_async_wait = lambda n: None                       # noqa: E731 - the simulator's copies are synchronous
     dequant_i4x8 = _sim_dequant
@@ -674,5 +689,5 @@ else:
      h2_to_f32, bf162_to_f32, f32_to_h2, stored_as, ld_u32, ld_cg_f32, ld_acquire_i32, syncwarp, bcast0,
      shfl_xor, griddep_wait, griddep_wait_for, griddep_launch_dependents,
      globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx, mbar_wait,
-     st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async_commit, cp_async_wait,
+     st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async4, cp_async_commit, cp_async_wait,
      as_f32) = _build_gpu()

@@ -96,9 +96,13 @@ from .w16a16 import Bf16Weight, Groups, repack_w16, row_tiles, tiles_per_block, 
 # isort: split
 # The kernel ladders (dev/kernels/) check, time and disassemble the package kernels through ops: the
 # kernels' builders and the staged tiling's split-K sizes here, the calls the ops wrap in __all__'s group.
-from .int4_matmul import make_int4_matmul_kernel  # noqa: F401 - the tiled kernel's builder
+from .int4_matmul import (
+    make_int4_matmul_kernel,  # noqa: F401 - the tiled kernel's builder
+    wgmma_config,  # noqa: F401 - the wgmma tiling int4_matmul would take (not yet)
+)
 from .int4_staged import make_int4_staged_kernel  # noqa: F401 - the staged kernel's builder
 from .int4_staged import partials as staged_partials  # noqa: F401 - split-K workspace words of a tiling
+from .int4_wgmma import Wgmma  # noqa: F401 - the wgmma kernel's tilings (not a default: not timed yet)
 from .moe_gemm import make_moe_gemm_kernel  # noqa: F401 - fused_moe's stream-K GEMM builder
 from .resources import sm90_build  # noqa: F401 - a kernel's PTX, cubin and registers for sm_90, offline
 from .rmsnorm import rmsnorm_kernel  # noqa: F401 - the norm kernel (its registers: dev/kernels/sass.py --glue)
@@ -855,4 +859,4 @@ __all__ = ["BLAS_PATH", "Bf16Experts", "Bf16Host", "Bf16Weight", "W16A16", "dens
 # the kernel ladders' group (dev/kernels/)
 __all__ += ["GemmWorkspace", "TILE_ROWS", "stream_k_config",
             "fused_moe", "int4_matmul", "make_int4_matmul_kernel", "make_int4_staged_kernel",
-            "make_moe_gemm_kernel", "prepare_moe", "repack_int4", "staged_partials"]
+            "make_moe_gemm_kernel", "prepare_moe", "repack_int4", "staged_partials", "Wgmma", "wgmma_config"]

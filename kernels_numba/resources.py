@@ -37,16 +37,17 @@ class Sm90Build:
 
 
 def sm90_build(kernel, sig) -> Sm90Build:
-    """PTX and cubin of a numba kernel (a ``cuda.jit`` dispatcher) for ``sig`` on sm_90, linked under
-    its own ``max_registers`` (255 without one)."""
+    """PTX and cubin of a numba kernel (a ``cuda.jit`` dispatcher) for ``sig`` on sm_90a (what numba-cuda
+    compiles for on an H100 / H200: wgmma needs the ``a``), linked under its own ``max_registers`` (255
+    without one)."""
     from cuda.bindings import nvjitlink as nj
     from numba import cuda
     from numba.cuda import dispatcher
 
     with mock.patch.object(dispatcher, "get_current_device", _Sm90):
-        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0, "a"))
     cap = kernel.targetoptions.get("max_registers") or 255
-    opts = ["-arch=sm_90", "-verbose", f"-maxrregcount={cap}"]
+    opts = ["-arch=sm_90a", "-verbose", f"-maxrregcount={cap}"]
     h = nj.create(len(opts), opts)
     try:
         data = ptx.encode()

@@ -11,8 +11,9 @@ from numba import config, cuda
 from numba import types as T
 
 from kernels_numba.blockops import KS, TPB
-from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel, tiled_config
+from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel, tiled_config, wgmma_config
 from kernels_numba.int4_staged import make_int4_staged_kernel
+from kernels_numba.int4_wgmma import make_int4_wgmma_kernel
 from kernels_numba.intrinsics import stored_as
 from kernels_numba.mla import make_mla_core_bf16, mla_prep_kernel, q_rope_kernel, softmax16_kernel
 from kernels_numba.moe import choose_moe_config, stream_k_config
@@ -38,7 +39,10 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "ld_cg": "ld.global.cg.f32",
         "mbar_wait": "mbarrier.try_wait", "cvt_f16": "cvt.rn.f16.f32", "cvt_bf16": "cvt.rn.bf16.f32",
         "fma_f32": "fma.rn.f32", "bar_warp": "bar.warp.sync", "shfl_bfly": "shfl.sync.bfly.b32",
-        "f64": ".f64"}
+        "f64": ".f64", "wgmma": "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
+        "wgmma_fence": "wgmma.fence.sync.aligned", "wgmma_wait": "wgmma.wait_group.sync.aligned",
+        "fence_proxy": "fence.proxy.async.shared::cta", "cp_async4": "cp.async.ca.shared.global",
+        "hmul2": "mul.rn.f16x2"}
 
 
 @cuda.jit
@@ -76,6 +80,24 @@ def int4_staged_builds() -> dict:
         sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64, T.int64)
         out[f"int4_staged N={n} K={k} G={g} {cfg}"] = counts(
             make_int4_staged_kernel(k, g, cfg.mt, cfg.nt, cfg.splits, cfg.pw, cfg.px), sig)
+    return out
+
+
+def int4_wgmma_builds() -> dict:
+    """The wgmma kernel (sm_90a) at wgmma_config for both K2 shapes and both scale modes, and down at
+    G = 128: instruction counts and what ptxas makes of it, with whether it serialized the wgmma
+    (a C7514 .. C7517 notice: registers of a wgmma in flight read or written)."""
+    a, out = _sig, {}
+    for n, k, g, pre in ((2048, 7168, 32, False), (2048, 7168, 32, True), (7168, 2048, 32, False),
+                         (7168, 2048, 32, True), (7168, 2048, 128, False)):
+        cfg = wgmma_config(k, n, pre)
+        cnt = T.int32 if cfg.splits > 1 else T.uint32
+        sig = (a(T.float32), a(T.float16), a(T.uint32), a(T.uint32), a(T.float32), a(cnt), T.int64, T.int64)
+        b = sm90_build(make_int4_wgmma_kernel(k, g, cfg.mt, cfg.wg, cfg.splits, cfg.pw, cfg.px, pre), sig)
+        c = {key: b.ptx.count(v) for key, v in KEYS.items()}
+        c.update(registers=b.registers, spill=b.spill_bytes, fits=b.fits(cfg.nt * 32),
+                 serialized=any(f"C751{d}" in b.log for d in range(10)))
+        out[f"int4_wgmma N={n} K={k} G={g} {cfg}"] = c
     return out
 
 
@@ -198,7 +220,8 @@ def launch_fit_builds() -> dict:
             "norm_rows K=7168": fit(make_norm_rows_kernel(7168, 8), (f2, f1, f1, T.float32, T.int64), 256)}
 
 
-GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds, "moe_gemm": moe_gemm_builds,
+GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds,
+          "int4_wgmma": int4_wgmma_builds, "moe_gemm": moe_gemm_builds,
           "moe_glue": moe_glue_builds, "rows": row_builds, "router": router_builds, "w16a16": w16a16_builds,
           "mla_core": mla_core_builds, "launch_fit": launch_fit_builds}
 

@@ -57,6 +57,24 @@ def test_int4_staged_stages_x_in_shared_memory():
         assert (c["atom_global"] == 1 and c["ld_cg"] >= 1) == split, name   # split K: counter, L2 reads
 
 
+def test_int4_wgmma_keeps_its_warpgroup_mma_asynchronous():
+    """The wgmma kernel for sm_90a: 4 wgmma a chunk (64-column tiles of x read from shared memory), x
+    staged by 4-byte cp.async and made visible to wgmma by a proxy fence; the f16 scale products only
+    when prescaled; accumulators in registers without spill; and ptxas kept the wgmma asynchronous
+    (it says so when it must serialize them, C7514 .. C7517)."""
+    wg = probe("int4_wgmma")
+    assert len(wg) == 5
+    for name, c in wg.items():
+        prescale = name.endswith("p")
+        assert c["wgmma"] == 4 and c["wgmma_fence"] == 1 and c["fence_proxy"] == 1, (name, c)
+        assert c["wgmma_wait"] == 2, (name, c)                         # one in the chunk loop, one after it
+        assert c["cp_async4"] >= 1 and c["cp_async"] >= 2, (name, c)    # x 4 B a copy; weights, scales 16 B
+        assert c["hmul2"] == (16 if prescale else 0), (name, c)
+        assert c["local"] == 0 and c["spill"] == 0 and c["fits"], (name, c)
+        assert not c["serialized"], (name, c)
+        assert c["pdl_launch"] == 1 and c["pdl_wait"] == 1, (name, c)
+
+
 def test_moe_stream_k_gemms():
     c = probe("moe_gemm")["moe down"]                       # (G != 32 only: G = 32 takes moe_gemv)
     assert c["mma"] >= 2 and c["ldg_nc_v4"] >= 1 and c["ldg_v4"] >= 1 and c["local"] == 0

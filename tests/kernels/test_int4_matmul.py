@@ -11,10 +11,11 @@ import pytest
 
 from kernels_numba import KernelInputError, int4_matmul, repack_int4
 from kernels_numba.int4_layout import Int4Weight
-from kernels_numba.int4_matmul import GemmWorkspace, choose_config, gemm_workspace
+from kernels_numba.int4_matmul import GemmWorkspace, choose_config, gemm_workspace, wgmma_config
 from kernels_numba.int4_staged import Staged
+from kernels_numba.int4_wgmma import Wgmma
 from kernels_numba.sim import sim_speed
-from workbench.quant.int4 import gen_quant4, int4_linear, pack_int4
+from workbench.quant.int4 import dequantize_packed, gen_quant4, int4_linear, pack_int4
 
 from .helpers import SIMULATED, assert_close, dev, gpu, host, needs_gpu, poisoned
 
@@ -23,6 +24,13 @@ def _weight(n, k, g, seed):
     _, packed, scales = gen_quant4(n, k, g, seed=seed)
     w = repack_int4(packed, scales)
     return (w if SIMULATED else w.to_device()), packed, scales
+
+
+def _f16_weights_linear(x, packed, scales):
+    """What a ``prescale`` wgmma tiling computes: the definition with each dequantized weight rounded to
+    float16 (the kernel multiplies the scales into the weights in f16), summed in float32."""
+    w = dequantize_packed(packed, scales).astype(np.float16).astype(np.float32)
+    return x.astype(np.float16).astype(np.float32) @ w.T
 
 
 def _check(m, n, k, g, seed, config=None, workspace=None, fast=False):
@@ -34,7 +42,8 @@ def _check(m, n, k, g, seed, config=None, workspace=None, fast=False):
     out = poisoned((m, n))
     with sim_speed() if fast else contextlib.nullcontext():
         int4_matmul(dev(x), w, out=out, config=config, workspace=workspace)
-    assert_close(host(out), int4_linear(x, packed, scales), what=f"M={m} N={n} K={k} G={g} {config}")
+    ref = _f16_weights_linear if getattr(config, "prescale", False) else int4_linear
+    assert_close(host(out), ref(x, packed, scales), what=f"M={m} N={n} K={k} G={g} {config}")
 
 
 @pytest.mark.parametrize("m,n,k,g", [
@@ -107,6 +116,41 @@ def test_staged_bad_config_and_workspace():
     small = GemmWorkspace(dev(np.zeros(8, np.float32)), dev(np.zeros(1, np.int32)))
     with pytest.raises(KernelInputError, match="workspace too small"):
         int4_matmul(x, w, config=Staged(8, 1, 2, 2, 2), workspace=small)
+
+
+def test_wgmma_tilings():
+    """The wgmma kernel (the simulator runs each wgmma as the PTX ISA defines its operands: wgmma.py):
+    M = 40 (a 40-column wgmma) with split K over rings of 3; two warpgroups with split K at G = 64 and
+    M = 64; G = 128 groups across chunks, split K over two grid rows (M = 70); N = 40, not a whole
+    warpgroup of tiles, under deep rings."""
+    _check(40, 64, 256, 32, 1, config=Wgmma(5, 1, 2, 3, 3), fast=True)
+    _check(64, 128, 512, 64, 2, config=Wgmma(8, 2, 2, 3, 3), fast=True)
+    _check(70, 48, 384, 128, 3, config=Wgmma(8, 1, 3, 3, 4), fast=True)
+    _check(33, 40, 256, 32, 4, config=Wgmma(6, 1, 1, 4, 5), fast=True)
+
+
+def test_wgmma_prescaled():
+    """``prescale``: against the definition with f16-rounded weights (what it computes), and within
+    float16 weight rounding of the exact definition."""
+    _check(33, 64, 512, 32, 5, config=Wgmma(6, 1, 2, 5, 6, True), fast=True)
+    _check(48, 64, 256, 64, 6, config=Wgmma(8, 1, 2, 3, 4, True), fast=True)
+    w, packed, scales = _weight(32, 512, 32, 7)
+    x = np.random.default_rng(7).standard_normal((40, 512)).astype(np.float16)
+    with sim_speed():
+        got = host(int4_matmul(dev(x), w, config=Wgmma(5, 1, 1, 3, 3, True)))
+    exact = int4_linear(x, packed, scales)
+    bound = 2.0 ** -11 * (np.abs(x.astype(np.float32)) @ np.abs(dequantize_packed(packed, scales)).T)
+    assert np.all(np.abs(got - exact) <= bound + 1e-5 * np.abs(exact).max())
+    assert not np.array_equal(got, exact)                            # the rounding is there to see
+
+
+def test_wgmma_bad_configs():
+    w, _, _ = _weight(16, 128, 32, 15)
+    x = dev(np.zeros((40, 128), np.float16))
+    for cfg in (Wgmma(9, 1, 1, 3, 3), Wgmma(8, 3, 1, 3, 3), Wgmma(8, 1, 3, 3, 3), Wgmma(8, 1, 1, 3, 2),
+                Wgmma(8, 1, 1, 2, 4), Wgmma(8, 2, 1, 4, 5)):
+        with pytest.raises(KernelInputError, match="bad wgmma config"):
+            int4_matmul(x, w, config=cfg)
 
 
 def test_choose_config_pairs_only_even_tile_counts():
@@ -212,6 +256,17 @@ def test_gpu_dependent_launches(m, own_stream):
 @pytest.mark.parametrize("n,k", [(2048, 7168), (7168, 2048)])
 def test_gpu_k2_shapes(m, n, k):
     _check(m, n, k, 32, seed=m + n)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("m", [33, 48, 64])
+@pytest.mark.parametrize("n,k", [(2048, 7168), (7168, 2048)])
+@pytest.mark.parametrize("prescale", [False, True])
+def test_gpu_wgmma_k2_shapes(m, n, k, prescale):
+    """The hardware's wgmma (descriptor fields, fragment layouts, the async pipeline) against the reference
+    at K2 shapes: what the simulator tier cannot see."""
+    _check(m, n, k, 32, seed=m + n + 7, config=wgmma_config(k, n, prescale))
 
 
 @gpu

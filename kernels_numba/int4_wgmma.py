@@ -1,0 +1,237 @@
+"""W4A16 GEMM for tree-sized M on Hopper's warpgroup MMA (``wgmma``): the staged kernel's rings and
+split K (int4_staged.py), with x read by the tensor cores straight from shared memory.
+
+Legend: M activation rows, N output rows, K input columns, G group size; MT m8-tiles (the wgmma's
+N = 8*MT, up to 64 rows a grid row), WG warpgroups per block (64 weight rows each: NT = 4 WG 16-row
+tiles), S blocks splitting K, PW / PX shared-memory stages of weights / x, KC = K/64, KB = KC/S.
+
+Why: at 33-64 rows the staged kernel's warps run 32 ``mma.sync``, 16 ``ld.shared.v4`` of x fragments
+and 64 scale FMAs per 64-column chunk, and its rungs measured latency-bound (docs/perf.md). Here a
+chunk is 4 ``wgmma.m64n{8 MT}k16`` per warpgroup: x never passes through registers, the group scales
+multiply the dequantized weights (f16, as Marlin-style kernels do) instead of the accumulators, and the
+MMAs run asynchronously beside the next chunk's dequantization.
+
+- Operands ("swap A/B" as in int4_matmul.py): the weights are A (64 rows of a warpgroup: warp w's
+  16-row tile is its A fragment, repacked by int4_layout.py), x is B, read by a descriptor from a
+  stage laid out in core matrices of 8 rows x 16 bytes: piece (row r, 16 bytes j of the chunk) at
+  byte j * LBO + (r // 8) * 128 + (r % 8) * 16, so k16 step q starts at byte 2q * LBO (LBO = 128 MT).
+- Scales: ``(u - 8) * s`` rounded to f16 (one rounding, exact for |s| >= 2^-14 / 8 up to that) times f16 x
+  summed in f32; the reference's ``sum x (q s)`` up to rounding.
+- Rings: weights run PW - 1 chunks ahead (the first before the PDL wait), x PX - 2 (from L2). A
+  chunk's wgmma are one group; after issuing chunk c a warpgroup waits for chunk c - 1's group, so at
+  chunk c the barrier frees x's stage of chunk c - 2 (its wgmma retired in every warp) and the weight
+  stage of chunk c - 1 (read into registers). One cp.async commit group per chunk: x chunk c is in
+  group c, weight chunk c in group c + PX - PW - 1 or earlier (PW >= PX - 1), so
+  ``wait_group(PX - 3)`` completes chunk c; ``fence.proxy.async`` makes the copies visible to wgmma.
+- Split K as the staged kernel (``int4_staged.make_split_sum``); the next grid is let launch after
+  the chunk loop; rows past M are not copied (a D column reads one x row only).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from numba import cuda, float32, int32, uint32
+
+from .device import SIMULATED
+from .int4_staged import make_split_sum
+from .intrinsics import (
+    cp_async4,
+    cp_async16,
+    cp_async_commit,
+    cp_async_wait,
+    dequant_i4x8,
+    griddep_launch_dependents,
+    griddep_wait,
+    h2_to_f32,
+    ld_shared_v4,
+)
+from .wgmma import (
+    acc_zeros,
+    fence_proxy_async,
+    scale_a16,
+    scaled_add,
+    wgmma_commit,
+    wgmma_f16,
+    wgmma_fence,
+    wgmma_wait,
+)
+
+ZERO = float32(0.0)
+MAX_PX = 6
+
+
+@dataclass(frozen=True)
+class Wgmma:
+    """The wgmma kernel's tiling: MT m8-tiles (1..8), WG warpgroups per block (1 or 2), S K-splits, PW
+    weight stages and PX x stages (3 .. MAX_PX, PW >= PX - 1); ``prescale``: the group scales multiply the
+    weights in f16 (module notes) instead of each group's sum in f32."""
+    mt: int
+    wg: int
+    splits: int
+    pw: int
+    px: int
+    prescale: bool = False
+
+    def __str__(self) -> str:
+        return f"wgmma{self.mt}x{self.wg}x{self.splits}x{self.pw}x{self.px}" + ("p" if self.prescale else "")
+
+    @property
+    def nt(self) -> int:
+        """16-row weight tiles (warps) a block."""
+        return 4 * self.wg
+
+    def shared_words(self, g: int) -> int:
+        """uint32 words of shared memory: PX x chunks (8*MT rows x 64 f16), PW chunks of the NT tiles'
+        weights (128 words a tile) and scales (8 words a group)."""
+        return self.px * self.mt * 256 + self.pw * self.nt * (128 + (2 if g == 32 else 1) * 8)
+
+
+@functools.cache
+def make_int4_wgmma_kernel(K: int, G: int, MT: int, WG: int, S: int, PW: int, PX: int, PRESCALE: bool):
+    """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
+    KC = K // 64
+    KB = KC // S                   # chunks per block
+    NS = K // G
+    TILE_W = KC * 128              # uint32 words per 16-row weight tile
+    SPC = 2 if G == 32 else 1      # scale words per lane and chunk (groups per chunk, G <= 64)
+    NT = 4 * WG
+    NACC = MT * 4                  # accumulators a thread: the wgmma's N / 2
+    NTHR = NT * 32
+    XW = MT * 256                  # words of one staged x chunk: 8*MT rows x 64 f16
+    WW = NT * 128                  # words of one chunk of the block's weight tiles
+    W0 = PX * XW                   # shared layout: PX x chunks, PW weight chunks, PW scale chunks
+    S0 = W0 + PW * WW
+    SMW = Wgmma(MT, WG, S, PW, PX, PRESCALE).shared_words(G)
+    UNITS = MT * 256               # 4-byte units of an x chunk
+    UPT = -(-UNITS // NTHR)        # units per thread
+    SPL = SPC * 2                  # 16-byte scale pieces per tile and chunk (lanes 0..SPL-1 copy them)
+    LBO = MT * 128                 # bytes from one 16-byte column of a chunk's x to the next
+    SBO = 128                      # bytes from 8 rows of x to the next 8
+    QW = MT * 64                   # words from one k16 step of a chunk's x to the next (2 LBO)
+    SPLIT = S > 1
+    AHEAD = PX - 3                 # commit groups younger than chunk c's that may still be in flight
+    ALIGN = None if SIMULATED else 128
+    opts = {} if SIMULATED else {"max_registers": min(168, 65536 // (2 * NTHR) // 8 * 8)}   # 2+ blocks/SM
+    split_sum = make_split_sum(S, NT, NACC)
+
+    @cuda.jit(**opts)
+    def int4_wgmma_kernel(out, x, wq, sq, part, cnt, m_rows, n_rows):
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+        cb = cuda.blockIdx.x // S                             # column block
+        s = cuda.blockIdx.x % S                               # its share of K
+        m0 = cuda.blockIdx.y * (8 * MT)
+        n16 = (n_rows + 15) >> 4
+        tile = cb * NT + warp
+        tl = min(tile, n16 - 1)
+        c0 = s * KB
+        sm = cuda.shared.array(SMW, uint32, alignment=ALIGN)
+        last = cuda.shared.array(1, int32)
+        if SIMULATED:                                         # the simulator's shared memory is np.empty:
+            for i in range(tid, SMW, NTHR):                   # x rows past M (never copied) feed NaN to mma
+                sm[i] = 0
+            cuda.syncthreads()
+
+        def fetch_w(c):                                       # chunk c of this warp's tile and its scales
+            b = c % PW
+            cp_async16(sm, W0 + (b * NT + warp) * 128 + lane * 4, wq, tl * TILE_W + (c0 + c) * 128 + lane * 4)
+            if lane < SPL:
+                cp_async16(sm, S0 + (b * NT + warp) * (SPC * 8) + lane * 4, sq,
+                           (tl * NS + ((c0 + c) * 64) // G) * 8 + lane * 4)
+
+        def fetch_x(c):                                       # 4-byte unit e (module notes)
+            b = c % PX
+            for p in range(UPT):
+                e = tid + p * NTHR
+                t4 = e & 3
+                r = ((e >> 5) >> 3) * 8 + ((e >> 2) & 7)
+                v = (e >> 5) & 3
+                h = ((e >> 5) >> 2) & 1
+                if e < UNITS and m0 + r < m_rows:             # rows past M: never stored, not copied
+                    cp_async4(sm, b * XW + (((4 * h + v) * MT + (r >> 3)) * 8 + (r & 7)) * 4 + t4, x,
+                              (m0 + r) * K + (c0 + c) * 64 + 32 * h + 8 * t4 + 2 * v)
+
+        for c in range(PW - 1):                               # weights depend on nothing: before the wait
+            if c < KB:
+                fetch_w(c)
+        griddep_wait()                                        # x, out and the workspace: after it
+        for c in range(PX - 2):
+            if c < KB:
+                fetch_x(c)
+            cp_async_commit()
+        d = acc_zeros(NACC)                                   # prescaled: the sum; exact: group 0's
+        d1 = acc_zeros(NACC)                                  # exact, G = 32: group 1's
+        tot = acc_zeros(NACC)                                 # exact: the scaled sum
+        for c in range(KB):
+            cp_async_wait(AHEAD)                              # groups up to chunk c's complete
+            fence_proxy_async()                               # ... and visible to the wgmma
+            cuda.syncthreads()                                # everyone's: chunk c - 2's wgmma retired
+            if c + PX - 2 < KB:
+                fetch_x(c + PX - 2)
+            if c + PW - 1 < KB:
+                fetch_w(c + PW - 1)
+            cp_async_commit()
+            wb = c % PW
+            wa = ld_shared_v4(sm, W0 + (wb * NT + warp) * 128 + lane * 4)
+            sb = S0 + (wb * NT + warp) * (SPC * 8) + g
+            u0 = sm[sb]
+            u1 = sm[sb + (SPC - 1) * 8]
+            q0 = dequant_i4x8(wa[0])
+            q1 = dequant_i4x8(wa[1])
+            q2 = dequant_i4x8(wa[2])
+            q3 = dequant_i4x8(wa[3])
+            xb = (c % PX) * XW
+            if PRESCALE:                                      # one sum, asynchronous across chunks
+                q0 = scale_a16(q0[0], q0[1], q0[2], q0[3], u0)
+                q1 = scale_a16(q1[0], q1[1], q1[2], q1[3], u0)
+                q2 = scale_a16(q2[0], q2[1], q2[2], q2[3], u1)
+                q3 = scale_a16(q3[0], q3[1], q3[2], q3[3], u1)
+                wgmma_fence()
+                d = wgmma_f16(d, q0[0], q0[1], q0[2], q0[3], sm, xb, LBO, SBO, 1)
+                d = wgmma_f16(d, q1[0], q1[1], q1[2], q1[3], sm, xb + QW, LBO, SBO, 1)
+                d = wgmma_f16(d, q2[0], q2[1], q2[2], q2[3], sm, xb + 2 * QW, LBO, SBO, 1)
+                d = wgmma_f16(d, q3[0], q3[1], q3[2], q3[3], sm, xb + 3 * QW, LBO, SBO, 1)
+                wgmma_commit()
+                wgmma_wait(1)                                 # chunk c - 1's group retired
+            else:                                             # per group from zero, then scaled in f32
+                wgmma_fence()
+                d = wgmma_f16(d, q0[0], q0[1], q0[2], q0[3], sm, xb, LBO, SBO, 0)
+                d = wgmma_f16(d, q1[0], q1[1], q1[2], q1[3], sm, xb + QW, LBO, SBO, 1)
+                if G == 32:
+                    d1 = wgmma_f16(d1, q2[0], q2[1], q2[2], q2[3], sm, xb + 2 * QW, LBO, SBO, 0)
+                    d1 = wgmma_f16(d1, q3[0], q3[1], q3[2], q3[3], sm, xb + 3 * QW, LBO, SBO, 1)
+                else:
+                    d = wgmma_f16(d, q2[0], q2[1], q2[2], q2[3], sm, xb + 2 * QW, LBO, SBO, 1)
+                    d = wgmma_f16(d, q3[0], q3[1], q3[2], q3[3], sm, xb + 3 * QW, LBO, SBO, 1)
+                wgmma_commit()
+                wgmma_wait(0)
+                s_lo, s_hi = h2_to_f32(u0)
+                tot = scaled_add(tot, d, s_lo, s_hi)
+                if G == 32:
+                    t_lo, t_hi = h2_to_f32(u1)
+                    tot = scaled_add(tot, d1, t_lo, t_hi)
+        wgmma_wait(0)
+
+        griddep_launch_dependents()
+        if PRESCALE:
+            tot = d
+        acc = cuda.local.array(NACC, float32)
+        for i in range(NACC):
+            acc[i] = tot[i]
+        if SPLIT:
+            cell = cuda.blockIdx.y * ((n16 + NT - 1) // NT) + cb
+            if not split_sum(acc, part, cnt, last, cell, s, (cell * S * NT + warp) * NACC * 32 + lane):
+                return
+        for j in range(MT):
+            for r in range(4):
+                n = tile * 16 + g + 8 * (r >> 1)
+                m = m0 + j * 8 + 2 * t + (r & 1)
+                if n < n_rows and m < m_rows:
+                    out[m * n_rows + n] = acc[j * 4 + r]
+
+    return int4_wgmma_kernel
