@@ -115,7 +115,7 @@ for step in $STEPS; do
              tests/engine/test_dflash.py -k "not k2_slice and not kimi" ;;
     gemv_sweep) run "moe_gemv_sweep_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/moe.py --gemv-sweep ;;
     wgmma) run "gpu_tier_wgmma_${KDTREE_GIT_SHA}" 150 env KDTREE_GPU=1 python3 -m pytest -q -n 4 -p no:cacheprovider \
-             -p no:warnings tests/kernels/test_int4_matmul.py -k wgmma
+             -p no:warnings tests/kernels/test_wgmma.py tests/kernels/test_int4_matmul.py -k wgmma
            run "int4_wgmma_${KDTREE_GIT_SHA}_h200" 300 python3 dev/kernels/int4_matmul.py --wgmma ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac

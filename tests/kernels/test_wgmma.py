@@ -1,0 +1,119 @@
+"""The wgmma intrinsics against numpy, from the operand layouts written out here (kernels_numba/wgmma.py's
+notes): the simulator's fallbacks in CI, the hardware's wgmma in the GPU tier (descriptor fields,
+fragment layouts, the async group: what the simulator cannot show)."""
+
+import numpy as np
+import pytest
+from numba import cuda, float32, uint32
+
+from kernels_numba import wgmma as kw
+
+from .helpers import dev, gpu, host, needs_gpu
+
+LAYOUTS = [(64, 1024, 128), (40, 128, 256)]          # (N, lbo, sbo): K halves far apart, or N-blocks
+
+
+def _fragments(a: np.ndarray) -> np.ndarray:
+    """A [64, 16] f16 as each thread's 4 words [128, 4]: warp w rows 16w.., lane 4g + t; word j holds
+    rows g + 8 (j % 2), columns 2t + 8 (j // 2) and the next (low half first)."""
+    out = np.zeros((128, 4, 2), np.float16)
+    for th in range(128):
+        w, lane = divmod(th, 32)
+        g, t = divmod(lane, 4)
+        for j in range(4):
+            for h in range(2):
+                out[th, j, h] = a[16 * w + g + 8 * (j % 2), 2 * t + 8 * (j // 2) + h]
+    return out.reshape(128, 8).view(np.uint32)
+
+
+def _b_words(b: np.ndarray, n: int, lbo: int, sbo: int, words: int) -> np.ndarray:
+    """B [16, n] f16 in shared-memory words: element (k, c) at byte (c // 8) sbo + (c % 8) 16 +
+    (k // 8) lbo + 2 (k % 8)."""
+    halves = np.zeros(2 * words, np.float16)
+    for k in range(16):
+        for c in range(n):
+            halves[((c // 8) * sbo + (c % 8) * 16 + (k // 8) * lbo + 2 * (k % 8)) // 2] = b[k, c]
+    return halves.view(np.uint32)
+
+
+def _gather_d(regs: np.ndarray, n: int) -> np.ndarray:
+    """Each thread's n / 2 registers [128, n / 2] as D [64, n]: register 4j + r of lane 4g + t in warp w
+    is row 16w + g + 8 (r >> 1), column 8j + 2t + (r & 1)."""
+    d = np.full((64, n), np.nan)
+    for th in range(128):
+        w, lane = divmod(th, 32)
+        g, t = divmod(lane, 4)
+        for i in range(n // 2):
+            j, r = divmod(i, 4)
+            d[16 * w + g + 8 * (r >> 1), 8 * j + 2 * t + (r & 1)] = regs[th, i]
+    return d
+
+
+def _make_kernel(n: int, lbo: int, sbo: int, words: int):
+    SW, ND = 2 * words, n // 2                          # sizes the compiler sees: constants, not expressions
+
+    @cuda.jit
+    def kernel(out, a0w, a1w, scales, bw):
+        """Two k16 steps into one sum: A0 B0 started from zero (keep 0 over a d of garbage), A1 B1 added,
+        the A1 fragments first scaled by row (scale_a16); then tot = 0.5 * that, scaled_add on rows g /
+        g+8 at 0.5 / 0.25."""
+        sm = cuda.shared.array(SW, uint32)
+        tid = cuda.threadIdx.x
+        th = tid % 128
+        for i in range(tid, SW, cuda.blockDim.x):
+            sm[i] = bw[i]
+        kw.fence_proxy_async()
+        cuda.syncthreads()
+        d = kw.acc_zeros(ND)
+        junk = kw.scaled_add(d, d, float32(tid), float32(tid))        # garbage a keep = 0 wgmma ignores
+        q = kw.scale_a16(a1w[th, 0], a1w[th, 1], a1w[th, 2], a1w[th, 3], scales[th])
+        kw.wgmma_fence()
+        d = kw.wgmma_f16(junk, a0w[th, 0], a0w[th, 1], a0w[th, 2], a0w[th, 3], sm, 0, lbo, sbo, 0)
+        d = kw.wgmma_f16(d, q[0], q[1], q[2], q[3], sm, words, lbo, sbo, 1)
+        kw.wgmma_commit()
+        kw.wgmma_wait(0)
+        tot = kw.scaled_add(kw.acc_zeros(ND), d, float32(0.5), float32(0.25))
+        for i in range(ND):
+            out[tid, i] = tot[i]
+    return kernel
+
+
+def _run(n, lbo, sbo, warpgroups=1):
+    rng = np.random.default_rng(n + lbo)
+    a0, a1 = (rng.integers(-8, 8, (64, 16)).astype(np.float16) for _ in range(2))
+    b0, b1 = (rng.integers(-8, 8, (16, n)).astype(np.float16) for _ in range(2))
+    row_scale = rng.choice(np.array([0.5, 2.0, -1.0, 0.25], np.float16), 64)    # exact in f16 products
+    scales = np.zeros(128, np.uint32)                   # thread's (row g, row g + 8) pair of its warp
+    for th in range(128):
+        w, lane = divmod(th, 32)
+        g = lane // 4
+        pair = np.array([row_scale[16 * w + g], row_scale[16 * w + g + 8]], np.float16)
+        scales[th] = pair.view(np.uint32)[0]
+    words = max((n // 8 - 1) * sbo + 128 + lbo, 16 * 4) // 4
+    bw = np.concatenate([_b_words(b0, n, lbo, sbo, words), _b_words(b1, n, lbo, sbo, words)])
+    out = dev(np.full((128 * warpgroups, n // 2), np.nan, np.float32))
+    _make_kernel(n, lbo, sbo, words)[1, 128 * warpgroups](out, dev(_fragments(a0)), dev(_fragments(a1)),
+                                                           dev(scales), dev(bw))
+    a1s = a1.astype(np.float64) * row_scale.astype(np.float64)[:, None]
+    want = a0.astype(np.float64) @ b0 + a1s @ b1
+    want *= np.where(np.arange(64) % 16 < 8, 0.5, 0.25)[:, None]
+    for wg in range(warpgroups):
+        got = _gather_d(host(out)[128 * wg:128 * wg + 128], n)
+        np.testing.assert_array_equal(got, want)       # small integers and powers of two: exact in f32
+
+
+@pytest.mark.parametrize("n,lbo,sbo", LAYOUTS)
+def test_wgmma_operand_layouts(n, lbo, sbo):
+    _run(n, lbo, sbo)
+
+
+def test_wgmma_two_warpgroups():
+    _run(64, 1024, 128, warpgroups=2)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("n,lbo,sbo", LAYOUTS)
+def test_wgmma_operand_layouts_gpu(n, lbo, sbo):
+    _run(n, lbo, sbo)
+    _run(n, lbo, sbo, warpgroups=2)
