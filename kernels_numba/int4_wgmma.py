@@ -104,8 +104,7 @@ def make_int4_wgmma_kernel(K: int, G: int, MT: int, WG: int, S: int, PW: int, PX
     W0 = PX * XW                   # shared layout: PX x chunks, PW weight chunks, PW scale chunks
     S0 = W0 + PW * WW
     SMW = Wgmma(MT, WG, S, PW, PX, PRESCALE).shared_words(G)
-    UNITS = MT * 256               # 4-byte units of an x chunk
-    UPT = -(-UNITS // NTHR)        # units per thread
+    UPT = MT * 256 // NTHR         # 4-byte units of an x chunk a thread
     SPL = SPC * 2                  # 16-byte scale pieces per tile and chunk (lanes 0..SPL-1 copy them)
     LBO = MT * 128                 # bytes from one 16-byte column of a chunk's x to the next
     SBO = 128                      # bytes from 8 rows of x to the next 8
@@ -144,17 +143,22 @@ def make_int4_wgmma_kernel(K: int, G: int, MT: int, WG: int, S: int, PW: int, PX
                 cp_async16(sm, S0 + (b * NT + warp) * (SPC * 8) + lane * 4, sq,
                            (tl * NS + ((c0 + c) * 64) // G) * 8 + lane * 4)
 
-        def fetch_x(c):                                       # 4-byte unit e (module notes)
+        # x: unit p of a thread is row 8 rg + g, 16 bytes h * 4 + t of its half-row, 4 bytes v = warp % 4
+        # (a warp's 32 copies land in 32 banks), with h, rg from idx = warp // 4 + p * WG (module notes)
+        xsrc = (m0 + g) * K + c0 * 64 + 8 * t + 2 * (warp & 3)
+        xdst = (warp & 3) * MT * 32 + g * 4 + t
+        rows_left = m_rows - m0 - g
+        wg_half = (warp >> 2) if WG == 2 else 0               # (0 at WG = 1: the copies' offsets constant)
+
+        def fetch_x(c):
             b = c % PX
             for p in range(UPT):
-                e = tid + p * NTHR
-                t4 = e & 3
-                r = ((e >> 5) >> 3) * 8 + ((e >> 2) & 7)
-                v = (e >> 5) & 3
-                h = ((e >> 5) >> 2) & 1
-                if e < UNITS and m0 + r < m_rows:             # rows past M: never stored, not copied
-                    cp_async4(sm, b * XW + (((4 * h + v) * MT + (r >> 3)) * 8 + (r & 7)) * 4 + t4, x,
-                              (m0 + r) * K + (c0 + c) * 64 + 32 * h + 8 * t4 + 2 * v)
+                idx = wg_half + p * WG
+                rg = idx >> 1
+                if rg * 8 < rows_left:                        # rows past M: never stored, not copied
+                    h = idx & 1
+                    cp_async4(sm, b * XW + xdst + (4 * h * MT + rg) * 32, x,
+                              xsrc + c * 64 + rg * 8 * K + 32 * h)
 
         for c in range(PW - 1):                               # weights depend on nothing: before the wait
             if c < KB:
