@@ -4,7 +4,8 @@ Rows of the CSV (one per case x implementation), all timed with CUDA events on t
 - matmul at K2 shapes (gate/up 7168 -> 2048, down 2048 -> 7168), M in 1..64: this workbench's
   ``int4_matmul`` through ``kernels_numba.ops.int4_gemm``, the call the engine makes (as shipped, with
   programmatic dependent launch; and with PDL off; where the default is the staged kernel, M = 33..64,
-  also the one-tile-per-block kernel), torch cuBLAS bf16 ``x @ w.t()``, torch tinygemm
+  also the one-tile-per-block kernel and, on an sm_90 GPU, the wgmma kernel with exact and with
+  f16-prescaled scales), torch cuBLAS bf16 ``x @ w.t()``, torch tinygemm
   INT4 g32 (``_weight_int4pack_mm``), each rotating over 64 distinct weight matrices (far more than
   the L2) and captured as 64 back-to-back launches in one CUDA graph (time per launch = replay / 64);
   a torch device copy of the same byte count, captured the same way, is the per-launch ceiling.
@@ -34,7 +35,7 @@ from ..results import result_set, write_csv
 from .common import copy_bandwidth, run_metadata, time_op
 
 SHAPES = {"gate_up": (2048, 7168), "down": (7168, 2048)}       # (N, K)
-MS = (1, 2, 4, 8, 16, 32, 64)
+MS = (1, 2, 4, 8, 16, 32, 33, 64)
 ROT = 64
 G = 32
 
@@ -84,7 +85,7 @@ def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
     xbf = x16.bfloat16()
     work = gemm_workspace(m, [(n, k, G)])
 
-    def numba_int4(pdl=True, config=None):           # the engine's W4A16 GEMM (ops.swiglu runs it)
+    def numba_int4(pdl=True, config=None, work=work):   # the engine's W4A16 GEMM (ops.swiglu runs it)
         for i in range(ROT):
             ops.int4_gemm(x16, w4[i], o32[i], work, torch.cuda.current_stream(), pdl=pdl, config=config)
 
@@ -102,6 +103,14 @@ def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
     if cfg != tiled:                                    # the staged kernel: the tiled one beside
         one = functools.partial(numba_int4, config=tiled)
         beside["int4_matmul, one tile per block"] = (one, int4_bytes, tiled)
+        if torch.cuda.get_device_capability() == (9, 0):  # and the wgmma kernel (not a default yet)
+            for label, pre in (("exact scales", False), ("f16-prescaled", True)):
+                wc = ops.wgmma_config(k, n, pre)
+                words, cells = ops.staged_partials(wc, -(-n // 16), -(-m // (8 * wc.mt)))
+                ws = ops.GemmWorkspace(torch.zeros(max(words, 1), device="cuda"),
+                                       torch.zeros(max(cells, 1), dtype=torch.int32, device="cuda"))
+                fn = functools.partial(numba_int4, config=wc, work=ws)
+                beside[f"int4_matmul, wgmma ({label})"] = (fn, int4_bytes, wc)
     return {"int4_matmul (numba W4A16)": (numba_int4, int4_bytes, cfg),
             "int4_matmul, PDL off": (functools.partial(numba_int4, pdl=False), int4_bytes, cfg), **beside,
             "cuBLAS bf16 (x @ w.t())": (cublas, n * k * 2 + act + m * n * 2, None),
@@ -109,7 +118,6 @@ def _impls(torch, m, n, k, x16, w4, wbf, tg, o32):
 
 
 def bench_matmul(torch, copy, rows, log):
-    from kernels_numba.ops import Staged
     mode = f"graph x{ROT} back-to-back"
     for name, (n, k) in SHAPES.items():
         w4 = _int4_weights(torch, n, k, ROT)
@@ -134,7 +142,7 @@ def bench_matmul(torch, copy, rows, log):
                     continue
                 extra = {"M": m, "N": n, "K": k}
                 if cfg is not None:
-                    extra["config"] = str(cfg) if isinstance(cfg, Staged) else "x".join(map(str, cfg))
+                    extra["config"] = "x".join(map(str, cfg)) if isinstance(cfg, tuple) else str(cfg)
                 rows.append(_row(f"{name} M={m}", impl, mode, st, nbytes, copy, **extra))
                 log(rows[-1])
 

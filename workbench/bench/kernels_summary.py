@@ -16,7 +16,7 @@ def summary(rows: list[dict], copy_gbs: float) -> str:
            "|---|---|---|---|---|---|---|---|---|"]
     for shape in ("gate_up", "down"):
         ceil = _get(rows, f"{shape} copy ceiling", "torch copy")
-        for m in (1, 2, 4, 8, 16, 32, 64):
+        for m in (1, 2, 4, 8, 16, 32, 33, 64):
             r = _get(rows, f"{shape} M={m}", "int4_matmul (")
             if r is None:
                 continue
@@ -31,6 +31,17 @@ def summary(rows: list[dict], copy_gbs: float) -> str:
         if r1 and r16:
             ratio = r16["median_us"] / r1["median_us"]
             out.append(f"{shape}: M=16 time / M=1 time = {ratio:.3f} (target <= 1.5)")
+    wg = [(shape, m, _get(rows, f"{shape} M={m}", "int4_matmul, wgmma (exact"),
+           _get(rows, f"{shape} M={m}", "int4_matmul, wgmma (f16"), _get(rows, f"{shape} M={m}", "cuBLAS"))
+          for shape in ("gate_up", "down") for m in (33, 64)]
+    wg = [w for w in wg if w[2] or w[3]]
+    if wg:
+        out += ["", "| shape | M | wgmma exact us | x cuBLAS bf16 | wgmma f16-prescaled us | x cuBLAS bf16 |",
+                "|---|---|---|---|---|---|"]
+        for shape, m, e, p, cb in wg:
+            cells = [(f"{r['median_us']:.2f}", f"{cb['median_us'] / r['median_us']:.2f}" if cb else "-")
+                     if r else ("-", "-") for r in (e, p)]
+            out.append(f"| {shape} | {m} | {cells[0][0]} | {cells[0][1]} | {cells[1][0]} | {cells[1][1]} |")
     out += ["", "| MoE T | unique experts | fused us | floor us | % floor | torch loop us |",
             "|---|---|---|---|---|---|"]
     for t in TOKENS:
