@@ -89,40 +89,73 @@ def partials(cfg: Staged, n16: int, grid_rows: int) -> tuple[int, int]:
 
 
 @functools.cache
-def make_split_sum(S: int, NT: int, NACC: int):
-    """Split K's end for a block of NT warps holding NACC accumulators a lane: publish them at ``pbase``
-    (this lane's word of warp 0's share 0 in the ``cell``'s partials), count the ``cell``; the block
-    that completes the count sums the S shares in split order (so results do not depend on timing) into
-    ``acc``, resets the counter for the next launch and returns True; the others return False."""
+def make_fetch_w(K: int, G: int, MT: int, NT: int, PW: int, PX: int):
+    """The staged kernels' weight copy: chunk ``c0 + c`` of tile ``tl`` and its scales by ``cp.async``
+    into weight stage c % PW of warp ``warp`` (the shared layout of ``Staged.shared_words``)."""
+    TILE_W = K // 64 * 128         # uint32 words per 16-row weight tile
+    NS = K // G
+    SPC = 2 if G == 32 else 1      # scale words per lane and chunk (groups per chunk, G <= 64)
+    SPL = SPC * 2                  # 16-byte scale pieces per tile and chunk (lanes 0..SPL-1 copy them)
+    W0 = PX * MT * 256             # shared layout: PX x chunks, PW weight chunks, PW scale chunks
+    S0 = W0 + PW * NT * 128
 
     @cuda.jit(device=True, inline="always")
-    def split_sum(acc, part, cnt, last, cell, s, pbase):
-        for i in range(NACC):
-            part[pbase + (s * NT * NACC + i) * 32] = acc[i]
-        cuda.threadfence()
-        cuda.syncthreads()
-        if cuda.threadIdx.x == 0:
-            last[0] = cuda.atomic.add(cnt, cell, 1)
-        cuda.syncthreads()
-        if last[0] != S - 1:
-            return False
-        cuda.threadfence()
-        tot = cuda.local.array(NACC, float32)
-        for i in range(NACC):
-            tot[i] = ZERO
-        for s2 in range(S):                               # split order, whichever block is last
-            if s2 == s:
-                for i in range(NACC):
-                    tot[i] += acc[i]
-            else:
-                for i in range(NACC):
-                    tot[i] += ld_cg_f32(part, pbase + (s2 * NT * NACC + i) * 32)
-        for i in range(NACC):
-            acc[i] = tot[i]
-        if cuda.threadIdx.x == 0:
-            cnt[cell] = 0
-        return True
-    return split_sum
+    def fetch_w(sm, wq, sq, tl, c0, c, warp, lane):
+        b = c % PW
+        cp_async16(sm, W0 + (b * NT + warp) * 128 + lane * 4, wq, tl * TILE_W + (c0 + c) * 128 + lane * 4)
+        if lane < SPL:
+            cp_async16(sm, S0 + (b * NT + warp) * (SPC * 8) + lane * 4, sq,
+                       (tl * NS + ((c0 + c) * 64) // G) * 8 + lane * 4)
+    return fetch_w
+
+
+@functools.cache
+def make_block_end(MT: int, NT: int, S: int):
+    """The staged kernels' end, for a block of NT warps holding MT * 4 accumulators a lane (the D
+    fragments of its m8-tiles): with split K (S > 1) publish them to the column block's ``cell`` of the
+    partials and count it; the block that completes the count sums the S shares in split order (so
+    results do not depend on timing), resets the counter for the next launch and stores ``out``; without
+    split K every block stores its tiles."""
+    NACC = MT * 4
+
+    @cuda.jit(device=True, inline="always")
+    def block_end(out, acc, part, cnt, last, cb, s, tile, m0, m_rows, n_rows):
+        warp = cuda.threadIdx.x >> 5
+        lane = cuda.threadIdx.x & 31
+        if S > 1:
+            cell = cuda.blockIdx.y * ((((n_rows + 15) >> 4) + NT - 1) // NT) + cb
+            pbase = (cell * S * NT + warp) * NACC * 32 + lane
+            for i in range(NACC):
+                part[pbase + (s * NT * NACC + i) * 32] = acc[i]
+            cuda.threadfence()
+            cuda.syncthreads()
+            if cuda.threadIdx.x == 0:
+                last[0] = cuda.atomic.add(cnt, cell, 1)
+            cuda.syncthreads()
+            if last[0] != S - 1:
+                return
+            cuda.threadfence()
+            tot = cuda.local.array(NACC, float32)
+            for i in range(NACC):
+                tot[i] = ZERO
+            for s2 in range(S):                           # split order, whichever block is last
+                if s2 == s:
+                    for i in range(NACC):
+                        tot[i] += acc[i]
+                else:
+                    for i in range(NACC):
+                        tot[i] += ld_cg_f32(part, pbase + (s2 * NT * NACC + i) * 32)
+            for i in range(NACC):
+                acc[i] = tot[i]
+            if cuda.threadIdx.x == 0:
+                cnt[cell] = 0
+        for mt in range(MT):
+            for r in range(4):
+                n = tile * 16 + (lane >> 2) + 8 * (r >> 1)
+                m = m0 + mt * 8 + 2 * (lane & 3) + (r & 1)
+                if n < n_rows and m < m_rows:
+                    out[m * n_rows + n] = acc[mt * 4 + r]
+    return block_end
 
 
 @functools.cache
@@ -130,8 +163,6 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
     """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
     KC = K // 64
     KB = KC // S                   # chunks per block
-    NS = K // G
-    TILE_W = KC * 128              # uint32 words per 16-row weight tile
     SPC = 2 if G == 32 else 1      # scale words per lane and chunk (groups per chunk, G <= 64)
     NACC = MT * 4
     NTHR = NT * 32
@@ -142,11 +173,10 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
     SMW = Staged(MT, NT, S, PW, PX).shared_words(G)
     PIECES = MT * 64               # 16-byte pieces of an x chunk
     PPT = -(-PIECES // NTHR)       # pieces per thread
-    SPL = SPC * 2                  # 16-byte scale pieces per tile and chunk (lanes 0..SPL-1 copy them)
-    SPLIT = S > 1
     AHEAD = min(PW, PX) - 2        # commit groups younger than chunk c's that may still be in flight
     opts = {} if SIMULATED else {"max_registers": min(128, 65536 // (2 * NTHR) // 8 * 8)}   # 2+ blocks/SM
-    split_sum = make_split_sum(S, NT, NACC)
+    fetch_w = make_fetch_w(K, G, MT, NT, PW, PX)
+    block_end = make_block_end(MT, NT, S)
 
     @cuda.jit(**opts)
     def int4_staged_kernel(out, x, wq, sq, part, cnt, m_rows, n_rows):
@@ -154,7 +184,6 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
         warp = tid >> 5
         lane = tid & 31
         g = lane >> 2
-        t = lane & 3
         cb = cuda.blockIdx.x // S                             # column block
         s = cuda.blockIdx.x % S                               # its share of K
         m0 = cuda.blockIdx.y * (8 * MT)
@@ -174,13 +203,6 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
                 sm[i] = 0
             cuda.syncthreads()
 
-        def fetch_w(c):                                       # chunk c of this warp's tile and its scales
-            b = c % PW
-            cp_async16(sm, W0 + (b * NT + warp) * 128 + lane * 4, wq, tl * TILE_W + (c0 + c) * 128 + lane * 4)
-            if lane < SPL:
-                cp_async16(sm, S0 + (b * NT + warp) * (SPC * 8) + lane * 4, sq,
-                           (tl * NS + ((c0 + c) * 64) // G) * 8 + lane * 4)
-
         def fetch_x(c):                                       # piece q: row q >> 3, 16 bytes j = q & 7
             b = c % PX
             for p in range(PPT):
@@ -193,7 +215,7 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
 
         for c in range(PW - 1):                               # weights depend on nothing: before the wait
             if c < KB:
-                fetch_w(c)
+                fetch_w(sm, wq, sq, tl, c0, c, warp, lane)
         griddep_wait()                                        # x, out and the workspace: after it
         for c in range(PX - 1):
             if c < KB:
@@ -205,7 +227,7 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
             if c + PX - 1 < KB:
                 fetch_x(c + PX - 1)
             if c + PW - 1 < KB:
-                fetch_w(c + PW - 1)
+                fetch_w(sm, wq, sq, tl, c0, c + PW - 1, warp, lane)
             cp_async_commit()
             wb = c % PW
             wa = ld_shared_v4(sm, W0 + (wb * NT + warp) * 128 + lane * 4)
@@ -236,16 +258,7 @@ def make_int4_staged_kernel(K: int, G: int, MT: int, NT: int, S: int, PW: int, P
 
         griddep_launch_dependents()                           # only now: a next grid resident early slowed
         #                                                     this one's loop by 7 us (docs/perf.md, v17)
-        if SPLIT:
-            cell = cuda.blockIdx.y * ((n16 + NT - 1) // NT) + cb
-            if not split_sum(acc, part, cnt, last, cell, s, (cell * S * NT + warp) * NACC * 32 + lane):
-                return
-        for mt in range(MT):
-            for r in range(4):
-                n = tile * 16 + g + 8 * (r >> 1)
-                m = m0 + mt * 8 + 2 * t + (r & 1)
-                if n < n_rows and m < m_rows:
-                    out[m * n_rows + n] = acc[mt * 4 + r]
+        block_end(out, acc, part, cnt, last, cb, s, tile, m0, m_rows, n_rows)
 
     return int4_staged_kernel
 

@@ -7,24 +7,30 @@ tiles), S blocks splitting K, PW / PX shared-memory stages of weights / x, KC = 
 
 Why: at 33-64 rows the staged kernel's warps run 32 ``mma.sync``, 16 ``ld.shared.v4`` of x fragments
 and 64 scale FMAs per 64-column chunk, and its rungs measured latency-bound (docs/perf.md). Here a
-chunk is 4 ``wgmma.m64n{8 MT}k16`` per warpgroup: x never passes through registers, the group scales
-multiply the dequantized weights (f16, as Marlin-style kernels do) instead of the accumulators, and the
-MMAs run asynchronously beside the next chunk's dequantization.
+chunk is 4 ``wgmma.m64n{8 MT}k16`` per warpgroup, and x never passes through registers.
 
 - Operands ("swap A/B" as in int4_matmul.py): the weights are A (64 rows of a warpgroup: warp w's
-  16-row tile is its A fragment, repacked by int4_layout.py), x is B, read by a descriptor from a
-  stage laid out in core matrices of 8 rows x 16 bytes: piece (row r, 16 bytes j of the chunk) at
-  byte j * LBO + (r // 8) * 128 + (r % 8) * 16, so k16 step q starts at byte 2q * LBO (LBO = 128 MT).
-- Scales: ``(u - 8) * s`` rounded to f16 (one rounding, exact for |s| >= 2^-14 / 8 up to that) times f16 x
-  summed in f32; the reference's ``sum x (q s)`` up to rounding.
+  16-row tile is its A fragment, repacked by int4_layout.py), x is B, read by a descriptor from a stage
+  of core matrices of 8 rows x 16 bytes: 16-byte column J (0..7) of row r at byte J * LBO + (r // 8) *
+  128 + (r % 8) * 16 (LBO = 128 MT), k16 step q reading columns 2q and 2q + 1.
+- The repacked tiles give lane t, at step q = 2h + s, the chunk's columns 32h + 8t + 4s + 0..3 (the
+  order in which the mma.sync kernels' lanes read x 16 bytes at a time), so column J = 4h + v of the
+  stage holds at its 4-byte position t the x pair 32h + 8t + 2v: a 4 x 4 transpose of the 4-byte units
+  of each 64-byte half-row, which the copies do (``cp.async`` of 4 bytes, a warp's 32 into 32 banks).
+- Scales, exact (the default): each group's sum starts from zero (``keep`` 0 on its first k16 step),
+  the chunk waits for its wgmma and adds s * sum in f32 (``scaled_add``): the definition up to f32
+  order. ``prescale``: the dequantized weights times s, rounded to f16 (``scale_a16``, as Marlin-style
+  kernels do), one f32 sum over K, and a chunk waits only for the one before it: the definition with
+  each weight rounded to f16.
 - Rings: weights run PW - 1 chunks ahead (the first before the PDL wait), x PX - 2 (from L2). A
-  chunk's wgmma are one group; after issuing chunk c a warpgroup waits for chunk c - 1's group, so at
+  chunk's wgmma are one group; after issuing chunk c a warpgroup waits for chunk c - 1's group (exact:
+  for chunk c's), so at
   chunk c the barrier frees x's stage of chunk c - 2 (its wgmma retired in every warp) and the weight
   stage of chunk c - 1 (read into registers). One cp.async commit group per chunk: x chunk c is in
   group c, weight chunk c in group c + PX - PW - 1 or earlier (PW >= PX - 1), so
   ``wait_group(PX - 3)`` completes chunk c; ``fence.proxy.async`` makes the copies visible to wgmma.
-- Split K as the staged kernel (``int4_staged.make_split_sum``); the next grid is let launch after
-  the chunk loop; rows past M are not copied (a D column reads one x row only).
+- Weight copies and split K as the staged kernel (``int4_staged.make_fetch_w``, ``make_block_end``); the
+  next grid is let launch after the chunk loop; rows past M are not copied (a D column reads one x row).
 """
 
 from __future__ import annotations
@@ -35,10 +41,9 @@ from dataclasses import dataclass
 from numba import cuda, float32, int32, uint32
 
 from .device import SIMULATED
-from .int4_staged import make_split_sum
+from .int4_staged import Staged, make_block_end, make_fetch_w
 from .intrinsics import (
     cp_async4,
-    cp_async16,
     cp_async_commit,
     cp_async_wait,
     dequant_i4x8,
@@ -83,9 +88,8 @@ class Wgmma:
         return 4 * self.wg
 
     def shared_words(self, g: int) -> int:
-        """uint32 words of shared memory: PX x chunks (8*MT rows x 64 f16), PW chunks of the NT tiles'
-        weights (128 words a tile) and scales (8 words a group)."""
-        return self.px * self.mt * 256 + self.pw * self.nt * (128 + (2 if g == 32 else 1) * 8)
+        """uint32 words of shared memory: the staged kernel's layout (``Staged.shared_words``)."""
+        return Staged(self.mt, self.nt, self.splits, self.pw, self.px).shared_words(g)
 
 
 @functools.cache
@@ -93,8 +97,6 @@ def make_int4_wgmma_kernel(K: int, G: int, MT: int, WG: int, S: int, PW: int, PX
     """Kernel factory: K, G and the tiling are compile-time constants (closure variables)."""
     KC = K // 64
     KB = KC // S                   # chunks per block
-    NS = K // G
-    TILE_W = KC * 128              # uint32 words per 16-row weight tile
     SPC = 2 if G == 32 else 1      # scale words per lane and chunk (groups per chunk, G <= 64)
     NT = 4 * WG
     NACC = MT * 4                  # accumulators a thread: the wgmma's N / 2
@@ -105,15 +107,14 @@ def make_int4_wgmma_kernel(K: int, G: int, MT: int, WG: int, S: int, PW: int, PX
     S0 = W0 + PW * WW
     SMW = Wgmma(MT, WG, S, PW, PX, PRESCALE).shared_words(G)
     UPT = MT * 256 // NTHR         # 4-byte units of an x chunk a thread
-    SPL = SPC * 2                  # 16-byte scale pieces per tile and chunk (lanes 0..SPL-1 copy them)
     LBO = MT * 128                 # bytes from one 16-byte column of a chunk's x to the next
     SBO = 128                      # bytes from 8 rows of x to the next 8
     QW = MT * 64                   # words from one k16 step of a chunk's x to the next (2 LBO)
-    SPLIT = S > 1
     AHEAD = PX - 3                 # commit groups younger than chunk c's that may still be in flight
     ALIGN = None if SIMULATED else 128
     opts = {} if SIMULATED else {"max_registers": min(168, 65536 // (2 * NTHR) // 8 * 8)}   # 2+ blocks/SM
-    split_sum = make_split_sum(S, NT, NACC)
+    fetch_w = make_fetch_w(K, G, MT, NT, PW, PX)
+    block_end = make_block_end(MT, NT, S)
 
     @cuda.jit(**opts)
     def int4_wgmma_kernel(out, x, wq, sq, part, cnt, m_rows, n_rows):
@@ -136,13 +137,6 @@ def make_int4_wgmma_kernel(K: int, G: int, MT: int, WG: int, S: int, PW: int, PX
                 sm[i] = 0
             cuda.syncthreads()
 
-        def fetch_w(c):                                       # chunk c of this warp's tile and its scales
-            b = c % PW
-            cp_async16(sm, W0 + (b * NT + warp) * 128 + lane * 4, wq, tl * TILE_W + (c0 + c) * 128 + lane * 4)
-            if lane < SPL:
-                cp_async16(sm, S0 + (b * NT + warp) * (SPC * 8) + lane * 4, sq,
-                           (tl * NS + ((c0 + c) * 64) // G) * 8 + lane * 4)
-
         # x: unit p of a thread is row 8 rg + g, 16 bytes h * 4 + t of its half-row, 4 bytes v = warp % 4
         # (a warp's 32 copies land in 32 banks), with h, rg from idx = warp // 4 + p * WG (module notes)
         xsrc = (m0 + g) * K + c0 * 64 + 8 * t + 2 * (warp & 3)
@@ -162,7 +156,7 @@ def make_int4_wgmma_kernel(K: int, G: int, MT: int, WG: int, S: int, PW: int, PX
 
         for c in range(PW - 1):                               # weights depend on nothing: before the wait
             if c < KB:
-                fetch_w(c)
+                fetch_w(sm, wq, sq, tl, c0, c, warp, lane)
         griddep_wait()                                        # x, out and the workspace: after it
         for c in range(PX - 2):
             if c < KB:
@@ -178,7 +172,7 @@ def make_int4_wgmma_kernel(K: int, G: int, MT: int, WG: int, S: int, PW: int, PX
             if c + PX - 2 < KB:
                 fetch_x(c + PX - 2)
             if c + PW - 1 < KB:
-                fetch_w(c + PW - 1)
+                fetch_w(sm, wq, sq, tl, c0, c + PW - 1, warp, lane)
             cp_async_commit()
             wb = c % PW
             wa = ld_shared_v4(sm, W0 + (wb * NT + warp) * 128 + lane * 4)
@@ -227,15 +221,6 @@ def make_int4_wgmma_kernel(K: int, G: int, MT: int, WG: int, S: int, PW: int, PX
         acc = cuda.local.array(NACC, float32)
         for i in range(NACC):
             acc[i] = tot[i]
-        if SPLIT:
-            cell = cuda.blockIdx.y * ((n16 + NT - 1) // NT) + cb
-            if not split_sum(acc, part, cnt, last, cell, s, (cell * S * NT + warp) * NACC * 32 + lane):
-                return
-        for j in range(MT):
-            for r in range(4):
-                n = tile * 16 + g + 8 * (r >> 1)
-                m = m0 + j * 8 + 2 * t + (r & 1)
-                if n < n_rows and m < m_rows:
-                    out[m * n_rows + n] = acc[j * 4 + r]
+        block_end(out, acc, part, cnt, last, cb, s, tile, m0, m_rows, n_rows)
 
     return int4_wgmma_kernel
