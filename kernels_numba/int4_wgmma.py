@@ -24,9 +24,8 @@ chunk is 4 ``wgmma.m64n{8 MT}k16`` per warpgroup, and x never passes through reg
   each weight rounded to f16.
 - Rings: weights run PW - 1 chunks ahead (the first before the PDL wait), x PX - 2 (from L2). A
   chunk's wgmma are one group; after issuing chunk c a warpgroup waits for chunk c - 1's group (exact:
-  for chunk c's), so at
-  chunk c the barrier frees x's stage of chunk c - 2 (its wgmma retired in every warp) and the weight
-  stage of chunk c - 1 (read into registers). One cp.async commit group per chunk: x chunk c is in
+  for chunk c's), so at chunk c the barrier frees x's stage of chunk c - 2 (its wgmma retired in every
+  warp) and the weight stage of chunk c - 1 (read into registers). One cp.async commit group per chunk: x chunk c is in
   group c, weight chunk c in group c + PX - PW - 1 or earlier (PW >= PX - 1), so
   ``wait_group(PX - 3)`` completes chunk c; ``fence.proxy.async`` makes the copies visible to wgmma.
 - Weight copies and split K as the staged kernel (``int4_staged.make_fetch_w``, ``make_block_end``); the
