@@ -8,8 +8,9 @@ GPU (inline PTX via ``numba.cuda.extending.intrinsic``); the simulator's fallbac
   rows g+8 (a1, a3) by its high half [numpy float16].
 - ``wgmma_f16(d, a0..a3, s, i, lbo, sbo, keep)``: ``wgmma.mma_async.sync.aligned.m64n{N}k16.f32.f16.f16``,
   N = 2 len(d): ``A B + d`` (``keep`` nonzero) or ``A B`` [exchange over the block, float64].
-- ``scaled_add(acc, d, s_lo, s_hi)``: ``acc + s d`` per D register (``fma.rn.f32``), ``s_lo`` on rows g,
-  ``s_hi`` on rows g+8 [numpy].
+- ``split_scale(u)``: a half2 of scales as (hi, lo) half2 words, hi = u with its 4 low mantissa bits
+  cleared (7 significant bits), lo = u - hi (exact: at most 4): an int4 code times either is exact in
+  f16 [numpy].
 - ``wgmma_fence()``: ``wgmma.fence.sync.aligned``, register writes before it seen by later wgmma [no-op].
 - ``wgmma_commit()``: ``wgmma.commit_group.sync.aligned``, the wgmma since the last commit a group [no-op].
 - ``wgmma_wait(n)``: ``wgmma.wait_group.sync.aligned n`` (n a compile-time int), all but the newest n
@@ -58,9 +59,11 @@ def _sim_scale_a16(a0, a1, a2, a3, u):
     return tuple(out)
 
 
-def _sim_scaled_add(acc, d, s_lo, s_hi):
-    s = np.where(np.arange(len(d)) & 2, np.float64(s_hi), np.float64(s_lo))
-    return tuple((np.asarray(acc, np.float64) + s * np.asarray(d, np.float64)).astype(np.float32))
+def _sim_split_scale(u):
+    w = int(u) & 0xFFFFFFFF
+    hi = np.array([w & 0xFFF0FFF0], np.uint32)
+    lo = (np.array([w], np.uint32).view(np.float16) - hi.view(np.float16)).view(np.uint32)
+    return np.uint32(hi[0]), np.uint32(lo[0])
 
 
 def _warpgroup_fragments():
@@ -192,16 +195,17 @@ def _build_gpu():
         return d(d, a0, a1, a2, a3, s, i, lbo, sbo, keep), codegen
 
     @intrinsic
-    def scaled_add(typingctx, acc, d, s_lo, s_hi):
-        if not (isinstance(acc, types.UniTuple) and acc == d and acc.dtype == types.float32
-                and s_lo == types.float32 and s_hi == types.float32):
+    def split_scale(typingctx, u):
+        if not (isinstance(u, types.Integer) and u.bitwidth == 32):
             return None
+        rty = types.UniTuple(types.uint32, 2)
 
         def codegen(context, builder, sig, args):
-            return context.make_tuple(builder, acc, [
-                builder.fma(args[2 + (j >> 1 & 1)], builder.extract_value(args[1], j),
-                            builder.extract_value(args[0], j)) for j in range(acc.count)])
-        return acc(acc, d, s_lo, s_hi), codegen
+            text = "{\nand.b32 $0, $2, 0xFFF0FFF0;\nsub.rn.f16x2 $1, $2, $0;\n}"
+            fty = ir.FunctionType(ir.LiteralStructType([i32] * 2), [i32])
+            res = builder.call(ir.InlineAsm(fty, text, "=&r,=r,r"), [args[0]])
+            return context.make_tuple(builder, rty, [builder.extract_value(res, j) for j in range(2)])
+        return rty(u), codegen
 
     def _void(text):
         def codegen(context, builder, sig, args):
@@ -228,17 +232,17 @@ def _build_gpu():
     def fence_proxy_async(typingctx):
         return types.none(), _void("fence.proxy.async.shared::cta;")
 
-    return (acc_zeros, scale_a16, scaled_add, wgmma_f16, wgmma_fence, wgmma_commit, wgmma_wait,
+    return (acc_zeros, scale_a16, split_scale, wgmma_f16, wgmma_fence, wgmma_commit, wgmma_wait,
             fence_proxy_async)
 
 
 if SIMULATED:
     acc_zeros = _sim_acc_zeros
     scale_a16 = _sim_scale_a16
-    scaled_add = _sim_scaled_add
+    split_scale = _sim_split_scale
     wgmma_f16 = _sim_wgmma_f16
     wgmma_fence = wgmma_commit = fence_proxy_async = _sim_nop
     wgmma_wait = _sim_nop
 else:
-    (acc_zeros, scale_a16, scaled_add, wgmma_f16, wgmma_fence, wgmma_commit, wgmma_wait,
+    (acc_zeros, scale_a16, split_scale, wgmma_f16, wgmma_fence, wgmma_commit, wgmma_wait,
      fence_proxy_async) = _build_gpu()

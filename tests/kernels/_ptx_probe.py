@@ -86,7 +86,7 @@ def int4_staged_builds() -> dict:
 def int4_wgmma_builds() -> dict:
     """The wgmma kernel (sm_90a) at wgmma_config for both K2 shapes and both scale modes, and down at
     G = 128: instruction counts and what ptxas makes of it, with whether it serialized the wgmma
-    (a C7514 .. C7517 notice: registers of a wgmma in flight read or written)."""
+    (a C7510 .. C7519 notice: registers of a wgmma in flight touched, waits it inserted)."""
     a, out = _sig, {}
     for n, k, g, pre in ((2048, 7168, 32, False), (2048, 7168, 32, True), (7168, 2048, 32, False),
                          (7168, 2048, 32, True), (7168, 2048, 128, False)):

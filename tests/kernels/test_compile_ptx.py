@@ -58,19 +58,20 @@ def test_int4_staged_stages_x_in_shared_memory():
 
 
 def test_int4_wgmma_keeps_its_warpgroup_mma_asynchronous():
-    """The wgmma kernel for sm_90a: 4 wgmma a chunk (64-column tiles of x read from shared memory), x
-    staged by 4-byte cp.async and made visible to wgmma by a proxy fence; the f16 scale products only
-    when prescaled; accumulators in registers without spill; and ptxas kept the wgmma asynchronous
-    (it says so when it must serialize them, C7514 .. C7517)."""
+    """The wgmma kernel for sm_90a: a chunk is 4 k16 steps of wgmma (64-column tiles of x from shared
+    memory), two a step in the exact form (the scale's two halves), one prescaled, with the f16 scale
+    products to match; x staged by 4-byte cp.async, unrolled, and made visible to wgmma by a proxy
+    fence; accumulators in registers without spill; and ptxas kept the wgmma asynchronous (it says
+    so when it must serialize them: notices C7510 .. C7519)."""
     wg = probe("int4_wgmma")
     assert len(wg) == 5
     for name, c in wg.items():
-        prescale = name.endswith("p")
-        assert c["wgmma"] == 4 and c["wgmma_fence"] == 1 and c["fence_proxy"] == 1, (name, c)
+        terms = 1 if name.endswith("p") else 2
+        assert c["wgmma"] == 4 * terms and c["hmul2"] == 16 * terms, (name, c)
+        assert c["wgmma_fence"] == 1 and c["fence_proxy"] == 1, (name, c)
         assert c["wgmma_wait"] == 2, (name, c)                         # one in the chunk loop, one after it
         assert c["cp_async"] >= 2, (name, c)                            # weights and scales 16 B a copy;
         assert c["cp_async4"] == 3 * 16, (name, c)      # x 4 B, 16 a chunk, unrolled at 3 call sites
-        assert c["hmul2"] == (16 if prescale else 0), (name, c)
         assert c["local"] == 0 and c["spill"] == 0 and c["fits"], (name, c)
         assert not c["serialized"], (name, c)
         assert c["pdl_launch"] == 1 and c["pdl_wait"] == 1, (name, c)

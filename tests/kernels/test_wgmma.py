@@ -4,7 +4,7 @@ fragment layouts, the async group: what the simulator cannot show)."""
 
 import numpy as np
 import pytest
-from numba import cuda, float32, uint32
+from numba import cuda, uint32
 
 from kernels_numba import wgmma as kw
 
@@ -53,10 +53,9 @@ def _make_kernel(n: int, lbo: int, sbo: int, words: int):
     SW, ND = 2 * words, n // 2                          # sizes the compiler sees: constants, not expressions
 
     @cuda.jit
-    def kernel(out, a0w, a1w, scales, bw):
-        """Two k16 steps into one sum: A0 B0 started from zero (keep 0 over a d of garbage), A1 B1 added,
-        the A1 fragments first scaled by row (scale_a16); then tot = 0.5 * that, scaled_add on rows g /
-        g+8 at 0.5 / 0.25."""
+    def kernel(out, parts, a0w, a1w, scales, bw):
+        """A0 B0, then A1 s B1 over it with keep 0 (the exact form's two products: A1 by split_scale's hi
+        and lo halves, each scaled with scale_a16), then A0 B0 added again: A1 s B1 + A0 B0."""
         sm = cuda.shared.array(SW, uint32)
         tid = cuda.threadIdx.x
         th = tid % 128
@@ -64,17 +63,21 @@ def _make_kernel(n: int, lbo: int, sbo: int, words: int):
             sm[i] = bw[i]
         kw.fence_proxy_async()
         cuda.syncthreads()
+        hi, lo = kw.split_scale(scales[th])
+        parts[tid, 0] = hi
+        parts[tid, 1] = lo
+        qa = kw.scale_a16(a1w[th, 0], a1w[th, 1], a1w[th, 2], a1w[th, 3], hi)
+        qb = kw.scale_a16(a1w[th, 0], a1w[th, 1], a1w[th, 2], a1w[th, 3], lo)
         d = kw.acc_zeros(ND)
-        junk = kw.scaled_add(d, d, float32(tid), float32(tid))        # garbage a keep = 0 wgmma ignores
-        q = kw.scale_a16(a1w[th, 0], a1w[th, 1], a1w[th, 2], a1w[th, 3], scales[th])
         kw.wgmma_fence()
-        d = kw.wgmma_f16(junk, a0w[th, 0], a0w[th, 1], a0w[th, 2], a0w[th, 3], sm, 0, lbo, sbo, 0)
-        d = kw.wgmma_f16(d, q[0], q[1], q[2], q[3], sm, words, lbo, sbo, 1)
+        d = kw.wgmma_f16(d, a0w[th, 0], a0w[th, 1], a0w[th, 2], a0w[th, 3], sm, 0, lbo, sbo, 1)
+        d = kw.wgmma_f16(d, qa[0], qa[1], qa[2], qa[3], sm, words, lbo, sbo, 0)
+        d = kw.wgmma_f16(d, qb[0], qb[1], qb[2], qb[3], sm, words, lbo, sbo, 1)
+        d = kw.wgmma_f16(d, a0w[th, 0], a0w[th, 1], a0w[th, 2], a0w[th, 3], sm, 0, lbo, sbo, 1)
         kw.wgmma_commit()
         kw.wgmma_wait(0)
-        tot = kw.scaled_add(kw.acc_zeros(ND), d, float32(0.5), float32(0.25))
         for i in range(ND):
-            out[tid, i] = tot[i]
+            out[tid, i] = d[i]
     return kernel
 
 
@@ -82,7 +85,7 @@ def _run(n, lbo, sbo, warpgroups=1):
     rng = np.random.default_rng(n + lbo)
     a0, a1 = (rng.integers(-8, 8, (64, 16)).astype(np.float16) for _ in range(2))
     b0, b1 = (rng.integers(-8, 8, (16, n)).astype(np.float16) for _ in range(2))
-    row_scale = rng.choice(np.array([0.5, 2.0, -1.0, 0.25], np.float16), 64)    # exact in f16 products
+    row_scale = (1 + rng.integers(0, 1024, 64) / 1024).astype(np.float16)    # [1, 2), all 11 bits
     scales = np.zeros(128, np.uint32)                   # thread's (row g, row g + 8) pair of its warp
     for th in range(128):
         w, lane = divmod(th, 32)
@@ -92,14 +95,16 @@ def _run(n, lbo, sbo, warpgroups=1):
     words = max((n // 8 - 1) * sbo + 128 + lbo, 16 * 4) // 4
     bw = np.concatenate([_b_words(b0, n, lbo, sbo, words), _b_words(b1, n, lbo, sbo, words)])
     out = dev(np.full((128 * warpgroups, n // 2), np.nan, np.float32))
-    _make_kernel(n, lbo, sbo, words)[1, 128 * warpgroups](out, dev(_fragments(a0)), dev(_fragments(a1)),
-                                                           dev(scales), dev(bw))
-    a1s = a1.astype(np.float64) * row_scale.astype(np.float64)[:, None]
-    want = a0.astype(np.float64) @ b0 + a1s @ b1
-    want *= np.where(np.arange(64) % 16 < 8, 0.5, 0.25)[:, None]
+    parts = dev(np.zeros((128 * warpgroups, 2), np.uint32))
+    kernel = _make_kernel(n, lbo, sbo, words)
+    kernel[1, 128 * warpgroups](out, parts, dev(_fragments(a0)), dev(_fragments(a1)), dev(scales), dev(bw))
+    hi, lo = (np.ascontiguousarray(host(parts)[:128, j]).view(np.float16).reshape(128, 2) for j in range(2))
+    assert not (hi.view(np.uint16) & 0xF).any()                     # 7 significant bits
+    np.testing.assert_array_equal(hi.astype(np.float64) + lo, scales.view(np.float16).reshape(128, 2))
+    want = (a1.astype(np.float64) * row_scale.astype(np.float64)[:, None]) @ b1 + a0.astype(np.float64) @ b0
     for wg in range(warpgroups):
         got = _gather_d(host(out)[128 * wg:128 * wg + 128], n)
-        np.testing.assert_array_equal(got, want)       # small integers and powers of two: exact in f32
+        np.testing.assert_array_equal(got, want)   # each product and sum exact in f32 (< 2^12, 2^-10 apart)
 
 
 @pytest.mark.parametrize("n,lbo,sbo", LAYOUTS)
