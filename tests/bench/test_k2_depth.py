@@ -279,3 +279,10 @@ def test_drafter_round_bytes_are_its_weights_the_head_and_its_cached_rows():
     weights = d * len(taps) * d + CFG.vocab_size * d + dcfg.n_layers * layer
     kv = dcfg.n_layers * 2 * (20 + dcfg.block_size) * hkv * hd * 4
     assert round_bytes(dev, 20) == 2 * weights + kv
+
+
+def test_run_order_takes_every_p_at_the_small_budgets_before_any_large_one():
+    order = k2_depth.run_order((0.8, 0.5), (1, 4, 8, 16, 64))
+    assert order == [(0.8, 1), (0.8, 4), (0.8, 8), (0.5, 1), (0.5, 4), (0.5, 8),
+                     (0.8, 16), (0.8, 64), (0.5, 16), (0.5, 64)]
+    assert k2_depth.run_order((0.9,), (16, 2)) == [(0.9, 2), (0.9, 16)]       # small first, as given or not

@@ -58,6 +58,7 @@ from ..ddtree.oracle import KINDS as ORACLE_KINDS
 
 BUDGETS = (1, 2, 4, 8, 16, 32, 64)
 ORACLE_P = (0.8, 0.5, 0.9, 0.7)            # run in this order: the most telling first
+FIRST_BUDGETS = 8                          # every p's budgets up to this run before any larger one
 TAPS = (1, 12, 24, 35, 47, 58)             # Kimi-K2.6-DFlash's target_layer_ids
 BLOCK = 8                                  # its block size
 MIN_SETS = 8
@@ -122,6 +123,15 @@ def run(args, progress=None) -> int:
 
 
 # ---- configuration ------------------------------------------------------------------------------------
+
+def run_order(ps, budgets) -> list[tuple[float, int]]:
+    """The fixed-budget runs, (p, B), in the order a deadline cuts last-first: every p's budgets up to
+    FIRST_BUDGETS (where a tree paid off, if anywhere) in ``ps``'s order, then every p's larger ones,
+    whose time the projection gives within a few percent (docs/k2-depth.md). The cost-aware runs come
+    after them all, over each p's measured curve."""
+    first = [(p, b) for p in ps for b in budgets if b <= FIRST_BUDGETS]
+    return first + [(p, b) for p in ps for b in budgets if b > FIRST_BUDGETS]
+
 
 def _config(dry_run: bool):
     from ..config import preset
@@ -762,34 +772,36 @@ def bench(out_dir: Path, sets: int = 0, prompt_len: int = 512, n_tokens: int = 1
     round_ms: dict[int, list[float]] = {}
     est: dict[int, float] = {}
     left_out = []
+    for p, b in run_order(ps, budgets):
+        stage(f"DDTree p={p} B={b}")
+        elapsed = time.perf_counter() - t_start
+        # a larger budget leaves time for every p's cost-aware run (one near FIRST_BUDGETS' time each)
+        reserve = len(ps) * est.get(FIRST_BUDGETS, 0.0) if b > FIRST_BUDGETS else 0.0
+        if elapsed + est.get(b, 0.0) + reserve > deadline_s:
+            left_out.append(f"p={p} B={b}")
+            continue
+        t = time.perf_counter()
+        try:
+            r = ddtree_run(engine, prompt, n_tokens, b, p, sequence, seed, fwd, oracle=oracle)
+        except Exception as ex:  # noqa: BLE001 - one run's failure
+            log(f"DDTree p={p} B={b} FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
+            left_out.append(f"p={p} B={b} (failed)")
+            continue
+        est[b] = time.perf_counter() - t
+        if draft_timed is not None:                           # its round, at a real round's positions
+            us, nbytes = draft_timed(timer, context)
+            floor = nbytes / (meta["copy_gbs"] * 1e3) if meta.get("copy_gbs") else 0.0
+            emit({"table": "part", "part": "drafter", "rows": BLOCK, "context": context, "us": us,
+                  "bytes": nbytes, "floor_us": round(floor, 2)})
+            log(f"drafter round: {us:.1f} us, floor {floor:.1f} us ({nbytes / 1e6:.1f} MB at the copy "
+                "rate)")
+            draft_timed = None
+        row = run_row(r, _agreement(r, ar[:n_tokens], margins), ar_ms, oracle_source(p, oracle), b)
+        checks.append(row.pop("check"))
+        round_ms.setdefault(b, []).append(row["round_ms"])
+        emit(row)
+        save()
     for p in ps:
-        for b in budgets:
-            stage(f"DDTree p={p} B={b}")
-            elapsed = time.perf_counter() - t_start
-            if elapsed + est.get(b, 0.0) > deadline_s:
-                left_out.append(f"p={p} B={b}")
-                continue
-            t = time.perf_counter()
-            try:
-                r = ddtree_run(engine, prompt, n_tokens, b, p, sequence, seed, fwd, oracle=oracle)
-            except Exception as ex:  # noqa: BLE001 - one run's failure
-                log(f"DDTree p={p} B={b} FAILED {type(ex).__name__}: {ex}\n{traceback.format_exc()}")
-                left_out.append(f"p={p} B={b} (failed)")
-                continue
-            est[b] = time.perf_counter() - t
-            if draft_timed is not None:                       # its round, at a real round's positions
-                us, nbytes = draft_timed(timer, context)
-                floor = nbytes / (meta["copy_gbs"] * 1e3) if meta.get("copy_gbs") else 0.0
-                emit({"table": "part", "part": "drafter", "rows": BLOCK, "context": context, "us": us,
-                      "bytes": nbytes, "floor_us": round(floor, 2)})
-                log(f"drafter round: {us:.1f} us, floor {floor:.1f} us ({nbytes / 1e6:.1f} MB at the copy "
-                    "rate)")
-                draft_timed = None
-            row = run_row(r, _agreement(r, ar[:n_tokens], margins), ar_ms, oracle_source(p, oracle), b)
-            checks.append(row.pop("check"))
-            round_ms.setdefault(b, []).append(row["round_ms"])
-            emit(row)
-            save()
         # the cost-aware budget over this p's measured curve, against its best fixed budget
         fixed = [r for r in rows if r.get("table") == "run" and r.get("source") == oracle_source(p, oracle)]
         if len(fixed) < 2 or time.perf_counter() - t_start + max(est.values()) > deadline_s:
