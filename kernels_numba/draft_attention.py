@@ -30,7 +30,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, uint32
 
 from ._validate import KernelInputError
 from .blockops import NEG_INF, TPB, block_sum
@@ -167,8 +167,12 @@ def make_draft_attention(head_dim: int):
     NKV = -(-KT * D // NTHR)                                 # K (and V) words a thread stages a tile
     PAIRS = QB * KT // NTHR                                  # scores a thread computes a tile
     QSTEP = NTHR // KT
+    CU = 8                                                   # dot-product columns a step (unrolled)
+    FULL = D % 8 == 0                                        # every thread's NCV columns exist
+    QS_WORDS, KS_WORDS, VS_WORDS, SC_WORDS = QB * D1, KT * D1, KT * D, QB * KT
+    opts = {} if SIMULATED else {"max_registers": 128}       # two blocks of 8 QB threads an SM
 
-    @cuda.jit
+    @cuda.jit(**opts)
     def draft_attention_part(work, q, kc, vc, kb, vb, n_ctx0, meta, scale, group, nsplit):
         griddep_wait()                                       # PDL: the inputs are earlier kernels'
         griddep_launch_dependents()
@@ -181,79 +185,95 @@ def make_draft_attention(head_dim: int):
         if q0 >= nq:
             return
         t = cuda.threadIdx.x
-        qs = cuda.shared.array((QB, D1), np.float32)
-        ks = cuda.shared.array((KT, D1), np.float32)
-        vs = cuda.shared.array((KT, D), np.float32)
-        sc = cuda.shared.array((QB, KT), np.float32)
+        qs = cuda.shared.array(QS_WORDS, np.float32)         # flat, rows padded to D1: constant offsets
+        ks = cuda.shared.array(KS_WORDS, np.float32)         # once the loops unroll
+        vs = cuda.shared.array(VS_WORDS, np.float32)
+        sc = cuda.shared.array(SC_WORDS, np.float32)
         rq = cuda.local.array(NQ, np.float32)                # words staged: every load issued before the
         ra = cuda.local.array(NKV, np.float32)               # first shared store (a generic pointer may
         rb = cuda.local.array(NKV, np.float32)               # alias shared memory: no reordering across)
+        ap = cuda.local.array(PAIRS, np.float32)
         kv = g * D                                           # the KV head's columns
-        for i in range(NQ):                                  # query qq: block row qq // G, head g G + qq % G
-            idx = t + i * NTHR
-            qq = q0 + idx // D
+        gq = uint32(group)                                   # (32-bit unsigned: a division each, not a
+        for i in range(NQ):                                  # 64-bit signed routine) query qq: block row
+            idx = t + i * NTHR                               # qq // G, head g G + qq % G
+            qq = uint32(q0 + idx // D)
+            row = qq // gq
             ok = idx < QB * D and qq < nq
-            rq[i] = q[qq // group, (g * group + qq % group) * D + idx % D] if ok else ZERO
+            rq[i] = q[row, uint32((g * gq + qq - row * gq) * D + idx % D)] if ok else ZERO
         for i in range(NQ):
             idx = t + i * NTHR
             if idx < QB * D:
-                qs[idx // D, idx % D] = rq[i]
+                qs[(idx // D) * D1 + idx % D] = rq[i]
         step = nsplit * KT
         chunk = (nk + step - 1) // step * KT
         k0 = cuda.blockIdx.y * chunk
         k1 = min(k0 + chunk, nk)
         qv = t >> 3                                          # the query this thread accumulates
         dg = t & 7                                           # ... its columns dg, dg + 8, ...
+        kj = t % KT                                          # the key this thread scores, for PAIRS queries
         m = NEG_INF
         lsum = ZERO
         acc = cuda.local.array(NCV, np.float32)
         for i in range(NCV):
             acc[i] = ZERO
-        for j0 in range(k0, k1, KT):
+
+        def load_tile(j0):                                   # K and V of keys j0 .. j0 + KT into registers
             for i in range(NKV):
                 idx = t + i * NTHR
                 j = j0 + idx // D
                 c = kv + idx % D
                 a = ZERO
                 b = ZERO
-                if idx < KT * D and j < k1:
+                if idx < KT * D and j < k1:                  # (unsigned indices: no wraparound code)
                     if j < n_ctx:
-                        a = kc[j, c]
-                        b = vc[j, c]
+                        a = kc[uint32(j), uint32(c)]
+                        b = vc[uint32(j), uint32(c)]
                     else:
-                        a = kb[j - n_ctx, c]
-                        b = vb[j - n_ctx, c]
+                        a = kb[uint32(j - n_ctx), uint32(c)]
+                        b = vb[uint32(j - n_ctx), uint32(c)]
                 ra[i] = a
                 rb[i] = b
+
+        if k0 < k1:
+            load_tile(k0)
+        for j0 in range(k0, k1, KT):
             cuda.syncthreads()                               # the last tile's reads are done
             for i in range(NKV):
                 idx = t + i * NTHR
                 if idx < KT * D:
-                    ks[idx // D, idx % D] = ra[i]
-                    vs[idx // D, idx % D] = rb[i]
+                    ks[(idx // D) * D1 + idx % D] = ra[i]
+                    vs[idx] = rb[i]
             cuda.syncthreads()
-            kj = t % KT
+            if j0 + KT < k1:
+                load_tile(j0 + KT)                           # the next tile's loads fly during this one
+            for p_ in range(PAIRS):                          # each pair's dot in c order, the pairs side by
+                ap[p_] = ZERO                                # side so one K load serves them all
+            for c0 in range(0, D - D % CU, CU):
+                for u in range(CU):
+                    kx = ks[kj * D1 + c0 + u]
+                    for p_ in range(PAIRS):
+                        ap[p_] += qs[(t // KT + QSTEP * p_) * D1 + c0 + u] * kx
+            for c in range(D - D % CU, D):
+                kx = ks[kj * D1 + c]
+                for p_ in range(PAIRS):
+                    ap[p_] += qs[(t // KT + QSTEP * p_) * D1 + c] * kx
             for p_ in range(PAIRS):
-                qi = t // KT + QSTEP * p_
-                a = ZERO
-                for c in range(D):
-                    a += qs[qi, c] * ks[kj, c]
-                sc[qi, kj] = a * scale if j0 + kj < k1 else NEG_INF
+                sc[(t // KT + QSTEP * p_) * KT + kj] = ap[p_] * scale if j0 + kj < k1 else NEG_INF
             cuda.syncthreads()
             mt = m
             for j in range(KT):
-                mt = max(mt, sc[qv, j])
+                mt = max(mt, sc[qv * KT + j])
             alpha = math.exp(m - mt)                         # 0 at the first tile (m = -inf)
             lsum *= alpha
             for i in range(NCV):
                 acc[i] *= alpha
             for j in range(KT):
-                pj = math.exp(sc[qv, j] - mt)
+                pj = math.exp(sc[qv * KT + j] - mt)
                 lsum += pj
                 for i in range(NCV):
-                    c = dg + 8 * i
-                    if c < D:
-                        acc[i] += pj * vs[j, c]
+                    if FULL or dg + 8 * i < D:
+                        acc[i] += pj * vs[j * D + dg + 8 * i]
             m = mt
         qq = q0 + qv
         if qq < nq:

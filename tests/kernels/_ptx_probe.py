@@ -11,6 +11,8 @@ from numba import config, cuda
 from numba import types as T
 
 from kernels_numba.blockops import KS, TPB
+from kernels_numba.draft_attention import QB as DRAFT_QB
+from kernels_numba.draft_attention import make_draft_attention
 from kernels_numba.int4_matmul import choose_config, make_int4_matmul_kernel, tiled_config, wgmma_config
 from kernels_numba.int4_staged import make_int4_staged_kernel
 from kernels_numba.int4_wgmma import make_int4_wgmma_kernel
@@ -217,7 +219,10 @@ def launch_fit_builds() -> dict:
                                                                      NORM=True),
                                                   (f2, f1, _sig(T.uint32), T.int64, f1, T.float32), 256)
                for mt in (1, 2)},                 # the attention norm folded in, up to ops.FOLD_ROWS
-            "norm_rows K=7168": fit(make_norm_rows_kernel(7168, 8), (f2, f1, f1, T.float32, T.int64), 256)}
+            "norm_rows K=7168": fit(make_norm_rows_kernel(7168, 8), (f2, f1, f1, T.float32, T.int64), 256),
+            "draft_attention part d=128": fit(make_draft_attention(128)[0],
+                                              (T.float32[:, :, :, ::1], f2, f2, f2, f2, f2, T.int32, i1,
+                                               T.float32, T.int32, T.int32), 8 * DRAFT_QB)}
 
 
 GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds,

@@ -187,3 +187,5 @@ def test_k2_layer_kernels_have_the_registers_to_launch():
     for name, c in fits.items():
         assert c["fits"] and c["registers"] * c["threads"] <= 65536, (name, c)
         assert c["spill"] == 0, (name, c)
+    da = fits["draft_attention part d=128"]                       # two blocks an SM: one wave of the
+    assert 2 * da["registers"] * da["threads"] <= 65536, da        # drafter's 256 blocks
