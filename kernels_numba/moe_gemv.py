@@ -121,8 +121,8 @@ def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, 
                     e = topk_ids[p]
                     ok = 0 <= e < n_routed
                     e = e if ok else 0
-                else:
-                    e = n_routed + (p - tk) // n_tok
+                else:                                     # (32-bit unsigned division: inline, where
+                    e = n_routed + uint32(p - tk) // uint32(n_tok)   # int64 calls a routine)
                     ok = True
             for hh in range(NH):
                 if GLU:
@@ -151,7 +151,7 @@ def make_moe_gemv_kernel(K: int, KS: int, CPW: int, GATE_UP: bool, maxreg: int, 
             if pg < 0:
                 pg = tile_rows[item * 8]                  # padding columns read a real row, never stored
             if GATE_UP:
-                row = pg // k_top if pg < tk else (pg - tk) % n_tok
+                row = uint32(pg) // uint32(k_top) if pg < tk else uint32(pg - tk) % uint32(n_tok)
             else:
                 row = pg                                  # h holds one row per pair
             for i in range(4 * NH):

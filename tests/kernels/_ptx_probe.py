@@ -44,7 +44,7 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "f64": ".f64", "wgmma": "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
         "wgmma_fence": "wgmma.fence.sync.aligned", "wgmma_wait": "wgmma.wait_group.sync.aligned",
         "fence_proxy": "fence.proxy.async.shared::cta", "cp_async4": "cp.async.ca.shared.global",
-        "hmul2": "mul.rn.f16x2"}
+        "hmul2": "mul.rn.f16x2", "div64": "div.s64", "rem64": "rem.s64"}
 
 
 @cuda.jit

@@ -90,6 +90,7 @@ def test_moe_align_gemv_and_combine():
         for stage in ("gate_up", "down"):
             c = ptx_counts[f"{name} {stage}"]
             assert c["mma"] >= 2 and c["local"] == 0 and c["pdl_wait"] == 1 and c["pdl_launch"] == 1, name
+            assert c["div64"] == c["rem64"] == 0, name      # a block's pair -> row: no 64-bit routine
         assert ptx_counts[f"{name} gate_up"]["ldg_nc_v4"] >= 1
         assert ptx_counts[f"{name} down"]["ldg_once_v4"] >= 1 and ptx_counts[f"{name} down"]["ldg_nc_v4"] == 0
         glu = ptx_counts[f"{name} gate_up glu"]                  # both halves, then h in float16
