@@ -19,10 +19,11 @@ chunk is 4 ``wgmma.m64n{8 MT}k16`` per warpgroup, and x never passes through reg
   of each 64-byte half-row, which the copies do (``cp.async`` of 4 bytes, a warp's 32 into 32 banks).
 - Scales: a chunk's A fragments are the dequantized weights times their group's scale in f16
   (``scale_a16``). Exact (the default): twice, by the scale's top 7 significant bits and by the rest
-  (``split_scale``), so each product is exact in f16 and a k16 step is two wgmma: the definition up to
-  f32 summation order, at twice the tensor work (at M = 64 and K2's shapes, a dense-f16 peak's 1.9 us
-  becomes 3.8). ``prescale``: once, the product rounded to f16 (as Marlin-style kernels do): the
-  definition with each weight rounded to f16. Both sum over all of K in one set of f32 accumulators.
+  (``split_scale``), so each product is exact in f16 (for |s| < 8188) and a k16 step is two wgmma:
+  the definition up to f32 summation order, at twice the tensor work (at M = 64 and K2's shapes, a
+  dense-f16 peak's 1.9 us becomes 3.8). ``prescale``: once, the product rounded to f16 (as Marlin-style
+  kernels do): the definition with each weight rounded to f16. Both sum over all of K in one set of f32
+  accumulators.
 - Rings: weights run PW - 1 chunks ahead (the first before the PDL wait), x PX - 2 (from L2). A
   chunk's wgmma are one group; after issuing chunk c a warpgroup waits for chunk c - 1's group, so at
   chunk c the barrier frees x's stage of chunk c - 2 (its wgmma retired in every warp) and the weight
@@ -136,8 +137,9 @@ def make_int4_wgmma_kernel(K: int, G: int, MT: int, WG: int, S: int, PW: int, PX
                 sm[i] = 0
             cuda.syncthreads()
 
-        # x: unit p of a thread is row 8 rg + g, 16 bytes h * 4 + t of its half-row, 4 bytes v = warp % 4
-        # (a warp's 32 copies land in 32 banks), with h, rg from idx = warp // 4 + p * WG (module notes)
+        # x: a thread's copy p takes row 8 rg + g, columns 32 h + 8 t + 2 v and the next (v = warp % 4) to
+        # stage column 4 h + v, position t (module notes), with h, rg from idx = warp // 4 + p WG: a
+        # warp's 32 copies land in 32 banks
         xsrc = (m0 + g) * K + c0 * 64 + 8 * t + 2 * (warp & 3)
         xdst = (warp & 3) * MT * 32 + g * 4 + t
         rows_left = m_rows - m0 - g
