@@ -43,13 +43,13 @@
 #                Kimi-K2.6-DFlash shape, contexts 256-4,096, each checked against float64 first   ~60 s
 #   smoke        GPU tier of the kernels a K2 layer runs (W16A16 with its groups, folded norm and two batches
 #                in flight, the attention core's kernels, norms, router, rows, fused_moe, the shared expert
-#                beside it, the drafter's attention, the round's top-k, the shuffles), on 8 workers: the first call after
+#                beside it, the drafter's attention, the round's top-k, the shuffles, wgmma), on 8 workers: the first call after
 #                kernels changed without a GPU                                                     ~180 s
 #   gemv_sweep   dev/kernels/moe.py --gemv-sweep: fused_moe's per-pair GEMV tilings and register caps at
 #                T = 1 and 8, each checked against the default's output                          ~120 s
-#   wgmma        GPU test of the wgmma W4A16 kernel at K2 shapes (both scale modes), then
-#                dev/kernels/int4_matmul.py --wgmma: its tilings beside the staged default, the tiled kernel
-#                and cuBLAS bf16 at M = 33 / 48 / 64, each checked first
+#   wgmma        dev/kernels/int4_matmul.py --wgmma: the wgmma W4A16 kernel's tilings (both scale modes)
+#                beside the staged default, the tiled kernel and cuBLAS bf16 at M = 33 / 48 / 64, each
+#                checked first (its GPU tests, and the wgmma intrinsics', run in smoke)
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -111,12 +111,11 @@ for step in $STEPS; do
              tests/kernels/test_mla.py tests/kernels/test_rmsnorm.py tests/kernels/test_router.py \
              tests/kernels/test_ops.py tests/kernels/test_draft_attention.py tests/kernels/test_moe.py \
              tests/kernels/test_tree.py tests/kernels/test_launch.py tests/kernels/test_intrinsics.py \
+             tests/kernels/test_wgmma.py tests/kernels/test_int4_matmul.py::test_gpu_wgmma_k2_shapes \
              tests/engine/test_ar.py \
              tests/engine/test_dflash.py -k "not k2_slice and not kimi" ;;
     gemv_sweep) run "moe_gemv_sweep_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/moe.py --gemv-sweep ;;
-    wgmma) run "gpu_tier_wgmma_${KDTREE_GIT_SHA}" 150 env KDTREE_GPU=1 python3 -m pytest -q -n 4 -p no:cacheprovider \
-             -p no:warnings tests/kernels/test_wgmma.py tests/kernels/test_int4_matmul.py -k wgmma
-           run "int4_wgmma_${KDTREE_GIT_SHA}_h200" 300 python3 dev/kernels/int4_matmul.py --wgmma ;;
+    wgmma) run "int4_wgmma_${KDTREE_GIT_SHA}_h200" 300 python3 dev/kernels/int4_matmul.py --wgmma ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done
