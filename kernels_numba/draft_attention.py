@@ -189,6 +189,7 @@ def make_draft_attention(head_dim: int):
         ks = cuda.shared.array(KS_WORDS, np.float32)         # once the loops unroll
         vs = cuda.shared.array(VS_WORDS, np.float32)
         sc = cuda.shared.array(SC_WORDS, np.float32)
+        mx = cuda.shared.array(QB, np.float32)               # each query's running max, for the exps
         rq = cuda.local.array(NQ, np.float32)                # words staged: every load issued before the
         ra = cuda.local.array(NKV, np.float32)               # first shared store (a generic pointer may
         rb = cuda.local.array(NKV, np.float32)               # alias shared memory: no reordering across)
@@ -264,12 +265,19 @@ def make_draft_attention(head_dim: int):
             mt = m
             for j in range(KT):
                 mt = max(mt, sc[qv * KT + j])
+            if dg == 0:
+                mx[qv] = mt
+            cuda.syncthreads()
+            for p_ in range(PAIRS):                          # each exp once (the 8 threads of a query took
+                qi = t // KT + QSTEP * p_                    # all KT each), by the thread that scored it
+                sc[qi * KT + kj] = math.exp(sc[qi * KT + kj] - mx[qi])
+            cuda.syncthreads()
             alpha = math.exp(m - mt)                         # 0 at the first tile (m = -inf)
             lsum *= alpha
             for i in range(NCV):
                 acc[i] *= alpha
             for j in range(KT):
-                pj = math.exp(sc[qv * KT + j] - mt)
+                pj = sc[qv * KT + j]
                 lsum += pj
                 for i in range(NCV):
                     if FULL or dg + 8 * i < D:
