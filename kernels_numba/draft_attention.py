@@ -35,7 +35,7 @@ from numba import cuda, uint32
 from ._validate import KernelInputError
 from .blockops import NEG_INF, TPB, block_sum
 from .device import SIMULATED
-from .intrinsics import griddep_launch_dependents, griddep_wait
+from .intrinsics import as_f32, griddep_launch_dependents, griddep_wait, ld_shared_v4
 from .launch import launch
 from .rmsnorm import held_sumsq, hold_row
 from .rope import rope_pair
@@ -160,7 +160,9 @@ def make_draft_attention(head_dim: int):
     combine(o, work, meta, nsplit); grid (Bs, H), block (32,): o = the chunks' outputs and sums
     rescaled to their common max, summed in chunk order, divided."""
     D = head_dim
-    D1 = D + 1                                               # K and Q rows padded: no bank conflicts
+    SV = D % 4 == 0                                          # scores from 16-byte shared loads
+    PV = D % 32 == 0                                         # p @ V from 16-byte shared loads
+    D1 = D + 4 if SV else D + 1                              # K and Q rows padded: no bank conflicts
     NTHR = 8 * QB
     NCV = -(-D // 8)                                         # output columns a thread keeps
     NQ = -(-QB * D // NTHR)                                  # q words a thread stages
@@ -170,6 +172,7 @@ def make_draft_attention(head_dim: int):
     CU = 8                                                   # dot-product columns a step (unrolled)
     FULL = D % 8 == 0                                        # every thread's NCV columns exist
     QS_WORDS, KS_WORDS, VS_WORDS, SC_WORDS = QB * D1, KT * D1, KT * D, QB * KT
+    ALIGN = None if SIMULATED else 16                        # (the simulator takes no alignment argument)
     opts = {} if SIMULATED else {"max_registers": 128}       # two blocks of 8 QB threads an SM
 
     @cuda.jit(**opts)
@@ -185,9 +188,9 @@ def make_draft_attention(head_dim: int):
         if q0 >= nq:
             return
         t = cuda.threadIdx.x
-        qs = cuda.shared.array(QS_WORDS, np.float32)         # flat, rows padded to D1: constant offsets
-        ks = cuda.shared.array(KS_WORDS, np.float32)         # once the loops unroll
-        vs = cuda.shared.array(VS_WORDS, np.float32)
+        qs = cuda.shared.array(QS_WORDS, np.float32, alignment=ALIGN)   # flat, rows padded to D1
+        ks = cuda.shared.array(KS_WORDS, np.float32, alignment=ALIGN)
+        vs = cuda.shared.array(VS_WORDS, np.float32, alignment=ALIGN)
         sc = cuda.shared.array(SC_WORDS, np.float32)
         mx = cuda.shared.array(QB, np.float32)               # each query's running max, for the exps
         rq = cuda.local.array(NQ, np.float32)                # words staged: every load issued before the
@@ -211,7 +214,7 @@ def make_draft_attention(head_dim: int):
         k0 = cuda.blockIdx.y * chunk
         k1 = min(k0 + chunk, nk)
         qv = t >> 3                                          # the query this thread accumulates
-        dg = t & 7                                           # ... its columns dg, dg + 8, ...
+        dg = t & 7                                           # ... its columns (dg + 8 i, or PV's)
         kj = t % KT                                          # the key this thread scores, for PAIRS queries
         m = NEG_INF
         lsum = ZERO
@@ -250,11 +253,20 @@ def make_draft_attention(head_dim: int):
                 load_tile(j0 + KT)                           # the next tile's loads fly during this one
             for p_ in range(PAIRS):                          # each pair's dot in c order, the pairs side by
                 ap[p_] = ZERO                                # side so one K load serves them all
-            for c0 in range(0, D - D % CU, CU):
-                for u in range(CU):
-                    kx = ks[kj * D1 + c0 + u]
-                    for p_ in range(PAIRS):
-                        ap[p_] += qs[(t // KT + QSTEP * p_) * D1 + c0 + u] * kx
+            if SV:                                           # 4 columns a 16-byte load, in c order
+                for c0 in range(0, D - D % CU, CU):
+                    for c4 in range(0, CU, 4):
+                        kw = ld_shared_v4(ks, kj * D1 + c0 + c4)
+                        for p_ in range(PAIRS):
+                            qw = ld_shared_v4(qs, (t // KT + QSTEP * p_) * D1 + c0 + c4)
+                            for u in range(4):
+                                ap[p_] += as_f32(qw[u]) * as_f32(kw[u])
+            else:
+                for c0 in range(0, D - D % CU, CU):
+                    for u in range(CU):
+                        kx = ks[kj * D1 + c0 + u]
+                        for p_ in range(PAIRS):
+                            ap[p_] += qs[(t // KT + QSTEP * p_) * D1 + c0 + u] * kx
             for c in range(D - D % CU, D):
                 kx = ks[kj * D1 + c]
                 for p_ in range(PAIRS):
@@ -279,9 +291,15 @@ def make_draft_attention(head_dim: int):
             for j in range(KT):
                 pj = sc[qv * KT + j]
                 lsum += pj
-                for i in range(NCV):
-                    if FULL or dg + 8 * i < D:
-                        acc[i] += pj * vs[j * D + dg + 8 * i]
+                if PV:                                       # columns 4 dg + 32 i + u, 16 bytes a load
+                    for i in range(NCV // 4):
+                        vw = ld_shared_v4(vs, j * D + 4 * dg + 32 * i)
+                        for u in range(4):
+                            acc[4 * i + u] += pj * as_f32(vw[u])
+                else:                                        # columns dg + 8 i
+                    for i in range(NCV):
+                        if FULL or dg + 8 * i < D:
+                            acc[i] += pj * vs[j * D + dg + 8 * i]
             m = mt
         qq = q0 + qv
         if qq < nq:
@@ -289,7 +307,7 @@ def make_draft_attention(head_dim: int):
             h = g * group + qq % group
             sp = cuda.blockIdx.y
             for i in range(NCV):
-                c = dg + 8 * i
+                c = 4 * dg + 32 * (i >> 2) + (i & 3) if PV else dg + 8 * i
                 if c < D:
                     work[sp, row, h, c] = acc[i]
             if dg == 0:

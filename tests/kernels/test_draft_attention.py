@@ -79,10 +79,12 @@ def test_head_norm_rope_matches_reference(norm, half, d):
         head_norm_rope(part, stacked, w, c32, s32, row0, pos0, _meta(n), 1e-6, n, h, norm, col0=9)
 
 
-@pytest.mark.parametrize("hkv,d,n_ctx", [(4, 8, 5), (2, 8, 5), (1, 8, 5), (2, 40, 33), (1, 8, 300)])
+@pytest.mark.parametrize("hkv,d,n_ctx", [(4, 8, 5), (2, 8, 5), (1, 8, 5), (2, 40, 33), (1, 8, 300),
+                                         (2, 32, 40)])
 def test_draft_attention_matches_numpy(hkv, d, n_ctx):
     """Against numpy: d = 40 over 37 keys in three chunks, the last a partial tile; 304 keys in 16 chunks
-    of two tiles (the online softmax's rescaling); a larger max_keys leaves chunks empty."""
+    of two tiles (the online softmax's rescaling); d = 32, the 16-byte loads of p @ V (d a multiple of 32,
+    as the drafter's 128); a larger max_keys leaves chunks empty."""
     rng = np.random.default_rng(3)
     h, bs = 4, 4
     q = rng.standard_normal((bs, h * d)).astype(np.float32)
