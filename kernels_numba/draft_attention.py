@@ -46,8 +46,9 @@ GATHER_UNROLL = 8               # words a thread loads before it stores them (th
 
 @cuda.jit
 def gather_rows_kernel(out, feats, rows, taps, meta):
-    """out [T, F*D] row i = feats[taps[0], rows[i]] || ... || feats[taps[F-1], rows[i]]; grid (T, F),
-    block (GATHER_THREADS,): block (i, f) copies tap f of row i, GATHER_UNROLL words a thread at a time."""
+    """out [T, F*D] row i = feats[taps[0], rows[i]] || ... || feats[taps[F-1], rows[i]]; grid (T, F, Z),
+    block (GATHER_THREADS,): block (i, f, z) copies tap f of row i, its z-th GATHER_THREADS *
+    GATHER_UNROLL words (and every Z-th after), GATHER_UNROLL words a thread at a time."""
     griddep_wait()                                          # PDL: the inputs are earlier kernels'
     griddep_launch_dependents()
     i = cuda.blockIdx.x
@@ -58,7 +59,8 @@ def gather_rows_kernel(out, feats, rows, taps, meta):
     src = taps[f]
     d = feats.shape[2]
     buf = cuda.local.array(GATHER_UNROLL, np.float32)
-    for j0 in range(cuda.threadIdx.x, d, GATHER_THREADS * GATHER_UNROLL):
+    span = GATHER_THREADS * GATHER_UNROLL
+    for j0 in range(cuda.blockIdx.z * span + cuda.threadIdx.x, d, span * cuda.gridDim.z):
         for u in range(GATHER_UNROLL):
             j = j0 + u * GATHER_THREADS
             buf[u] = feats[src, r, j] if j < d else np.float32(0.0)
@@ -373,7 +375,8 @@ def gather_rows(out, feats, rows, taps, meta, n: int, stream=0) -> None:
     t = _want(taps, "taps", np.int32, 1)
     if o[1] != t[0] * f[2] or not 0 < n <= min(o[0], r[0]):
         raise KernelInputError(f"gather_rows: out {o}, feats {f}, rows {r}, taps {t}, n {n} disagree")
-    launch(gather_rows_kernel, (n, t[0]), GATHER_THREADS, stream, (out, feats, rows, taps, meta))
+    z = -(-f[2] // (GATHER_THREADS * GATHER_UNROLL))       # a block a row's tap's span: one pass a thread
+    launch(gather_rows_kernel, (n, t[0], z), GATHER_THREADS, stream, (out, feats, rows, taps, meta))
 
 
 def head_norm_rope(out, y, w, cos, sin, out_row0: int, pos0: int, meta, eps: float, n: int, n_heads: int,

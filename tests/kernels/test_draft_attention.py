@@ -27,7 +27,7 @@ def _meta(n, row0=0, pos0=0, n_ctx=0):
     return m
 
 
-@pytest.mark.parametrize("d", [5, 1100])                # 1,100: two passes of 128 x 8 words, the last partial
+@pytest.mark.parametrize("d", [5, 1100])                # 1,100: two blocks of 128 x 8 words, the last partial
 def test_gather_rows_concatenates_taps_in_order(d):
     rng = np.random.default_rng(1)
     feats = rng.standard_normal((3, 6, d)).astype(np.float32)            # [F', T', D]
