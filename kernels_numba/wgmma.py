@@ -68,7 +68,7 @@ def _sim_split_scale(u):
 
 def _warpgroup_fragments():
     """Row (of 64) and column (of 16) of each f16 of the A fragments, by [thread of 128, register, half];
-    D's row of each thread's registers 4j + r as [128, 4] (columns: 8j + _DCOL)."""
+    the row and the column within its 8 of D's register 4j + r, by [thread of 128, r] (column 8j + it)."""
     w = np.arange(4)[:, None, None, None]
     a_row = (16 * w + _AR[None]).reshape(128, 4, 2)
     a_col = np.broadcast_to(_AC[None], (4, 32, 4, 2)).reshape(128, 4, 2)
@@ -99,8 +99,9 @@ def _sim_wgmma_f16(d, a0, a1, a2, a3, s, i, lbo, sbo, keep):
     nthr = int(np.prod(mgr._block_dim))
     if nthr % 128:
         raise RuntimeError("wgmma needs blockDim a multiple of 128 (whole warpgroups)")
-    with _lock:
-        st = mgr.__dict__.setdefault("_kdtree_wgmma", {"slots": [None] * nthr, "result": {}})
+    with _lock:                                               # (per block size: blocks may be reused)
+        st = mgr.__dict__.setdefault("_kdtree_wgmma", {}).setdefault(nthr, {"slots": [None] * nthr,
+                                                                           "result": {}})
     wg, r = divmod(th.thread_id, 128)
     st["slots"][th.thread_id] = (tuple(d) if keep else (0.0,) * len(d), (a0, a1, a2, a3), int(i))
     th.syncthreads()
