@@ -3,8 +3,9 @@
 Run:  python dev/kernels/sass.py [--staged] [--moe] [--glue] [--dump DIR]
 Per build (K2 gate/up and down at M = 1 and 16, the package's configs): registers, spill bytes,
 instructions before / after the last griddepcontrol.wait (ACQBULK), 16-byte loads before / after it
-(weights and, after the wait, x), and the ten most frequent opcodes after it. --staged:
-int4_staged.py's tilings at M = 64. --moe: the fused-MoE GEMMs at K2 width
+(weights and, after the wait, x), those issued before the first MMA (what is in flight when the math
+starts), calls of ptxas's 64-bit division routines, and the ten most frequent opcodes after the wait.
+--staged: int4_staged.py's tilings at M = 64. --moe: the fused-MoE GEMMs at K2 width
 (package configs for T = 64 and T = 16; no PDL wait there, so every count lands "after"). --dump: the
 SASS listings.
 
@@ -76,10 +77,13 @@ def summary(listing: str, log: str) -> str:
     spill = re.findall(r"(\d+) bytes spill stores", log)
     stack = re.findall(r"(\d+) bytes stack frame", log)
     top = " ".join(f"{k} {v}" for k, v in opcodes.most_common(10))
+    mma = next((i for i, ln in enumerate(lines) if "HMMA" in ln or "HGMMA" in ln), len(lines))
+    in_flight = sum(1 for ln in lines[:mma] if is_w.search(ln))     # issued before the first MMA
+    divs = sum(1 for ln in lines if re.search(r"CALL.*__cuda_sm20_(div|rem)", ln))   # 64-bit routines
     return (f"{regs[0] if regs else '?'} registers, {spill[0] if spill else '?'} B spill, "
             f"{stack[0] if stack else '?'} B stack, {len(lines)} instructions: "
-            f"{max(cut, 0)} / {len(lines) - cut - 1} before / after the wait, 16-B loads {before} / {after} "
-            f"| after: {top}")
+            f"{max(cut, 0)} / {len(lines) - cut - 1} before / after the wait, 16-B loads {before} / {after}, "
+            f"{in_flight} before the first MMA, {divs} 64-bit division calls | after: {top}")
 
 
 def main(argv=None) -> int:
