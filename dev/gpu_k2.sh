@@ -44,7 +44,7 @@
 #   smoke        GPU tier of the kernels a K2 layer runs (W16A16 with its groups, folded norm and two batches
 #                in flight, the attention core's kernels, norms, router, rows, fused_moe, the shared expert
 #                beside it, the drafter's attention, the round's top-k, the shuffles, wgmma), on 8 workers: the first call after
-#                kernels changed without a GPU                                                     ~180 s
+#                kernels changed without a GPU                                                     ~240 s
 #   gemv_sweep   dev/kernels/moe.py --gemv-sweep: fused_moe's per-pair GEMV tilings and register caps at
 #                T = 1 and 8, each checked against the default's output                          ~120 s
 #   wgmma        dev/kernels/int4_matmul.py --wgmma: the wgmma W4A16 kernel's tilings (both scale modes)
@@ -106,7 +106,7 @@ for step in $STEPS; do
             run tier_w16a16 240 env KDTREE_GPU=1 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
               tests/kernels/test_w16a16.py tests/kernels/test_mla.py tests/kernels/test_blas.py ;;
     draft_attn) run "draft_attention_${KDTREE_GIT_SHA}" 150 python3 dev/kernels/draft_attention.py ;;
-    smoke) run "gpu_tier_smoke_${KDTREE_GIT_SHA}" 300 env KDTREE_GPU=1 python3 -m pytest -q -n 8 \
+    smoke) run "gpu_tier_smoke_${KDTREE_GIT_SHA}" 360 env KDTREE_GPU=1 python3 -m pytest -q -n 8 \
              -p no:cacheprovider -p no:warnings tests/kernels/test_w16a16.py tests/kernels/test_blas.py \
              tests/kernels/test_mla.py tests/kernels/test_rmsnorm.py tests/kernels/test_router.py \
              tests/kernels/test_ops.py tests/kernels/test_draft_attention.py tests/kernels/test_moe.py \
