@@ -36,6 +36,17 @@ def _b_words(b: np.ndarray, n: int, lbo: int, sbo: int, words: int) -> np.ndarra
     return halves.view(np.uint32)
 
 
+def _b_read(b: np.ndarray, n: int, lbo: int, sbo: int, words: int) -> np.ndarray:
+    """The 16 x n B a descriptor with the two offsets' roles exchanged reads from ``_b_words``'s layout:
+    what a wrong field assignment would multiply."""
+    halves = _b_words(b, n, lbo, sbo, words).view(np.float16)
+    out = np.zeros((16, n))
+    for k in range(16):
+        for c in range(n):
+            out[k, c] = halves[((c // 8) * lbo + (c % 8) * 16 + (k // 8) * sbo + 2 * (k % 8)) // 2]
+    return out
+
+
 def _gather_d(regs: np.ndarray, n: int) -> np.ndarray:
     """Each thread's n / 2 registers [128, n / 2] as D [64, n]: register 4j + r of lane 4g + t in warp w
     is row 16w + g + 8 (r >> 1), column 8j + 2t + (r & 1)."""
@@ -92,7 +103,7 @@ def _run(n, lbo, sbo, warpgroups=1):
         g = lane // 4
         pair = np.array([row_scale[16 * w + g], row_scale[16 * w + g + 8]], np.float16)
         scales[th] = pair.view(np.uint32)[0]
-    words = max((n // 8 - 1) * sbo + 128 + lbo, 16 * 4) // 4
+    words = max((n // 8 - 1) * max(lbo, sbo) + 128 + max(lbo, sbo), 16 * 4) // 4   # either offset order
     bw = np.concatenate([_b_words(b0, n, lbo, sbo, words), _b_words(b1, n, lbo, sbo, words)])
     out = dev(np.full((128 * warpgroups, n // 2), np.nan, np.float32))
     parts = dev(np.zeros((128 * warpgroups, 2), np.uint32))
@@ -101,10 +112,17 @@ def _run(n, lbo, sbo, warpgroups=1):
     hi, lo = (np.ascontiguousarray(host(parts)[:128, j]).view(np.float16).reshape(128, 2) for j in range(2))
     assert not (hi.view(np.uint16) & 0xF).any()                     # 7 significant bits
     np.testing.assert_array_equal(hi.astype(np.float64) + lo, scales.view(np.float16).reshape(128, 2))
-    want = (a1.astype(np.float64) * row_scale.astype(np.float64)[:, None]) @ b1 + a0.astype(np.float64) @ b0
+    a1s = a1.astype(np.float64) * row_scale.astype(np.float64)[:, None]
+    want = a1s @ b1 + a0.astype(np.float64) @ b0
     for wg in range(warpgroups):
         got = _gather_d(host(out)[128 * wg:128 * wg + 128], n)
-        np.testing.assert_array_equal(got, want)   # each product and sum exact in f32 (< 2^12, 2^-10 apart)
+        if not np.array_equal(got, want):          # each product and sum exact in f32 (< 2^12, 2^-10 apart)
+            read = [_b_read(b, n, lbo, sbo, words) for b in (b0, b1)]   # the B a swapped descriptor reads
+            swapped = a1s @ read[1] + a0.astype(np.float64) @ read[0]
+            hint = (" (the hardware reads lbo as the N-direction offset and sbo as the K one: swap them in "
+                    "wgmma.wgmma_f16)" if np.array_equal(got, swapped) else "")
+            raise AssertionError(f"wgmma n={n} lbo={lbo} sbo={sbo}: {int((got != want).sum())} of {got.size} "
+                                 f"outputs differ{hint}")
 
 
 @pytest.mark.parametrize("n,lbo,sbo", LAYOUTS)
