@@ -28,9 +28,9 @@ from numba import cuda
 from ._validate import KernelInputError, check
 from .blockops import KS, NEG_INF, TPB, block_lane, block_max, block_sum, row_slices
 from .device import SIMULATED
-from .intrinsics import bf162_to_f32, griddep_launch_dependents, griddep_wait, shfl_xor, stored_as
+from .intrinsics import bf162_to_f32, griddep_launch_dependents, griddep_wait, stored_as
 from .launch import launch
-from .rmsnorm import NORM_JIT, NORM_THREADS, held_sumsq, hold_row, hold_vec, store_normed
+from .rmsnorm import NORM_JIT, NORM_THREADS, held_sumsq, hold_row, hold_vec, store_normed, warps_max
 from .rope import rope_pair
 
 
@@ -293,13 +293,7 @@ def make_softmax16(KPT: int):
         m = NEG_INF
         for i in range(KPT):
             m = max(m, sv[i])
-        for k in (16, 8, 4, 2, 1):
-            m = max(m, shfl_xor(m, k))
-        if cuda.threadIdx.x == 0:
-            wm[cuda.threadIdx.y] = m
-        cuda.syncthreads()
-        for y in range(cuda.blockDim.y):
-            m = max(m, wm[y])
+        m = warps_max(wm, m)
         total = np.float32(0.0)
         if m != NEG_INF:                                     # the same in every thread
             for i in range(KPT):

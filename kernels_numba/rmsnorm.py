@@ -69,6 +69,34 @@ def store_normed(out, orow, ooff, wv, v, r, n, k, lt, nt):
             out[orow, ooff + j] = stored_as(out, wv[i] * (v[i] * r))
 
 
+@cuda.jit(device=True, inline="always")
+def warps_sum(ws, a):
+    """The sum of ``a`` over a (32, ks) block, in every thread: a five-step butterfly in each warp, then
+    the warps' sums in order (``ws``: a shared float32 slot a warp, at most 32)."""
+    for m in (16, 8, 4, 2, 1):
+        a += shfl_xor(a, m)
+    if cuda.threadIdx.x == 0:
+        ws[cuda.threadIdx.y] = a
+    cuda.syncthreads()
+    s = np.float32(0.0)
+    for y in range(cuda.blockDim.y):
+        s += ws[y]
+    return s
+
+
+@cuda.jit(device=True, inline="always")
+def warps_max(ws, m):
+    """The max of ``m`` over a (32, ks) block, in every thread (as ``warps_sum``; a max in any order)."""
+    for k in (16, 8, 4, 2, 1):
+        m = max(m, shfl_xor(m, k))
+    if cuda.threadIdx.x == 0:
+        ws[cuda.threadIdx.y] = m
+    cuda.syncthreads()
+    for y in range(cuda.blockDim.y):
+        m = max(m, ws[y])
+    return m
+
+
 @functools.cache
 def make_rmsnorm_kernel(KN: int):
     """rmsnorm_kernel for rows of at most KN features a thread: x's row and w held in registers (w's
@@ -92,16 +120,8 @@ def make_rmsnorm_kernel(KN: int):
             return
         xv = cuda.local.array(KN, np.float32)
         hold_row(xv, x, row, 0, KN, k, lt, nt)
-        a = held_sumsq(xv, KN, k, lt, nt)
-        for m in (16, 8, 4, 2, 1):
-            a += shfl_xor(a, m)
         ws = cuda.shared.array(TPB, np.float32)                  # a sum a warp (at most 32 warps)
-        if cuda.threadIdx.x == 0:
-            ws[cuda.threadIdx.y] = a
-        cuda.syncthreads()
-        ms = np.float32(0.0)
-        for y in range(cuda.blockDim.y):
-            ms += ws[y]
+        ms = warps_sum(ws, held_sumsq(xv, KN, k, lt, nt))
         r = np.float32(1.0) / math.sqrt(ms / np.float32(k) + eps)
         store_normed(out, row, 0, wv, xv, r, KN, k, lt, nt)
 
