@@ -155,6 +155,12 @@ def make_int4_wgmma_kernel(K: int, G: int, MT: int, WG: int, S: int, PW: int, PX
                     cp_async4(sm, b * XW + xdst + (4 * h * MT + rg) * 32, x,
                               xsrc + c * 64 + rg * 8 * K + 32 * h)
 
+        def frag(q, u):                                       # an A fragment times its rows' scales
+            return scale_a16(q[0], q[1], q[2], q[3], u)
+
+        def mma(d, a, at):                                    # d += A B, B the k16 step at stage word at
+            return wgmma_f16(d, a[0], a[1], a[2], a[3], sm, at, LBO, SBO, 1)
+
         for c in range(PW - 1):                               # weights depend on nothing: before the wait
             if c < KB:
                 fetch_w(sm, wq, sq, tl, c0, c, warp, lane)
@@ -184,35 +190,22 @@ def make_int4_wgmma_kernel(K: int, G: int, MT: int, WG: int, S: int, PW: int, PX
             q3 = dequant_i4x8(wa[3])
             xb = (c % PX) * XW
             if PRESCALE:                                      # (u - 8) s rounded to f16
-                a0 = scale_a16(q0[0], q0[1], q0[2], q0[3], u0)
-                a1 = scale_a16(q1[0], q1[1], q1[2], q1[3], u0)
-                a2 = scale_a16(q2[0], q2[1], q2[2], q2[3], u1)
-                a3 = scale_a16(q3[0], q3[1], q3[2], q3[3], u1)
+                a0, a1, a2, a3 = frag(q0, u0), frag(q1, u0), frag(q2, u1), frag(q3, u1)
                 wgmma_fence()
-                d = wgmma_f16(d, a0[0], a0[1], a0[2], a0[3], sm, xb, LBO, SBO, 1)
-                d = wgmma_f16(d, a1[0], a1[1], a1[2], a1[3], sm, xb + QW, LBO, SBO, 1)
-                d = wgmma_f16(d, a2[0], a2[1], a2[2], a2[3], sm, xb + 2 * QW, LBO, SBO, 1)
-                d = wgmma_f16(d, a3[0], a3[1], a3[2], a3[3], sm, xb + 3 * QW, LBO, SBO, 1)
+                d = mma(d, a0, xb)
+                d = mma(d, a1, xb + QW)
+                d = mma(d, a2, xb + 2 * QW)
+                d = mma(d, a3, xb + 3 * QW)
             else:                                             # (u - 8) s_hi + (u - 8) s_lo, both exact
                 h0, l0 = split_scale(u0)
                 h1, l1 = split_scale(u1)
-                a0 = scale_a16(q0[0], q0[1], q0[2], q0[3], h0)
-                b0 = scale_a16(q0[0], q0[1], q0[2], q0[3], l0)
-                a1 = scale_a16(q1[0], q1[1], q1[2], q1[3], h0)
-                b1 = scale_a16(q1[0], q1[1], q1[2], q1[3], l0)
-                a2 = scale_a16(q2[0], q2[1], q2[2], q2[3], h1)
-                b2 = scale_a16(q2[0], q2[1], q2[2], q2[3], l1)
-                a3 = scale_a16(q3[0], q3[1], q3[2], q3[3], h1)
-                b3 = scale_a16(q3[0], q3[1], q3[2], q3[3], l1)
+                a0, b0, a1, b1 = frag(q0, h0), frag(q0, l0), frag(q1, h0), frag(q1, l0)
+                a2, b2, a3, b3 = frag(q2, h1), frag(q2, l1), frag(q3, h1), frag(q3, l1)
                 wgmma_fence()
-                d = wgmma_f16(d, a0[0], a0[1], a0[2], a0[3], sm, xb, LBO, SBO, 1)
-                d = wgmma_f16(d, b0[0], b0[1], b0[2], b0[3], sm, xb, LBO, SBO, 1)
-                d = wgmma_f16(d, a1[0], a1[1], a1[2], a1[3], sm, xb + QW, LBO, SBO, 1)
-                d = wgmma_f16(d, b1[0], b1[1], b1[2], b1[3], sm, xb + QW, LBO, SBO, 1)
-                d = wgmma_f16(d, a2[0], a2[1], a2[2], a2[3], sm, xb + 2 * QW, LBO, SBO, 1)
-                d = wgmma_f16(d, b2[0], b2[1], b2[2], b2[3], sm, xb + 2 * QW, LBO, SBO, 1)
-                d = wgmma_f16(d, a3[0], a3[1], a3[2], a3[3], sm, xb + 3 * QW, LBO, SBO, 1)
-                d = wgmma_f16(d, b3[0], b3[1], b3[2], b3[3], sm, xb + 3 * QW, LBO, SBO, 1)
+                d = mma(mma(d, a0, xb), b0, xb)
+                d = mma(mma(d, a1, xb + QW), b1, xb + QW)
+                d = mma(mma(d, a2, xb + 2 * QW), b2, xb + 2 * QW)
+                d = mma(mma(d, a3, xb + 3 * QW), b3, xb + 3 * QW)
             wgmma_commit()
             wgmma_wait(1)                                     # chunk c - 1's group retired
         wgmma_wait(0)
