@@ -374,6 +374,12 @@ def int4_matmul(x, weight: Int4Weight, out=None, stream=None,
     return out
 
 
+@functools.cache
+def _compute_capability() -> tuple[int, int]:
+    """The current GPU's (asked once, not on every launch)."""
+    return tuple(cuda.get_current_device().compute_capability)
+
+
 def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged | Wgmma, stream, pdl: bool,
                    ws: GemmWorkspace | None):
     m, n, k, gs = x.shape[0], weight.n, weight.k, weight.group_size
@@ -385,7 +391,7 @@ def _launch_staged(x, weight: Int4Weight, out, wq, sq, cfg: Staged | Wgmma, stre
             raise KernelInputError(f"bad wgmma config {cfg} for K={k}: MT in 1..8, WG 1 or 2, S in "
                                    f"1..{MAX_SPLITS} dividing K/64 = {kc}, PX in 3..{WGMMA_MAX_PX}, "
                                    "PW >= PX - 1, at most 48 KB of shared memory")
-        if not SIMULATED and cuda.get_current_device().compute_capability != (9, 0):
+        if not SIMULATED and _compute_capability() != (9, 0):
             raise KernelInputError("the wgmma kernel needs an sm_90 GPU (H100 / H200)")
     elif (cfg.mt not in MT_BUCKETS or not 1 <= cfg.nt <= 16 or not 1 <= cfg.splits <= MAX_SPLITS
             or kc % cfg.splits or cfg.pw < 2 or not 2 <= cfg.px <= MAX_PX
