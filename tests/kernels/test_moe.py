@@ -156,21 +156,27 @@ def test_few_tokens_gemv_path():
     _check(cfg, 1, seed=32, group=64)
 
 
+def _tiny_routing(model_seed, seed, t=11):
+    """The tiny preset's experts (seed ``model_seed``), its T = 1 config, and ``t`` random tokens with their
+    routing (distinct experts a token) and router weights."""
+    cfg = preset("tiny")
+    _, mw = _model(cfg, model_seed)
+    k = cfg.num_experts_per_tok
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((t, cfg.hidden_size)).astype(np.float16)
+    ids = np.stack([rng.choice(cfg.n_routed_experts, k, replace=False) for _ in range(t)]).astype(np.int32)
+    tw = rng.random((t, k)).astype(np.float32)
+    return mw, choose_moe_config(cfg.hidden_size, cfg.moe_intermediate_size, 1), x, ids, tw
+
+
 def test_tiled_gemv_rows_equal_the_per_pair_rows_bit_for_bit():
     """The tiled path computes each pair as the per-pair path does: every token's output equals, bit for
     bit, that token's output alone (T = 1) and its output in the per-pair path at T tokens; tiles of one
     expert hold up to 8 pairs, so an expert with more than 8 spills into a second tile, and fewer grid
     rows than tiles make a block walk several."""
-    cfg = preset("tiny")
-    d, i = cfg.hidden_size, cfg.moe_intermediate_size
-    _, mw = _model(cfg, 61)
-    t, k = 11, cfg.num_experts_per_tok
-    rng = np.random.default_rng(62)
-    x = rng.standard_normal((t, d)).astype(np.float16)
-    ids = np.stack([rng.choice(cfg.n_routed_experts, k, replace=False) for _ in range(t)]).astype(np.int32)
+    mw, base, x, ids, tw = _tiny_routing(61, 62)
+    t = len(x)
     ids[:9, 0] = 3                                                 # expert 3 has 9 pairs: two tiles
-    tw = rng.random((t, k)).astype(np.float32)
-    base = choose_moe_config(d, i, 1)
     with sim_speed():
         tiled = host(fused_moe(dev(x), dev(ids), dev(tw), mw, config={**base, "tiled": True, "rows": 2}))
         pairs = host(fused_moe(dev(x), dev(ids), dev(tw), mw, config=base))
@@ -183,15 +189,7 @@ def test_gate_up_forming_h_equals_the_act_launch_bit_for_bit():
     """``glu``: a gate/up block holds both halves of its 16 rows and forms h = f16(silu(gate) * up) in its
     epilogue, in place of the act launch: the same sums, so the same bits, per pair and over expert
     tiles (with the shared expert among the pairs)."""
-    cfg = preset("tiny")
-    d, i = cfg.hidden_size, cfg.moe_intermediate_size
-    _, mw = _model(cfg, 71)
-    t, k = 11, cfg.num_experts_per_tok
-    rng = np.random.default_rng(72)
-    x = rng.standard_normal((t, d)).astype(np.float16)
-    ids = np.stack([rng.choice(cfg.n_routed_experts, k, replace=False) for _ in range(t)]).astype(np.int32)
-    tw = rng.random((t, k)).astype(np.float32)
-    base = choose_moe_config(d, i, 1)
+    mw, base, x, ids, tw = _tiny_routing(71, 72)
     with sim_speed():
         for path in ({}, {"tiled": True, "rows": 2}):
             want = host(fused_moe(dev(x), dev(ids), dev(tw), mw, config={**base, **path}))
