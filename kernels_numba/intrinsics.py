@@ -81,7 +81,7 @@ def _host_array(a):
     return np.asarray(getattr(a, "_ary", a))
 
 
-def _sim_words16(a, i, nbytes=16) -> np.ndarray:
+def _sim_words(a, i, nbytes=16) -> np.ndarray:
     """The 16 (``nbytes``) bytes at element ``i`` of ``a`` as words (a view); IndexError where the GPU's
     access would fault: past the end, or not aligned to its size (a GPU allocation's base is 256-aligned,
     a numpy array's at least 16, so an offset misaligned here is misaligned there)."""
@@ -97,21 +97,21 @@ def _sim_words16(a, i, nbytes=16) -> np.ndarray:
 
 
 def _sim_ld_u32x4(a, i):
-    raw = _sim_words16(a, i)
+    raw = _sim_words(a, i)
     return raw[0], raw[1], raw[2], raw[3]
 
 
 def _sim_cp_async16(s, si, a, ai):
-    words = _sim_words16(a, ai)
+    words = _sim_words(a, ai)
     _sim_st_u32x4(s, si, words[0], words[1], words[2], words[3])
 
 
 def _sim_cp_async4(s, si, a, ai):
-    _sim_words16(s, si, 4)[:] = _sim_words16(a, ai, 4)
+    _sim_words(s, si, 4)[:] = _sim_words(a, ai, 4)
 
 
 def _sim_st_u32x4(a, i, w0, w1, w2, w3):
-    _sim_words16(a, i)[:] = (w0, w1, w2, w3)
+    _sim_words(a, i)[:] = (w0, w1, w2, w3)
 
 
 @functools.lru_cache(maxsize=1 << 16)                   # a weight word is dequantized once per use
