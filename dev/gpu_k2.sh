@@ -112,6 +112,7 @@ for step in $STEPS; do
              tests/kernels/test_ops.py tests/kernels/test_draft_attention.py tests/kernels/test_moe.py \
              tests/kernels/test_tree.py tests/kernels/test_launch.py tests/kernels/test_intrinsics.py \
              tests/kernels/test_wgmma.py tests/kernels/test_int4_matmul.py::test_gpu_wgmma_k2_shapes \
+             tests/kernels/test_mla_flash.py \
              tests/engine/test_ar.py \
              tests/engine/test_dflash.py -k "not k2_slice and not kimi" ;;
     gemv_sweep) run "moe_gemv_sweep_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/moe.py --gemv-sweep ;;

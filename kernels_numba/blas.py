@@ -131,6 +131,8 @@ class AttentionRows:
     keys: int         # S8
     q_all: Any = None     # [T, H*(C+R)] int16 bf16 bits: the absorbed queries (W16A16 absorptions)
     ctx: Any = None       # [T, H*C] float32: p @ c_kv before W_UV (W16A16 absorptions)
+    part: Any = None      # flat float32: the one-pass core's per-chunk sums and (max, sum) pairs
+    stats: Any = None     # (``mla_flash.scratch_size``; W16A16 absorptions)
 
     @classmethod
     def allocate(cls, max_rows: int, max_len: int, half_rope: int, mask: bool = True,
@@ -140,13 +142,18 @@ class AttentionRows:
         torch = _torch()
         dev = "cpu" if SIMULATED else "cuda"
         s8 = padded_keys(max_len)
-        q_all = ctx = None
+        q_all = ctx = part = stats = None
         if absorbed is not None:
+            from .mla_flash import scratch_size
             h, c = absorbed
             q_all = torch.zeros(max_rows, h * (c + 2 * half_rope), dtype=torch.int16, device=dev)
             ctx = torch.zeros(max_rows, h * c, dtype=torch.float32, device=dev)
+            n_part, n_stats = scratch_size(max_rows, h, c, s8)
+            part = torch.empty(n_part, dtype=torch.float32, device=dev)
+            stats = torch.empty(n_stats, dtype=torch.float32, device=dev)
         return cls(torch.zeros(max_rows, half_rope, dtype=torch.complex64, device=dev),
-                   torch.ones(max_rows, s8, dtype=torch.bool, device=dev) if mask else None, s8, q_all, ctx)
+                   torch.ones(max_rows, s8, dtype=torch.bool, device=dev) if mask else None, s8, q_all, ctx,
+                   part, stats)
 
 
 def attention_rows(att: AttentionRows, cos, sin, depth, vis, meta, rows: int, stream=0) -> None:

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from . import blas, ffn, mla, w16a16
+from . import blas, ffn, mla, mla_flash, w16a16
 from ._validate import KernelInputError, flat, warps
 from .blas import padded_keys  # noqa: F401 - the key rows the BLAS attention pads to
 from .blas import view as torch_view  # noqa: F401 - a torch tensor over a device array (no copy)
@@ -72,6 +72,7 @@ from .mla import (
     mla_prep_kernel,  # noqa: F401 - K2's instance (its registers: dev/kernels/sass.py --glue)
     prep_counts,
 )
+from .mla_flash import flash_mla
 from .moe import (  # noqa: F401 - bench kernels' configs and per-stage times
     GEMV_TOKENS,
     TILE_ROWS,
@@ -128,6 +129,8 @@ W16_ABSORB = True                            # the W16A16 core's W_UK / W_UV pro
                                              # (grouped by head, PDL) where it runs, else cuBLAS's bmm
 W16_SOFTMAX = False                          # ... and then its masked softmax on mla.softmax16_kernel:
                                              # off, torch's softmax measured faster (mla_core_9f3c2313bae9)
+W16_FLASH = False                            # ... or scores, softmax and p @ c_kv in one pass over the live
+                                             # keys (mla_flash.py): off until dev/kernels/mla_core.py times it
 W16_NORM = True                              # an RMSNorm before a W16A16 projection inside it ...
 FOLD_ROWS = 16                               # ... up to this many rows (then as many registers as fit)
 W16_GLU_FOLD = False                         # silu(g) * u formed inside the W16A16 down projection (every
@@ -681,7 +684,14 @@ def _mla_absorbed_w16(o, q, cache, w: MLA, att, cos, sin, depth, meta, scale: fl
                                                             np.int32(r_dim), np.int32(c_rank)))
     w16a16.linear(qa, q, w.uk, rows, stream=stream, groups=Groups(c_rank, q.shape[1], nope + r_dim,
                                                                  c_rank + r_dim), round_out=True)
-    blas.mla_core16(att, cache, scale, n_heads, rows, stream, W16_SOFTMAX)
+    if W16_FLASH and mla_flash.fits(n_heads, c_rank, r_dim):
+        torch = blas._torch()
+        kv = blas.kernel_view
+        flash_mla(ctx, kv(att.q_all.view(torch.int32)), kv(torch_view(cache).view(torch.int32)),
+                  kv(att.hidden.view(torch.uint8)), meta, scale, n_heads, c_rank, rows, kv(att.part),
+                  kv(att.stats), stream)
+    else:
+        blas.mla_core16(att, cache, scale, n_heads, rows, stream, W16_SOFTMAX)
     w16a16.linear(kernel_array(o), ctx, w.uv, rows, stream=stream,
                   groups=Groups(v_dim, n_heads * c_rank, c_rank, v_dim), round_out=True)
 

@@ -210,11 +210,11 @@ def test_bf16_experts_want_the_bf16_output_mark(on_blas):
         ops.moe_weights(rt, plain, None)
 
 
-def _core_step(name: str, seed: int) -> SimpleNamespace:
-    """A W16A16 attention core's step on ``name``'s shape: wkv_b's bf16 bits and the step's inputs, a bf16
-    cache of 16 rows, 7 cached, a tree of 4 rows of which 3 live."""
+def _core_step(name, seed: int) -> SimpleNamespace:
+    """A W16A16 attention core's step on the shape of ``name`` (a preset's name or a config): wkv_b's bf16
+    bits and the step's inputs, a bf16 cache of 16 rows, 7 cached, a tree of 4 rows of which 3 live."""
     from numformats.bf16 import bf16
-    cfg = preset(name)
+    cfg = preset(name) if isinstance(name, str) else name
     rng = np.random.default_rng(seed)
     h, c, r = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     nn, v = cfg.qk_nope_head_dim, cfg.v_head_dim
@@ -281,6 +281,25 @@ def test_w16a16_absorptions_on_the_kernel_equal_the_bmm_core(on_blas, monkeypatc
     assert np.isfinite(outs[0]).all()
     o16 = outs[0].view(np.uint32) & 0xFFFF                         # o rounded to bf16: no low bits
     assert (o16 == 0).all()
+
+
+def test_w16a16_one_pass_core_equals_the_bmm_core(on_blas, monkeypatch):
+    """The absorbed core with scores, softmax and p @ c_kv in one pass (``ops.W16_FLASH``, mla_flash.py)
+    against cuBLAS's / torch's bmm core, on a shape it tiles (16 heads): within a bf16 step of the largest
+    output (its p is rounded before the division by the sum, the bmm core's after; o is rounded to bf16)."""
+    cfg = preset("tiny2").replace(num_attention_heads=16, kv_lora_rank=64)
+    st = _core_step(cfg, 6)
+    monkeypatch.setattr(ops, "W16_KERNEL", True)
+    outs = []
+    for flash in (True, False):
+        monkeypatch.setattr(ops, "W16_ABSORB", flash)
+        monkeypatch.setattr(ops, "W16_FLASH", flash)
+        w = ops.mla_weights(ops.Bf16Host(st.bits), n_heads=cfg.num_attention_heads, nope=cfg.qk_nope_head_dim)
+        att = ops.attention_rows_buffers([w], st.rows, st.s8, cfg.qk_rope_head_dim // 2)
+        outs.append(_core_out(st, w, att))
+    flash, bmm = outs[0][:st.live], outs[1][:st.live]
+    assert np.abs(flash - bmm).max() <= 4e-3 * np.abs(bmm).max()   # p rounded before its division, o to bf16
+    assert np.isfinite(outs[0]).all()
 
 
 def test_attention_rows_gather_the_rope_rows_and_mask_the_unseen_keys(on_blas, monkeypatch):

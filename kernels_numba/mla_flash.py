@@ -1,0 +1,343 @@
+"""The W16A16 attention core in one pass over the latent cache (split-key "flash decoding" on tensor cores):
+ctx = softmax(scale * q_all . kv) @ c_kv for every row and head of a step, between the W_UK and W_UV
+absorptions.
+
+Legend: T rows, H heads (a multiple of 16), C latent columns, R rope columns, D = C + R, S8 cache rows,
+n = meta[0] + meta[1] live keys (keys at or past n are never read), NCH key chunks a row, KT keys a
+tile, CS warps sharing a head group's columns, HG = H / 16 head groups, NW = HG CS warps a block.
+
+Inputs as ``blas.AttentionRows`` holds them: q_all [T, H D] and the cache [S8, D] bf16 bits (read as
+words of bf16 pairs), the key mask hidden [T, S8] uint8 (1: row t may not see key j), meta [start, live].
+
+- ``chunks`` kernel, grid (NCH, T), block (32, NW): chunk c of row t takes keys c K .. (c + 1) K - 1,
+  K = KT ceil(ceil(n / NCH) / KT) (from n on the device, so a captured graph splits the live keys, not
+  the cache's rows); tile after tile of KT keys it stages the keys in shared memory (the next tile's
+  loads issued before this one's scores), scores S = q . k on ``mma_16816_bf16`` (a warp per 16 heads x
+  8 keys), then each warp takes its 16 heads' scores, keeps their running max m and sum l (float32, in
+  registers) and adds p = bf16(exp(scale s - m)) @ c_kv into its C / CS columns (MMA accumulators,
+  rescaled when m grows). It writes O = sum p c_kv [T, NCH, H, C] and (m, l) [T, NCH, H, 2]; a chunk
+  past n writes m = -inf and no O.
+- ``combine`` kernel, grid (T, H), block (32, ceil(C / 128)): ctx = sum_c exp(m_c - M) O_c /
+  sum_c exp(m_c - M) l_c over the used chunks in order; a row that sees no key gets 0.
+
+The probabilities that multiply c_kv are bf16(exp(scale s - m)) before the division by l (the reference
+rounds p after it), so the result agrees with the reference within bf16 rounding, not bit for bit; the
+chunk split depends on n and NCH, which the host picks from T (``chunks_for``).
+
+Fragment tricks (m16n8k16, ``intrinsics``): the scores' B operand is 2 consecutive dims of one key, a
+word of the staged row. p @ c_kv needs 2 consecutive keys of one column: a lane loads the word of
+columns (2g, 2g + 1) from keys 2t and 2t + 1 and splits it into two B fragments, n-tile a taking the
+even columns base + 2 n and n-tile b the odd ones; so a lane's two accumulators land on columns
+base + 4t .. base + 4t + 3, one 16-byte store.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, uint32
+
+from ._validate import KernelInputError, check
+from .blockops import NEG_INF, TPB
+from .device import SIMULATED
+from .intrinsics import (
+    f32_to_bf162,
+    griddep_launch_dependents,
+    griddep_wait,
+    ld_u32,
+    ld_v4,
+    mma_16816_bf16,
+    shfl_xor,
+    st_shared_v4,
+)
+from .launch import launch
+from .resources import register_cap
+
+KT = 32                             # keys a tile
+CS = 4                              # warps sharing a head group's columns (K2: 16 warps, 64 accumulators)
+TARGET_BLOCKS = 128                 # chunks x rows the host aims at (about one wave on 132 SMs)
+MAX_CHUNKS = 128
+
+
+@functools.cache
+def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS, ahead: bool = True):
+    """(chunks_kernel, combine_kernel) for H heads, C latent and R rope columns (module docstring)."""
+    D = C + R
+    HG, NW = H // 16, (H // 16) * cs
+    CW = C // cs                     # columns a warp accumulates
+    NP = CW // 16                    # its n-tile pairs
+    KS16 = D // 16                   # the scores' k steps
+    PK = kt // 16                    # p @ c_kv's k steps a tile
+    UNITS = HG * (kt // 8)           # (head group, 8 keys) score tiles
+    UPW = UNITS // NW
+    P = D // 2 + 4                   # staged key row pitch in words (conflict-free fragment reads)
+    SP = kt + 4                      # score row pitch
+    DW4 = D // 8                     # 16-byte units a key row
+    LOADS = -(-kt * DW4 // (TPB * NW))
+    why = _unfit(H, C, R, kt, cs)
+    if why:
+        raise KernelInputError(f"flash MLA: {why}")
+    KW, SW = kt * P, H * SP
+    HD2, D2 = H * D // 2, D // 2
+    NPRE, NACC, NSC, NPF = 4 * LOADS, 8 * NP, 4 * UPW, 8 * PK     # (local array sizes: constants)
+    ALIGN = None if SIMULATED else 16                        # (the simulator takes no alignment argument)
+
+    @cuda.jit(**register_cap(TPB * NW))
+    def chunks_kernel(part, stats, q, cache, hidden, meta, scale, nch):
+        """part float32 [T NCH H C], stats float32 [T NCH H 2], q int32 [T H D / 2], cache int32
+        [S8 D / 2] (bf16 pairs), hidden uint8 [T, S8], meta int32 [start, live, ..]."""
+        ks = cuda.shared.array(KW, uint32, alignment=ALIGN)
+        ss = cuda.shared.array(SW, float32)
+        pre = cuda.local.array(NPRE, uint32)
+        acc = cuda.local.array(NACC, float32)
+        sc = cuda.local.array(NSC, float32)
+        pf = cuda.local.array(NPF, float32)
+        griddep_wait()
+        griddep_launch_dependents()
+        c, t = cuda.blockIdx.x, cuda.blockIdx.y
+        lane, w = cuda.threadIdx.x, cuda.threadIdx.y
+        lt = w * TPB + lane
+        g, tq = lane // 4, lane % 4
+        hg, cs_ = w % HG, w // HG
+        h0 = 16 * hg
+        s8 = hidden.shape[1]
+        n = min(meta[0] + meta[1], s8)
+        span = -(-n // nch)
+        span = -(-span // kt) * kt
+        k0 = c * span
+        k1 = min(k0 + span, n)
+        sbase = ((t * nch + c) * H) * 2
+        if k0 >= k1:                                         # nothing to see: weight 0 in the combine
+            if lt < H:
+                stats[sbase + 2 * lt] = NEG_INF
+                stats[sbase + 2 * lt + 1] = np.float32(0.0)
+            return
+        m0, m1 = NEG_INF, NEG_INF                            # rows h0 + g, h0 + g + 8
+        l0, l1 = np.float32(0.0), np.float32(0.0)
+        for i in range(8 * NP):
+            acc[i] = np.float32(0.0)
+        for i in range(LOADS):                               # the first tile's rows
+            u = lt + i * TPB * NW
+            key = k0 + u // DW4
+            if u < kt * DW4 and key < s8:
+                pre[4 * i], pre[4 * i + 1], pre[4 * i + 2], pre[4 * i + 3] = ld_v4(
+                    cache, key * D2 + 4 * (u % DW4))
+        qrow = t * HD2
+        kb = k0
+        while kb < k1:
+            for i in range(LOADS):                           # stage this tile
+                u = lt + i * TPB * NW
+                if u < kt * DW4:
+                    key = kb + u // DW4
+                    if key < s8:
+                        st_shared_v4(ks, (u // DW4) * P + 4 * (u % DW4), pre[4 * i], pre[4 * i + 1],
+                                     pre[4 * i + 2], pre[4 * i + 3])
+                    else:
+                        st_shared_v4(ks, (u // DW4) * P + 4 * (u % DW4), 0, 0, 0, 0)
+            cuda.syncthreads()
+            nb = kb + kt
+            if ahead and nb < k1:                            # the next tile's rows, under this one's math
+                for i in range(LOADS):
+                    u = lt + i * TPB * NW
+                    key = nb + u // DW4
+                    if u < kt * DW4 and key < s8:
+                        pre[4 * i], pre[4 * i + 1], pre[4 * i + 2], pre[4 * i + 3] = ld_v4(
+                            cache, key * D2 + 4 * (u % DW4))
+            for j in range(4 * UPW):
+                sc[j] = np.float32(0.0)
+            for s in range(KS16):                            # scores: UPW tiles of 16 heads x 8 keys
+                for j in range(UPW):
+                    un = w + j * NW
+                    qh = qrow + (16 * (un % HG) + g) * D2 + 8 * s + tq
+                    kw = (8 * (un // HG) + g) * P + 8 * s + tq
+                    sc[4 * j], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3] = mma_16816_bf16(
+                        ld_u32(q, qh), ld_u32(q, qh + 4 * D), ld_u32(q, qh + 4), ld_u32(q, qh + 4 * D + 4),
+                        ks[uint32(kw)], ks[uint32(kw + 4)],
+                        sc[4 * j], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3])
+            for j in range(UPW):                             # masked, scaled, to shared memory
+                un = w + j * NW
+                hh = 16 * (un % HG) + g
+                for e in range(4):
+                    kk = 8 * (un // HG) + 2 * tq + (e & 1)
+                    key = kb + kk
+                    seen = key < k1 and hidden[t, uint32(key)] == 0
+                    ss[uint32((hh + 8 * (e >> 1)) * SP + kk)] = sc[4 * j + e] * scale if seen else NEG_INF
+            cuda.syncthreads()
+            x0 = NEG_INF
+            x1 = NEG_INF
+            for j in range(PK):                              # this warp's heads: running max and sum
+                for e in range(4):
+                    kk = 16 * j + 2 * tq + (e & 1) + 8 * (e >> 1)
+                    pf[8 * j + e] = ss[uint32((h0 + g) * SP + kk)]
+                    pf[8 * j + 4 + e] = ss[uint32((h0 + g + 8) * SP + kk)]
+                    x0 = max(x0, pf[8 * j + e])
+                    x1 = max(x1, pf[8 * j + 4 + e])
+            x0 = max(x0, shfl_xor(x0, 1))
+            x0 = max(x0, shfl_xor(x0, 2))
+            x1 = max(x1, shfl_xor(x1, 1))
+            x1 = max(x1, shfl_xor(x1, 2))
+            n0, n1 = max(m0, x0), max(m1, x1)
+            a0 = math.exp(m0 - n0) if n0 != NEG_INF else np.float32(1.0)
+            a1 = math.exp(m1 - n1) if n1 != NEG_INF else np.float32(1.0)
+            m0, m1 = n0, n1
+            l0 *= a0
+            l1 *= a1
+            for i in range(NP):
+                acc[8 * i] *= a0
+                acc[8 * i + 1] *= a0
+                acc[8 * i + 2] *= a1
+                acc[8 * i + 3] *= a1
+                acc[8 * i + 4] *= a0
+                acc[8 * i + 5] *= a0
+                acc[8 * i + 6] *= a1
+                acc[8 * i + 7] *= a1
+            for j in range(PK):
+                for e in range(4):
+                    p0 = math.exp(pf[8 * j + e] - m0) if pf[8 * j + e] != NEG_INF else np.float32(0.0)
+                    p1 = math.exp(pf[8 * j + 4 + e] - m1) if pf[8 * j + 4 + e] != NEG_INF else np.float32(0.0)
+                    pf[8 * j + e] = p0
+                    pf[8 * j + 4 + e] = p1
+                    l0 += p0
+                    l1 += p1
+            cb = (cs_ * CW) // 2 + g                         # this lane's word of each column pair
+            for j in range(PK):
+                pa0 = f32_to_bf162(pf[8 * j], pf[8 * j + 1])            # head g, keys 2t, 2t + 1
+                pa1 = f32_to_bf162(pf[8 * j + 4], pf[8 * j + 5])        # head g + 8
+                pa2 = f32_to_bf162(pf[8 * j + 2], pf[8 * j + 3])        # head g, keys 2t + 8, 2t + 9
+                pa3 = f32_to_bf162(pf[8 * j + 6], pf[8 * j + 7])
+                r0 = (16 * j + 2 * tq) * P + cb
+                for i in range(NP):
+                    w0 = ks[uint32(r0 + 8 * i)]
+                    w1 = ks[uint32(r0 + P + 8 * i)]
+                    w2 = ks[uint32(r0 + 8 * P + 8 * i)]
+                    w3 = ks[uint32(r0 + 9 * P + 8 * i)]
+                    acc[8 * i], acc[8 * i + 1], acc[8 * i + 2], acc[8 * i + 3] = mma_16816_bf16(
+                        pa0, pa1, pa2, pa3, (w0 & 0xFFFF) | (w1 << 16), (w2 & 0xFFFF) | (w3 << 16),
+                        acc[8 * i], acc[8 * i + 1], acc[8 * i + 2], acc[8 * i + 3])
+                    acc[8 * i + 4], acc[8 * i + 5], acc[8 * i + 6], acc[8 * i + 7] = mma_16816_bf16(
+                        pa0, pa1, pa2, pa3, (w0 >> 16) | (w1 & 0xFFFF0000), (w2 >> 16) | (w3 & 0xFFFF0000),
+                        acc[8 * i + 4], acc[8 * i + 5], acc[8 * i + 6], acc[8 * i + 7])
+            cuda.syncthreads()                               # ks and ss are the next tile's
+            if not ahead and nb < k1:
+                for i in range(LOADS):
+                    u = lt + i * TPB * NW
+                    key = nb + u // DW4
+                    if u < kt * DW4 and key < s8:
+                        pre[4 * i], pre[4 * i + 1], pre[4 * i + 2], pre[4 * i + 3] = ld_v4(
+                            cache, key * D2 + 4 * (u % DW4))
+            kb = nb
+        l0 += shfl_xor(l0, 1)
+        l0 += shfl_xor(l0, 2)
+        l1 += shfl_xor(l1, 1)
+        l1 += shfl_xor(l1, 2)
+        obase = ((t * nch + c) * H + h0 + g) * C + cs_ * CW + 4 * tq
+        for i in range(NP):
+            o = obase + 16 * i
+            part[o] = acc[8 * i]
+            part[o + 1] = acc[8 * i + 4]
+            part[o + 2] = acc[8 * i + 1]
+            part[o + 3] = acc[8 * i + 5]
+            o += 8 * C
+            part[o] = acc[8 * i + 2]
+            part[o + 1] = acc[8 * i + 6]
+            part[o + 2] = acc[8 * i + 3]
+            part[o + 3] = acc[8 * i + 7]
+        if cs_ == 0 and tq == 0:
+            stats[sbase + 2 * (h0 + g)] = m0
+            stats[sbase + 2 * (h0 + g) + 1] = l0
+            stats[sbase + 2 * (h0 + g + 8)] = m1
+            stats[sbase + 2 * (h0 + g + 8) + 1] = l1
+
+    @cuda.jit
+    def combine_kernel(ctx, part, stats, nch):
+        """ctx float32 [T, H C] = the chunks' sum (module docstring); grid (T, H), block (32, ks)."""
+        griddep_wait()
+        griddep_launch_dependents()
+        t, h = cuda.blockIdx.x, cuda.blockIdx.y
+        col = 4 * (cuda.threadIdx.y * TPB + cuda.threadIdx.x)
+        big = NEG_INF
+        for c in range(nch):
+            big = max(big, stats[((t * nch + c) * H + h) * 2])
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        z = np.float32(0.0)
+        if big != NEG_INF:
+            for c in range(nch):
+                sb = ((t * nch + c) * H + h) * 2
+                mc = stats[sb]
+                if mc != NEG_INF:
+                    wc = math.exp(mc - big)
+                    z += wc * stats[sb + 1]
+                    if col < C:
+                        o = ((t * nch + c) * H + h) * C + col
+                        a0 += wc * part[o]
+                        a1 += wc * part[o + 1]
+                        a2 += wc * part[o + 2]
+                        a3 += wc * part[o + 3]
+        r = np.float32(1.0) / z if z > 0 else np.float32(0.0)
+        if col < C:
+            o = t * H * C + h * C + col
+            ctx[o] = a0 * r
+            ctx[o + 1] = a1 * r
+            ctx[o + 2] = a2 * r
+            ctx[o + 3] = a3 * r
+
+    return chunks_kernel, combine_kernel
+
+
+def _unfit(H: int, C: int, R: int, kt: int, cs: int) -> str:
+    """Why the chunk kernel has no tiling for these sizes ('' when it has one)."""
+    if H % 16 or C % (16 * cs) or (C + R) % 16 or kt % 16 or (H // 16) * (kt // 8) % ((H // 16) * cs):
+        return f"no tiling for H {H}, C {C}, R {R}, KT {kt}, CS {cs}"
+    if 4 * (kt * ((C + R) // 2 + 4) + H * (kt + 4)) > 48 * 1024:
+        return f"a tile of {kt} keys x {C + R} columns exceeds 48 KiB of shared memory"
+    return ""
+
+
+def fits(n_heads: int, c_rank: int, r_dim: int) -> bool:
+    """Whether the one-pass core takes these sizes (else the caller keeps the GEMM core)."""
+    return not _unfit(n_heads, c_rank, r_dim, KT, CS)
+
+
+def chunks_for(rows: int, n_keys: int) -> int:
+    """Key chunks a row for ``rows`` rows: about TARGET_BLOCKS blocks in all, at most one a tile of the
+    cache's ``n_keys`` rows."""
+    return max(1, min(MAX_CHUNKS, TARGET_BLOCKS // max(rows, 1), -(-n_keys // KT)))
+
+
+def scratch_size(max_rows: int, n_heads: int, c_rank: int, n_keys: int) -> tuple[int, int]:
+    """(part, stats) float32 elements the flash core needs at up to ``max_rows`` rows."""
+    most = max(r * chunks_for(r, n_keys) for r in range(1, max_rows + 1))
+    return most * n_heads * c_rank, most * n_heads * 2
+
+
+def flash_mla(ctx, q_all, cache, hidden, meta, scale: float, n_heads: int, c_rank: int, rows: int,
+              part, stats, stream=0, nch: int | None = None) -> None:
+    """ctx float32 [T, H C] = the attention core of the grid's ``rows`` rows (module docstring): q_all
+    int32 [T, H D / 2] and cache int32 [S8, D / 2] (bf16 pairs), hidden uint8 [T, S8], meta int32; part
+    and stats flat float32 scratch (``scratch_size``); ``nch`` chunks a row (default ``chunks_for``)."""
+    ctx = check(ctx, "ctx", np.float32, (None, None))
+    t_max, hc = ctx.shape
+    if hc != n_heads * c_rank:
+        raise KernelInputError(f"ctx has {hc} columns, not {n_heads} heads x {c_rank}")
+    cache = check(cache, "cache", np.int32, (None, None))
+    s8, d2 = cache.shape
+    r_dim = 2 * d2 - c_rank
+    q_all = check(q_all, "q_all", np.int32, (t_max, n_heads * d2))
+    hidden = check(hidden, "hidden", np.uint8, (None, s8))
+    if not 1 <= rows <= min(t_max, hidden.shape[0]):
+        raise KernelInputError(f"flash MLA: {rows} rows, buffers of {t_max} / {hidden.shape[0]}")
+    nch = nch or chunks_for(rows, s8)
+    if not 1 <= nch <= MAX_CHUNKS:
+        raise KernelInputError(f"flash MLA: {nch} chunks a row, 1..{MAX_CHUNKS} allowed")
+    part = check(part, "part", np.float32, (None,))
+    stats = check(stats, "stats", np.float32, (None,))
+    if part.shape[0] < rows * nch * hc or stats.shape[0] < rows * nch * n_heads * 2:
+        raise KernelInputError(f"flash MLA: scratch for {rows} rows x {nch} chunks too small")
+    chunks, combine = make_flash_mla(n_heads, c_rank, r_dim, KT, CS)
+    nw = (n_heads // 16) * CS
+    launch(chunks, (nch, rows), (TPB, nw), stream, (part, stats, q_all.reshape(-1), cache.reshape(-1),
+                                                    hidden, meta, np.float32(scale), np.int32(nch)))
+    launch(combine, (rows, n_heads), (TPB, -(-c_rank // (4 * TPB))), stream,
+           (ctx.reshape(-1), part, stats, np.int32(nch)))
