@@ -62,7 +62,7 @@ MAX_CHUNKS = 128
 
 
 @functools.cache
-def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS, ahead: bool = True):
+def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
     """(chunks_kernel, combine_kernel) for H heads, C latent and R rope columns (module docstring)."""
     D = C + R
     HG, NW = H // 16, (H // 16) * cs
@@ -75,13 +75,14 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS, ahead: bo
     P = D // 2 + 4                   # staged key row pitch in words (conflict-free fragment reads)
     SP = kt + 4                      # score row pitch
     DW4 = D // 8                     # 16-byte units a key row
-    LOADS = -(-kt * DW4 // (TPB * NW))
+    TK = TPB * NW // kt              # threads staging a key row
+    LOADS = -(-DW4 // TK)
     why = _unfit(H, C, R, kt, cs)
     if why:
         raise KernelInputError(f"flash MLA: {why}")
     KW, SW = kt * P, H * SP
     HD2, D2 = H * D // 2, D // 2
-    NPRE, NACC, NSC, NPF = 4 * LOADS, 8 * NP, 4 * UPW, 8 * PK     # (local array sizes: constants)
+    NPRE, NACC, NSC, NPF = 4 * LOADS, 8 * NP, 4 * UPW, 8     # (local array sizes: constants)
     ALIGN = None if SIMULATED else 16                        # (the simulator takes no alignment argument)
 
     @cuda.jit(**register_cap(TPB * NW))
@@ -118,33 +119,28 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS, ahead: bo
         l0, l1 = np.float32(0.0), np.float32(0.0)
         for i in range(8 * NP):
             acc[i] = np.float32(0.0)
-        for i in range(LOADS):                               # the first tile's rows
-            u = lt + i * TPB * NW
-            key = k0 + u // DW4
-            if u < kt * DW4 and key < s8:
-                pre[4 * i], pre[4 * i + 1], pre[4 * i + 2], pre[4 * i + 3] = ld_v4(
-                    cache, key * D2 + 4 * (u % DW4))
+        sk, su = lt // TK, lt % TK                           # this thread's key of a tile, first unit
+        if k0 + sk < s8:                                     # the first tile's rows
+            for i in range(LOADS):
+                if su + TK * i < DW4:
+                    pre[4 * i], pre[4 * i + 1], pre[4 * i + 2], pre[4 * i + 3] = ld_v4(
+                        cache, (k0 + sk) * D2 + 4 * (su + TK * i))
         qrow = t * HD2
         kb = k0
         while kb < k1:
-            for i in range(LOADS):                           # stage this tile
-                u = lt + i * TPB * NW
-                if u < kt * DW4:
-                    key = kb + u // DW4
-                    if key < s8:
-                        st_shared_v4(ks, (u // DW4) * P + 4 * (u % DW4), pre[4 * i], pre[4 * i + 1],
-                                     pre[4 * i + 2], pre[4 * i + 3])
-                    else:
-                        st_shared_v4(ks, (u // DW4) * P + 4 * (u % DW4), 0, 0, 0, 0)
+            live = kb + sk < s8                              # stage this tile (zeros past the cache)
+            for i in range(LOADS):
+                if su + TK * i < DW4:
+                    st_shared_v4(ks, sk * P + 4 * (su + TK * i), pre[4 * i] if live else 0,
+                                 pre[4 * i + 1] if live else 0, pre[4 * i + 2] if live else 0,
+                                 pre[4 * i + 3] if live else 0)
             cuda.syncthreads()
             nb = kb + kt
-            if ahead and nb < k1:                            # the next tile's rows, under this one's math
+            if nb < k1 and nb + sk < s8:                     # the next tile's rows, under this one's math
                 for i in range(LOADS):
-                    u = lt + i * TPB * NW
-                    key = nb + u // DW4
-                    if u < kt * DW4 and key < s8:
+                    if su + TK * i < DW4:
                         pre[4 * i], pre[4 * i + 1], pre[4 * i + 2], pre[4 * i + 3] = ld_v4(
-                            cache, key * D2 + 4 * (u % DW4))
+                            cache, (nb + sk) * D2 + 4 * (su + TK * i))
             for j in range(4 * UPW):
                 sc[j] = np.float32(0.0)
             for s in range(KS16):                            # scores: UPW tiles of 16 heads x 8 keys
@@ -167,20 +163,19 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS, ahead: bo
             cuda.syncthreads()
             x0 = NEG_INF
             x1 = NEG_INF
-            for j in range(PK):                              # this warp's heads: running max and sum
-                for e in range(4):
-                    kk = 16 * j + 2 * tq + (e & 1) + 8 * (e >> 1)
-                    pf[8 * j + e] = ss[uint32((h0 + g) * SP + kk)]
-                    pf[8 * j + 4 + e] = ss[uint32((h0 + g + 8) * SP + kk)]
-                    x0 = max(x0, pf[8 * j + e])
-                    x1 = max(x1, pf[8 * j + 4 + e])
+            r0 = (h0 + g) * SP + 2 * tq                      # this lane's scores: heads g, g + 8, keys
+            for j in range(2 * PK):                          # 8 j + 2 t, + 1
+                x0 = max(x0, max(ss[uint32(r0 + 8 * j)], ss[uint32(r0 + 8 * j + 1)]))
+                x1 = max(x1, max(ss[uint32(r0 + 8 * SP + 8 * j)], ss[uint32(r0 + 8 * SP + 8 * j + 1)]))
             x0 = max(x0, shfl_xor(x0, 1))
             x0 = max(x0, shfl_xor(x0, 2))
             x1 = max(x1, shfl_xor(x1, 1))
             x1 = max(x1, shfl_xor(x1, 2))
             n0, n1 = max(m0, x0), max(m1, x1)
-            a0 = math.exp(m0 - n0) if n0 != NEG_INF else np.float32(1.0)
-            a1 = math.exp(m1 - n1) if n1 != NEG_INF else np.float32(1.0)
+            z0 = n0 if n0 != NEG_INF else np.float32(0.0)    # (a row with no key seen yet: every exp 0)
+            z1 = n1 if n1 != NEG_INF else np.float32(0.0)
+            a0 = math.exp(m0 - z0)
+            a1 = math.exp(m1 - z1)
             m0, m1 = n0, n1
             l0 *= a0
             l1 *= a1
@@ -193,26 +188,23 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS, ahead: bo
                 acc[8 * i + 5] *= a0
                 acc[8 * i + 6] *= a1
                 acc[8 * i + 7] *= a1
-            for j in range(PK):
-                for e in range(4):
-                    p0 = math.exp(pf[8 * j + e] - m0) if pf[8 * j + e] != NEG_INF else np.float32(0.0)
-                    p1 = math.exp(pf[8 * j + 4 + e] - m1) if pf[8 * j + 4 + e] != NEG_INF else np.float32(0.0)
-                    pf[8 * j + e] = p0
-                    pf[8 * j + 4 + e] = p1
-                    l0 += p0
-                    l1 += p1
             cb = (cs_ * CW) // 2 + g                         # this lane's word of each column pair
-            for j in range(PK):
-                pa0 = f32_to_bf162(pf[8 * j], pf[8 * j + 1])            # head g, keys 2t, 2t + 1
-                pa1 = f32_to_bf162(pf[8 * j + 4], pf[8 * j + 5])        # head g + 8
-                pa2 = f32_to_bf162(pf[8 * j + 2], pf[8 * j + 3])        # head g, keys 2t + 8, 2t + 9
-                pa3 = f32_to_bf162(pf[8 * j + 6], pf[8 * j + 7])
-                r0 = (16 * j + 2 * tq) * P + cb
+            for j in range(PK):                              # p = exp(s - m) of 16 keys, then p @ c_kv
+                for e in range(8):                           # keys 16 j + 2 t + (e & 1) + 8 (e >> 2)
+                    kk = uint32(r0 + 16 * j + (e & 1) + 8 * (e >> 2) + 8 * SP * ((e >> 1) & 1))
+                    pf[e] = math.exp(ss[kk] - (z1 if (e >> 1) & 1 else z0))
+                l0 += pf[0] + pf[1] + pf[4] + pf[5]
+                l1 += pf[2] + pf[3] + pf[6] + pf[7]
+                pa0 = f32_to_bf162(pf[0], pf[1])             # head g, keys 2t, 2t + 1
+                pa1 = f32_to_bf162(pf[2], pf[3])             # head g + 8
+                pa2 = f32_to_bf162(pf[4], pf[5])             # head g, keys 2t + 8, 2t + 9
+                pa3 = f32_to_bf162(pf[6], pf[7])
+                r1 = (16 * j + 2 * tq) * P + cb
                 for i in range(NP):
-                    w0 = ks[uint32(r0 + 8 * i)]
-                    w1 = ks[uint32(r0 + P + 8 * i)]
-                    w2 = ks[uint32(r0 + 8 * P + 8 * i)]
-                    w3 = ks[uint32(r0 + 9 * P + 8 * i)]
+                    w0 = ks[uint32(r1 + 8 * i)]
+                    w1 = ks[uint32(r1 + P + 8 * i)]
+                    w2 = ks[uint32(r1 + 8 * P + 8 * i)]
+                    w3 = ks[uint32(r1 + 9 * P + 8 * i)]
                     acc[8 * i], acc[8 * i + 1], acc[8 * i + 2], acc[8 * i + 3] = mma_16816_bf16(
                         pa0, pa1, pa2, pa3, (w0 & 0xFFFF) | (w1 << 16), (w2 & 0xFFFF) | (w3 << 16),
                         acc[8 * i], acc[8 * i + 1], acc[8 * i + 2], acc[8 * i + 3])
@@ -220,13 +212,6 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS, ahead: bo
                         pa0, pa1, pa2, pa3, (w0 >> 16) | (w1 & 0xFFFF0000), (w2 >> 16) | (w3 & 0xFFFF0000),
                         acc[8 * i + 4], acc[8 * i + 5], acc[8 * i + 6], acc[8 * i + 7])
             cuda.syncthreads()                               # ks and ss are the next tile's
-            if not ahead and nb < k1:
-                for i in range(LOADS):
-                    u = lt + i * TPB * NW
-                    key = nb + u // DW4
-                    if u < kt * DW4 and key < s8:
-                        pre[4 * i], pre[4 * i + 1], pre[4 * i + 2], pre[4 * i + 3] = ld_v4(
-                            cache, key * D2 + 4 * (u % DW4))
             kb = nb
         l0 += shfl_xor(l0, 1)
         l0 += shfl_xor(l0, 2)
@@ -288,7 +273,8 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS, ahead: bo
 
 def _unfit(H: int, C: int, R: int, kt: int, cs: int) -> str:
     """Why the chunk kernel has no tiling for these sizes ('' when it has one)."""
-    if H % 16 or C % (16 * cs) or (C + R) % 16 or kt % 16 or (H // 16) * (kt // 8) % ((H // 16) * cs):
+    if H % 16 or C % (16 * cs) or (C + R) % 16 or kt % 16 or (H // 16) * (kt // 8) % ((H // 16) * cs)\
+            or TPB * (H // 16) * cs % kt:
         return f"no tiling for H {H}, C {C}, R {R}, KT {kt}, CS {cs}"
     if 4 * (kt * ((C + R) // 2 + 4) + H * (kt + 4)) > 48 * 1024:
         return f"a tile of {kt} keys x {C + R} columns exceeds 48 KiB of shared memory"
