@@ -18,6 +18,8 @@ from kernels_numba.int4_staged import make_int4_staged_kernel
 from kernels_numba.int4_wgmma import make_int4_wgmma_kernel
 from kernels_numba.intrinsics import stored_as
 from kernels_numba.mla import make_mla_core_bf16, mla_prep_kernel, q_rope_kernel, softmax16_kernel
+from kernels_numba.mla_flash import CS as FLASH_CS
+from kernels_numba.mla_flash import make_flash_mla
 from kernels_numba.moe import choose_moe_config, stream_k_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
@@ -189,6 +191,17 @@ def mla_core_builds() -> dict:
     return {f"mla_core chunks hg={hg}": counts(chunks(hg), sig) for hg in (16, 1)}
 
 
+def mla_flash_builds() -> dict:
+    """The one-pass attention core at K2's shape: its chunk kernel's instruction counts, registers and
+    spill at the block it launches with."""
+    f1, i1 = _sig(T.float32), _sig(T.int32)
+    chunks, combine = make_flash_mla(64, 512, 64)
+    sig = (f1, f1, i1, i1, T.uint8[:, ::1], i1, T.float32, T.int32)
+    return {"mla_flash chunks": {**counts(chunks, sig), **fit(chunks, sig, TPB * 4 * FLASH_CS)},
+            "mla_flash combine": {**counts(combine, (f1, f1, f1, T.int32)),
+                                  **fit(combine, (f1, f1, f1, T.int32), TPB * 4)}}
+
+
 def fit(kernel, sig, threads: int) -> dict:
     """Registers and spill bytes ptxas gives ``kernel`` for sm_90, with the threads it launches with."""
     b = sm90_build(kernel, sig)
@@ -228,7 +241,7 @@ def launch_fit_builds() -> dict:
 GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds,
           "int4_wgmma": int4_wgmma_builds, "moe_gemm": moe_gemm_builds,
           "moe_glue": moe_glue_builds, "rows": row_builds, "router": router_builds, "w16a16": w16a16_builds,
-          "mla_core": mla_core_builds, "launch_fit": launch_fit_builds}
+          "mla_core": mla_core_builds, "mla_flash": mla_flash_builds, "launch_fit": launch_fit_builds}
 
 
 def main(groups: list[str]) -> None:
