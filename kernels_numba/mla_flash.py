@@ -98,17 +98,17 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
         griddep_wait()
         griddep_launch_dependents()
         c, t = cuda.blockIdx.x, cuda.blockIdx.y
-        lane, w = cuda.threadIdx.x, cuda.threadIdx.y
-        lt = w * TPB + lane
-        g, tq = lane // 4, lane % 4
-        hg, cs_ = w % HG, w // HG
-        h0 = 16 * hg
-        s8 = hidden.shape[1]
+        lane, w = uint32(cuda.threadIdx.x), uint32(cuda.threadIdx.y)
+        lt = uint32(w * TPB + lane)
+        g, tq = uint32(lane >> 2), uint32(lane & 3)
+        hg, cs_ = uint32(w % HG), uint32(w // HG)
+        h0 = uint32(16 * hg)
+        s8 = uint32(hidden.shape[1])
         n = min(meta[0] + meta[1], s8)
         span = -(-n // nch)
         span = -(-span // kt) * kt
-        k0 = c * span
-        k1 = min(k0 + span, n)
+        k0 = uint32(c * span)                                # (32-bit key arithmetic: no 64-bit compares)
+        k1 = uint32(min(k0 + span, n))
         sbase = ((t * nch + c) * H) * 2
         if k0 >= k1:                                         # nothing to see: weight 0 in the combine
             if lt < H:
@@ -119,13 +119,13 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
         l0, l1 = np.float32(0.0), np.float32(0.0)
         for i in range(8 * NP):
             acc[i] = np.float32(0.0)
-        sk, su = lt // TK, lt % TK                           # this thread's key of a tile, first unit
+        sk, su = uint32(lt // TK), uint32(lt % TK)          # this thread's key of a tile, first unit
         if k0 + sk < s8:                                     # the first tile's rows
             for i in range(LOADS):
                 if su + TK * i < DW4:
                     pre[4 * i], pre[4 * i + 1], pre[4 * i + 2], pre[4 * i + 3] = ld_v4(
                         cache, (k0 + sk) * D2 + 4 * (su + TK * i))
-        qrow = t * HD2
+        qrow = uint32(t * HD2)
         kb = k0
         while kb < k1:
             live = kb + sk < s8                              # stage this tile (zeros past the cache)
@@ -135,7 +135,7 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
                                  pre[4 * i + 1] if live else 0, pre[4 * i + 2] if live else 0,
                                  pre[4 * i + 3] if live else 0)
             cuda.syncthreads()
-            nb = kb + kt
+            nb = uint32(kb + kt)
             if nb < k1 and nb + sk < s8:                     # the next tile's rows, under this one's math
                 for i in range(LOADS):
                     if su + TK * i < DW4:
@@ -146,7 +146,7 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
             for s in range(KS16):                            # scores: UPW tiles of 16 heads x 8 keys
                 for j in range(UPW):
                     un = w + j * NW
-                    qh = qrow + (16 * (un % HG) + g) * D2 + 8 * s + tq
+                    qh = uint32(qrow + (16 * (un % HG) + g) * D2 + 8 * s + tq)
                     kw = (8 * (un // HG) + g) * P + 8 * s + tq
                     sc[4 * j], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3] = mma_16816_bf16(
                         ld_u32(q, qh), ld_u32(q, qh + 4 * D), ld_u32(q, qh + 4), ld_u32(q, qh + 4 * D + 4),
@@ -157,13 +157,13 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
                 hh = 16 * (un % HG) + g
                 for e in range(4):
                     kk = 8 * (un // HG) + 2 * tq + (e & 1)
-                    key = kb + kk
-                    seen = key < k1 and hidden[t, uint32(key)] == 0
+                    key = uint32(kb + kk)
+                    seen = key < k1 and hidden[t, key] == 0
                     ss[uint32((hh + 8 * (e >> 1)) * SP + kk)] = sc[4 * j + e] * scale if seen else NEG_INF
             cuda.syncthreads()
             x0 = NEG_INF
             x1 = NEG_INF
-            r0 = (h0 + g) * SP + 2 * tq                      # this lane's scores: heads g, g + 8, keys
+            r0 = uint32((h0 + g) * SP + 2 * tq)                     # this lane's scores: heads g, g + 8, keys
             for j in range(2 * PK):                          # 8 j + 2 t, + 1
                 x0 = max(x0, max(ss[uint32(r0 + 8 * j)], ss[uint32(r0 + 8 * j + 1)]))
                 x1 = max(x1, max(ss[uint32(r0 + 8 * SP + 8 * j)], ss[uint32(r0 + 8 * SP + 8 * j + 1)]))
@@ -188,7 +188,7 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
                 acc[8 * i + 5] *= a0
                 acc[8 * i + 6] *= a1
                 acc[8 * i + 7] *= a1
-            cb = (cs_ * CW) // 2 + g                         # this lane's word of each column pair
+            cb = uint32((cs_ * CW) // 2 + g)                        # this lane's word of each column pair
             for j in range(PK):                              # p = exp(s - m) of 16 keys, then p @ c_kv
                 for e in range(8):                           # keys 16 j + 2 t + (e & 1) + 8 (e >> 2)
                     kk = uint32(r0 + 16 * j + (e & 1) + 8 * (e >> 2) + 8 * SP * ((e >> 1) & 1))
@@ -199,7 +199,7 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
                 pa1 = f32_to_bf162(pf[2], pf[3])             # head g + 8
                 pa2 = f32_to_bf162(pf[4], pf[5])             # head g, keys 2t + 8, 2t + 9
                 pa3 = f32_to_bf162(pf[6], pf[7])
-                r1 = (16 * j + 2 * tq) * P + cb
+                r1 = uint32((16 * j + 2 * tq) * P + cb)
                 for i in range(NP):
                     w0 = ks[uint32(r1 + 8 * i)]
                     w1 = ks[uint32(r1 + P + 8 * i)]
