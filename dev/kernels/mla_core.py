@@ -46,6 +46,9 @@ def main() -> None:
     ap.add_argument("--context", default="576,4096")
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--heads", type=int, default=0, help="H instead of K2's 64 (a simulator smoke run)")
+    ap.add_argument("--cores", default="torch,absorb,absorb_softmax,kernel,flash", help="which cores")
+    ap.add_argument("--flash-blocks", default="", help="also the flash core at these block targets "
+                    "(mla_flash.TARGET_BLOCKS: chunks a row = target / rows), e.g. 32,64,256")
     a = ap.parse_args()
     if not on_gpu():                                # the simulator's smoke run: the BLAS path on torch's CPU,
         ops.BLAS = ops.W16_KERNEL = True            # the W16A16 kernel simulated
@@ -59,9 +62,14 @@ def main() -> None:
     with patch.object(ops, "W16_ABSORB", True):
         w_abs = ops.mla_weights(ops.Bf16Host(bits), n_heads=h, nope=nn)
     w_bmm = ops.mla_weights(ops.Bf16Host(bits))
-    cores = {"torch": (w_bmm, False, False, False), "absorb": (w_abs, False, False, False),
-             "absorb_softmax": (w_abs, False, True, False), "kernel": (w_bmm, True, False, False),
-             "flash": (w_abs, False, False, True)}
+    mla_flash = ops.mla_flash
+    tb = mla_flash.TARGET_BLOCKS
+    cores = {"torch": (w_bmm, False, False, False, tb), "absorb": (w_abs, False, False, False, tb),
+             "absorb_softmax": (w_abs, False, True, False, tb), "kernel": (w_bmm, True, False, False, tb),
+             "flash": (w_abs, False, False, True, tb)}
+    cores = {k: v for k, v in cores.items() if k in a.cores.split(",") or k == "torch"}
+    for b in filter(None, a.flash_blocks.split(",")):
+        cores[f"flash@{b}"] = (w_abs, False, False, True, int(b))
     timer = Timer(on_gpu(), a.reps)
     print(f"# W16A16 attention core: {h} heads, latent {c} + rope {r}, nope {nn}, v {v}")
     print("core,rows,context,us")
@@ -80,9 +88,10 @@ def main() -> None:
             dv, vv = to_device(depth), to_device(vis.astype(np.uint8))
             o = zeros((t, h * v))
             runs, outs = {}, {}
-            for name, (w, on, sm, fl) in cores.items():
+            for name, (w, on, sm, fl, tb) in cores.items():
                 with patch.object(ops, "W16_CORE_KERNEL", on), patch.object(ops, "W16_SOFTMAX", sm), \
-                        patch.object(ops, "W16_FLASH", fl), ops.sim_speed():
+                        patch.object(ops, "W16_FLASH", fl), patch.object(mla_flash, "TARGET_BLOCKS", tb), \
+                        ops.sim_speed():
                     att = ops.attention_rows_buffers([w], t, s8, r // 2)
                     ops.attention_rows(att, cos, sin, dv, vv, meta, t)
 
@@ -94,12 +103,12 @@ def main() -> None:
                     runs[name], outs[name] = run, download(o).copy()
             for name, out in outs.items():
                 ref = outs["torch"]
-                close = (np.abs(out - ref).max() <= 5e-3 * np.abs(ref).max() if name == "flash" else
+                close = (np.abs(out - ref).max() <= 5e-3 * np.abs(ref).max() if name.startswith("flash") else
                          np.allclose(out, ref, rtol=3e-2, atol=3e-3))     # (flash: p rounded before / sum)
                 if not close:
                     raise SystemExit(f"the {name} core differs from torch's at {t} rows, context {ctx_len}: "
                                      f"{np.abs(out - outs['torch']).max()}")
-            for i in range(t):                                     # each row against its decode alone
+            for i in range(t if "kernel" in cores else 0):         # each row against its decode alone
                 slots = np.flatnonzero(vis[i])
                 moved = lat.copy()
                 moved[ctx_len:ctx_len + len(slots)] = lat[ctx_len + slots]
@@ -112,9 +121,9 @@ def main() -> None:
                 if not np.array_equal(download(one)[0], outs["kernel"][i]):  # (the cuBLAS GEMMs around)
                     print(f"# row {i} of {t} (slot {slots[-1]}, depth {depth[i]}) differs from its decode "
                           f"alone, context {ctx_len}: {np.abs(download(one)[0] - outs['kernel'][i]).max()}")
-            for name, (_, on, sm, fl) in cores.items():
+            for name, (_, on, sm, fl, tb) in cores.items():
                 with patch.object(ops, "W16_CORE_KERNEL", on), patch.object(ops, "W16_SOFTMAX", sm), \
-                        patch.object(ops, "W16_FLASH", fl):
+                        patch.object(ops, "W16_FLASH", fl), patch.object(mla_flash, "TARGET_BLOCKS", tb):
                     print(f"{name},{t},{ctx_len},{timer(runs[name]):.2f}", flush=True)
 
 
