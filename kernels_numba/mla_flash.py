@@ -16,8 +16,8 @@ words of bf16 pairs), the key mask hidden [T, S8] uint8 (1: row t may not see ke
   8 keys), then each warp takes its 16 heads' scores, keeps their running max m and sum l (float32, in
   registers) and adds p = bf16(exp(scale s - m)) @ c_kv into its C / CS columns (MMA accumulators,
   rescaled when m grows). It writes O = sum p c_kv [T, NCH, H, C] and (m, l) [T, NCH, H, 2]; a chunk
-  past n writes m = -inf and no O.
-- ``combine`` kernel, grid (T, H), block (32, ceil(C / 128)): ctx = sum_c exp(m_c - M) O_c /
+  past n writes (-inf, -1) and no O (the used chunks are a prefix).
+- ``combine`` kernel, grid (T, H, C / 128), block 32: ctx = sum_c exp(m_c - M) O_c /
   sum_c exp(m_c - M) l_c over the used chunks in order; a row that sees no key gets 0.
 
 The probabilities that multiply c_kv are bf16(exp(scale s - m)) before the division by l (the reference
@@ -43,6 +43,7 @@ from ._validate import KernelInputError, check
 from .blockops import NEG_INF, TPB
 from .device import SIMULATED
 from .intrinsics import (
+    as_f32,
     f32_to_bf162,
     griddep_launch_dependents,
     griddep_wait,
@@ -113,7 +114,7 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
         if k0 >= k1:                                         # nothing to see: weight 0 in the combine
             if lt < H:
                 stats[sbase + 2 * lt] = NEG_INF
-                stats[sbase + 2 * lt + 1] = np.float32(0.0)
+                stats[sbase + 2 * lt + 1] = np.float32(-1.0)
             return
         m0, m1 = NEG_INF, NEG_INF                            # rows h0 + g, h0 + g + 8
         l0, l1 = np.float32(0.0), np.float32(0.0)
@@ -237,31 +238,41 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
 
     @cuda.jit
     def combine_kernel(ctx, part, stats, nch):
-        """ctx float32 [T, H C] = the chunks' sum (module docstring); grid (T, H), block (32, ks)."""
+        """ctx float32 [T, H C] = the chunks' sum (module docstring); grid (T, H, C / 128), block 32:
+        4 columns a lane, the chunks' partial rows loaded 4 chunks at a time (16 bytes each)."""
         griddep_wait()
         griddep_launch_dependents()
         t, h = cuda.blockIdx.x, cuda.blockIdx.y
-        col = 4 * (cuda.threadIdx.y * TPB + cuda.threadIdx.x)
+        col = uint32(128 * cuda.blockIdx.z + 4 * cuda.threadIdx.x)
         big = NEG_INF
-        for c in range(nch):
-            big = max(big, stats[((t * nch + c) * H + h) * 2])
+        used = 0
+        for c in range(nch):                                 # the used chunks: a prefix (l >= 0)
+            sb = ((t * nch + c) * H + h) * 2
+            if stats[sb + 1] >= 0:
+                big = max(big, stats[sb])
+                used = c + 1
+        zb = big if big != NEG_INF else np.float32(0.0)      # (a row that sees no key: every weight 0)
         a0 = a1 = a2 = a3 = np.float32(0.0)
         z = np.float32(0.0)
-        if big != NEG_INF:
-            for c in range(nch):
-                sb = ((t * nch + c) * H + h) * 2
-                mc = stats[sb]
-                if mc != NEG_INF:
-                    wc = math.exp(mc - big)
-                    z += wc * stats[sb + 1]
-                    if col < C:
-                        o = ((t * nch + c) * H + h) * C + col
-                        a0 += wc * part[o]
-                        a1 += wc * part[o + 1]
-                        a2 += wc * part[o + 2]
-                        a3 += wc * part[o + 3]
-        r = np.float32(1.0) / z if z > 0 else np.float32(0.0)
         if col < C:
+            for c0 in range(0, used, 4):
+                wv = cuda.local.array(4, float32)
+                for i in range(4):
+                    cc = min(c0 + i, used - 1)
+                    sb = ((t * nch + cc) * H + h) * 2
+                    wv[i] = math.exp(stats[sb] - zb) if c0 + i < used else np.float32(0.0)
+                    z += wv[i] * stats[sb + 1]
+                ws = cuda.local.array(16, uint32)
+                for i in range(4):
+                    cc = min(c0 + i, used - 1)
+                    ws[4 * i], ws[4 * i + 1], ws[4 * i + 2], ws[4 * i + 3] = ld_v4(
+                        part, uint32(((t * nch + cc) * H + h) * C + col))
+                for i in range(4):
+                    a0 += wv[i] * as_f32(ws[4 * i])
+                    a1 += wv[i] * as_f32(ws[4 * i + 1])
+                    a2 += wv[i] * as_f32(ws[4 * i + 2])
+                    a3 += wv[i] * as_f32(ws[4 * i + 3])
+            r = np.float32(1.0) / z if z > 0 else np.float32(0.0)
             o = t * H * C + h * C + col
             ctx[o] = a0 * r
             ctx[o + 1] = a1 * r
@@ -325,5 +336,5 @@ def flash_mla(ctx, q_all, cache, hidden, meta, scale: float, n_heads: int, c_ran
     nw = (n_heads // 16) * CS
     launch(chunks, (nch, rows), (TPB, nw), stream, (part, stats, q_all.reshape(-1), cache.reshape(-1),
                                                     hidden, meta, np.float32(scale), np.int32(nch)))
-    launch(combine, (rows, n_heads), (TPB, -(-c_rank // (4 * TPB))), stream,
+    launch(combine, (rows, n_heads, -(-c_rank // (4 * TPB))), TPB, stream,
            (ctx.reshape(-1), part, stats, np.int32(nch)))
