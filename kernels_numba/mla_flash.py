@@ -47,7 +47,7 @@ from .intrinsics import (
     f32_to_bf162,
     griddep_launch_dependents,
     griddep_wait,
-    ld_u32,
+    ld_shared_v4,
     ld_v4,
     mma_16816_bf16,
     shfl_xor,
@@ -69,7 +69,7 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
     HG, NW = H // 16, (H // 16) * cs
     CW = C // cs                     # columns a warp accumulates
     NP = CW // 16                    # its n-tile pairs
-    KS16 = D // 16                   # the scores' k steps
+    KS32 = D // 32                   # the scores' pairs of k steps
     PK = kt // 16                    # p @ c_kv's k steps a tile
     UNITS = HG * (kt // 8)           # (head group, 8 keys) score tiles
     UPW = UNITS // NW
@@ -96,6 +96,8 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
         acc = cuda.local.array(NACC, float32)
         sc = cuda.local.array(NSC, float32)
         pf = cuda.local.array(NPF, float32)
+        qa = cuda.local.array(8, uint32)
+        kf = cuda.local.array(4, uint32)
         griddep_wait()
         griddep_launch_dependents()
         c, t = cuda.blockIdx.x, cuda.blockIdx.y
@@ -144,15 +146,18 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
                             cache, (nb + sk) * D2 + 4 * (su + TK * i))
             for j in range(4 * UPW):
                 sc[j] = np.float32(0.0)
-            for s in range(KS16):                            # scores: UPW tiles of 16 heads x 8 keys
-                for j in range(UPW):
-                    un = w + j * NW
-                    qh = uint32(qrow + (16 * (un % HG) + g) * D2 + 8 * s + tq)
-                    kw = (8 * (un // HG) + g) * P + 8 * s + tq
-                    sc[4 * j], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3] = mma_16816_bf16(
-                        ld_u32(q, qh), ld_u32(q, qh + 4 * D), ld_u32(q, qh + 4), ld_u32(q, qh + 4 * D + 4),
-                        ks[uint32(kw)], ks[uint32(kw + 4)],
-                        sc[4 * j], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3])
+            for s2 in range(KS32):                           # scores: UPW tiles of 16 heads x 8 keys, 2 k
+                for j in range(UPW):                         # steps at a time (lane t: words 4 t .. 4 t + 3
+                    un = w + j * NW                          # of the 16: 16-byte loads)
+                    qh = uint32(qrow + (16 * (un % HG) + g) * D2 + 16 * s2 + 4 * tq)
+                    kw = uint32((8 * (un // HG) + g) * P + 16 * s2 + 4 * tq)
+                    qa[0], qa[1], qa[2], qa[3] = ld_v4(q, qh)
+                    qa[4], qa[5], qa[6], qa[7] = ld_v4(q, qh + 4 * D)
+                    kf[0], kf[1], kf[2], kf[3] = ld_shared_v4(ks, kw)
+                    for i in range(2):                       # k step i: words 2 i (k 2t, 2t + 1), 2 i + 1
+                        sc[4 * j], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3] = mma_16816_bf16(
+                            qa[2 * i], qa[4 + 2 * i], qa[2 * i + 1], qa[5 + 2 * i], kf[2 * i], kf[2 * i + 1],
+                            sc[4 * j], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3])
             for j in range(UPW):                             # masked, scaled, to shared memory
                 un = w + j * NW
                 hh = 16 * (un % HG) + g
@@ -284,7 +289,7 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
 
 def _unfit(H: int, C: int, R: int, kt: int, cs: int) -> str:
     """Why the chunk kernel has no tiling for these sizes ('' when it has one)."""
-    if H % 16 or C % (16 * cs) or (C + R) % 16 or kt % 16 or (H // 16) * (kt // 8) % ((H // 16) * cs)\
+    if H % 16 or C % (16 * cs) or (C + R) % 32 or kt % 16 or (H // 16) * (kt // 8) % ((H // 16) * cs)\
             or TPB * (H // 16) * cs % kt:
         return f"no tiling for H {H}, C {C}, R {R}, KT {kt}, CS {cs}"
     if 4 * (kt * ((C + R) // 2 + 4) + H * (kt + 4)) > 48 * 1024:

@@ -103,8 +103,8 @@ def main() -> None:
                     runs[name], outs[name] = run, download(o).copy()
             for name, out in outs.items():
                 ref = outs["torch"]
-                close = (np.all(np.abs(out - ref) <= 2 ** -7 * np.abs(ref) + 2e-3 * np.abs(ref).max())
-                         if name.startswith("flash") else     # (p rounded before / sum: o a bf16 step off)
+                close = (np.all(np.abs(out - ref) <= 2 ** -7 * np.abs(ref) + 8e-3 * np.abs(ref).max())
+                         if name.startswith("flash") else     # (p rounded before / sum: test_blas)
                          np.allclose(out, ref, rtol=3e-2, atol=3e-3))
                 if not close:
                     raise SystemExit(f"the {name} core differs from torch's at {t} rows, context {ctx_len}: "

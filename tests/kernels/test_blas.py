@@ -286,9 +286,11 @@ def test_w16a16_absorptions_on_the_kernel_equal_the_bmm_core(on_blas, monkeypatc
 def test_w16a16_one_pass_core_equals_the_bmm_core(on_blas, monkeypatch):
     """The absorbed core with scores, softmax and p @ c_kv in one pass (``ops.W16_FLASH``, mla_flash.py)
     against cuBLAS's / torch's bmm core, on a shape it tiles (16 heads): each output within a bf16 step of
-    itself plus a little of the largest (its p is rounded before the division by the sum, the bmm core's
-    after, and o is rounded to bf16, so a rounding may flip)."""
-    cfg = preset("tiny2").replace(num_attention_heads=16, kv_lora_rank=64)
+    itself (o is rounded to bf16) plus what rounding p to bf16 moves (the bmm core rounds p after the
+    division by the softmax's sum, as the reference; this core before it: nearer float64 here, 1.9e-3
+    against 4.9e-3 of ctx's largest 2.8, so the two may differ by both)."""
+    cfg = preset("tiny2").replace(num_attention_heads=16, kv_lora_rank=64, qk_rope_head_dim=32)
+    assert ops.mla_flash.fits(16, 64, 32)
     st = _core_step(cfg, 6)
     monkeypatch.setattr(ops, "W16_KERNEL", True)
     outs = []
@@ -299,7 +301,7 @@ def test_w16a16_one_pass_core_equals_the_bmm_core(on_blas, monkeypatch):
         att = ops.attention_rows_buffers([w], st.rows, st.s8, cfg.qk_rope_head_dim // 2)
         outs.append(_core_out(st, w, att))
     flash, bmm = outs[0][:st.live], outs[1][:st.live]
-    assert np.all(np.abs(flash - bmm) <= 2 ** -7 * np.abs(bmm) + 2e-3 * np.abs(bmm).max())   # a bf16 step
+    assert np.all(np.abs(flash - bmm) <= 2 ** -7 * np.abs(bmm) + 8e-3 * np.abs(bmm).max())
     assert np.isfinite(outs[0]).all()
 
 
