@@ -24,11 +24,14 @@ The probabilities that multiply c_kv are bf16(exp(scale s - m)) before the divis
 rounds p after it), so the result agrees with the reference within bf16 rounding, not bit for bit; the
 chunk split depends on n and NCH, which the host picks from T (``chunks_for``).
 
-Fragment tricks (m16n8k16, ``intrinsics``): the scores' B operand is 2 consecutive dims of one key, a
-word of the staged row. p @ c_kv needs 2 consecutive keys of one column: a lane loads the word of
-columns (2g, 2g + 1) from keys 2t and 2t + 1 and splits it into two B fragments, n-tile a taking the
-even columns base + 2 n and n-tile b the odd ones; so a lane's two accumulators land on columns
-base + 4t .. base + 4t + 3, one 16-byte store.
+Fragment tricks (m16n8k16, ``intrinsics``): any map of the MMA's k index to dims serves, so long as A
+and B use the same one; here lane t's k pairs (2t, 2t + 1) and (2t + 8, 2t + 9) of two consecutive k
+steps are the 4 consecutive words 4t .. 4t + 3 of a 16-word span, so q (from global memory) and the
+staged keys are read 16 bytes at a time. p @ c_kv needs 2 consecutive keys of one column: a lane loads
+the words of columns (2w, 2w + 1) from keys 2t and 2t + 1 and splits each into two B fragments, n-tile a
+taking the even columns and n-tile b the odd ones; lane g's words are 4g .. 4g + 3 of each 32 (16-byte
+loads without bank conflicts at a row pitch of 4 mod 16 words), so a lane's accumulators land on 16
+consecutive columns of each 64.
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
         pf = cuda.local.array(NPF, float32)
         qa = cuda.local.array(8, uint32)
         kf = cuda.local.array(4, uint32)
+        vw = cuda.local.array(16, uint32)
         griddep_wait()
         griddep_launch_dependents()
         c, t = cuda.blockIdx.x, cuda.blockIdx.y
@@ -194,7 +198,7 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
                 acc[8 * i + 5] *= a0
                 acc[8 * i + 6] *= a1
                 acc[8 * i + 7] *= a1
-            cb = uint32((cs_ * CW) // 2 + g)                        # this lane's word of each column pair
+            cb = uint32((cs_ * CW) // 2 + 4 * g)             # this lane's words: 4 g .. 4 g + 3 of each 32
             for j in range(PK):                              # p = exp(s - m) of 16 keys, then p @ c_kv
                 for e in range(8):                           # keys 16 j + 2 t + (e & 1) + 8 (e >> 2)
                     kk = uint32(r0 + 16 * j + (e & 1) + 8 * (e >> 2) + 8 * SP * ((e >> 1) & 1))
@@ -206,35 +210,41 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
                 pa2 = f32_to_bf162(pf[4], pf[5])             # head g, keys 2t + 8, 2t + 9
                 pa3 = f32_to_bf162(pf[6], pf[7])
                 r1 = uint32((16 * j + 2 * tq) * P + cb)
-                for i in range(NP):
-                    w0 = ks[uint32(r1 + 8 * i)]
-                    w1 = ks[uint32(r1 + P + 8 * i)]
-                    w2 = ks[uint32(r1 + 8 * P + 8 * i)]
-                    w3 = ks[uint32(r1 + 9 * P + 8 * i)]
-                    acc[8 * i], acc[8 * i + 1], acc[8 * i + 2], acc[8 * i + 3] = mma_16816_bf16(
-                        pa0, pa1, pa2, pa3, (w0 & 0xFFFF) | (w1 << 16), (w2 & 0xFFFF) | (w3 << 16),
-                        acc[8 * i], acc[8 * i + 1], acc[8 * i + 2], acc[8 * i + 3])
-                    acc[8 * i + 4], acc[8 * i + 5], acc[8 * i + 6], acc[8 * i + 7] = mma_16816_bf16(
-                        pa0, pa1, pa2, pa3, (w0 >> 16) | (w1 & 0xFFFF0000), (w2 >> 16) | (w3 & 0xFFFF0000),
-                        acc[8 * i + 4], acc[8 * i + 5], acc[8 * i + 6], acc[8 * i + 7])
+                for k in range(NP // 4):                     # keys 2t, 2t + 1, 2t + 8, 2t + 9: 16 bytes each
+                    vw[0], vw[1], vw[2], vw[3] = ld_shared_v4(ks, r1 + 32 * k)
+                    vw[4], vw[5], vw[6], vw[7] = ld_shared_v4(ks, r1 + P + 32 * k)
+                    vw[8], vw[9], vw[10], vw[11] = ld_shared_v4(ks, r1 + 8 * P + 32 * k)
+                    vw[12], vw[13], vw[14], vw[15] = ld_shared_v4(ks, r1 + 9 * P + 32 * k)
+                    for ii in range(4):
+                        i = 4 * k + ii
+                        w0, w1, w2, w3 = vw[ii], vw[4 + ii], vw[8 + ii], vw[12 + ii]
+                        acc[8 * i], acc[8 * i + 1], acc[8 * i + 2], acc[8 * i + 3] = mma_16816_bf16(
+                            pa0, pa1, pa2, pa3, (w0 & 0xFFFF) | (w1 << 16), (w2 & 0xFFFF) | (w3 << 16),
+                            acc[8 * i], acc[8 * i + 1], acc[8 * i + 2], acc[8 * i + 3])
+                        acc[8 * i + 4], acc[8 * i + 5], acc[8 * i + 6], acc[8 * i + 7] = mma_16816_bf16(
+                            pa0, pa1, pa2, pa3, (w0 >> 16) | (w1 & 0xFFFF0000),
+                            (w2 >> 16) | (w3 & 0xFFFF0000),
+                            acc[8 * i + 4], acc[8 * i + 5], acc[8 * i + 6], acc[8 * i + 7])
             cuda.syncthreads()                               # ks and ss are the next tile's
             kb = nb
         l0 += shfl_xor(l0, 1)
         l0 += shfl_xor(l0, 2)
         l1 += shfl_xor(l1, 1)
         l1 += shfl_xor(l1, 2)
-        obase = ((t * nch + c) * H + h0 + g) * C + cs_ * CW + 4 * tq
-        for i in range(NP):
-            o = obase + 16 * i
-            part[o] = acc[8 * i]
-            part[o + 1] = acc[8 * i + 4]
-            part[o + 2] = acc[8 * i + 1]
-            part[o + 3] = acc[8 * i + 5]
-            o += 8 * C
-            part[o] = acc[8 * i + 2]
-            part[o + 1] = acc[8 * i + 6]
-            part[o + 2] = acc[8 * i + 3]
-            part[o + 3] = acc[8 * i + 7]
+        obase = ((t * nch + c) * H + h0 + g) * C + cs_ * CW + 16 * tq
+        for k in range(NP // 4):                             # columns 64 k + 16 t .. + 15 of heads g, g + 8
+            for ii in range(4):
+                i = 4 * k + ii
+                o = obase + 64 * k + 2 * ii
+                part[o] = acc[8 * i]
+                part[o + 1] = acc[8 * i + 4]
+                part[o + 8] = acc[8 * i + 1]
+                part[o + 9] = acc[8 * i + 5]
+                o += 8 * C
+                part[o] = acc[8 * i + 2]
+                part[o + 1] = acc[8 * i + 6]
+                part[o + 8] = acc[8 * i + 3]
+                part[o + 9] = acc[8 * i + 7]
         if cs_ == 0 and tq == 0:
             stats[sbase + 2 * (h0 + g)] = m0
             stats[sbase + 2 * (h0 + g) + 1] = l0
@@ -289,7 +299,7 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
 
 def _unfit(H: int, C: int, R: int, kt: int, cs: int) -> str:
     """Why the chunk kernel has no tiling for these sizes ('' when it has one)."""
-    if H % 16 or C % (16 * cs) or (C + R) % 32 or kt % 16 or (H // 16) * (kt // 8) % ((H // 16) * cs)\
+    if H % 16 or C % (64 * cs) or (C + R) % 32 or kt % 16 or (H // 16) * (kt // 8) % ((H // 16) * cs)\
             or TPB * (H // 16) * cs % kt:
         return f"no tiling for H {H}, C {C}, R {R}, KT {kt}, CS {cs}"
     if 4 * (kt * ((C + R) // 2 + 4) + H * (kt + 4)) > 48 * 1024:

@@ -53,9 +53,9 @@ def _reference(q, kv, hidden, scale, h, c):
 
 
 @pytest.mark.parametrize("h,c,r,cs,start,live,nch", [
-    (16, 32, 32, 2, 50, 3, 3),          # a chunk past the live keys; two score tiles a warp
-    (32, 64, 32, 4, 9, 4, None),        # two head groups, four column splits, the host's chunk count
-    (16, 32, 32, 2, 70, 4, 1),          # one chunk, three tiles (the running max rescales the sums)
+    (16, 64, 32, 1, 50, 3, 3),          # a chunk past the live keys; four score tiles a warp
+    (32, 128, 32, 2, 9, 4, None),       # two head groups, two column splits, the host's chunk count
+    (16, 64, 32, 1, 70, 4, 1),          # one chunk, three tiles (the running max rescales the sums)
 ])
 def test_flash_core_is_the_masked_softmax_times_the_latents(h, c, r, cs, start, live, nch, monkeypatch):
     import kernels_numba.mla_flash as mf
