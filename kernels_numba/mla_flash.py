@@ -73,6 +73,7 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
     CW = C // cs                     # columns a warp accumulates
     NP = CW // 16                    # its n-tile pairs
     KS32 = D // 32                   # the scores' pairs of k steps
+    LAT32 = C // 32                  # ... of them in q_lat (the rest: q_pe)
     PK = kt // 16                    # p @ c_kv's k steps a tile
     UNITS = HG * (kt // 8)           # (head group, 8 keys) score tiles
     UPW = UNITS // NW
@@ -90,9 +91,10 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
     ALIGN = None if SIMULATED else 16                        # (the simulator takes no alignment argument)
 
     @cuda.jit(**register_cap(TPB * NW))
-    def chunks_kernel(part, stats, q, cache, hidden, meta, scale, nch):
-        """part float32 [T NCH H C], stats float32 [T NCH H 2], q int32 [T H D / 2], cache int32
-        [S8 D / 2] (bf16 pairs), hidden uint8 [T, S8], meta int32 [start, live, ..]."""
+    def chunks_kernel(part, stats, q, qpe, rot, cache, hidden, meta, scale, nch, qw, pe0):
+        """part float32 [T NCH H C], stats float32 [T NCH H 2], q int32 [T H D / 2] (q_lat's words
+        read), qpe float32 [T qw] (head h's rope dims at h (pe0 + R) + pe0), rot float32 [T R] (the
+        row's (cos, sin) pairs), cache int32 [S8 D / 2] (bf16 pairs), hidden uint8 [T, S8], meta int32."""
         ks = cuda.shared.array(KW, uint32, alignment=ALIGN)
         ss = cuda.shared.array(SW, float32)
         pre = cuda.local.array(NPRE, uint32)
@@ -153,10 +155,25 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
             for s2 in range(KS32):                           # scores: UPW tiles of 16 heads x 8 keys, 2 k
                 for j in range(UPW):                         # steps at a time (lane t: words 4 t .. 4 t + 3
                     un = w + j * NW                          # of the 16: 16-byte loads)
-                    qh = uint32(qrow + (16 * (un % HG) + g) * D2 + 16 * s2 + 4 * tq)
+                    hh = uint32(16 * (un % HG) + g)
                     kw = uint32((8 * (un // HG) + g) * P + 16 * s2 + 4 * tq)
-                    qa[0], qa[1], qa[2], qa[3] = ld_v4(q, qh)
-                    qa[4], qa[5], qa[6], qa[7] = ld_v4(q, qh + 4 * D)
+                    if s2 < LAT32:                           # q_lat: the absorption's bf16 words
+                        qh = uint32(qrow + hh * D2 + 16 * s2 + 4 * tq)
+                        qa[0], qa[1], qa[2], qa[3] = ld_v4(q, qh)
+                        qa[4], qa[5], qa[6], qa[7] = ld_v4(q, qh + 4 * D)
+                    else:                                    # q_pe: rotated here, rounded to bf16
+                        rw = uint32(16 * (s2 - LAT32) + 4 * tq)              # rope pairs rw .. rw + 3
+                        for e in range(2):
+                            xh = uint32(t * qw + (hh + 8 * e) * (pe0 + R) + pe0 + 2 * rw)
+                            for m in range(2):
+                                x0, x1, x2, x3 = ld_v4(qpe, xh + 4 * m)
+                                c0, s0, c1, s1 = ld_v4(rot, uint32(t * R + 2 * rw + 4 * m))
+                                qa[4 * e + 2 * m] = f32_to_bf162(
+                                    as_f32(x0) * as_f32(c0) - as_f32(x1) * as_f32(s0),
+                                    as_f32(x1) * as_f32(c0) + as_f32(x0) * as_f32(s0))
+                                qa[4 * e + 2 * m + 1] = f32_to_bf162(
+                                    as_f32(x2) * as_f32(c1) - as_f32(x3) * as_f32(s1),
+                                    as_f32(x3) * as_f32(c1) + as_f32(x2) * as_f32(s1))
                     kf[0], kf[1], kf[2], kf[3] = ld_shared_v4(ks, kw)
                     for i in range(2):                       # k step i: words 2 i (k 2t, 2t + 1), 2 i + 1
                         sc[4 * j], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3] = mma_16816_bf16(
@@ -324,11 +341,14 @@ def scratch_size(max_rows: int, n_heads: int, c_rank: int, n_keys: int) -> tuple
     return most * n_heads * c_rank, most * n_heads * 2
 
 
-def flash_mla(ctx, q_all, cache, hidden, meta, scale: float, n_heads: int, c_rank: int, rows: int,
-              part, stats, stream=0, nch: int | None = None) -> None:
+def flash_mla(ctx, q_all, q, rot, cache, hidden, meta, scale: float, n_heads: int, c_rank: int, nope: int,
+              rows: int, part, stats, stream=0, nch: int | None = None) -> None:
     """ctx float32 [T, H C] = the attention core of the grid's ``rows`` rows (module docstring): q_all
-    int32 [T, H D / 2] and cache int32 [S8, D / 2] (bf16 pairs), hidden uint8 [T, S8], meta int32; part
-    and stats flat float32 scratch (``scratch_size``); ``nch`` chunks a row (default ``chunks_for``)."""
+    int32 [T, H D / 2] (bf16 pairs; q_lat's words are read, its rope words not), q float32 [T, >= H (N +
+    R)] (the query before the absorption: head h's rope dims at h (N + R) + N, rotated here by rot float32
+    [T, R / 2, 2], the row's (cos, sin) pairs, and rounded to bf16 as ``mla.q_rope_kernel`` does), cache
+    int32 [S8, D / 2] (bf16 pairs), hidden uint8 [T, S8], meta int32; part and stats flat float32 scratch
+    (``scratch_size``); ``nch`` chunks a row (default ``chunks_for``)."""
     ctx = check(ctx, "ctx", np.float32, (None, None))
     t_max, hc = ctx.shape
     if hc != n_heads * c_rank:
@@ -338,6 +358,11 @@ def flash_mla(ctx, q_all, cache, hidden, meta, scale: float, n_heads: int, c_ran
     r_dim = 2 * d2 - c_rank
     q_all = check(q_all, "q_all", np.int32, (t_max, n_heads * d2))
     hidden = check(hidden, "hidden", np.uint8, (None, s8))
+    q = check(q, "q", np.float32, (t_max, None))
+    if q.shape[1] < n_heads * (nope + r_dim) or nope % 8:
+        raise KernelInputError(f"flash MLA: q has {q.shape[1]} columns for {n_heads} heads of {nope} + "
+                               f"{r_dim} (nope a multiple of 8)")
+    rot = check(rot, "rot", np.float32, (t_max, r_dim // 2, 2))
     if not 1 <= rows <= min(t_max, hidden.shape[0]):
         raise KernelInputError(f"flash MLA: {rows} rows, buffers of {t_max} / {hidden.shape[0]}")
     nch = nch or chunks_for(rows, s8)
@@ -349,7 +374,8 @@ def flash_mla(ctx, q_all, cache, hidden, meta, scale: float, n_heads: int, c_ran
         raise KernelInputError(f"flash MLA: scratch for {rows} rows x {nch} chunks too small")
     chunks, combine = make_flash_mla(n_heads, c_rank, r_dim, KT, CS)
     nw = (n_heads // 16) * CS
-    launch(chunks, (nch, rows), (TPB, nw), stream, (part, stats, q_all.reshape(-1), cache.reshape(-1),
-                                                    hidden, meta, np.float32(scale), np.int32(nch)))
+    launch(chunks, (nch, rows), (TPB, nw), stream,
+           (part, stats, q_all.reshape(-1), q.reshape(-1), rot.reshape(-1), cache.reshape(-1), hidden, meta,
+            np.float32(scale), np.int32(nch), np.int32(q.shape[1]), np.int32(nope)))
     launch(combine, (rows, n_heads, -(-c_rank // (4 * TPB))), TPB, stream,
            (ctx.reshape(-1), part, stats, np.int32(nch)))

@@ -680,16 +680,18 @@ def _mla_absorbed_w16(o, q, cache, w: MLA, att, cos, sin, depth, meta, scale: fl
                                "AttentionRows without them")
     qa, ctx = blas.kernel_view(att.q_all), blas.kernel_view(att.ctx)
     q = kernel_array(q)
-    launch(mla.q_rope_kernel, (rows, n_heads), TPB, stream, (qa, q, cos, sin, depth, meta, np.int32(nope),
-                                                            np.int32(r_dim), np.int32(c_rank)))
+    flash = W16_FLASH and mla_flash.fits(n_heads, c_rank, r_dim) and nope % 8 == 0
+    if not flash:                                            # (the one-pass core rotates q_pe itself)
+        launch(mla.q_rope_kernel, (rows, n_heads), TPB, stream, (qa, q, cos, sin, depth, meta, np.int32(nope),
+                                                                np.int32(r_dim), np.int32(c_rank)))
     w16a16.linear(qa, q, w.uk, rows, stream=stream, groups=Groups(c_rank, q.shape[1], nope + r_dim,
                                                                  c_rank + r_dim), round_out=True)
-    if W16_FLASH and mla_flash.fits(n_heads, c_rank, r_dim):
+    if flash:
         torch = blas._torch()
         kv = blas.kernel_view
-        flash_mla(ctx, kv(att.q_all.view(torch.int32)), kv(torch_view(cache).view(torch.int32)),
-                  kv(att.hidden.view(torch.uint8)), meta, scale, n_heads, c_rank, rows, kv(att.part),
-                  kv(att.stats), stream)
+        flash_mla(ctx, kv(att.q_all.view(torch.int32)), q, kv(torch.view_as_real(att.rot)),
+                  kv(torch_view(cache).view(torch.int32)), kv(att.hidden.view(torch.uint8)), meta, scale,
+                  n_heads, c_rank, nope, rows, kv(att.part), kv(att.stats), stream)
     else:
         blas.mla_core16(att, cache, scale, n_heads, rows, stream, W16_SOFTMAX)
     w16a16.linear(kernel_array(o), ctx, w.uv, rows, stream=stream,

@@ -196,7 +196,7 @@ def mla_flash_builds() -> dict:
     spill at the block it launches with."""
     f1, i1 = _sig(T.float32), _sig(T.int32)
     chunks, combine = make_flash_mla(64, 512, 64)
-    sig = (f1, f1, i1, i1, T.uint8[:, ::1], i1, T.float32, T.int32)
+    sig = (f1, f1, i1, f1, f1, i1, T.uint8[:, ::1], i1, T.float32, T.int32, T.int32, T.int32)
     return {"mla_flash chunks": {**counts(chunks, sig), **fit(chunks, sig, TPB * 4 * FLASH_CS)},
             "mla_flash combine": {**counts(combine, (f1, f1, f1, T.int32)),
                                   **fit(combine, (f1, f1, f1, T.int32), TPB * 4)}}

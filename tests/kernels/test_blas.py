@@ -294,6 +294,9 @@ def test_w16a16_one_pass_core_equals_the_bmm_core(on_blas, monkeypatch):
     assert ops.mla_flash.fits(16, 64, 32)
     st = _core_step(cfg, 6)
     monkeypatch.setattr(ops, "W16_KERNEL", True)
+    calls = []
+    flash_mla = ops.flash_mla
+    monkeypatch.setattr(ops, "flash_mla", lambda *a, **k: calls.append(1) or flash_mla(*a, **k))
     outs = []
     for flash in (True, False):
         monkeypatch.setattr(ops, "W16_ABSORB", flash)
@@ -301,6 +304,7 @@ def test_w16a16_one_pass_core_equals_the_bmm_core(on_blas, monkeypatch):
         w = ops.mla_weights(ops.Bf16Host(st.bits), n_heads=cfg.num_attention_heads, nope=cfg.qk_nope_head_dim)
         att = ops.attention_rows_buffers([w], st.rows, st.s8, cfg.qk_rope_head_dim // 2)
         outs.append(_core_out(st, w, att))
+    assert calls == [1]                                            # the one-pass core ran, once
     flash, bmm = outs[0][:st.live], outs[1][:st.live]
     assert np.all(np.abs(flash - bmm) <= 2 ** -7 * np.abs(bmm) + 8e-3 * np.abs(bmm).max())
     assert np.isfinite(outs[0]).all()

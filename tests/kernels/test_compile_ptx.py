@@ -173,7 +173,7 @@ def test_mla_flash_runs_on_tensor_cores_and_launches():
     """The one-pass core's chunk kernel: bf16 MMAs for the scores and p @ c_kv, 16-byte staging of the
     keys, three barriers a tile, one PDL wait; registers x threads within the SM's 64 K (ptxas for sm_90)
     and at most a few setup values spilled under the 128-register cap (its 64-bit key and index arithmetic
-    had spilled 260 bytes, reloaded in the tile loop; 36 now, none in its MMA loops by the SASS)."""
+    had spilled 260 bytes, reloaded in the tile loop; 0 to 36 since, as ptxas schedules each version)."""
     c = probe("mla_flash")
     k = c["mla_flash chunks"]
     assert k["mma_bf16"] >= 2 and k["ldg_v4"] >= 1 and k["bar"] >= 3 and k["pdl_wait"] == 1, k
