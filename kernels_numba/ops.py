@@ -674,7 +674,9 @@ def _mla_absorbed_w16(o, q, cache, w: MLA, att, cos, sin, depth, meta, scale: fl
                       c_rank: int, r_dim: int, nope: int, v_dim: int, rows: int, stream) -> None:
     """The W16A16 core with its absorptions on the W16A16 kernel: the query rows [bf16(W_UK^T q_nope) ||
     bf16(rope(q_pe))] per head (one grouped product, one rope kernel), scores / softmax / p @ c_kv on
-    cuBLAS and torch (``blas.mla_core16``), then o = bf16(W_UV ctx) per head (one grouped product)."""
+    cuBLAS and torch (``blas.mla_core16``), then o = bf16(W_UV ctx) per head (one grouped product). With
+    ``W16_FLASH`` (and a shape it tiles) the rope kernel and the cuBLAS / torch core give way to
+    ``mla_flash.flash_mla``, which rotates q_pe itself and reads only the live keys."""
     if att.q_all is None or att.hidden is None:
         raise KernelInputError("this attention core needs the step's absorbed-query rows and key mask: "
                                "AttentionRows without them")
