@@ -129,11 +129,14 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
         for i in range(8 * NP):
             acc[i] = np.float32(0.0)
         sk, su = uint32(lt // TK), uint32(lt % TK)          # this thread's key of a tile, first unit
-        if k0 + sk < s8:                                     # the first tile's rows
-            for i in range(LOADS):
-                if su + TK * i < DW4:
-                    pre[4 * i], pre[4 * i + 1], pre[4 * i + 2], pre[4 * i + 3] = ld_v4(
-                        cache, (k0 + sk) * D2 + 4 * (su + TK * i))
+
+        def fetch(kbase):                                    # this thread's words of a tile's key rows
+            if kbase + sk < s8:
+                for i in range(LOADS):
+                    if su + TK * i < DW4:
+                        pre[4 * i], pre[4 * i + 1], pre[4 * i + 2], pre[4 * i + 3] = ld_v4(
+                            cache, (kbase + sk) * D2 + 4 * (su + TK * i))
+        fetch(k0)                                            # the first tile's rows
         qrow = uint32(t * HD2)
         kb = k0
         while kb < k1:
@@ -145,11 +148,8 @@ def make_flash_mla(H: int, C: int, R: int, kt: int = KT, cs: int = CS):
                                  pre[4 * i + 3] if live else 0)
             cuda.syncthreads()
             nb = uint32(kb + kt)
-            if nb < k1 and nb + sk < s8:                     # the next tile's rows, under this one's math
-                for i in range(LOADS):
-                    if su + TK * i < DW4:
-                        pre[4 * i], pre[4 * i + 1], pre[4 * i + 2], pre[4 * i + 3] = ld_v4(
-                            cache, (nb + sk) * D2 + 4 * (su + TK * i))
+            if nb < k1:                                      # the next tile's rows, under this one's math
+                fetch(nb)
             for j in range(4 * UPW):
                 sc[j] = np.float32(0.0)
             for s2 in range(KS32):                           # scores: UPW tiles of 16 heads x 8 keys, 2 k
@@ -324,9 +324,9 @@ def _unfit(H: int, C: int, R: int, kt: int, cs: int) -> str:
     return ""
 
 
-def fits(n_heads: int, c_rank: int, r_dim: int) -> bool:
+def fits(n_heads: int, c_rank: int, r_dim: int, nope: int) -> bool:
     """Whether the one-pass core takes these sizes (else the caller keeps the GEMM core)."""
-    return not _unfit(n_heads, c_rank, r_dim, KT, CS)
+    return not _unfit(n_heads, c_rank, r_dim, KT, CS) and nope % 8 == 0
 
 
 def chunks_for(rows: int, n_keys: int) -> int:

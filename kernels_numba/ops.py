@@ -682,7 +682,7 @@ def _mla_absorbed_w16(o, q, cache, w: MLA, att, cos, sin, depth, meta, scale: fl
                                "AttentionRows without them")
     qa, ctx = blas.kernel_view(att.q_all), blas.kernel_view(att.ctx)
     q = kernel_array(q)
-    flash = W16_FLASH and mla_flash.fits(n_heads, c_rank, r_dim) and nope % 8 == 0
+    flash = W16_FLASH and mla_flash.fits(n_heads, c_rank, r_dim, nope)
     if not flash:                                            # (the one-pass core rotates q_pe itself)
         launch(mla.q_rope_kernel, (rows, n_heads), TPB, stream, (qa, q, cos, sin, depth, meta, np.int32(nope),
                                                                 np.int32(r_dim), np.int32(c_rank)))

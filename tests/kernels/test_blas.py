@@ -291,7 +291,7 @@ def test_w16a16_one_pass_core_equals_the_bmm_core(on_blas, monkeypatch):
     against 4.9e-3 of ctx's largest 2.8, so the two may differ by both)."""
     cfg = preset("tiny2").replace(num_attention_heads=16, kv_lora_rank=64, qk_rope_head_dim=32)
     monkeypatch.setattr(ops.mla_flash, "CS", 1)                  # (one warp a head group: 64 columns)
-    assert ops.mla_flash.fits(16, 64, 32)
+    assert ops.mla_flash.fits(16, 64, 32, cfg.qk_nope_head_dim)
     st = _core_step(cfg, 6)
     monkeypatch.setattr(ops, "W16_KERNEL", True)
     calls = []

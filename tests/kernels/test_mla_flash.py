@@ -6,18 +6,14 @@ import numpy as np
 import pytest
 
 from kernels_numba._validate import KernelInputError
-from kernels_numba.device import download, kernel_array, to_device
-from kernels_numba.device import zeros as _zeros
 from kernels_numba.mla_flash import CS, chunks_for, flash_mla, make_flash_mla, scratch_size
 from numformats.bf16 import bf16
 
+from .helpers import dev, host, poisoned
+
 
 def zeros(shape, dtype=np.float32):
-    return kernel_array(_zeros(shape, dtype))
-
-
-def dev(a):
-    return kernel_array(to_device(a))
+    return dev(np.zeros(shape, dtype))
 
 
 def _bf16_words(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -82,10 +78,10 @@ def test_flash_core_is_the_masked_softmax_times_the_latents(h, c, r, cs, start, 
     part_n, stats_n = scratch_size(t, h, c, s8)
     nch = nch or chunks_for(t, s8)
     part, stats = zeros(max(part_n, t * nch * h * c)), zeros(max(stats_n, t * nch * h * 2))
-    ctx = zeros((t, h * c))
+    ctx = poisoned((t, h * c))
     flash_mla(ctx, dev(q_words), dev(q_raw), dev(rot), dev(kv_words), dev(hidden), meta, scale, h, c, NOPE,
               t, part, stats, nch=nch)
-    got = download(ctx)
+    got = host(ctx)
     want = _reference(q, kv, hidden, scale, h, c)
     assert np.abs(got - want).max() <= 4e-3 * np.abs(kv).max()      # bf16 probabilities
     assert not got[t - 1].any()
