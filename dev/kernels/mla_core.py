@@ -39,6 +39,8 @@ from workbench.config import preset  # noqa: E402
 from workbench.ddtree.scenarios import ancestor_inputs, random_tree  # noqa: E402
 from workbench.reference.rope import rope_tables  # noqa: E402
 
+CORES = ("torch", "absorb", "absorb_softmax", "kernel", "flash")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -46,10 +48,14 @@ def main() -> None:
     ap.add_argument("--context", default="576,4096")
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--heads", type=int, default=0, help="H instead of K2's 64 (a simulator smoke run)")
-    ap.add_argument("--cores", default="torch,absorb,absorb_softmax,kernel,flash", help="which cores")
+    ap.add_argument("--cores", default=",".join(CORES), help="which cores")
     ap.add_argument("--flash-blocks", default="", help="also the flash core at these block targets "
                     "(mla_flash.TARGET_BLOCKS: chunks a row = target / rows), e.g. 32,64,256")
     a = ap.parse_args()
+    blocks = a.flash_blocks.split(",") if a.flash_blocks else []
+    if set(a.cores.split(",")) - set(CORES) or not all(b.isdigit() and int(b) > 0 for b in blocks):
+        raise SystemExit(f"--cores takes {', '.join(CORES)}; --flash-blocks positive integers "
+                         f"(got {a.cores!r}, {a.flash_blocks!r})")
     if not on_gpu():                                # the simulator's smoke run: the BLAS path on torch's CPU,
         ops.BLAS = ops.W16_KERNEL = True            # the W16A16 kernel simulated
     cfg = preset("k2_6")
@@ -68,7 +74,7 @@ def main() -> None:
              "absorb_softmax": (w_abs, False, True, False, tb), "kernel": (w_bmm, True, False, False, tb),
              "flash": (w_abs, False, False, True, tb)}
     cores = {k: v for k, v in cores.items() if k in a.cores.split(",") or k == "torch"}
-    for b in filter(None, a.flash_blocks.split(",")):
+    for b in blocks:
         cores[f"flash@{b}"] = (w_abs, False, False, True, int(b))
     timer = Timer(on_gpu(), a.reps)
     print(f"# W16A16 attention core: {h} heads, latent {c} + rope {r}, nope {nn}, v {v}")
