@@ -13,6 +13,8 @@ int32 'i'). The validating host wrappers of the tensor-core kernels take numpy a
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import config, cuda
 
@@ -66,6 +68,14 @@ class SideStream:
         if self._side is not None:
             self._join.record(self._side)
             self._join.wait(stream)
+
+
+@functools.cache
+def sm_count() -> int:
+    """SMs of the current GPU (132 on an H200, assumed where there is none: compile-only checks)."""
+    if SIMULATED or not cuda.is_available():
+        return 132
+    return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
 def to_device(a: np.ndarray):

@@ -14,6 +14,7 @@ kernel source that runs on the H200 also runs, thread by thread, in the CPU simu
 | ``cp_async16(s, si, a, ai)`` | ``cp.async.cg.shared.global``: 16 B, ``a[ai]`` to shared ``s[si]`` | copy |
 | ``cp_async4(s, si, a, ai)`` | ``cp.async.ca.shared.global``: 4 B, through L1 (neighbours' words) | copy |
 | ``cp_async_commit()`` | ``cp.async.commit_group``: the copies since the last commit form a group | no-op |
+| ``prefetch_l2(a, i, n)`` | ``cp.async.bulk.prefetch.L2.global``: ``n`` bytes at ``a[i]`` into L2 | no-op |
 | ``cp_async_wait(n)`` | ``cp.async.wait_group n`` (n a compile-time int): all but the newest n done | no-op |
 | ``dequant_i4x8(w)`` | 4 lop3 + shift, ``sub``/``fma`` ``.f16x2``: 8 nibbles -> 4 half2 | numpy f16 |
 | ``mma_16816(a0..a3, b0, b1, c0..c3)`` | ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` | exchange |
@@ -640,6 +641,24 @@ def _build_gpu():
         return types.none(n), _void_codegen(f"cp.async.wait_group {n.literal_value};")
 
     cp_async_commit = _void_asm("cp.async.commit_group;")
+
+    @intrinsic
+    def prefetch_l2(typingctx, a, i, n):
+        if not isinstance(a, types.Array) or a.ndim != 1 or not isinstance(i, types.Integer) or \
+                not isinstance(n, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            src = _ptr(context, builder, sig.args[0], args[0], args[1])
+            nbytes = context.cast(builder, args[2], sig.args[2], types.uint32)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32.as_pointer(), i32]),
+                               "{\n.reg .u64 g;\ncvta.to.global.u64 g, $0;\n"
+                               "cp.async.bulk.prefetch.L2.global [g], $1;\n}", "l,r,~{memory}",
+                               side_effect=True)
+            builder.call(asm, [src, nbytes])
+            return context.get_dummy_value()
+        return types.none(a, i, n), codegen
+
     cluster_arrive_relaxed = _void_asm("barrier.cluster.arrive.relaxed.aligned;")
     cluster_wait = _void_asm("barrier.cluster.wait.acquire.aligned;")
     fence_mbar_init = _void_asm("fence.mbarrier_init.release.cluster;")
@@ -651,7 +670,7 @@ def _build_gpu():
             griddep_wait, griddep_wait_for, griddep_launch_dependents, globaltimer,
             cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx,
             mbar_wait, st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async4, cp_async_commit,
-            cp_async_wait, as_f32)
+            cp_async_wait, as_f32, prefetch_l2)
 
 
 if SIMULATED:
@@ -660,7 +679,7 @@ if SIMULATED:
     st_shared_v4 = _sim_st_u32x4
     cp_async16 = _sim_cp_async16
     cp_async4 = _sim_cp_async4
-    cp_async_commit = _sim_nop
+    cp_async_commit = prefetch_l2 = _sim_nop
     cp_async_wait = lambda n: None                       # noqa: E731 - the simulator's copies are synchronous
     dequant_i4x8 = _sim_dequant
     mma_16816 = _sim_mma
@@ -690,4 +709,4 @@ else:
      shfl_xor, griddep_wait, griddep_wait_for, griddep_launch_dependents,
      globaltimer, cluster_arrive_relaxed, cluster_wait, mbar_init, fence_mbar_init, mbar_expect_tx, mbar_wait,
      st_async_f32, ld_shared_v4, st_shared_v4, cp_async16, cp_async4, cp_async_commit, cp_async_wait,
-     as_f32) = _build_gpu()
+     as_f32, prefetch_l2) = _build_gpu()

@@ -15,13 +15,12 @@ f16, f32 accumulation); h = silu(gate) * up is rounded to f16 as the reference's
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from ._validate import KernelInputError, as_stream, check, empty, flat, zeroed
-from .device import SIMULATED
+from .device import SIMULATED, sm_count
 from .int4_layout import Int4Weight, repack_int4
 from .launch import launch
 from .moe_align import align_threads, make_align_kernel, make_combine_kernel
@@ -161,15 +160,6 @@ def _part_size(cfg: dict) -> int:
     return 2 * cfg["blocks"] * max(2 * cfg["gu"][3], cfg["dn"][3]) * 128
 
 
-@functools.cache
-def _sm_count() -> int:
-    """SMs of the current GPU (132 on an H200, assumed where there is none: compile-only checks)."""
-    from numba import cuda
-    if SIMULATED or not cuda.is_available():
-        return 132
-    return cuda.get_current_device().MULTIPROCESSOR_COUNT
-
-
 # the per-pair GEMV path is the default up to this many tokens (G = 32): it measured faster than the tiled
 # path at T = 8 and 16 (561 / 1,101 against 600 / 1,123 us), slower at 32 (kernels_9f3c2313bae9); above,
 # the tiled GEMV path reads each expert once per 8-pair tile and computes every pair exactly as the
@@ -202,7 +192,7 @@ def stream_k_config(d: int, i: int, tokens: int) -> dict:
     if SIMULATED:
         return {"gu": (2, sc(d, 2), 2, 1), "dn": (2, sc(i, 2), 2, 1), "blocks": 3, "maxreg": 128}
     dn = (16, sc(i, 4), 2, 1) if 2 <= tokens <= 32 else (16, sc(i, 2), 2, 2 if (d // 16) % 2 == 0 else 1)
-    return {"gu": (16, sc(d, 2), 2, 1), "dn": dn, "blocks": _sm_count(), "maxreg": 128}
+    return {"gu": (16, sc(d, 2), 2, 1), "dn": dn, "blocks": sm_count(), "maxreg": 128}
 
 
 def fused_moe(x, topk_ids, topk_w, weights: MoEWeights, out=None, workspace: MoEWorkspace | None = None,

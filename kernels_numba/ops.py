@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from . import blas, ffn, mla, mla_flash, w16a16
+from . import blas, ffn, mla, mla_flash, persistent, w16a16
 from ._validate import KernelInputError, flat, warps
 from .blas import padded_keys  # noqa: F401 - the key rows the BLAS attention pads to
 from .blas import view as torch_view  # noqa: F401 - a torch tensor over a device array (no copy)
@@ -86,6 +86,7 @@ from .moe import (  # noqa: F401 - bench kernels' configs and per-stage times
 )
 from .moe_align import expert_tiles  # noqa: F401 - the tiled MoE path's expert reads of a routing
 from .moe_gemv import moe_act_kernel
+from .persistent import persistent_swiglu  # noqa: F401 - the SwiGLU in one cooperative launch
 from .rmsnorm import norm_slices, rmsnorm  # out [T, K] = rmsnorm(x) * w (rmsnorm.py's wrapper)
 from .router import SLICE_WARPS, logit_slice_count, logit_slices_f16_kernel, logit_slices_kernel, make_route
 from .rows import add_rows_kernel, to_f16_kernel
@@ -136,6 +137,9 @@ FOLD_ROWS = 16                               # ... up to this many rows (then as
 W16_GLU_FOLD = False                         # silu(g) * u formed inside the W16A16 down projection (every
                                              # block of it again), else by w16a16.glu_rows first: off, the
                                              # fold cost up to 1.2 ms a dense MLP (k2_layer_9f3c2313bae9)
+W16_PERSISTENT = False                       # a W16A16 SwiGLU's three launches as one persistent kernel
+                                             # (persistent.py, the same bits): off until
+                                             # dev/kernels/persistent.py times it
 SHARED_BESIDE = True                         # a W16A16 shared expert on a second stream beside fused_moe
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
 
@@ -744,6 +748,11 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0, accumulate: 
         return
     if w.path == W16A16:
         gu = kernel_array(rows_view(sc.gu, rows, 2 * w.width))
+        if W16_PERSISTENT and persistent.fits(w.dim, w.width, rows):
+            a = kernel_array(rows_view(sc.act, rows, w.width))
+            persistent.persistent_swiglu(kernel_array(h), kernel_array(x), w.w13, w.w2, gu, a, rows,
+                                         accumulate, stream)
+            return
         w16a16.linear(gu, kernel_array(x), w.w13, rows, stream=stream, multi_tile=multi_tiles(w.w13, rows))
         a = gu
         if not W16_GLU_FOLD:

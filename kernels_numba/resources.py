@@ -39,7 +39,7 @@ class Sm90Build:
 def sm90_build(kernel, sig) -> Sm90Build:
     """PTX and cubin of a numba kernel (a ``cuda.jit`` dispatcher) for ``sig`` on sm_90a (what numba-cuda
     compiles for on an H100 / H200: wgmma needs the ``a``), linked under its own ``max_registers`` (255
-    without one)."""
+    without one) and, for a grid-wide sync, with the CUDA device runtime as numba links it."""
     from cuda.bindings import nvjitlink as nj
     from numba import cuda
     from numba.cuda import dispatcher
@@ -52,6 +52,9 @@ def sm90_build(kernel, sig) -> Sm90Build:
     try:
         data = ptx.encode()
         nj.add_data(h, nj.InputType.PTX, data, len(data), "kernel.ptx")
+        if "cudaCGSynchronize" in ptx:                 # a grid-wide sync calls into the device runtime
+            from numba.cuda.cudadrv import libs
+            nj.add_file(h, nj.InputType.LIBRARY, libs.get_cudalib("cudadevrt", static=True))
         nj.complete(h)
         cubin = bytearray(nj.get_linked_cubin_size(h))
         nj.get_linked_cubin(h, cubin)
@@ -60,7 +63,7 @@ def sm90_build(kernel, sig) -> Sm90Build:
     finally:
         nj.destroy(h)
     text = log.decode(errors="replace")
-    regs = re.findall(r"used (\d+) registers", text)
+    regs = re.findall(r"[Uu]sed (\d+) registers", text)       # ptxas on the kernel first, then the linked
     spill = re.findall(r"(\d+) bytes spill stores", text)
     if not regs:
         raise RuntimeError(f"ptxas reported no register count: {text[:200]}")

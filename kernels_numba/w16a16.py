@@ -294,31 +294,14 @@ def pipelined(w: Bf16Weight, mt: int, nt: int) -> bool:
 
 
 @functools.cache
-def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC: bool, GLU: bool = False,
-                       GROUPS: Groups | None = None, ROUND: bool = False, PIPE: bool = False,
-                       NORM: bool = False):
-    """out [T, N] float32 (+= when ACC) = bf16(x [T, K] float32) @ W.T for rows < n_rows (<= 8 MT),
-    NT column tiles a block. GLU: x is gu [T, 2K] = [g || u] and the activation silu(g) * u, computed in
-    float32 as the lane reads it (a SwiGLU's down projection without a kernel of its own between).
-    GROUPS: a grouped product (module docstring; NT = 1); ROUND: sums rounded to bf16 (out float32
-    or int16 bits); PIPE (NT = 1, NB >= 2): batch b + 1's weights load while batch b multiplies.
-    NORM (NT = 1, no GLU or groups): x is rmsnorm(x) * nw with eps, each row's 1 / rms summed by the block
-    after the PDL wait (an RMSNorm folded into the projection after it).
-    Arguments (out, x, wq, n_rows, nw, eps): nw and eps are read with NORM only."""
+def make_steps(K: int, KS: int, CPW: int, MT: int, NT: int, GLU: bool = False, GROUPS: Groups | None = None,
+               NORM: bool = False):
+    """(load_steps, mma_steps): a warp's share of one batch of a product's K steps, as inline device
+    functions of a block of KS warps owning NT column tiles from nt0 (``make_w16a16_kernel`` has the
+    legend and the x modes; ``persistent.py`` runs them too)."""
     K16 = K // 16
     XS = GROUPS.xs if GROUPS else (2 * K if GLU else K)            # x's row stride
-    GN = GROUPS.gn if GROUPS else 1 << 30                          # one group: every column in group 0
-    XG = GROUPS.xg if GROUPS else 0
-    OSHIFT = GROUPS.og - GROUPS.gn if GROUPS else 0                # out column - W row, per group
-    NRED = KS * 4 * 32
     PF = CPW // NT                                                 # steps per weight load, each tile
-    NWL = CPW * 4                                                  # PF steps of NT tiles
-    NACC = NT * MT * 4
-    PIPE = PIPE and NT == 1 and NB >= 2                            # two batches of weights in flight
-    NRS = 8 * MT if NORM else 1                                    # rows whose 1 / rms a block keeps
-    NSQ = sq_slots(KS) if NORM else 1
-
-    row_scales = make_row_scales(K, KS, NRS)
 
     @cuda.jit(device=True, inline="always")
     def load_steps(wl, wq, nt0, b, h, warp, lane):
@@ -366,6 +349,94 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
                     acc[ai + 2] = d[2]
                     acc[ai + 3] = d[3]
 
+    return load_steps, mma_steps
+
+
+@functools.cache
+def make_pipe(K: int, KS: int, CPW: int, NB: int, MT: int, GLU: bool = False, GROUPS: Groups | None = None,
+              NORM: bool = False):
+    """pipe_batches(acc, wa, wb, x, wq, nt0, warp, lane, g, t, n_rows, xg0, nr, nw): one column tile's
+    NB >= 2 batches with two in registers, batch b + 1's weights loading while batch b multiplies; on
+    entry wa and wb hold batches 0 and 1 (loaded by the caller, before a wait)."""
+    load_steps, mma_steps = make_steps(K, KS, CPW, MT, 1, GLU, GROUPS, NORM)
+
+    @cuda.jit(device=True, inline="always")
+    def pipe_batches(acc, wa, wb, x, wq, nt0, warp, lane, g, t, n_rows, xg0, nr, nw):
+        for b in range(0, NB, 2):
+            mma_steps(acc, wa, x, b, 0, warp, g, t, n_rows, xg0, nr, nw)
+            if b + 2 < NB:
+                load_steps(wa, wq, nt0, b + 2, 0, warp, lane)
+            if b + 1 < NB:
+                mma_steps(acc, wb, x, b + 1, 0, warp, g, t, n_rows, xg0, nr, nw)
+                if b + 3 < NB:
+                    load_steps(wb, wq, nt0, b + 3, 0, warp, lane)
+
+    return pipe_batches
+
+
+@functools.cache
+def make_store(KS: int, MT: int, NT: int, ACC: bool, ROUND: bool = False):
+    """store_tiles(out, acc, red, nt0, oc0, n_rows, tid, warp, lane): the KS warps' partial sums of NT
+    column tiles met in shared memory ``red`` (KS 128 floats) and added in warp order, out[row, oc0 + c]
+    (+)= the sum (rounded to bf16 with ROUND); every thread of the block calls it."""
+
+    @cuda.jit(device=True, inline="always")
+    def store_tiles(out, acc, red, nt0, oc0, n_rows, tid, warp, lane):
+        for n in range(NT):
+            for m in range(MT):
+                if m * 8 < n_rows:                                 # the same for every thread: no split sync
+                    for i in range(4):
+                        red[(warp * 4 + i) * 32 + lane] = acc[(n * MT + m) * 4 + i]
+                    cuda.syncthreads()
+                    for o in range(tid, 128, KS * 32):             # output column r of the tile, row j
+                        r = o & 15
+                        j = o >> 4
+                        row = m * 8 + j
+                        if row < n_rows:
+                            ri = 2 * (r >> 3) + (j & 1)            # c0/c1 (column g) or c2/c3 (g + 8) ...
+                            li = 4 * (r & 7) + (j >> 1)            # ... of lane 4 g + j / 2
+                            s = ZERO
+                            for w_ in range(KS):
+                                s += red[(w_ * 4 + ri) * 32 + li]
+                            if ROUND:
+                                s = bf162_to_f32(f32_to_bf162(s, ZERO))[0]
+                            c = oc0 + (nt0 + n) * 16 + r
+                            if ACC:
+                                out[row, c] += s
+                            else:
+                                out[row, c] = stored_as(out, s)
+                    cuda.syncthreads()
+
+    return store_tiles
+
+
+@functools.cache
+def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC: bool, GLU: bool = False,
+                       GROUPS: Groups | None = None, ROUND: bool = False, PIPE: bool = False,
+                       NORM: bool = False):
+    """out [T, N] float32 (+= when ACC) = bf16(x [T, K] float32) @ W.T for rows < n_rows (<= 8 MT),
+    NT column tiles a block. GLU: x is gu [T, 2K] = [g || u] and the activation silu(g) * u, computed in
+    float32 as the lane reads it (a SwiGLU's down projection without a kernel of its own between).
+    GROUPS: a grouped product (module docstring; NT = 1); ROUND: sums rounded to bf16 (out float32
+    or int16 bits); PIPE (NT = 1, NB >= 2): batch b + 1's weights load while batch b multiplies.
+    NORM (NT = 1, no GLU or groups): x is rmsnorm(x) * nw with eps, each row's 1 / rms summed by the block
+    after the PDL wait (an RMSNorm folded into the projection after it).
+    Arguments (out, x, wq, n_rows, nw, eps): nw and eps are read with NORM only."""
+    GN = GROUPS.gn if GROUPS else 1 << 30                          # one group: every column in group 0
+    XG = GROUPS.xg if GROUPS else 0
+    OSHIFT = GROUPS.og - GROUPS.gn if GROUPS else 0                # out column - W row, per group
+    NRED = KS * 4 * 32
+    NWL = CPW * 4                                                  # CPW / NT steps of NT tiles
+    NACC = NT * MT * 4
+    PIPE = PIPE and NT == 1 and NB >= 2                            # two batches of weights in flight
+    NRS = 8 * MT if NORM else 1                                    # rows whose 1 / rms a block keeps
+    NSQ = sq_slots(KS) if NORM else 1
+
+    row_scales = make_row_scales(K, KS, NRS)
+    load_steps, mma_steps = make_steps(K, KS, CPW, MT, NT, GLU, GROUPS, NORM)
+    pipe_batches = make_pipe(K, KS, CPW, NB, MT, GLU, GROUPS, NORM)
+    store_tiles = make_store(KS, MT, NT, ACC, ROUND)
+
     @cuda.jit
     def w16a16_kernel(out, x, wq, n_rows, nw, eps):
         nt0 = cuda.blockIdx.x * NT
@@ -392,14 +463,7 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
             griddep_launch_dependents()
             if NORM:
                 row_scales(nr, sq, x, n_rows, eps, tid, warp, lane)
-            for b in range(0, NB, 2):
-                mma_steps(acc, wa, x, b, 0, warp, g, t, n_rows, xg0, nr, nw)
-                if b + 2 < NB:
-                    load_steps(wa, wq, nt0, b + 2, 0, warp, lane)
-                if b + 1 < NB:
-                    mma_steps(acc, wb, x, b + 1, 0, warp, g, t, n_rows, xg0, nr, nw)
-                    if b + 3 < NB:
-                        load_steps(wb, wq, nt0, b + 3, 0, warp, lane)
+            pipe_batches(acc, wa, wb, x, wq, nt0, warp, lane, g, t, n_rows, xg0, nr, nw)
         else:
             wl = cuda.local.array(NWL, uint32)
             for b in range(NB):
@@ -411,30 +475,7 @@ def make_w16a16_kernel(K: int, KS: int, CPW: int, NB: int, MT: int, NT: int, ACC
                         if NORM:
                             row_scales(nr, sq, x, n_rows, eps, tid, warp, lane)
                     mma_steps(acc, wl, x, b, h, warp, g, t, n_rows, xg0, nr, nw)
-        for n in range(NT):
-            for m in range(MT):
-                if m * 8 < n_rows:                                 # the same for every thread: no split sync
-                    for i in range(4):
-                        red[(warp * 4 + i) * 32 + lane] = acc[(n * MT + m) * 4 + i]
-                    cuda.syncthreads()
-                    for o in range(tid, 128, KS * 32):             # output column r of the tile, row j
-                        r = o & 15
-                        j = o >> 4
-                        row = m * 8 + j
-                        if row < n_rows:
-                            ri = 2 * (r >> 3) + (j & 1)            # c0/c1 (column g) or c2/c3 (g + 8) ...
-                            li = 4 * (r & 7) + (j >> 1)            # ... of lane 4 g + j / 2
-                            s = ZERO
-                            for w_ in range(KS):
-                                s += red[(w_ * 4 + ri) * 32 + li]
-                            if ROUND:
-                                s = bf162_to_f32(f32_to_bf162(s, ZERO))[0]
-                            c = oc0 + (nt0 + n) * 16 + r
-                            if ACC:
-                                out[row, c] += s
-                            else:
-                                out[row, c] = stored_as(out, s)
-                    cuda.syncthreads()
+        store_tiles(out, acc, red, nt0, oc0, n_rows, tid, warp, lane)
 
     return w16a16_kernel
 
