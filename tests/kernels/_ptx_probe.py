@@ -24,6 +24,7 @@ from kernels_numba.moe import choose_moe_config, stream_k_config
 from kernels_numba.moe_align import make_align_kernel, make_combine_kernel
 from kernels_numba.moe_gemm import make_moe_gemm_kernel
 from kernels_numba.moe_gemv import make_moe_gemv_kernel, moe_act_kernel
+from kernels_numba.persistent import make_persistent_swiglu
 from kernels_numba.resources import sm90_build
 from kernels_numba.rmsnorm import norm_slices, rmsnorm_kernel
 from kernels_numba.router import SLICE_WARPS, logit_slices_f16_kernel, logit_slices_kernel, make_route
@@ -46,7 +47,8 @@ KEYS = {"mma": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "f64": ".f64", "wgmma": "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
         "wgmma_fence": "wgmma.fence.sync.aligned", "wgmma_wait": "wgmma.wait_group.sync.aligned",
         "fence_proxy": "fence.proxy.async.shared::cta", "cp_async4": "cp.async.ca.shared.global",
-        "hmul2": "mul.rn.f16x2", "div64": "div.s64", "rem64": "rem.s64"}
+        "hmul2": "mul.rn.f16x2", "div64": "div.s64", "rem64": "rem.s64",
+        "grid_sync": "cudaCGSynchronize,", "prefetch_l2": "cp.async.bulk.prefetch.L2.global"}
 
 
 @cuda.jit
@@ -202,6 +204,18 @@ def mla_flash_builds() -> dict:
                                   **fit(combine, (f1, f1, f1, T.int32), TPB * 4)}}
 
 
+def persistent_builds() -> dict:
+    """The persistent SwiGLU at K2's shared expert and dense MLP, one row tile: instruction counts,
+    registers and spill (linked with the device runtime its grid sync calls)."""
+    f1, f2, u1 = _sig(T.float32), T.float32[:, ::1], _sig(T.uint32)
+    out = {}
+    for name, (d, i) in {"shared": (7168, 2048), "dense": (7168, 18432)}.items():
+        b = sm90_build(make_persistent_swiglu(d, i, 1, True), (f2, f1, f2, f1, u1, u1, T.int64))
+        out[f"persistent {name}"] = {**{k: b.ptx.count(v) for k, v in KEYS.items()}, "registers": b.registers,
+                                     "spill": b.spill_bytes, "threads": 256, "fits": b.fits(2 * 256)}
+    return out
+
+
 def fit(kernel, sig, threads: int) -> dict:
     """Registers and spill bytes ptxas gives ``kernel`` for sm_90, with the threads it launches with."""
     b = sm90_build(kernel, sig)
@@ -241,7 +255,8 @@ def launch_fit_builds() -> dict:
 GROUPS = {"int4_matmul": int4_matmul_builds, "int4_staged": int4_staged_builds,
           "int4_wgmma": int4_wgmma_builds, "moe_gemm": moe_gemm_builds,
           "moe_glue": moe_glue_builds, "rows": row_builds, "router": router_builds, "w16a16": w16a16_builds,
-          "mla_core": mla_core_builds, "mla_flash": mla_flash_builds, "launch_fit": launch_fit_builds}
+          "mla_core": mla_core_builds, "mla_flash": mla_flash_builds, "persistent": persistent_builds,
+          "launch_fit": launch_fit_builds}
 
 
 def main(groups: list[str]) -> None:

@@ -182,6 +182,17 @@ def test_mla_flash_runs_on_tensor_cores_and_launches():
     assert cb["fits"] and cb["spill"] == 0 and cb["pdl_wait"] == 1, cb
 
 
+def test_persistent_swiglu_keeps_two_blocks_an_sm_and_nothing_across_its_barriers():
+    """The persistent SwiGLU at K2's shapes: both products' bf16 MMAs (8 a batch, two batches a pass),
+    two grid syncs, the L2 prefetch of the first W2 tile, one PDL wait; at most 128
+    registers (two blocks of 256 threads an SM: the cooperative grid) and no spill (weights held across
+    the grid sync, a call, had gone to the stack)."""
+    for name, c in probe("persistent").items():
+        assert c["mma_bf16"] == 2 * 16 and c["grid_sync"] == 2 and c["prefetch_l2"] >= 1, (name, c)
+        assert c["pdl_wait"] == 1 and c["local"] == 0 and c["div64"] == 0, (name, c)
+        assert c["fits"] and c["registers"] <= 128 and c["spill"] <= 8, (name, c)
+
+
 def test_mla_core_keeps_its_accumulators_in_registers():
     """The chunk kernel: one accumulator per head and column of its pair, hg x 2 FMAs a key, unrolled,
     none in local memory; a barrier after the ancestors' map and after p; p rounded to bf16."""
