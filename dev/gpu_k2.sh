@@ -50,6 +50,8 @@
 #   wgmma        dev/kernels/int4_matmul.py --wgmma: the wgmma W4A16 kernel's tilings (both scale modes)
 #                beside the staged default, the tiled kernel and cuBLAS bf16 at M = 33 / 48 / 64, each
 #                checked first (its GPU tests, and the wgmma intrinsics', run in smoke)
+#   persistent   dev/kernels/persistent.py: the persistent W16A16 SwiGLU (one cooperative launch) beside the
+#                three PDL launches at K2's shared expert and dense MLP, 1 and 8 rows, each checked first  ~90 s
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -112,11 +114,12 @@ for step in $STEPS; do
              tests/kernels/test_ops.py tests/kernels/test_draft_attention.py tests/kernels/test_moe.py \
              tests/kernels/test_tree.py tests/kernels/test_launch.py tests/kernels/test_intrinsics.py \
              tests/kernels/test_wgmma.py tests/kernels/test_int4_matmul.py::test_gpu_wgmma_k2_shapes \
-             tests/kernels/test_mla_flash.py \
+             tests/kernels/test_mla_flash.py tests/kernels/test_persistent.py \
              tests/engine/test_ar.py \
              tests/engine/test_dflash.py -k "not k2_slice and not kimi" ;;
     gemv_sweep) run "moe_gemv_sweep_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/moe.py --gemv-sweep ;;
     wgmma) run "int4_wgmma_${KDTREE_GIT_SHA}_h200" 300 python3 dev/kernels/int4_matmul.py --wgmma ;;
+    persistent) run "persistent_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/persistent.py ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done
