@@ -47,9 +47,17 @@ def run_shape(name: str, rows: list[int], grids: list[int], timer: Timer, gbs: f
     h0 = np.random.default_rng(2).standard_normal((t_max, d)).astype(np.float32)
     mb = (w.w13.n * w.w13.k + w.w2.n * w.w2.k) * 2 / 1e6
 
+    pdl = [True]
+
     def persistent(h, t: int, blocks: int, s=0) -> None:
         ops.persistent_swiglu(h, x, w.w13, w.w2, rows_view(sc.gu, t, 2 * i), rows_view(sc.act, t, i), t,
-                              stream=s, blocks=blocks)
+                              stream=s, blocks=blocks, pdl=pdl[0])
+
+    try:                                           # a cooperative launch with the PDL attribute
+        persistent(rows_view(to_device(h0).reshape(-1), 1, d), 1, grids[0])
+    except Exception as e:                         # noqa: BLE001 - any launch refusal: say it, go on without
+        print(f"# a cooperative launch with PDL refused ({type(e).__name__}: {e}); without PDL from here")
+        pdl[0] = False
 
     for t in rows:
         ref = rows_view(to_device(h0).reshape(-1), t, d)
