@@ -89,9 +89,12 @@ def test_intrinsics_semantics_gpu():
 def _warp_probe_kernel(out, words, ints, floats):
     """Two warps: lane 0's value broadcast to its warp; a shared write by lane 31 read by every lane
     after syncwarp; 4-byte read-only loads of uint32 / int32 words; an L2 read of a float; an
-    acquire load of an int32; two reads of the global timer around all that (not decreasing)."""
+    acquire load of an int32; two reads of the global timer around all that (not decreasing); the words
+    asked of the L2 first (a bulk prefetch: a hint that changes no value)."""
     t0 = ki.globaltimer()
     tid = cuda.threadIdx.x
+    if tid == 0:
+        ki.prefetch_l2(words, 0, 256)
     lane = tid & 31
     sh = cuda.shared.array(2, uint32)
     b = ki.bcast0(int32(tid * 3 + 7))
