@@ -89,12 +89,17 @@ def main() -> None:
     shapes = a.shapes.split(",")
     if bad := sorted(set(shapes) - set(SHAPES)):
         raise SystemExit(f"unknown shapes {bad} (choose from {', '.join(SHAPES)})")
+    try:
+        rows, grids = [int(r) for r in a.rows.split(",")], [int(b) for b in a.blocks.split(",")]
+    except ValueError:
+        raise SystemExit(f"--rows and --blocks take integers, got {a.rows!r} and {a.blocks!r}") from None
+    if not all(1 <= r <= ops.persistent.MAX_ROWS for r in rows) or min(grids) < 1:
+        raise SystemExit(f"--rows takes 1..{ops.persistent.MAX_ROWS}, --blocks positive integers")
     if not on_gpu():
         raise SystemExit("needs a GPU")
     timer, gbs = Timer(True, a.reps), copy_bandwidth()
     print(f"# copy {gbs:.0f} GB/s, {torch.cuda.get_device_name()}")
     print("shape,D,I,rows,path,us,weight_mb,floor_us")
-    rows, grids = [int(r) for r in a.rows.split(",")], [int(b) for b in a.blocks.split(",")]
     for name in shapes:
         run_shape(name, rows, grids, timer, gbs)
 
