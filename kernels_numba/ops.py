@@ -142,6 +142,20 @@ W16_PERSISTENT = False                       # a W16A16 SwiGLU's three launches 
                                              # dev/kernels/persistent.py times it
 SHARED_BESIDE = True                         # a W16A16 shared expert on a second stream beside fused_moe
 MAX_FUSED_EXPERTS = 1024                     # fused_moe's align block holds one counter per expert
+SWITCHES = ("W16_MULTI_TILE", "W16_CORE_KERNEL", "W16_ABSORB", "W16_SOFTMAX", "W16_FLASH", "W16_NORM",
+            "W16_GLU_FOLD", "W16_PERSISTENT", "SHARED_BESIDE")   # the kernel-path switches a run may set
+
+
+def switches() -> dict[str, bool]:
+    """The kernel-path switches as they stand (a result set's metadata records them)."""
+    return {name: bool(globals()[name]) for name in SWITCHES}
+
+
+def set_switches(values: dict[str, bool]) -> None:
+    """Set kernel-path switches by name (before the weights are prepared and any graph is captured)."""
+    if bad := sorted(set(values) - set(SWITCHES)):
+        raise KernelInputError(f"unknown kernel switch {', '.join(bad)} (switches: {', '.join(SWITCHES)})")
+    globals().update({name: bool(v) for name, v in values.items()})
 
 
 @dataclass(frozen=True)

@@ -130,3 +130,41 @@ def test_depth_flags_reach_the_benchmark_and_a_failed_check_exits_1(monkeypatch,
     passed[0] = False
     assert main(argv) == 1
     assert "failed" in capsys.readouterr().err
+
+
+def test_switches_reach_ops_for_the_run_and_bad_ones_are_refused(monkeypatch, tmp_path, capsys):
+    """``--switch NAME=0|1`` sets that kernels_numba.ops switch before the benchmark runs (and the run's
+    metadata records every switch); a malformed or unknown one is one line, before any GPU is asked for."""
+    import kernels_numba.device
+    import workbench.bench.common
+    import workbench.bench.k2_layer
+    import workbench.results
+    from kernels_numba import ops
+    from workbench.bench.common import run_metadata
+    seen = {}
+
+    def fake_run(out_dir, layers=None, **kw):
+        seen.update(ops.switches())
+        return SimpleNamespace(log=tmp_path / "k2.log")
+
+    def no_gpu():
+        raise AssertionError("the switches are checked before the GPU")
+
+    for name in ops.SWITCHES:                                   # the test's changes are undone after it
+        monkeypatch.setattr(ops, name, getattr(ops, name))
+    monkeypatch.setattr(workbench.bench.common, "require_gpu", no_gpu)
+    for bad, says in (("W16_FLASH=yes", "NAME=0 or NAME=1"), ("W16_FLASHY=1", "unknown switch 'W16_FLASHY'"),
+                      ("W16_FLASH", "NAME=0 or NAME=1")):
+        assert main(["bench", "k2", "--out", str(tmp_path), "--switch", bad]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+    monkeypatch.setattr(workbench.bench.common, "require_gpu", lambda: None)
+    monkeypatch.setattr(kernels_numba.device, "SIMULATED", False)
+    monkeypatch.setattr(workbench.bench.k2_layer, "run", fake_run)
+    monkeypatch.setattr(workbench.results, "retire_others", lambda rs: [])
+    flash, beside = not ops.W16_FLASH, not ops.SHARED_BESIDE
+    argv = ["bench", "k2", "--out", str(tmp_path), "--switch", f"W16_FLASH={int(flash)}",
+            "--switch", f"SHARED_BESIDE={int(beside)}"]
+    assert main(argv) == 0
+    assert seen["W16_FLASH"] is flash and seen["SHARED_BESIDE"] is beside
+    assert run_metadata()["ops_switches"] == seen

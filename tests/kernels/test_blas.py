@@ -362,3 +362,38 @@ def test_a_core_that_reads_the_key_mask_refuses_rows_without_it(on_blas, monkeyp
         ops.mla_attention(zeros((rows, h * v)), to_device(np.zeros((rows, h * (nn + r)), np.float32)),
                           to_device(np.zeros((s8, c + r), np.float32)), fp32, cos, sin, depth, vis, meta,
                           cfg.softmax_scale, h, c, r, nn, v, s8, rows, att=att)
+
+
+def test_w16a16_swiglu_in_one_persistent_launch_is_the_three_launches(on_blas, monkeypatch):
+    """``ops.W16_PERSISTENT``: a W16A16 SwiGLU (a shape both products tile alike) through ``ops.swiglu``
+    in one cooperative kernel gives the bits of its three launches; the kernel ran; 9 rows take the
+    three launches (one row tile only)."""
+    import torch
+
+    from numformats.bf16 import bf16
+    rng = np.random.default_rng(12)
+    d, i = 352, 416                                                # tests/kernels/test_persistent.py's
+    ws = [bf16(rng.standard_normal(s) / np.sqrt(s[0])).bits for s in ((d, 2 * i), (i, d))]
+    w13_t, w2_t = (torch.from_numpy(np.ascontiguousarray(b).view(np.int16)).view(torch.bfloat16) for b in ws)
+    monkeypatch.setattr(ops, "W16_KERNEL", True)
+    sw = ops.swiglu_w16(i, d, w13_t, w2_t)
+    assert sw.path == ops.W16A16
+    calls = []
+    persistent_swiglu = ops.persistent.persistent_swiglu
+    monkeypatch.setattr(ops.persistent, "persistent_swiglu",
+                        lambda *a, **k: calls.append(a[6]) or persistent_swiglu(*a, **k))
+    rows = 9
+    sc = ops.Scratch(rows, [sw], [])
+    x = to_device(rng.standard_normal((rows, d)).astype(np.float32))
+    h0 = rng.standard_normal((rows, d)).astype(np.float32)
+    meta = to_device(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.int32))
+    for t in (2, 9):
+        outs = []
+        for on in (False, True):
+            monkeypatch.setattr(ops, "W16_PERSISTENT", on)
+            h = to_device(h0.copy())
+            with ops.sim_speed():
+                ops.swiglu(h, x, sw, sc, meta, t)
+            outs.append(download(h))
+        assert np.array_equal(outs[0], outs[1]), t
+    assert calls == [2]

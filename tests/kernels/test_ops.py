@@ -239,3 +239,15 @@ def test_argmax_takes_the_lowest_id_of_a_tie_at_any_width(ks):
         with sim_speed():
             ops.argmax(out, to_device(logits), meta, 4, ks=ks)
         assert download(out)[:4].tolist() == [int(np.argmax(logits[0])), 5, v - 2, 0]
+
+
+def test_switches_are_read_and_set_by_name(monkeypatch):
+    for name in ops.SWITCHES:                                   # undone after the test
+        monkeypatch.setattr(ops, name, getattr(ops, name))
+    before = ops.switches()
+    assert set(before) == set(ops.SWITCHES) and all(isinstance(v, bool) for v in before.values())
+    ops.set_switches({"W16_PERSISTENT": not before["W16_PERSISTENT"]})
+    assert ops.W16_PERSISTENT is (not before["W16_PERSISTENT"])
+    with pytest.raises(KernelInputError, match="unknown kernel switch NOPE"):
+        ops.set_switches({"NOPE": True, "W16_FLASH": True})
+    assert ops.W16_FLASH is before["W16_FLASH"]                 # nothing set when one name is unknown

@@ -244,5 +244,7 @@ def run_metadata(**extra) -> dict:
             meta["nvidia_smi"] = q.stdout.strip()
         except (OSError, subprocess.SubprocessError):
             meta["nvidia_smi"] = "unavailable"
+    from kernels_numba import ops
+    meta["ops_switches"] = ops.switches()            # the kernel paths this run took
     meta.update(extra)
     return meta

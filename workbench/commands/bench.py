@@ -225,7 +225,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, bench in BENCHES.items():
         p = sub.add_parser(name, help=bench.help, description=bench.help)
         p.add_argument("--out", default="reports/bench", help="output folder of the result set")
+        p.add_argument("--switch", action="append", default=[], metavar="NAME=0|1",
+                       help="set a kernel-path switch of kernels_numba.ops for this run (repeatable; "
+                            "recorded in the metadata: give such a run its own --out)")
         bench.add_arguments(p)
+
+
+def parse_switches(items: list[str]) -> dict[str, bool]:
+    """``--switch NAME=0|1`` values as {NAME: bool}; a malformed one or an unknown name is a UserError."""
+    from kernels_numba import ops
+    from workbench.cli import UserError
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or value not in ("0", "1"):
+            raise UserError(f"--switch takes NAME=0 or NAME=1, got {item!r}")
+        if name not in ops.SWITCHES:
+            raise UserError(f"--switch: unknown switch {name!r} (the switches: {', '.join(ops.SWITCHES)})")
+        out[name] = value == "1"
+    return out
+
+
+def apply_switches(values: dict[str, bool]) -> None:
+    """Set the run's ``--switch`` values in kernels_numba.ops and say so."""
+    from kernels_numba import ops
+    if values:
+        ops.set_switches(values)
+        print("kernel switches set for this run: " + ", ".join(f"{k}={int(v)}" for k, v in values.items()))
 
 
 def run(args) -> int:
@@ -240,8 +266,10 @@ def run(args) -> int:
 def _run(args, steps) -> int:
     from workbench.bench.common import require_gpu
     from workbench.cli import UserError
+    switches = parse_switches(args.switch)
     if args.what == "ep" and check_ep(args):
         return 0
+    apply_switches(switches)
     if args.what == "depth" and args.dry_run:              # the simulator's run of its code path: no GPU
         from workbench.bench.k2_depth import run as run_depth
         return run_depth(args, steps)
