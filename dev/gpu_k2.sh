@@ -50,6 +50,10 @@
 #   wgmma        dev/kernels/int4_matmul.py --wgmma: the wgmma W4A16 kernel's tilings (both scale modes)
 #                beside the staged default, the tiled kernel and cuBLAS bf16 at M = 33 / 48 / 64, each
 #                checked first (its GPU tests, and the wgmma intrinsics', run in smoke)
+#   k2_switched  bench k2 --layers 0,1 --dense bf16 --fp32-layer -1 --no-check with the kernels not yet defaults
+#                on ($SWITCHES, default W16_FLASH=1 W16_PERSISTENT=1), into $OUT/k2_switched: beside a
+#                default run of the same command (k2_nocheck) it says whether they go on  ~150 s each
+#   k2_nocheck   the same command with the defaults, into $OUT/k2_nocheck
 #   persistent   dev/kernels/persistent.py: the persistent W16A16 SwiGLU (one cooperative launch) beside the
 #                three PDL launches at K2's shared expert and dense MLP, 1 and 8 rows, each checked first  ~90 s
 # The wheels (numba-cuda 0.30.4 needs numpy < 2.5), fetched here beforehand:
@@ -120,6 +124,11 @@ for step in $STEPS; do
     gemv_sweep) run "moe_gemv_sweep_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/moe.py --gemv-sweep ;;
     wgmma) run "int4_wgmma_${KDTREE_GIT_SHA}_h200" 300 python3 dev/kernels/int4_matmul.py --wgmma ;;
     persistent) run "persistent_${KDTREE_GIT_SHA}" 200 python3 dev/kernels/persistent.py ;;
+    k2_nocheck) run k2_nocheck 300 python3 -m workbench bench k2 --layers 0,1 --dense bf16 --fp32-layer -1 \
+                  --no-check --out "$OUT/k2_nocheck" ;;
+    k2_switched) run k2_switched 300 python3 -m workbench bench k2 --layers 0,1 --dense bf16 --fp32-layer -1 \
+                   --no-check $(for s in ${SWITCHES:-W16_FLASH=1 W16_PERSISTENT=1}; do echo --switch "$s"; done) \
+                   --out "$OUT/k2_switched" ;;
     *) echo "unknown step $step (see the header)"; exit 2 ;;
   esac
 done
