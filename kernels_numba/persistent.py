@@ -1,5 +1,5 @@
 """A W16A16 SwiGLU MLP in one persistent launch: h [T, D] (+)= bf16(silu(g) * u) @ W2.T with
-[g || u] = bf16(x) @ W13.T (a dense MLP or a shared expert at decode and small verify row counts).
+[g || u] = bf16(x) @ W13.T: a dense MLP, a shared expert or the drafter's MLP, up to 8 rows.
 
 The ops path launches three kernels chained by PDL: the W13 product, ``glu_rows``, the W2 product. PDL
 lets a kernel's blocks issue their weight loads before the previous kernel ends only where they fit on
