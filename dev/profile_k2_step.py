@@ -2,6 +2,7 @@
 
     python dev/profile_k2_step.py [--rows 1,17] [--layer 1] [--context 4096] [--dense bf16] [--reps 20]
                                   [--parts attention,moe_block,moe_block_shared_after,layer]
+                                  [--switch NAME=0|1 ...]
 
 Builds the layer as ``bench k2`` does (``k2_layer.layer``, INT4 experts), loads a step of ``--rows``
 rows over a ``--context``-row latent cache, then:
@@ -12,6 +13,8 @@ rows over a ``--context``-row latent cache, then:
   experts and after them, the whole layer) captured in a CUDA graph and replayed under the profiler
   (``bench.common.graph_profile``): the step's launches, its span, the time some kernel ran (PDL's and
   the second stream's overlap counted once) and the idle rest, then its kernels by device time.
+``--switch`` sets kernel-path switches of ``kernels_numba.ops`` first, as ``bench --switch`` does (a
+kernel not yet a default: the step's launches and gaps before and after it).
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=18)
     ap.add_argument("--parts", default="attention,moe_block,moe_block_shared_after,layer")
     ap.add_argument("--workers", type=int, default=16, help="processes repacking the INT4 experts")
+    ap.add_argument("--switch", action="append", default=[], metavar="NAME=0|1")
     a = ap.parse_args()
+    from workbench.cli import UserError
+    from workbench.commands.bench import apply_switches, parse_switches
+    try:
+        apply_switches(parse_switches(a.switch))
+    except UserError as e:
+        raise SystemExit(str(e)) from None
 
     import torch
     from numba import cuda
