@@ -230,7 +230,7 @@ def verify_routing(engine, rows: int, live: int) -> list[np.ndarray]:
 def time_layer_parts(cfg, model, context: int, rows_list, timer: Timer, emit, seed: int = 0) -> None:
     """The dense layer and the first MoE layer per part (``k2_layer.LayerRig.parts``, the router's own
     routing) at each row count, after ``context`` cached random latent rows; "rest" = layer - parts."""
-    from kernels_numba.device import head_rows, kernel_array, upload
+    from kernels_numba.device import default_stream, head_rows, kernel_array, upload
 
     from ..ddtree.scenarios import ancestor_inputs, random_tree
     from ..engine.buffers import latents_for
@@ -250,7 +250,8 @@ def time_layer_parts(cfg, model, context: int, rows_list, timer: Timer, emit, se
             load = expert_load(rig.routes(n)) if kind == "moe" else {}
             meas = {}
             for part, fn in rig.parts(n, own_routing=True).items():
-                meas[part] = timer(fn)
+                restore = (lambda r, n=n, g=rig: g.restore(n, default_stream())) if part == "layer" else None
+                meas[part] = timer(fn, before=restore)  # (its input rows back, outside the interval)
                 emit({"table": "part", "part": f"{kind}.{part}", "layer": layer, "rows": n,
                       "context": context, "us": meas[part],
                       **(load if part in ("routed_experts", "layer") else {})})

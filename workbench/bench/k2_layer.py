@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels_numba.device import head_rows, upload
+from kernels_numba.device import default_stream, head_rows, upload
 
 from ..config import ModelConfig, preset
 from ..ddtree.scenarios import ancestor_inputs, layer_reference, random_tree
@@ -152,9 +152,11 @@ def time_layer(
                     continue
                 rotate = part == "routed_experts" and routing == "random"
 
-                def before(r: int, rotate=rotate) -> None:
+                def before(r: int, rotate=rotate, part=part) -> None:
                     if rotate:
                         upload(head_rows(rig.ids, n), sets[r % len(sets)])  # noqa: B023
+                    if part == "layer":                   # its input rows, outside the timed interval
+                        rig.restore(n, default_stream())  # noqa: B023
                     flush_buf.zero_()
 
                 try:
