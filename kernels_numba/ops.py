@@ -762,18 +762,16 @@ def swiglu(h, x, w: SwiGLU, sc: Scratch, meta, rows: int, stream=0, accumulate: 
         return
     if w.path == W16A16:
         gu = kernel_array(rows_view(sc.gu, rows, 2 * w.width))
+        act = kernel_array(rows_view(sc.act, rows, w.width))
         if W16_PERSISTENT and persistent.fits(w.dim, w.width, rows):
-            a = kernel_array(rows_view(sc.act, rows, w.width))
-            persistent.persistent_swiglu(kernel_array(h), kernel_array(x), w.w13, w.w2, gu, a, rows,
+            persistent.persistent_swiglu(kernel_array(h), kernel_array(x), w.w13, w.w2, gu, act, rows,
                                          accumulate, stream)
             return
         w16a16.linear(gu, kernel_array(x), w.w13, rows, stream=stream, multi_tile=multi_tiles(w.w13, rows))
-        a = gu
         if not W16_GLU_FOLD:
-            a = kernel_array(rows_view(sc.act, rows, w.width))
-            w16a16.glu_rows(a, gu, rows, stream)
-        w16a16.linear(kernel_array(h), a, w.w2, rows, accumulate=accumulate, stream=stream,
-                      multi_tile=multi_tiles(w.w2, rows), glu=W16_GLU_FOLD)
+            w16a16.glu_rows(act, gu, rows, stream)
+        w16a16.linear(kernel_array(h), gu if W16_GLU_FOLD else act, w.w2, rows, accumulate=accumulate,
+                      stream=stream, multi_tile=multi_tiles(w.w2, rows), glu=W16_GLU_FOLD)
         return
     if w.path == BLAS_PATH:
         blas.swiglu(h, x, w.w13, w.w2, rows_view(sc.gu, rows, 2 * w.width), rows_view(sc.act, rows, w.width),
