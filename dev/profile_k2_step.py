@@ -95,9 +95,8 @@ def main() -> None:
                 continue
             def on_capture(fn=parts[name], name=name, n=n):   # the capturing stream: numba's external one
                 s = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-                if name == "layer":                   # the same input rows every replay: the restore's
-                    rig.restore(n, s)                 # copy is one line of the layer's table here
-                fn(s)
+                rig.reset(name, n, s)                 # inside the graph: the layer's row copy is a line
+                fn(s)                                 # of its table here
             table(graph_profile(on_capture, a.reps, a.top),
                   f"engine {name}, layer {a.layer}, {n} rows, CUDA graph")
 

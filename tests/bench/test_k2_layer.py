@@ -109,7 +109,7 @@ def test_parts_launch_and_floors(experts, monkeypatch):
                 fn(0)
         outs = []
         for _ in range(2):                       # the layer part from its restored input rows: alike
-            rig.restore(n)
+            rig.reset("layer", n)
             parts["layer"](0)
             outs.append(rig.out(n))
     assert np.isfinite(outs[0]).all() and np.array_equal(outs[0], outs[1])

@@ -250,8 +250,7 @@ def time_layer_parts(cfg, model, context: int, rows_list, timer: Timer, emit, se
             load = expert_load(rig.routes(n)) if kind == "moe" else {}
             meas = {}
             for part, fn in rig.parts(n, own_routing=True).items():
-                restore = (lambda r, n=n, g=rig: g.restore(n, default_stream())) if part == "layer" else None
-                meas[part] = timer(fn, before=restore)  # (its input rows back, outside the interval)
+                meas[part] = timer(fn, before=lambda r, p=part, n=n, g=rig: g.reset(p, n, default_stream()))
                 emit({"table": "part", "part": f"{kind}.{part}", "layer": layer, "rows": n,
                       "context": context, "us": meas[part],
                       **(load if part in ("routed_experts", "layer") else {})})

@@ -155,8 +155,7 @@ def time_layer(
                 def before(r: int, rotate=rotate, part=part) -> None:
                     if rotate:
                         upload(head_rows(rig.ids, n), sets[r % len(sets)])  # noqa: B023
-                    if part == "layer":                   # its input rows, outside the timed interval
-                        rig.restore(n, default_stream())  # noqa: B023
+                    rig.reset(part, n, default_stream())  # noqa: B023 - outside the timed interval
                     flush_buf.zero_()
 
                 try:

@@ -99,10 +99,12 @@ class LayerRig:
                 if ops.shares_beside(m):              # runs beside the routed ones, it after them
                     out["moe_block_shared_after"] = lambda s: ops.moe(self.y, b.x, m, sc, b.meta, n, s,
                                                                       beside=False)
-        out["layer"] = lambda s: self.step(n, s)    # its input rows: restore() before every replay
+        out["layer"] = lambda s: self.step(n, s)    # its input rows: reset() before every replay
         return out
 
-    def restore(self, n: int, s=0) -> None:
-        """The layer part's input rows back (h = the loaded rows), so every replay routes alike: not part
-        of a step, so a timing runs it ahead of the timed interval."""
-        ops.copy_rows(self.buf.h, self.h0, self.buf.meta, n, s)
+    def reset(self, part: str, n: int, s=0) -> None:
+        """What a replay of ``part`` needs first, not part of a step (a timing runs it ahead of its
+        interval): for the whole layer, its input rows back (h = the loaded rows), so every replay
+        routes alike."""
+        if part == "layer":
+            ops.copy_rows(self.buf.h, self.h0, self.buf.meta, n, s)
